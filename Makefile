@@ -1,0 +1,30 @@
+# Every target sets up its own virtualenv from pyproject.toml: a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check ragent_memory tests benchmarks
+	$(BIN)/ruff format --check ragent_memory tests benchmarks
+	$(BIN)/mypy ragent_memory
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: $(STAMP)
+	$(BIN)/ragent-memory demo
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,58 @@
+"""The exception tree of ragent_memory.
+
+::
+
+    RagentMemoryError
+    ├── ConfigError            (also a ValueError)  bad settings; ``key_path`` names the key
+    ├── InvalidMessagesError   (also a ValueError)  bad chat history; ``index`` names the message
+    ├── SummaryError                                a summary was rejected (``reason``)
+    ├── LLMError                                    every endpoint failed (``attempts``)
+    └── StoreError                                  the SQLite store failed
+
+Only ``cli.py`` turns these into exit codes.
+"""
+
+from __future__ import annotations
+
+
+class RagentMemoryError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+class ConfigError(RagentMemoryError, ValueError):
+    """A setting is unknown, of the wrong type or out of range."""
+
+    def __init__(self, key_path: str, problem: str) -> None:
+        self.key_path = key_path
+        self.problem = problem
+        super().__init__(f"{key_path}: {problem}" if key_path else problem)
+
+
+class InvalidMessagesError(RagentMemoryError, ValueError):
+    """The chat history handed to the engine is not a valid list of OpenAI messages."""
+
+    def __init__(self, index: int | None, problem: str) -> None:
+        self.index = index
+        self.problem = problem
+        where = "messages" if index is None else f"messages[{index}]"
+        super().__init__(f"{where}: {problem}")
+
+
+class SummaryError(RagentMemoryError):
+    """A summary (from a model or the offline summarizer) failed validation."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class LLMError(RagentMemoryError):
+    """Every configured endpoint failed; ``attempts`` counts the calls made."""
+
+    def __init__(self, message: str, *, attempts: int = 0) -> None:
+        self.attempts = attempts
+        super().__init__(message)
+
+
+class StoreError(RagentMemoryError):
+    """The SQLite store could not be opened, migrated, read or written."""

@@ -1,0 +1,278 @@
+"""Settings: one knob, ``context_window_chars`` (B), and everything derived from it.
+
+Defaults live on the fields (the YAML file only documents them). Derived values are read-only
+properties so they can never drift from B. Every validation failure is a ``ConfigError`` whose
+``key_path`` names the offending key, e.g. ``llm.fallbacks[1].model``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from .errors import ConfigError
+
+MIN_CONTEXT_WINDOW_CHARS = 8_000
+
+# Fixed constants of DESIGN §1.
+KEEP_RECENT_TOOL_LOOPS = 2
+EVICTED_INPUT_EXCERPT_CHARS = 120
+MIN_TRIM_RECLAIM_RATIO = 0.2
+EXTRACTION_MIN_PENDING = 3
+MEMORY_ITEM_MAX_CHARS = 500
+TRANSCRIPT_CLIP_OVER_CHARS = 1_200
+TRANSCRIPT_CLIP_HEAD_CHARS = 800
+TRANSCRIPT_CLIP_TAIL_CHARS = 400
+NON_TEXT_PART_CHARS = 2_000
+
+LANGUAGES = ("en", "zh")
+
+
+def _clamp(value: float, low: int, high: int) -> int:
+    return int(min(max(value, low), high))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(key: str, ok: Callable[[Any], bool], want: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator raising ConfigError with the key path and the bad value."""
+
+    def validate(_instance: Any, _attribute: Any, value: Any) -> None:
+        if not ok(value):
+            raise ConfigError(key, f"expected {want}, got {value!r}")
+
+    return validate
+
+
+def _non_empty_str(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _env_name(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.replace("_", "").isalnum())
+
+
+@attrs.frozen
+class EndpointSettings:
+    """One OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at call time."""
+
+    base_url: str = attrs.field(validator=_check("base_url", _non_empty_str, "a URL string"))
+    model: str = attrs.field(validator=_check("model", _non_empty_str, "a model name"))
+    api_key_env: str | None = attrs.field(
+        default=None, validator=_check("api_key_env", _env_name, "an environment variable name")
+    )
+
+
+@attrs.frozen
+class LLMSettings:
+    """The model endpoints used for summaries and memory extraction."""
+
+    base_url: str = attrs.field(validator=_check("llm.base_url", _non_empty_str, "a URL string"))
+    model: str = attrs.field(validator=_check("llm.model", _non_empty_str, "a model name"))
+    api_key_env: str | None = attrs.field(
+        default=None,
+        validator=_check("llm.api_key_env", _env_name, "an environment variable name"),
+    )
+    timeout_s: float = attrs.field(
+        default=60.0,
+        validator=_check("llm.timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
+    )
+    max_retries: int = attrs.field(
+        default=3,
+        validator=_check("llm.max_retries", lambda v: _is_int(v) and 0 <= v <= 10, "0..10"),
+    )
+    max_input_chars: int = attrs.field(
+        default=200_000,
+        validator=_check(
+            "llm.max_input_chars", lambda v: _is_int(v) and v >= 10_000, "an integer ≥ 10000"
+        ),
+    )
+    offline_fallback: bool = attrs.field(
+        default=True, validator=_check("llm.offline_fallback", lambda v: v is True or v is False,
+                                       "true or false")
+    )
+    fallbacks: tuple[EndpointSettings, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def endpoints(self) -> tuple[EndpointSettings, ...]:
+        """The primary endpoint followed by the fallbacks, in the order they are tried."""
+        primary = EndpointSettings(self.base_url, self.model, self.api_key_env)
+        return (primary, *self.fallbacks)
+
+
+@attrs.frozen
+class StoreSettings:
+    path: str = attrs.field(
+        default="ragent-memory.db", validator=_check("store.path", _non_empty_str, "a file path")
+    )
+
+
+def _tool_names(value: Any) -> bool:
+    return isinstance(value, tuple) and all(_non_empty_str(v) for v in value)
+
+
+@attrs.frozen
+class Settings:
+    """Every setting of the engine. Construct in code or with :func:`load_settings`."""
+
+    context_window_chars: int = attrs.field(
+        default=1_200_000,
+        validator=_check(
+            "context_window_chars",
+            lambda v: _is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
+            f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
+        ),
+    )
+    summary_enabled: bool = attrs.field(
+        default=True,
+        validator=_check("summary_enabled", lambda v: v is True or v is False, "true or false"),
+    )
+    long_term_enabled: bool = attrs.field(
+        default=True,
+        validator=_check("long_term_enabled", lambda v: v is True or v is False, "true or false"),
+    )
+    evictable_tools: tuple[str, ...] = attrs.field(
+        default=("search_knowledge",),
+        converter=lambda v: tuple(v) if isinstance(v, list | tuple) else v,
+        validator=_check("evictable_tools", _tool_names, "a list of tool names"),
+    )
+    language: str = attrs.field(
+        default="en", validator=_check("language", lambda v: v in LANGUAGES, "'en' or 'zh'")
+    )
+    store: StoreSettings = attrs.field(factory=StoreSettings)
+    compaction_timeout_s: float = attrs.field(
+        default=120.0,
+        validator=_check(
+            "compaction_timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"
+        ),
+    )
+    compaction_workers: int = attrs.field(
+        default=2,
+        validator=_check(
+            "compaction_workers", lambda v: _is_int(v) and 1 <= v <= 64, "an integer 1..64"
+        ),
+    )
+    offload_ttl_days: float = attrs.field(
+        default=7,
+        validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
+    )
+    llm: LLMSettings | None = None
+
+    # Derived values (DESIGN §1). Read-only: they follow B.
+    @property
+    def trim_trigger_chars(self) -> int:
+        return int(0.5 * self.context_window_chars)
+
+    @property
+    def compact_trigger_chars(self) -> int:
+        return int(0.8 * self.context_window_chars)
+
+    @property
+    def keep_recent_chars(self) -> int:
+        return int(0.2 * self.context_window_chars)
+
+    @property
+    def summary_max_chars(self) -> int:
+        return _clamp(0.1 * self.context_window_chars, 1_500, 6_000)
+
+    @property
+    def memory_max_chars(self) -> int:
+        return _clamp(0.005 * self.context_window_chars, 1_500, 6_000)
+
+    @property
+    def memory_consolidate_chars(self) -> int:
+        return int(0.75 * self.memory_max_chars)
+
+    @property
+    def oversized_tool_result_chars(self) -> int:
+        return _clamp(0.05 * self.context_window_chars, 4_000, 50_000)
+
+    @property
+    def verbatim_max_chars(self) -> int:
+        """Room for the user's own words under ``## User requests`` (30% of the summary)."""
+        return int(0.3 * self.summary_max_chars)
+
+    def derived(self) -> dict[str, int]:
+        """The derived gates, by name, for display (``ragent-memory inspect``)."""
+        names = (
+            "context_window_chars",
+            "trim_trigger_chars",
+            "compact_trigger_chars",
+            "keep_recent_chars",
+            "summary_max_chars",
+            "memory_max_chars",
+            "memory_consolidate_chars",
+            "oversized_tool_result_chars",
+        )
+        return {name: getattr(self, name) for name in names}
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
+    return {a.name: a for a in attrs.fields(cls)}
+
+
+def _build(cls: type[Any], data: Any, path: str) -> Any:
+    """Build an attrs settings class from a mapping, naming the key path on every error."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(path or "(top level)", f"expected a mapping, got {data!r}")
+    known = _fields(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            raise ConfigError(key_path, f"unknown key (known: {', '.join(sorted(known))})")
+        if cls is Settings and key == "store":
+            value = _build(StoreSettings, value, key_path)
+        elif cls is Settings and key == "llm":
+            value = None if value is None else _build(LLMSettings, value, key_path)
+        elif cls is Settings and key == "evictable_tools" and not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+        elif cls is LLMSettings and key == "fallbacks":
+            if not isinstance(value, list):
+                raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
+            value = tuple(
+                _build(EndpointSettings, item, f"{key_path}[{i}]") for i, item in enumerate(value)
+            )
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        if path and not err.key_path.startswith(path):
+            raise ConfigError(f"{path}.{err.key_path}", err.problem) from None
+        raise
+    except TypeError as err:  # a required key is missing
+        raise ConfigError(path or "(top level)", str(err)) from None
+
+
+def settings_from_dict(data: Mapping[str, Any]) -> Settings:
+    """Settings from a parsed YAML/JSON mapping."""
+    settings: Settings = _build(Settings, data, "")
+    return settings
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read ``config/ragent-memory.yaml`` (or any path). An empty file gives the defaults."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError("", f"cannot read config file {str(path)!r}: {err.strerror}") from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError("", f"{path}: invalid YAML: {err}") from err
+    return settings_from_dict(data or {})
