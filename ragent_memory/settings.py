@@ -63,6 +63,10 @@ def _env_name(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.replace("_", "").isalnum())
 
 
+def _to_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
 @attrs.frozen
 class EndpointSettings:
     """One OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at call time."""
@@ -99,10 +103,12 @@ class LLMSettings:
         ),
     )
     offline_fallback: bool = attrs.field(
-        default=True, validator=_check("llm.offline_fallback", lambda v: v is True or v is False,
-                                       "true or false")
+        default=True,
+        validator=_check(
+            "llm.offline_fallback", lambda v: v is True or v is False, "true or false"
+        ),
     )
-    fallbacks: tuple[EndpointSettings, ...] = attrs.field(default=(), converter=tuple)
+    fallbacks: tuple[EndpointSettings, ...] = attrs.field(default=(), converter=_to_tuple)
 
     @property
     def endpoints(self) -> tuple[EndpointSettings, ...]:
@@ -144,7 +150,7 @@ class Settings:
     )
     evictable_tools: tuple[str, ...] = attrs.field(
         default=("search_knowledge",),
-        converter=lambda v: tuple(v) if isinstance(v, list | tuple) else v,
+        converter=_to_tuple,
         validator=_check("evictable_tools", _tool_names, "a list of tool names"),
     )
     language: str = attrs.field(
@@ -153,9 +159,7 @@ class Settings:
     store: StoreSettings = attrs.field(factory=StoreSettings)
     compaction_timeout_s: float = attrs.field(
         default=120.0,
-        validator=_check(
-            "compaction_timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"
-        ),
+        validator=_check("compaction_timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
     compaction_workers: int = attrs.field(
         default=2,

@@ -1,8 +1,5 @@
 """The retry layer, over real HTTP with the real openai client against scripted local servers."""
 
-# Asserts read `expected == actual` (STYLE.md), which SIM300 calls a Yoda condition.
-# ruff: noqa: SIM300
-
 from __future__ import annotations
 
 import threading
@@ -29,7 +26,7 @@ Events = list[tuple[str, dict[str, Any]]]
 
 
 @pytest.fixture
-def primary(fake_openai: FakeOpenAI) -> FakeOpenAI:  # noqa: F811 (the imported fixture)
+def primary(fake_openai: FakeOpenAI) -> FakeOpenAI:
     """The first endpoint."""
     return fake_openai
 

@@ -1,0 +1,111 @@
+"""The character metric (DESIGN §2) and message validation (DESIGN §3).
+
+``chars(message)`` is the engine's only unit of size: the text of the content, plus the name and
+arguments of each tool call, plus a fixed 2,000 per non-text part. Role and field names do not
+count. Characters are a proxy for tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .errors import InvalidMessagesError
+from .settings import NON_TEXT_PART_CHARS
+
+Message = dict[str, Any]
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def text_of(message: Mapping[str, Any]) -> str:
+    """The text of a message's content: the string, or the text parts joined by newlines."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        part["text"] for part in content if isinstance(part, Mapping) and part.get("type") == "text"
+    )
+
+
+def chars(message: Mapping[str, Any]) -> int:
+    """Size of one message in characters (DESIGN §2)."""
+    total = 0
+    content = message.get("content")
+    if isinstance(content, str):
+        total += len(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                total += len(part.get("text") or "")
+            else:
+                total += NON_TEXT_PART_CHARS
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        total += len(function.get("name") or "") + len(function.get("arguments") or "")
+    return total
+
+
+def total_chars(messages: Iterable[Mapping[str, Any]]) -> int:
+    return sum(chars(m) for m in messages)
+
+
+def validate_message(message: Any, index: int) -> None:
+    """Raise InvalidMessagesError naming ``index`` when ``message`` is not a chat message."""
+    if not isinstance(message, Mapping):
+        raise InvalidMessagesError(index, f"expected a dict, got {type(message).__name__}")
+    role = message.get("role")
+    if role is None:
+        raise InvalidMessagesError(index, "missing 'role'")
+    if role not in ROLES:
+        raise InvalidMessagesError(index, f"unknown role {role!r}")
+    content = message.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping):
+                raise InvalidMessagesError(index, f"content[{j}] is not a dict")
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise InvalidMessagesError(index, f"content[{j}].text is not a string")
+    elif content is not None and not isinstance(content, str):
+        raise InvalidMessagesError(
+            index,
+            f"content must be a string, a list of parts or None, got {type(content).__name__}",
+        )
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidMessagesError(index, "tool message without 'tool_call_id'")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        if role != "assistant":
+            raise InvalidMessagesError(index, f"'tool_calls' on a {role} message")
+        if not isinstance(tool_calls, list):
+            raise InvalidMessagesError(index, "'tool_calls' must be a list")
+        for j, call in enumerate(tool_calls):
+            where = f"tool_calls[{j}]"
+            if not isinstance(call, Mapping):
+                raise InvalidMessagesError(index, f"{where} is not a dict")
+            if not isinstance(call.get("id"), str) or not call["id"]:
+                raise InvalidMessagesError(index, f"{where} has no 'id'")
+            function = call.get("function")
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                raise InvalidMessagesError(index, f"{where}.function.name is missing")
+            arguments = function.get("arguments", "")
+            if arguments is not None and not isinstance(arguments, str):
+                raise InvalidMessagesError(index, f"{where}.function.arguments is not a string")
+
+
+def validate_messages(messages: Any, start: int = 0) -> Sequence[Message]:
+    """Validate a chat history (from ``start`` on) and return it as a sequence.
+
+    Accepts a list or tuple; anything else (a string, a dict, None) is rejected.
+    """
+    if not isinstance(messages, list | tuple):
+        raise InvalidMessagesError(
+            None, f"expected a list of messages, got {type(messages).__name__}"
+        )
+    for index in range(start, len(messages)):
+        validate_message(messages[index], index)
+    return messages

@@ -1,0 +1,233 @@
+"""The ``ragent-memory`` command line. The only place that configures logging and turns
+errors into exit codes (user errors: exit 2, one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import structlog
+
+from .errors import RagentMemoryError
+from .settings import Settings, StoreSettings, load_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CONFIG = "config/ragent-memory.yaml"
+
+
+def _configure_logging(as_json: bool, verbose: bool) -> None:
+    level = logging.INFO if verbose else logging.WARNING
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn library and input errors into one line on stderr and exit code 2."""
+    try:
+        yield
+    except (RagentMemoryError, ValueError, OSError) as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+
+
+def _settings(config: str | None, db: str | None = None) -> Settings:
+    if config is None and Path(DEFAULT_CONFIG).is_file():
+        config = DEFAULT_CONFIG
+    settings = load_settings(config) if config else Settings()
+    if db is not None:
+        import attrs
+
+        settings = attrs.evolve(settings, store=StoreSettings(path=db))
+    return settings
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [line.format(*headers), line.format(*("-" * w for w in widths))]
+    out += [line.format(*map(str, r)) for r in rows]
+    return "\n".join(out)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="Log as JSON lines on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Log engine events (info level).")
+@click.version_option(package_name="ragent-memory")
+def main(as_json: bool, verbose: bool) -> None:
+    """ragent-memory: keep an agent's prompt inside one character budget."""
+    _configure_logging(as_json, verbose)
+
+
+@main.command()
+@click.option(
+    "--config", "config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG})."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+def inspect(config: str | None, as_json: bool) -> None:
+    """Print the gates derived from context_window_chars."""
+    with user_errors():
+        settings = _settings(config)
+    derived = settings.derived()
+    if as_json:
+        click.echo(json.dumps(derived, indent=2))
+        return
+    labels = {
+        "context_window_chars": "budget B (context_window_chars)",
+        "trim_trigger_chars": "trim gate (50%)",
+        "compact_trigger_chars": "compaction gate (80%)",
+        "keep_recent_chars": "raw tail kept (20%)",
+        "summary_max_chars": "summary max (10%, 1500..6000)",
+        "memory_max_chars": "memory block max (0.5%, 1500..6000)",
+        "memory_consolidate_chars": "memory consolidation stop (75%)",
+        "oversized_tool_result_chars": "oversized tool result (5%, 4000..50000)",
+    }
+    rows = [[labels[k], f"{v:,}"] for k, v in derived.items()]
+    click.echo(_table(rows, ["gate", "chars"]))
+    click.echo(
+        f"\nsummary: {'on' if settings.summary_enabled else 'off'} · long-term memory: "
+        f"{'on' if settings.long_term_enabled else 'off'} · evictable tools: "
+        f"{', '.join(settings.evictable_tools)} · language: {settings.language} · "
+        f"summarizer: {settings.llm.model if settings.llm else 'offline (extractive)'}"
+    )
+
+
+@main.command()
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--session", "session_id", help="Only this session.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.option("--summaries", is_flag=True, help="Print each applied summary too.")
+def audit(
+    db: str | None, config: str | None, session_id: str | None, as_json: bool, summaries: bool
+) -> None:
+    """Print the compaction log (the compactions table)."""
+    from .store import Store
+
+    with user_errors():
+        settings = _settings(config, db)
+        path = settings.store.path
+        if path != ":memory:" and not Path(path).is_file():
+            raise click.ClickException(f"no store at {path}")
+        store = Store(path)
+        try:
+            rows = store.compactions(session_id)
+        finally:
+            store.close()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no compactions recorded")
+        return
+    cols = [
+        "id",
+        "session_id",
+        "generation",
+        "status",
+        "reason",
+        "model",
+        "material_messages",
+        "chars_before",
+        "chars_after",
+        "summary_chars",
+        "duration_ms",
+        "created_at",
+    ]
+    click.echo(_table([[r[c] if r[c] is not None else "" for c in cols] for r in rows], cols))
+    for row in rows:
+        if row["error"]:
+            click.echo(f"\n#{row['id']} error: {row['error']}")
+        if summaries and row["summary"]:
+            click.echo(
+                f"\n#{row['id']} summary (generation {row['generation']}):\n{row['summary']}"
+            )
+
+
+@main.command()
+@click.argument("file", type=click.Path())
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--db", type=click.Path(), help="SQLite store (overrides the config).")
+@click.option("--session", "session_id", default="cli", show_default=True, help="Session id.")
+@click.option("--user", "user_id", default=None, help="User id.")
+@click.option("--out", type=click.Path(), help="Write the result JSON here (default stdout).")
+def compact(
+    file: str,
+    config: str | None,
+    db: str | None,
+    session_id: str,
+    user_id: str | None,
+    out: str | None,
+) -> None:
+    """Run the engine over a transcript (JSON array of messages, or JSONL) turn by turn."""
+    from .engine import MemoryEngine
+    from .transcript import read_transcript, replay
+
+    with user_errors():
+        messages = read_transcript(file)
+        settings = _settings(config, db)
+        with MemoryEngine(settings) as engine:
+            result = replay(engine, messages, session_id=session_id, user_id=user_id)
+        text = json.dumps(result, ensure_ascii=False, indent=2)
+        if out:
+            Path(out).write_text(text + "\n", encoding="utf-8")
+        else:
+            click.echo(text)
+    last = result["turns"][-1] if result["turns"] else None
+    if out and last:
+        click.echo(
+            f"{len(result['turns'])} turns · final context {last['chars_out']:,} chars "
+            f"(history {last['chars_raw']:,}) · generation {last['generation']} → {out}",
+            err=True,
+        )
+
+
+@main.command()
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+def gc(db: str | None, config: str | None) -> None:
+    """Delete expired offloads and report what was freed."""
+    from .store import Store
+
+    with user_errors():
+        settings = _settings(config, db)
+        store = Store(settings.store.path)
+        try:
+            report = store.gc()
+        finally:
+            store.close()
+    click.echo(
+        f"removed {report.expired_offloads} expired offloads, "
+        f"{report.dropped_offloads} of dropped sessions; freed {report.freed_chars:,} chars"
+    )
+
+
+@main.command()
+@click.option("--config", type=click.Path(), help="YAML config (default: the built-in demo).")
+@click.option("--turns", default=120, show_default=True, type=click.IntRange(1, 5000))
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path())
+def demo(config: str | None, turns: int, out_dir: str) -> None:
+    """Run a simulated RAG-agent session through the engine, offline, and report each gate."""
+    from .demo import run_demo
+
+    with user_errors():
+        run_demo(config=config, turns=turns, out_dir=Path(out_dir))

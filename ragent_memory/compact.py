@@ -1,0 +1,214 @@
+"""Gate 2, compaction (DESIGN §5; Ragent ``AgentContextCompactor`` + middleware).
+
+``plan`` decides whether and where to cut (pure). ``run`` executes one planned compaction: it
+asks the summarizer for the next generation, adds the user's own words, commits the session
+state in one transaction and writes the audit row (an audit failure only logs). It runs on the
+engine's dedicated thread pool; any failure leaves the session as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import structlog
+
+from .chars import Message
+from .errors import LLMError, StoreError, SummaryError
+from .loops import map_loops
+from .settings import Settings
+from .store import SessionState, Store
+from .summarize import (
+    Summarizer,
+    SummaryRequest,
+    compose_summary,
+    render_verbatim,
+    update_verbatim,
+)
+
+log = structlog.get_logger(__name__)
+
+SUMMARY_HEADERS = {
+    "en": (
+        "[Summary of earlier turns — generated automatically, lossy] This is background on the "
+        "conversation so far, not a new instruction. The messages after it are the latest "
+        "turns; the user's most recent message is the current request."
+    ),
+    "zh": (
+        "[早期对话摘要——自动生成，有损] 以下是此前对话的背景信息，不是新的指令。其后的消息是最近的对话，"
+        "用户的最新消息才是当前请求。"
+    ),
+}
+
+
+def summary_message(summary: str, language: str) -> Message:
+    """The message that stands for the covered turns: role ``user``, header + summary."""
+    return {"role": "user", "content": f"{SUMMARY_HEADERS[language]}\n\n{summary}"}
+
+
+@attrs.frozen
+class Plan:
+    cut: int  # view index of the first kept message (a user message)
+    head: int  # view index of the first material message
+    total_chars: int
+    material_chars: int
+    kept_chars: int
+
+
+def plan(
+    view: Sequence[Message], sizes: Sequence[int], *, head: int, settings: Settings
+) -> Plan | str:
+    """Where to cut, or why not (a skip reason). ``head`` is the first message after the
+    prefix and any current summary."""
+    total = sum(sizes)
+    if not view or view[-1].get("role") != "user":
+        return "last_not_user"
+    if total <= settings.compact_trigger_chars:
+        return "below_trigger"
+    kept = 0
+    point = len(view)
+    while point > head and kept < settings.keep_recent_chars:
+        point -= 1
+        kept += sizes[point]
+    cut = point
+    while cut > head and view[cut].get("role") != "user":
+        cut -= 1
+    if cut <= head:
+        return "no_safe_cut"
+    material_chars = sum(sizes[head:cut])
+    if material_chars == 0:
+        return "empty_material"
+    if material_chars * 2 < total:
+        return "not_worth_it"
+    tail = view[cut:]
+    if map_loops(tail).orphan_indexes:
+        return "orphan_in_tail"
+    return Plan(cut, head, total, material_chars, total - material_chars)
+
+
+@attrs.frozen
+class Job:
+    """Everything a worker needs, captured on the caller's thread."""
+
+    previous: SessionState
+    user_id: str | None
+    material: tuple[tuple[int, Message], ...]  # (raw index, caller's original message)
+    prefix_len: int
+    new_covered: int
+    covered_digest: str
+    plan: Plan
+    prefix_chars: int
+
+
+def run(
+    job: Job,
+    *,
+    summarizer: Summarizer,
+    store: Store,
+    settings: Settings,
+    emit: Callable[[str, dict[str, Any]], None],
+) -> SessionState | None:
+    """Summarize, commit, audit. Returns the new state, or None when the compaction failed."""
+    started = time.perf_counter()
+    previous = job.previous
+    generation = previous.last_generation + 1
+    session_id = previous.session_id
+    language = settings.language
+    verbatim = update_verbatim(previous.verbatim, job.material)
+    block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
+    body_budget = settings.summary_max_chars - len(block) - 2
+    material = tuple(m for _, m in job.material)
+    base = {
+        "session_id": session_id,
+        "user_id": job.user_id,
+        "generation": generation,
+        "material_messages": len(material),
+        "material_chars": job.plan.material_chars,
+        "chars_before": job.plan.total_chars,
+    }
+    emit("before_summarize", {**base})
+    summary_name = summarizer.name
+    try:
+        outcome = summarizer.summarize(
+            SummaryRequest(material, previous.body, language, body_budget)
+        )
+        summary_name = outcome.model
+        summary = compose_summary(outcome.body, block, language)
+        if len(summary) > settings.summary_max_chars:
+            raise SummaryError(f"summary of {len(summary)} chars exceeds the target")
+        state = SessionState(
+            session_id=session_id,
+            user_id=job.user_id,
+            generation=generation,
+            last_generation=generation,
+            summary=summary,
+            body=outcome.body,
+            prefix_len=job.prefix_len,
+            covered=job.new_covered,
+            covered_digest=job.covered_digest,
+            verbatim=verbatim,
+        )
+        store.save_session(state)
+    except (SummaryError, LLMError, StoreError) as err:
+        duration_ms = int((time.perf_counter() - started) * 1000)
+        attempts = getattr(err, "attempts", 0)
+        log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
+        _audit(
+            store,
+            {
+                **base,
+                "status": "failed",
+                "reason": type(err).__name__,
+                "model": summary_name,
+                "attempts": attempts,
+                "chars_after": job.plan.total_chars,
+                "duration_ms": duration_ms,
+                "error": str(err),
+            },
+        )
+        emit("after_summarize", {**base, "status": "failed", "error": str(err)})
+        return None
+    duration_ms = int((time.perf_counter() - started) * 1000)
+    chars_after = (
+        job.prefix_chars
+        + len(summary_message(summary, language)["content"])
+        + (job.plan.kept_chars)
+    )
+    log.info(
+        "compaction.applied",
+        **base,
+        summary_chars=len(summary),
+        chars_after=chars_after,
+        duration_ms=duration_ms,
+        model=summary_name,
+    )
+    _audit(
+        store,
+        {
+            **base,
+            "status": "applied",
+            "reason": "over_trigger",
+            "model": summary_name,
+            "attempts": outcome.attempts,
+            "summary_chars": len(summary),
+            "chars_after": chars_after,
+            "duration_ms": duration_ms,
+            "summary": summary,
+        },
+    )
+    emit("after_summarize", {**base, "status": "applied", "summary_chars": len(summary)})
+    return state
+
+
+def _audit(store: Store, row: Mapping[str, Any]) -> None:
+    try:
+        store.audit(dict(row))
+    except Exception as err:  # the audit boundary: a failed audit never undoes a compaction
+        log.error(
+            "audit.write_failed",
+            session_id=row.get("session_id"),
+            generation=row.get("generation"),
+            error=repr(err),
+        )

@@ -1,0 +1,228 @@
+"""``ragent-memory demo``: a long simulated RAG-agent session, offline, through every gate.
+
+The agent answers questions over a small bundled knowledge base with ``search_knowledge``,
+sometimes pulls an oversized export, and once reads a placeholder back with the recall tool.
+Everything is deterministic (seeded); no network, no API key.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+
+from .engine import MemoryEngine, TurnReport
+from .reduce import RECALL_TOOL_NAME
+from .settings import Settings, StoreSettings, load_settings
+
+KNOWLEDGE = {
+    "refund policy": "Refunds are issued within 14 days of purchase to the original payment method.",
+    "shipping times": "Standard shipping takes 3–5 business days; express ships next day.",
+    "warranty terms": "Hardware carries a 24-month warranty; batteries are covered for 12 months.",
+    "invoice format": "Invoices are PDF files numbered INV-YYYY-NNNNN and list VAT separately.",
+    "api limits": "The public API allows 600 requests per minute per key, burst 100.",
+    "data retention": "Logs are kept 30 days; backups 90 days; audit trails 7 years.",
+    "sso setup": "SSO supports SAML 2.0 and OIDC; the ACS URL ends in /sso/acs.",
+    "pricing tiers": "Starter is 9 EUR/month, Team 29 EUR/user, Enterprise is quoted.",
+    "on-call rota": "The on-call rota rotates weekly on Mondays at 09:00 CET.",
+    "backup schedule": "Backups run nightly at 02:00 UTC and are verified every Sunday.",
+}
+QUESTIONS = (
+    "What does our {t} say?",
+    "Can you double-check the {t} for the customer in ticket T-{n}?",
+    "Summarise the {t} in two lines, please.",
+    "Is anything in the {t} relevant to order #{n}?",
+)
+CONSTRAINTS = (
+    "Never exceed 4,321 euros in total for this account.",
+    "Don't send anything to the customer until I say so.",
+    "Reply in English only, and keep answers under 80 words.",
+)
+
+
+def _search_result(topic: str, turn: int, rng: random.Random) -> str:
+    lines = [
+        f"[{topic} · doc {k}] {KNOWLEDGE[topic]} (revision {rng.randint(1, 40)})"
+        for k in range(rng.randint(10, 40))
+    ]
+    return "\n".join(lines)
+
+
+def simulate_session(turns: int, *, seed: int = 42) -> list[list[dict[str, Any]]]:
+    """The session as a list of turns, each a list of messages (user first)."""
+    rng = random.Random(seed)
+    topics = list(KNOWLEDGE)
+    out: list[list[dict[str, Any]]] = []
+    for turn in range(turns):
+        topic = topics[turn % len(topics)]
+        question = QUESTIONS[turn % len(QUESTIONS)].format(t=topic, n=1000 + turn)
+        if turn < len(CONSTRAINTS):
+            question = f"{CONSTRAINTS[turn]} {question}"
+        call = f"call_{turn}"
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": question},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call,
+                        "type": "function",
+                        "function": {
+                            "name": "search_knowledge",
+                            "arguments": json.dumps({"query": topic, "top_k": 8}),
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call, "content": _search_result(topic, turn, rng)},
+        ]
+        if turn % 37 == 36:  # an oversized export, truncated by the reduction step
+            export = f"export_{turn}"
+            rows = "\n".join(
+                f"row {i}: {topic} record {rng.randint(10_000, 99_999)}" for i in range(4_000)
+            )
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": export,
+                            "type": "function",
+                            "function": {
+                                "name": "export_records",
+                                "arguments": json.dumps({"topic": topic}),
+                            },
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": export, "content": rows},
+            ]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Per the knowledge base: {KNOWLEDGE[topic]} Done for turn {turn}.",
+            }
+        )
+        out.append(messages)
+    return out
+
+
+def _recall_placeholder(engine: MemoryEngine, view: list[dict[str, Any]], session_id: str) -> str:
+    """Find a placeholder in the prepared view and read it back, as a model would."""
+    for message in view:
+        content = message.get("content")
+        if message.get("role") == "tool" and isinstance(content, str) and "recall: rm-" in content:
+            ref = content.split("recall: ")[1].rstrip("]")
+            return ref
+    return ""
+
+
+def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db_path = out_dir / "demo.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    settings = load_settings(config) if config else Settings(context_window_chars=60_000)
+    settings = attrs.evolve(settings, store=StoreSettings(path=str(db_path)))
+    session = simulate_session(turns)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a support agent. Use search_knowledge to answer."}
+    ]
+    reports: list[TurnReport] = []
+    recalled = ""
+    with MemoryEngine(settings) as engine:
+        with click.progressbar(session, label="agent turns", show_pos=True) as bar:
+            for messages in bar:
+                history.append(messages[0])
+                prepared = engine.prepare(history, session_id="demo", user_id="demo-user")
+                reports.append(prepared.report)
+                if not recalled:
+                    ref = _recall_placeholder(engine, prepared.messages, "demo")
+                    if ref:
+                        recalled = f"{ref} → {engine.recall('demo', ref, 0, 120)!r}"
+                history.extend(messages[1:])
+        audit_rows = engine.store.compactions("demo")
+    _print_summary(settings, reports, audit_rows, db_path, recalled)
+    _chart(reports, settings, out_dir)
+
+
+def _print_summary(
+    settings: Settings,
+    reports: list[TurnReport],
+    audit_rows: list[dict[str, Any]],
+    db_path: Path,
+    recalled: str,
+) -> None:
+    applied = [r for r in audit_rows if r["status"] == "applied"]
+    last = reports[-1]
+    rows = [
+        ("budget B", f"{settings.context_window_chars:,}", ""),
+        ("history at the end", f"{last.chars_raw:,}", f"{len(reports)} turns"),
+        (
+            "largest context sent",
+            f"{max(r.chars_out for r in reports):,}",
+            f"{max(r.chars_out for r in reports) / settings.context_window_chars:.0%} of B",
+        ),
+        (
+            "trim gate (50%)",
+            f"{settings.trim_trigger_chars:,}",
+            f"{last.trimmed} results shown as placeholders at the end",
+        ),
+        (
+            "reduction",
+            f"{settings.oversized_tool_result_chars:,}",
+            f"{max(r.truncated for r in reports)} oversized results shown as previews",
+        ),
+        (
+            "compaction gate (80%)",
+            f"{settings.compact_trigger_chars:,}",
+            f"{len(applied)} generations applied",
+        ),
+        ("final context", f"{last.chars_out:,}", f"generation {last.generation}"),
+        (
+            "prepare time",
+            f"{sum(r.duration_ms for r in reports) / len(reports):.2f} ms",
+            "mean per turn",
+        ),
+    ]
+    width = max(len(r[0]) for r in rows)
+    click.echo("\nragent-memory demo (offline summarizer, no network)\n")
+    for name, value, note in rows:
+        click.echo(f"  {name:<{width}}  {value:>12}  {note}")
+    if recalled:
+        click.echo(f"\n  recall loop: {recalled[:160]}")
+    click.echo(f"\n  audit log: {db_path}  (ragent-memory audit --db {db_path})")
+
+
+def _chart(reports: list[TurnReport], settings: Settings, out_dir: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        click.echo("  (install matplotlib for a chart of context size per turn)")
+        return
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot([r.chars_raw for r in reports], label="raw history", color="#bbbbbb")
+    ax.plot([r.chars_out for r in reports], label="context sent", color="#1f77b4")
+    for frac, name in ((0.5, "trim 50%"), (0.8, "compact 80%")):
+        ax.axhline(frac * settings.context_window_chars, linestyle="--", linewidth=0.8, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("chars")
+    ax.legend()
+    path = out_dir / "context.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    click.echo(f"  chart: {path}")
+
+
+__all__ = ["RECALL_TOOL_NAME", "run_demo", "simulate_session"]

@@ -1,0 +1,477 @@
+"""``MemoryEngine``: composes the gates, owns the store, the caches and the threads.
+
+It trims nothing itself: each gate is a pure function in its own module. Per turn::
+
+    view = leading system msgs + [summary msg] + raw[covered:]   (sticky substitutions applied)
+      → reduce (oversized single results) → trim (50%) → compact (80%, thread pool)
+      → [memory block] inserted after the system messages
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any, Self
+
+import attrs
+import structlog
+
+from . import compact
+from .chars import Message, chars
+from .errors import InvalidMessagesError, RagentMemoryError
+from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
+from .reduce import reduce
+from .settings import Settings, load_settings
+from .store import GCReport, SessionState, Store, Substitution, utc_now
+from .summarize import Summarizer, build_summarizer
+from .trim import trim
+from .view import RawCache, chain_digest
+
+log = structlog.get_logger(__name__)
+
+EventCallback = Callable[[str, dict[str, Any]], None]
+
+
+@attrs.frozen
+class TurnReport:
+    """What one ``prepare`` did, in characters (DESIGN §11)."""
+
+    chars_raw: int  # the whole caller history
+    chars_in: int  # the view before the gates (summary + raw tail, nothing substituted)
+    chars_out: int  # what is sent, memory block excluded
+    trimmed: int  # tool results shown as placeholders
+    truncated: int  # messages shown as head/tail previews
+    reclaimed_chars: int  # chars saved by placeholders and previews in this view
+    compacted: bool  # a summary generation was applied in this call
+    skipped_reason: str | None  # why compaction did not run, when it was considered
+    generation: int  # the session's current summary generation, 0 = none
+    memory_chars: int
+    duration_ms: float
+
+
+@attrs.frozen
+class PreparedContext:
+    messages: list[Message]
+    report: TurnReport
+
+
+class _Session:
+    """In-memory state of one session; every field is guarded by ``lock``."""
+
+    def __init__(self, state: SessionState, subs: dict[str, Substitution]) -> None:
+        self.lock = threading.Lock()
+        self.state = state
+        self.subs = subs
+        self.raw = RawCache()
+        self.verified_digest = ""  # covered_digest already checked against ``raw``
+        self.future: Future[SessionState | None] | None = None
+        self.returned_generation = state.generation
+
+
+def leading_system_count(messages: Sequence[Message]) -> int:
+    count = 0
+    while count < len(messages) and messages[count].get("role") == "system":
+        count += 1
+    return count
+
+
+class MemoryEngine:
+    """The memory engine. One instance serves many threads and sessions."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        on_event: EventCallback | None = None,
+        clock: Callable[[], Any] = utc_now,
+        summarizer: Summarizer | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.on_event = on_event
+        self.store = Store(self.settings.store.path, clock=clock)
+        self.summarizer = summarizer or build_summarizer(self.settings, on_event=self._emit)
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.settings.compaction_workers, thread_name_prefix="ragent-compact"
+        )
+        self._sessions: dict[str, _Session] = {}
+        self._sessions_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **kwargs: Any) -> MemoryEngine:
+        return cls(load_settings(path), **kwargs)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for background work, then close the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self.summarizer.close()
+        self.store.close()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait for every in-flight compaction (bounded by ``timeout_s`` each)."""
+        with self._sessions_lock:
+            futures = [s.future for s in self._sessions.values() if s.future is not None]
+        for future in futures:
+            try:
+                future.result(timeout=timeout_s or self.settings.compaction_timeout_s)
+            except (FutureTimeout, RagentMemoryError):
+                log.warning("flush.timeout")
+
+    def _emit(self, name: str, data: dict[str, Any]) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(name, data)
+        except Exception as err:  # a broken callback must not break a turn
+            log.error("on_event.failed", event=name, error=repr(err))
+
+    def _session(self, session_id: str) -> _Session:
+        with self._sessions_lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                state = self.store.load_session(session_id) or SessionState(session_id)
+                session = _Session(state, self.store.substitutions(session_id))
+                self._sessions[session_id] = session
+            return session
+
+    # ------------------------------------------------------------------ the turn
+
+    def prepare(
+        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+    ) -> PreparedContext:
+        """Fit ``messages`` into the budget. Never mutates them; raw history is never lost."""
+        started = time.perf_counter()
+        if self._closed:
+            raise RagentMemoryError("engine is closed")
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidMessagesError(
+                None, f"session_id must be a non-empty string, got {session_id!r}"
+            )
+        if not isinstance(messages, list | tuple):
+            raise InvalidMessagesError(
+                None, f"expected a list of messages, got {type(messages).__name__}"
+            )
+        session = self._session(session_id)
+        with session.lock:
+            session.raw.sync(messages)
+            self._adopt_late_compaction(session)
+            self._check_covered(session, user_id)
+            view, report = self._run_gates(session, user_id)
+        duration_ms = (time.perf_counter() - started) * 1000
+        return PreparedContext(view, attrs.evolve(report, duration_ms=duration_ms))
+
+    async def aprepare(
+        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+    ) -> PreparedContext:
+        """``prepare`` off the event loop (compaction may wait on a model)."""
+        return await asyncio.to_thread(
+            self.prepare, messages, session_id=session_id, user_id=user_id
+        )
+
+    def _build_view(self, session: _Session) -> tuple[list[Message], list[int], int]:
+        """The view before the gates, its sizes, and the index of the first tail message."""
+        raw = session.raw
+        prefix_len = leading_system_count(raw.messages)
+        state = session.state
+        view: list[Message] = list(raw.messages[:prefix_len])
+        sizes = raw.sizes[:prefix_len]
+        start = prefix_len
+        if state.generation:
+            summary_message = compact.summary_message(state.summary, self.settings.language)
+            view.append(summary_message)
+            sizes.append(chars(summary_message))
+            start = state.covered
+        view.extend(raw.messages[start:])
+        sizes.extend(raw.sizes[start:])
+        return view, sizes, len(view) - (len(raw.messages) - start)
+
+    def _run_gates(
+        self, session: _Session, user_id: str | None
+    ) -> tuple[list[Message], TurnReport]:
+        settings = self.settings
+        raw = session.raw
+        session_id = session.state.session_id
+        view, sizes, head = self._build_view(session)
+        chars_in = sum(sizes)
+        offset = len(raw.messages) - len(view)  # view index + offset = raw index
+
+        def ref_for(text: str) -> str:
+            return self.store.ref_for(session_id, text)
+
+        # Sticky substitutions recorded on earlier turns.
+        originals: dict[int, Message] = {}
+        kinds: dict[int, str] = {}
+
+        def show(index: int, message: Message, kind: str) -> None:
+            originals.setdefault(index, view[index])
+            kinds[index] = kind
+            view[index] = message
+            sizes[index] = chars(message)
+
+        for index in range(head, len(view)):
+            sub = session.subs.get(raw.digests[index + offset])
+            if sub is not None:
+                show(index, sub.message, sub.kind)
+
+        # Reduction, then gate 1. New substitutions are persisted before they are shown.
+        pending: list[tuple[int, Substitution, Sequence[str]]] = []
+        limit = settings.oversized_tool_result_chars
+        candidates = [i for i in range(head, len(view)) if i not in kinds and sizes[i] > limit]
+        if candidates:
+            reduced = reduce(
+                view,
+                limit_chars=limit,
+                language=settings.language,
+                ref_for=ref_for,
+                candidates=candidates,
+            )
+            for t in reduced.truncations:
+                sub = Substitution(
+                    raw.digests[t.index + offset], "truncate", t.refs[0], t.replacement
+                )
+                pending.append((t.index, sub, t.offloaded))
+        trimmed_view = list(view)
+        for index, sub, _ in pending:
+            trimmed_view[index] = sub.message
+        if sum(chars(m) for m in trimmed_view[head:]) + sum(sizes[:head]) > (
+            settings.trim_trigger_chars
+        ):
+            try:
+                result = trim(
+                    trimmed_view,
+                    trigger_chars=settings.trim_trigger_chars,
+                    evictable_tools=settings.evictable_tools,
+                    language=settings.language,
+                    ref_for=ref_for,
+                    originals={**originals, **{i: view[i] for i, _, _ in pending}},
+                    evicted={i for i, k in kinds.items() if k == "trim"},
+                )
+            except Exception as err:  # the trim must never break a turn (DESIGN §4)
+                log.error("trim.failed", session_id=session_id, error=repr(err))
+            else:
+                pending = [p for p in pending if p[0] not in {e.index for e in result.evictions}]
+                for e in result.evictions:
+                    sub = Substitution(raw.digests[e.index + offset], "trim", e.ref, e.replacement)
+                    pending.append((e.index, sub, (e.text,)))
+                if result.evictions:
+                    log.info(
+                        "trim.applied",
+                        session_id=session_id,
+                        evicted=len(result.evictions),
+                        reclaimed_chars=result.reclaimed_chars,
+                    )
+        if pending:
+            try:
+                self.store.save_substitutions(
+                    session_id,
+                    [(sub, texts) for _, sub, texts in pending],
+                    ttl_days=settings.offload_ttl_days,
+                )
+            except RagentMemoryError as err:
+                log.error("substitutions.write_failed", session_id=session_id, error=repr(err))
+            else:
+                for index, sub, _ in pending:
+                    session.subs[sub.digest] = sub
+                    show(index, sub.message, sub.kind)
+                    if sub.kind == "truncate":
+                        log.info(
+                            "reduce.truncated",
+                            session_id=session_id,
+                            original_chars=chars(originals[index]),
+                            shown_chars=sizes[index],
+                        )
+
+        # Gate 2.
+        compacted, skipped = False, None
+        if settings.summary_enabled:
+            skipped = self._compact(session, view, sizes, head, user_id)
+            if session.state.generation != session.returned_generation:
+                compacted = True
+                view, sizes, head = self._build_view(session)
+                offset = len(raw.messages) - len(view)
+                kinds = {}
+                for index in range(head, len(view)):
+                    sub = session.subs.get(raw.digests[index + offset])
+                    if sub is not None:
+                        kinds[index] = sub.kind
+                        view[index] = sub.message
+                        sizes[index] = chars(sub.message)
+        session.returned_generation = session.state.generation
+
+        reclaimed = sum(chars(raw.messages[i + offset]) - sizes[i] for i in kinds)
+        report = TurnReport(
+            chars_raw=sum(raw.sizes),
+            chars_in=chars_in,
+            chars_out=sum(sizes),
+            trimmed=sum(1 for k in kinds.values() if k == "trim"),
+            truncated=sum(1 for k in kinds.values() if k == "truncate"),
+            reclaimed_chars=reclaimed,
+            compacted=compacted,
+            skipped_reason=skipped,
+            generation=session.state.generation,
+            memory_chars=0,
+            duration_ms=0.0,
+        )
+        return view, report
+
+    # ------------------------------------------------------------------ compaction
+
+    def _adopt_late_compaction(self, session: _Session) -> None:
+        """Apply a compaction that finished after its caller stopped waiting."""
+        future = session.future
+        if future is None or not future.done():
+            return
+        session.future = None
+        try:
+            state = future.result()
+        except Exception as err:  # already audited by the worker when it was expected
+            log.error("compaction.crashed", session_id=session.state.session_id, error=repr(err))
+            return
+        if state is not None:
+            session.state = state
+
+    def _check_covered(self, session: _Session, user_id: str | None) -> None:
+        """Drop the summary when the caller's history no longer matches what it covers."""
+        state = session.state
+        if not state.generation:
+            return
+        raw = session.raw
+        if session.verified_digest == state.covered_digest and raw.unchanged >= state.covered:
+            return  # identity fast path: the covered messages are the very dicts verified before
+        reason = None
+        if len(raw.messages) < state.covered:
+            reason = "history_shorter"
+        elif leading_system_count(raw.messages[: state.covered]) != state.prefix_len:
+            reason = "prefix_changed"
+        elif chain_digest(raw.digests[state.prefix_len : state.covered]) != state.covered_digest:
+            reason = "history_edited"
+        if reason is None:
+            session.verified_digest = state.covered_digest
+            return
+        log.warning(
+            "compaction.invalidated",
+            session_id=state.session_id,
+            generation=state.generation,
+            reason=reason,
+        )
+        fresh = SessionState(
+            state.session_id, user_id=user_id, last_generation=state.last_generation
+        )
+        self.store.save_session(fresh)
+        compact._audit(
+            self.store,
+            {
+                "session_id": state.session_id,
+                "user_id": user_id,
+                "generation": state.generation,
+                "status": "invalidated",
+                "reason": reason,
+                "summary": state.summary,
+                "summary_chars": len(state.summary),
+            },
+        )
+        session.state = fresh
+        session.verified_digest = ""
+        session.returned_generation = 0
+
+    def _compact(
+        self,
+        session: _Session,
+        view: list[Message],
+        sizes: list[int],
+        head: int,
+        user_id: str | None,
+    ) -> str | None:
+        """Run gate 2; returns the skip reason, or None when a compaction was attempted."""
+        if session.future is not None:
+            return "in_progress"
+        decision = compact.plan(view, sizes, head=head, settings=self.settings)
+        if isinstance(decision, str):
+            if decision not in ("below_trigger", "last_not_user"):
+                log.info(
+                    "compaction.skipped",
+                    session_id=session.state.session_id,
+                    reason=decision,
+                    chars=sum(sizes),
+                )
+            return decision
+        raw = session.raw
+        offset = len(raw.messages) - len(view)
+        prefix_len = leading_system_count(raw.messages)
+        start, stop = decision.head + offset, decision.cut + offset
+        job = compact.Job(
+            previous=session.state,
+            user_id=user_id,
+            material=tuple((i, raw.messages[i]) for i in range(start, stop)),
+            prefix_len=prefix_len,
+            new_covered=stop,
+            covered_digest=chain_digest(raw.digests[prefix_len:stop]),
+            plan=decision,
+            prefix_chars=sum(sizes[:prefix_len]),
+        )
+        future = self._pool.submit(
+            compact.run,
+            job,
+            summarizer=self.summarizer,
+            store=self.store,
+            settings=self.settings,
+            emit=self._emit,
+        )
+        session.future = future
+        try:
+            state = future.result(timeout=self.settings.compaction_timeout_s)
+        except FutureTimeout:
+            log.warning(
+                "compaction.timeout",
+                session_id=session.state.session_id,
+                timeout_s=self.settings.compaction_timeout_s,
+            )
+            return "timeout"
+        except Exception as err:  # compact.run audits its own failures; this is a crash
+            session.future = None
+            log.error("compaction.crashed", session_id=session.state.session_id, error=repr(err))
+            return "failed"
+        session.future = None
+        if state is None:
+            return "failed"
+        session.state = state
+        session.verified_digest = state.covered_digest
+        return None
+
+    # ------------------------------------------------------------------ recall and lifecycle
+
+    def recall_tool(self) -> dict[str, Any]:
+        """The OpenAI tool schema the model calls to read back an offloaded result."""
+        return recall_tool_schema()
+
+    def recall(self, session_id: str, ref: str, offset: int = 0, limit: int = DEFAULT_LIMIT) -> str:
+        """A slice of an offloaded original; a clear text (never an exception) when the ref is
+        unknown, expired or of another session."""
+        original = self.store.read_offload(session_id, ref) if isinstance(ref, str) else None
+        return recall_slice(original, str(ref), offset, limit)
+
+    def drop_session(self, session_id: str) -> int:
+        """Forget a session's summary, substitutions and offloads (audit rows stay)."""
+        with self._sessions_lock:
+            self._sessions.pop(session_id, None)
+        return self.store.drop_session(session_id)
+
+    def gc(self) -> GCReport:
+        """Delete expired offloads."""
+        return self.store.gc()

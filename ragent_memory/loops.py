@@ -1,0 +1,88 @@
+"""Tool loops: an assistant message with tool calls plus the tool messages answering it.
+
+Provider-level oddities (orphan results, duplicate call ids, unanswered calls) are tolerated:
+such messages are marked irregular so the gates never evict or cut them apart.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class ToolLoop:
+    call_index: int
+    result_indexes: tuple[int, ...]
+    tool_names: Mapping[str, str]  # call id -> tool name
+    is_complete: bool  # every call answered exactly once, no duplicate ids
+
+    @property
+    def end_index(self) -> int:
+        return max((self.call_index, *self.result_indexes))
+
+
+@attrs.frozen
+class LoopMap:
+    loops: tuple[ToolLoop, ...]
+    orphan_indexes: frozenset[int]  # tool results that answer no call of their loop
+    duplicate_ids: frozenset[str]
+
+    @property
+    def has_anomalies(self) -> bool:
+        return bool(self.orphan_indexes or self.duplicate_ids) or any(
+            not loop.is_complete for loop in self.loops
+        )
+
+
+def map_loops(view: Sequence[Mapping[str, Any]]) -> LoopMap:
+    """Split a view into tool loops; results are the tool messages right after the call."""
+    all_ids = Counter(
+        call.get("id")
+        for message in view
+        if message.get("role") == "assistant"
+        for call in message.get("tool_calls") or ()
+    )
+    duplicates = frozenset(i for i, n in all_ids.items() if n > 1 and isinstance(i, str))
+    loops: list[ToolLoop] = []
+    orphans: set[int] = set()
+    i, n = 0, len(view)
+    while i < n:
+        message = view[i]
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not calls:
+            if message.get("role") == "tool":
+                orphans.add(i)
+            i += 1
+            continue
+        names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
+        answered: Counter[str] = Counter()
+        results: list[int] = []
+        j = i + 1
+        while j < n and view[j].get("role") == "tool":
+            call_id = view[j].get("tool_call_id")
+            if isinstance(call_id, str) and call_id in names:
+                answered[call_id] += 1
+                results.append(j)
+            else:
+                orphans.add(j)
+            j += 1
+        complete = (
+            len(names) == len(calls)
+            and all(answered[c] == 1 for c in names)
+            and not (duplicates & names.keys())
+        )
+        loops.append(ToolLoop(i, tuple(results), names, complete))
+        i = j
+    return LoopMap(tuple(loops), frozenset(orphans), duplicates)
+
+
+def last_user_index(view: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the last user message, or -1."""
+    for index in range(len(view) - 1, -1, -1):
+        if view[index].get("role") == "user":
+            return index
+    return -1

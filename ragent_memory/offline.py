@@ -1,0 +1,167 @@
+"""The offline summarizer: deterministic, extractive, no network (the embedded default).
+
+It writes the same seven sections as a model would, merges with the previous summary (newer
+items first, so new wins), and shortens from the end (Done → Dead ends → Tools and findings)
+until the body fits. Same input, same output: no clocks, no randomness.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .chars import text_of
+from .summarize import EMPTY, SECTIONS, SummaryOutcome, SummaryRequest, validate_summary
+
+NAME = "offline-extractive"
+
+ITEM_CHARS = 240
+MAX_ITEMS = {0: 12, 1: 8, 2: 1, 3: 1, 4: 16, 5: 8, 6: 16}
+# Sections dropped from first when the body is too long (Done, Dead ends, Tools and findings),
+# then the rest from the end.
+SHRINK_ORDER = (6, 5, 4, 1, 0, 3, 2)
+
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_FAILURE = re.compile(
+    r"\b(?:error|failed|fails|failure|not found|no results?|unable|timed? ?out|denied|invalid"
+    r"|doesn'?t work|didn'?t work|dead end)\b|失败|错误|未找到|没有结果|超时|无法|不可用",
+    re.IGNORECASE,
+)
+_DONE = re.compile(
+    r"\b(?:done|completed?|finished|sent|created|updated|booked|saved|fixed|resolved|confirmed"
+    r"|submitted|deployed|merged)\b|已完成|完成了|已发送|已创建|已更新|已修复|已确认|已提交",
+    re.IGNORECASE,
+)
+_NEXT = re.compile(
+    r"\b(?:next|then|will|i'll|let me|plan to|going to)\b|下一步|接下来|然后|将会|我会",
+    re.IGNORECASE,
+)
+
+
+def _clip(text: str, limit: int = ITEM_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+
+
+def _first_sentence(text: str) -> str:
+    parts = _sentences(text)
+    return parts[0] if parts else ""
+
+
+def parse_sections(body: str, language: str) -> list[list[str]]:
+    """The items (``- `` lines) of each known section of a summary body."""
+    titles = SECTIONS[language]
+    items: list[list[str]] = [[] for _ in titles]
+    current = -1
+    for line in body.splitlines():
+        if line.startswith("## "):
+            current = titles.index(line.strip()) if line.strip() in titles else -1
+            continue
+        if current >= 0 and line.startswith("- "):
+            items[current].append(line[2:].strip())
+    return items
+
+
+def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
+    out: list[str] = []
+    for item in [*new, *old]:
+        if item and item not in out:
+            out.append(item)
+    return out[:limit]
+
+
+def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Section items from one stretch of conversation, newest first within each section."""
+    requests: list[str] = []
+    progress: list[str] = []
+    tools: list[str] = []
+    dead_ends: list[str] = []
+    done: list[str] = []
+    next_steps: list[str] = []
+    calls: dict[str, tuple[str, str]] = {}
+    for message in material:
+        role = message.get("role")
+        text = text_of(message).strip()
+        if role == "user" and text:
+            requests.append(_clip(text))
+        elif role == "assistant":
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") or {}
+                calls[call.get("id", "")] = (
+                    function.get("name") or "tool",
+                    _clip(function.get("arguments") or "", 100),
+                )
+            if text:
+                progress.append(_clip(text, 320))
+                for sentence in _sentences(text):
+                    if _FAILURE.search(sentence):
+                        dead_ends.append(_clip(sentence))
+                    elif _DONE.search(sentence):
+                        done.append(_clip(sentence))
+                    elif _NEXT.search(sentence):
+                        next_steps.append(_clip(sentence))
+        elif role == "tool":
+            name, arguments = calls.get(message.get("tool_call_id", ""), ("tool", ""))
+            finding = _clip(_first_sentence(text), 120)
+            tools.append(f"{name} {arguments} → {len(text)} chars: {finding}")
+            if _FAILURE.search(text[:400]):
+                dead_ends.append(_clip(f"{name} {arguments}: {finding}"))
+    newest_request = requests[-1:] if requests else []
+    todo = list(reversed(requests[-3:]))
+    next_step = next_steps[-1:] or newest_request
+    return [
+        list(reversed(requests)),
+        todo,
+        next_step,
+        progress[-1:],
+        list(reversed(tools)),
+        list(reversed(dead_ends)),
+        list(reversed(done)),
+    ]
+
+
+def render(items: Sequence[Sequence[str]], language: str) -> str:
+    blocks = []
+    for title, section in zip(SECTIONS[language], items, strict=True):
+        lines = [f"- {item}" for item in section] or [EMPTY[language]]
+        blocks.append("\n".join([title, *lines]))
+    return "\n\n".join(blocks)
+
+
+def summarize_offline(
+    material: Sequence[Mapping[str, Any]], previous: str, language: str, max_chars: int
+) -> str:
+    """The merged, clamped summary body."""
+    new = extract(material)
+    old = parse_sections(previous, language)
+    items = []
+    for index, (fresh, earlier) in enumerate(zip(new, old, strict=True)):
+        # Next step and current progress describe "now": the newer one replaces the older.
+        merged = fresh or earlier if index in (2, 3) else _merge(fresh, earlier, MAX_ITEMS[index])
+        items.append(list(merged)[: MAX_ITEMS[index]])
+    body = render(items, language)
+    for index in SHRINK_ORDER:
+        while len(body) > max_chars and items[index]:
+            items[index].pop()
+            body = render(items, language)
+    return body
+
+
+class OfflineSummarizer:
+    """The embedded default summarizer."""
+
+    name = NAME
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        body = summarize_offline(
+            request.material, request.previous, request.language, request.max_chars
+        )
+        return SummaryOutcome(validate_summary(body, max_chars=request.max_chars), NAME, 0)
+
+    def close(self) -> None:
+        return None

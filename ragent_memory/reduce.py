@@ -1,0 +1,120 @@
+"""Reduction (DESIGN §8; Eino reduction): one oversized tool result or tool-call input.
+
+A tool result longer than the oversized limit is shown as its head (20% of the limit), a notice
+with its size and recall ref, and its tail (10%). Oversized tool-call arguments get the same
+treatment, wrapped as a JSON object so the call stays parseable; the call id and name stay, so
+the loop stays valid. Results of the recall tool itself are never reduced (no offload → read →
+offload loop).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Sequence
+
+import attrs
+
+from .chars import Message, text_of
+
+RECALL_TOOL_NAME = "recall_tool_result"
+HEAD_RATIO = 0.2
+TAIL_RATIO = 0.1
+
+NOTICES = {
+    "en": (
+        '\n…[{omitted} of {n} chars omitted here; call {tool}(ref="{ref}", offset, limit) '
+        "to read the full text]…\n"
+    ),
+    "zh": '\n…[此处省略 {omitted} 字符（原长 {n} 字符）；调用 {tool}(ref="{ref}", offset, limit) 可读取全文]…\n',
+}
+
+
+def preview(text: str, *, limit_chars: int, language: str, ref: str) -> str:
+    """Head + notice + tail of ``text``."""
+    head = int(limit_chars * HEAD_RATIO)
+    tail = int(limit_chars * TAIL_RATIO)
+    omitted = len(text) - head - tail
+    notice = NOTICES[language].format(omitted=omitted, n=len(text), tool=RECALL_TOOL_NAME, ref=ref)
+    return text[:head] + notice + text[len(text) - tail :]
+
+
+@attrs.frozen
+class Truncation:
+    index: int  # position in the view
+    original: Message
+    replacement: Message
+    refs: tuple[str, ...]
+    offloaded: tuple[str, ...]  # the original texts behind ``refs``, in order
+
+
+@attrs.frozen
+class ReduceResult:
+    messages: list[Message]
+    truncations: tuple[Truncation, ...] = ()
+
+
+def _recall_call_ids(view: Sequence[Message]) -> set[str]:
+    return {
+        call["id"]
+        for m in view
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or ()
+        if (call.get("function") or {}).get("name") == RECALL_TOOL_NAME
+    }
+
+
+def reduce(
+    view: Sequence[Message],
+    *,
+    limit_chars: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    skip: Collection[int] = (),
+    candidates: Collection[int] | None = None,
+) -> ReduceResult:
+    """Truncate oversized tool results and tool-call arguments in ``view``.
+
+    ``skip``: view indexes already substituted. ``candidates``: if given, only these indexes
+    are examined (the engine passes the messages that are new since the last turn).
+    """
+    indexes = range(len(view)) if candidates is None else sorted(candidates)
+    recall_ids: set[str] | None = None
+    out = list(view)
+    done: list[Truncation] = []
+    for index in indexes:
+        if index in skip:
+            continue
+        message = view[index]
+        role = message.get("role")
+        if role == "tool":
+            text = text_of(message)
+            if len(text) <= limit_chars:
+                continue
+            if recall_ids is None:
+                recall_ids = _recall_call_ids(view)
+            if message.get("tool_call_id") in recall_ids:
+                continue
+            ref = ref_for(text)
+            shown = preview(text, limit_chars=limit_chars, language=language, ref=ref)
+            replacement = {**message, "content": shown}
+            done.append(Truncation(index, message, replacement, (ref,), (text,)))
+        elif role == "assistant" and message.get("tool_calls"):
+            calls, refs, texts = [], [], []
+            for call in message["tool_calls"]:
+                function = call.get("function") or {}
+                arguments = function.get("arguments") or ""
+                if len(arguments) <= limit_chars:
+                    calls.append(call)
+                    continue
+                ref = ref_for(arguments)
+                shown = preview(arguments, limit_chars=limit_chars, language=language, ref=ref)
+                wrapped = json.dumps({"truncated_arguments": shown}, ensure_ascii=False)
+                calls.append({**call, "function": {**function, "arguments": wrapped}})
+                refs.append(ref)
+                texts.append(arguments)
+            if refs:
+                replacement = {**message, "tool_calls": calls}
+                done.append(Truncation(index, message, replacement, tuple(refs), tuple(texts)))
+    for truncation in done:
+        out[truncation.index] = truncation.replacement
+    return ReduceResult(out, tuple(done))

@@ -1,0 +1,403 @@
+"""The SQLite store (DESIGN §10): one file, WAL, migrations recorded in the database.
+
+Tables:
+
+- ``compactions``: the append-only audit, one row per compaction attempt (and invalidation).
+- ``sessions``: per-session summary state (generation, summary, covered pointer, verbatim list).
+- ``substitutions``: sticky per-message replacements (trim placeholders, truncation previews),
+  keyed by a digest of the original message, so a prompt prefix stays byte-stable across turns.
+- ``offloads``: originals of trimmed/truncated tool results, content-addressed per session.
+- ``meta``: the store's secret (recall refs are HMACs under it, so they are unguessable).
+
+One connection shared by every thread, guarded by a lock (sqlite3 objects are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import sqlite_utils
+
+from .errors import StoreError
+
+Clock = Callable[[], datetime]
+
+COMPACTION_COLUMNS = (
+    "id",
+    "session_id",
+    "user_id",
+    "generation",
+    "status",
+    "reason",
+    "model",
+    "attempts",
+    "material_messages",
+    "material_chars",
+    "summary_chars",
+    "chars_before",
+    "chars_after",
+    "duration_ms",
+    "summary",
+    "error",
+    "created_at",
+)
+
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "001_core",
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE compactions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            user_id TEXT,
+            generation INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('applied', 'failed', 'invalidated')),
+            reason TEXT,
+            model TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            material_messages INTEGER NOT NULL DEFAULT 0,
+            material_chars INTEGER NOT NULL DEFAULT 0,
+            summary_chars INTEGER NOT NULL DEFAULT 0,
+            chars_before INTEGER NOT NULL DEFAULT 0,
+            chars_after INTEGER NOT NULL DEFAULT 0,
+            duration_ms INTEGER NOT NULL DEFAULT 0,
+            summary TEXT,
+            error TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX compactions_applied_generation
+            ON compactions (session_id, generation) WHERE status = 'applied';
+        CREATE INDEX compactions_session ON compactions (session_id, id);
+        CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            user_id TEXT,
+            generation INTEGER NOT NULL DEFAULT 0,
+            last_generation INTEGER NOT NULL DEFAULT 0,
+            summary TEXT NOT NULL DEFAULT '',
+            body TEXT NOT NULL DEFAULT '',
+            prefix_len INTEGER NOT NULL DEFAULT 0,
+            covered INTEGER NOT NULL DEFAULT 0,
+            covered_digest TEXT NOT NULL DEFAULT '',
+            verbatim TEXT NOT NULL DEFAULT '[]',
+            updated_at TEXT NOT NULL
+        );
+        CREATE TABLE substitutions (
+            session_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate')),
+            ref TEXT NOT NULL,
+            message TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (session_id, digest)
+        );
+        CREATE TABLE offloads (
+            session_id TEXT NOT NULL,
+            ref TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            content TEXT NOT NULL,
+            chars INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            PRIMARY KEY (session_id, ref)
+        );
+        CREATE INDEX offloads_expiry ON offloads (expires_at);
+        """,
+    ),
+)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@attrs.frozen
+class SessionState:
+    """What a session's compactions left behind; resumed by any engine on the same store."""
+
+    session_id: str
+    user_id: str | None = None
+    generation: int = 0  # the current summary's generation; 0 = no summary
+    last_generation: int = 0  # the highest generation ever applied (numbers never repeat)
+    summary: str = ""  # as shown to the model: body plus the verbatim user requests
+    body: str = ""  # as written by the summarizer; the next generation rewrites it
+    prefix_len: int = 0
+    covered: int = 0
+    covered_digest: str = ""
+    verbatim: tuple[dict[str, Any], ...] = ()
+
+
+@attrs.frozen
+class Substitution:
+    """A sticky replacement of one original message (by digest) in the view."""
+
+    digest: str
+    kind: str  # "trim" | "truncate"
+    ref: str
+    message: dict[str, Any]
+
+
+@attrs.frozen
+class GCReport:
+    expired_offloads: int
+    dropped_offloads: int
+    freed_chars: int
+
+
+class Store:
+    """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`."""
+
+    def __init__(self, path: str | Path, *, clock: Clock = utc_now) -> None:
+        self.path = str(path)
+        self.clock = clock
+        self._lock = threading.RLock()
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
+            self.db = sqlite_utils.Database(conn, execute_plugins=False)
+            self.db.execute("PRAGMA busy_timeout = 30000")
+            if self.path != ":memory:":
+                self.db.execute("PRAGMA journal_mode = WAL")
+                self.db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+            self._secret = self._load_secret()
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot open store {self.path!r}: {err}") from err
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[sqlite_utils.Database]:
+        with self._lock:
+            try:
+                yield self.db
+            except sqlite3.Error as err:
+                raise StoreError(f"store {what} failed: {err}") from err
+
+    def _migrate(self) -> None:
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations "
+            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+        )
+        done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
+        for version, (name, sql) in enumerate(MIGRATIONS, start=1):
+            if name in done:
+                continue
+            with self.db.atomic():
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.table("_migrations").insert(
+                    {"version": version, "name": name, "applied_at": iso(self.clock())}
+                )
+
+    def _load_secret(self) -> bytes:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
+        if row is None:
+            self.db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('secret', ?)",
+                [secrets.token_hex(32)],
+            )
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
+        return bytes.fromhex(row[0])
+
+    def migrations(self) -> list[str]:
+        with self._locked("read"):
+            return [r[0] for r in self.db.execute("SELECT name FROM _migrations ORDER BY version")]
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    # ------------------------------------------------------------------ offloads
+
+    def ref_for(self, session_id: str, content: str) -> str:
+        """The recall ref of ``content`` in ``session_id``: stable per store, unguessable."""
+        sha = hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
+        mac = hmac.new(self._secret, f"{session_id}\0{sha}".encode(), hashlib.sha256)
+        return "rm-" + mac.hexdigest()[:20]
+
+    def _offload_row(self, session_id: str, content: str, ttl_days: float) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "session_id": session_id,
+            "ref": self.ref_for(session_id, content),
+            "sha256": hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest(),
+            "content": content,
+            "chars": len(content),
+            "created_at": iso(now),
+            "expires_at": iso(now + timedelta(days=ttl_days)),
+        }
+
+    def _offload(self, session_id: str, content: str, ttl_days: float) -> None:
+        # Stored once per session (content-addressed); storing again only extends the expiry.
+        self.db.execute(
+            "INSERT INTO offloads (session_id, ref, sha256, content, chars, created_at,"
+            " expires_at) VALUES (:session_id, :ref, :sha256, :content, :chars, :created_at,"
+            " :expires_at) ON CONFLICT (session_id, ref) DO UPDATE SET"
+            " expires_at = excluded.expires_at",
+            self._offload_row(session_id, content, ttl_days),
+        )
+
+    def read_offload(self, session_id: str, ref: str) -> str | None:
+        """The original text behind ``ref`` in this session, or None (unknown, other session,
+        or expired)."""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?",
+                [session_id, ref, iso(self.clock())],
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    # ------------------------------------------------------------------ substitutions
+
+    def substitutions(self, session_id: str) -> dict[str, Substitution]:
+        with self._locked("read"):
+            rows = self.db.execute(
+                "SELECT digest, kind, ref, message FROM substitutions WHERE session_id = ?",
+                [session_id],
+            ).fetchall()
+        return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
+
+    def save_substitutions(
+        self,
+        session_id: str,
+        items: Sequence[tuple[Substitution, Sequence[str]]],
+        *,
+        ttl_days: float,
+    ) -> None:
+        """Record sticky replacements and offload their originals, in one transaction."""
+        if not items:
+            return
+        now = iso(self.clock())
+        with self._locked("write"), self.db.atomic():
+            for sub, originals in items:
+                for original in originals:
+                    self._offload(session_id, original, ttl_days)
+                self.db.execute(
+                    "INSERT OR REPLACE INTO substitutions (session_id, digest, kind, ref, message,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        session_id,
+                        sub.digest,
+                        sub.kind,
+                        sub.ref,
+                        json.dumps(sub.message, ensure_ascii=False),
+                        now,
+                    ],
+                )
+
+    # ------------------------------------------------------------------ sessions
+
+    def load_session(self, session_id: str) -> SessionState | None:
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT user_id, generation, last_generation, summary, body, prefix_len, covered,"
+                " covered_digest, verbatim FROM sessions WHERE session_id = ?",
+                [session_id],
+            ).fetchone()
+        if row is None:
+            return None
+        return SessionState(
+            session_id=session_id,
+            user_id=row[0],
+            generation=row[1],
+            last_generation=row[2],
+            summary=row[3],
+            body=row[4],
+            prefix_len=row[5],
+            covered=row[6],
+            covered_digest=row[7],
+            verbatim=tuple(json.loads(row[8])),
+        )
+
+    def save_session(self, state: SessionState) -> None:
+        """Write a session's whole summary state in one transaction."""
+        with self._locked("write"), self.db.atomic():
+            self.db.execute(
+                "INSERT OR REPLACE INTO sessions (session_id, user_id, generation,"
+                " last_generation, summary, body, prefix_len, covered, covered_digest, verbatim,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    state.session_id,
+                    state.user_id,
+                    state.generation,
+                    state.last_generation,
+                    state.summary,
+                    state.body,
+                    state.prefix_len,
+                    state.covered,
+                    state.covered_digest,
+                    json.dumps(list(state.verbatim), ensure_ascii=False),
+                    iso(self.clock()),
+                ],
+            )
+
+    # ------------------------------------------------------------------ audit
+
+    def audit(self, row: dict[str, Any]) -> int:
+        """Append one row to ``compactions``; returns its id."""
+        unknown = set(row) - set(COMPACTION_COLUMNS)
+        if unknown:
+            raise StoreError(f"unknown compactions columns: {sorted(unknown)}")
+        record = {**row, "created_at": row.get("created_at") or iso(self.clock())}
+        with self._locked("audit write"):
+            cursor = self.db.execute(
+                f"INSERT INTO compactions ({', '.join(record)})"
+                f" VALUES ({', '.join('?' * len(record))})",
+                list(record.values()),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions"
+        params: list[Any] = []
+        if session_id is not None:
+            sql += " WHERE session_id = ?"
+            params.append(session_id)
+        with self._locked("read"):
+            rows = self.db.execute(sql + " ORDER BY id", params).fetchall()
+        return [dict(zip(COMPACTION_COLUMNS, r, strict=True)) for r in rows]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def drop_session(self, session_id: str) -> int:
+        """Delete everything of a session except its audit rows; returns offload chars freed."""
+        with self._locked("write"), self.db.atomic():
+            row = self.db.execute(
+                "SELECT COALESCE(SUM(chars), 0) FROM offloads WHERE session_id = ?", [session_id]
+            ).fetchone()
+            for table in ("offloads", "substitutions", "sessions"):
+                self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
+            self.db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [f"dropped:{session_id}", iso(self.clock())],
+            )
+        return int(row[0])
+
+    def gc(self) -> GCReport:
+        """Delete expired offloads. (Dropped sessions are emptied by :meth:`drop_session`.)"""
+        now = iso(self.clock())
+        with self._locked("gc"), self.db.atomic():
+            count, freed = self.db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(chars), 0) FROM offloads WHERE expires_at <= ?",
+                [now],
+            ).fetchone()
+            self.db.execute("DELETE FROM offloads WHERE expires_at <= ?", [now])
+        return GCReport(expired_offloads=int(count), dropped_offloads=0, freed_chars=int(freed))

@@ -1,0 +1,114 @@
+"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``).
+
+Above the trim trigger, old results of evictable tools become short placeholders that keep the
+original length, a clipped copy of the call's input and a recall ref. Only tool-result content
+changes: the message count, roles, ids and every tool call stay as they are, so no orphan can
+appear. All replacements are computed before any is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .chars import Message, chars, text_of
+from .loops import ToolLoop, last_user_index, map_loops
+from .settings import EVICTED_INPUT_EXCERPT_CHARS, KEEP_RECENT_TOOL_LOOPS, MIN_TRIM_RECLAIM_RATIO
+
+PLACEHOLDERS = {
+    "en": "[Earlier tool result omitted: {n} chars originally; input: {args}; recall: {ref}]",
+    "zh": "[历史工具结果已省略，原长 {n} 字符，原入参 {args}，召回编号 {ref}]",
+}
+
+
+def placeholder(language: str, original_chars: int, arguments: str, ref: str) -> str:
+    """The text that stands in for an evicted tool result."""
+    excerpt = arguments
+    if len(excerpt) > EVICTED_INPUT_EXCERPT_CHARS:
+        excerpt = excerpt[: EVICTED_INPUT_EXCERPT_CHARS - 1] + "…"
+    return PLACEHOLDERS[language].format(n=original_chars, args=excerpt, ref=ref)
+
+
+@attrs.frozen
+class Eviction:
+    index: int  # position in the view
+    original: Message  # the caller's message (never a preview)
+    replacement: Message
+    ref: str
+    text: str  # the original result text, offloaded under ``ref``
+
+
+@attrs.frozen
+class TrimResult:
+    messages: list[Message]
+    evictions: tuple[Eviction, ...] = ()
+    reclaimed_chars: int = 0
+    skipped_reason: str | None = None
+
+
+def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> set[int]:
+    """Call indexes of loops the trim must not touch."""
+    last_user = last_user_index(view)
+    if last_user < 0:
+        return {loop.call_index for loop in loops}
+    protected = {loop.call_index for loop in loops if loop.call_index > last_user}
+    protected |= {loop.call_index for loop in loops if not loop.is_complete}
+    earlier = [loop for loop in loops if loop.call_index < last_user and loop.is_complete]
+    protected |= {loop.call_index for loop in earlier[-KEEP_RECENT_TOOL_LOOPS:]}
+    return protected
+
+
+def trim(
+    view: Sequence[Message],
+    *,
+    trigger_chars: int,
+    evictable_tools: Collection[str],
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message] | None = None,
+    evicted: Collection[int] = (),
+) -> TrimResult:
+    """Replace old evictable tool results by placeholders when the view exceeds the trigger.
+
+    ``originals`` maps view indexes already shown in another form (a truncation preview) to
+    the caller's message; ``evicted`` lists view indexes that already are placeholders.
+    """
+    originals = originals or {}
+    current = sum(chars(m) for m in view)
+    if current <= trigger_chars:
+        return TrimResult(list(view))
+    loop_map = map_loops(view)
+    protected = protected_loops(view, loop_map.loops)
+    planned: list[Eviction] = []
+    reclaim = 0
+    for loop in loop_map.loops:
+        if loop.call_index in protected:
+            continue
+        calls = {c["id"]: c for c in view[loop.call_index].get("tool_calls") or ()}
+        for index in loop.result_indexes:
+            shown = view[index]
+            if index in evicted:
+                continue
+            call_id = shown["tool_call_id"]
+            if loop.tool_names.get(call_id) not in evictable_tools:
+                continue
+            original = originals.get(index, shown)
+            text = text_of(original)
+            ref = ref_for(text)
+            arguments = (calls[call_id].get("function") or {}).get("arguments") or ""
+            replacement = {**shown, "content": placeholder(language, len(text), arguments, ref)}
+            gain = chars(shown) - chars(replacement)
+            if gain <= 0:
+                continue
+            planned.append(Eviction(index, original, replacement, ref, text))
+            reclaim += gain
+    if not planned:
+        return TrimResult(list(view), skipped_reason="nothing_evictable")
+    if reclaim < MIN_TRIM_RECLAIM_RATIO * current:
+        return TrimResult(list(view), skipped_reason="not_worth_it")
+    trimmed = list(view)
+    for eviction in planned:
+        trimmed[eviction.index] = eviction.replacement
+    return TrimResult(trimmed, tuple(planned), reclaim)

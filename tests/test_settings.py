@@ -1,0 +1,118 @@
+"""Settings: the one knob, derived values, YAML loading and key-path errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from ragent_memory import ConfigError, Settings, load_settings
+from ragent_memory.settings import settings_from_dict
+
+SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
+
+
+def test_derived_values_at_default_budget() -> None:
+    """B = 1,200,000 gives the numbers of the design table."""
+    s = Settings(context_window_chars=1_200_000)
+    assert (600_000, 960_000, 240_000, 6_000, 6_000) == (
+        s.trim_trigger_chars,
+        s.compact_trigger_chars,
+        s.keep_recent_chars,
+        s.summary_max_chars,
+        s.memory_max_chars,
+    )
+    assert 4_500 == s.memory_consolidate_chars
+    assert 50_000 == s.oversized_tool_result_chars
+
+
+def test_derived_values_clamp_at_small_budget() -> None:
+    """B = 20,000: summary 2,000 (10%), memory block clamped up to 1,500."""
+    s = Settings(context_window_chars=20_000)
+    assert 2_000 == s.summary_max_chars
+    assert 1_500 == s.memory_max_chars
+    assert 4_000 == s.oversized_tool_result_chars
+
+
+def test_derived_values_are_read_only() -> None:
+    """Derived values follow B and cannot be set."""
+    s = Settings()
+    with pytest.raises(AttributeError):
+        s.trim_trigger_chars = 5  # type: ignore[misc]
+    assert 50_000 == attrs.evolve(s, context_window_chars=100_000).trim_trigger_chars
+
+
+def test_shipped_config_loads_with_defaults() -> None:
+    """The shipped YAML documents the defaults and loads to them."""
+    loaded = load_settings(SHIPPED)
+    assert Settings() == loaded
+
+
+@pytest.mark.parametrize(
+    ("data", "key_path"),
+    [
+        ({"context_window_chars": 7_999}, "context_window_chars"),
+        ({"context_window_chars": "big"}, "context_window_chars"),
+        ({"context_window_chars": True}, "context_window_chars"),
+        ({"contxt_window_chars": 10_000}, "contxt_window_chars"),
+        ({"language": "fr"}, "language"),
+        ({"summary_enabled": "yes"}, "summary_enabled"),
+        ({"evictable_tools": "search_knowledge"}, "evictable_tools"),
+        ({"store": {"path": ""}}, "store.path"),
+        ({"store": {"file": "x.db"}}, "store.file"),
+        ({"store": "x.db"}, "store"),
+        ({"compaction_workers": 0}, "compaction_workers"),
+        ({"compaction_timeout_s": -1}, "compaction_timeout_s"),
+        ({"llm": {"model": "m"}}, "llm"),
+        ({"llm": {"base_url": "http://x/v1", "model": "m", "timeout_s": 0}}, "llm.timeout_s"),
+        (
+            {"llm": {"base_url": "http://x/v1", "model": "m", "api_key_env": "sk-123 456"}},
+            "llm.api_key_env",
+        ),
+        (
+            {"llm": {"base_url": "http://x/v1", "model": "m", "fallbacks": [{"base_url": "u"}]}},
+            "llm.fallbacks[0]",
+        ),
+        (
+            {
+                "llm": {
+                    "base_url": "http://x/v1",
+                    "model": "m",
+                    "fallbacks": [{"base_url": "u", "model": "n", "colour": 1}],
+                }
+            },
+            "llm.fallbacks[0].colour",
+        ),
+    ],
+)
+def test_config_errors_name_the_key_path(data: dict[str, object], key_path: str) -> None:
+    """Unknown keys, wrong types and out-of-range values raise ConfigError naming the key."""
+    with pytest.raises(ConfigError) as info:
+        settings_from_dict(data)
+    assert key_path == info.value.key_path
+    assert str(info.value).startswith(key_path)
+    assert isinstance(info.value, ValueError)
+
+
+def test_llm_settings_list_endpoints_in_order() -> None:
+    """The primary endpoint comes first, then the fallbacks."""
+    s = settings_from_dict(
+        {
+            "llm": {
+                "base_url": "http://a/v1",
+                "model": "m1",
+                "fallbacks": [{"base_url": "http://b/v1", "model": "m2", "api_key_env": "B_KEY"}],
+            }
+        }
+    )
+    assert s.llm is not None
+    assert ["m1", "m2"] == [e.model for e in s.llm.endpoints]
+
+
+def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
+    """A YAML syntax error is reported as ConfigError, not a parser traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("context_window_chars: [1,\n")
+    with pytest.raises(ConfigError):
+        load_settings(path)

@@ -1,0 +1,277 @@
+"""Gate 1, trim: pure-function tables and properties over random tool-loop conversations."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import conversations
+
+from ragent_memory import Settings, StoreSettings
+from ragent_memory.engine import MemoryEngine
+from ragent_memory.loops import map_loops
+from ragent_memory.trim import placeholder, protected_loops, trim
+
+
+def ref_for(text: str) -> str:
+    return f"ref{len(text)}"
+
+
+def loop(call_id: str, name: str, result: str, args: str = '{"q": "x"}') -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def history(*parts: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        out.extend(part if isinstance(part, list) else [part])
+    return out
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def run(view: list[dict[str, Any]], trigger: int = 100, **kw: Any):  # type: ignore[no-untyped-def]
+    return trim(
+        view,
+        trigger_chars=trigger,
+        evictable_tools={"search_knowledge"},
+        language="en",
+        ref_for=ref_for,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("language", "expected"),
+    [
+        (
+            "en",
+            '[Earlier tool result omitted: 5000 chars originally; input: {"q": 1}; recall: rm-x]',
+        ),
+        ("zh", '[历史工具结果已省略，原长 5000 字符，原入参 {"q": 1}，召回编号 rm-x]'),
+    ],
+)
+def test_placeholder_text(language: str, expected: str) -> None:
+    """Placeholders carry the original length, the input and the recall ref, per language."""
+    assert expected == placeholder(language, 5000, '{"q": 1}', "rm-x")
+
+
+def test_placeholder_clips_input_to_120_chars() -> None:
+    """The evicted call's input is excerpted to at most 120 chars."""
+    text = placeholder("en", 10, "a" * 500, "r")
+    excerpt = text.split("input: ")[1].split("; recall")[0]
+    assert 120 == len(excerpt)
+
+
+def test_below_trigger_nothing_changes() -> None:
+    """Under the trigger the view is returned as is."""
+    view = history(user("q1"), loop("a", "search_knowledge", "x" * 50), user("q2"))
+    result = run(view, trigger=10_000)
+    assert view == result.messages
+    assert () == result.evictions
+
+
+def test_evicts_old_results_and_keeps_the_last_two_loops() -> None:
+    """Loops older than the last 2 completed ones before the current turn become placeholders."""
+    view = history(
+        user("q1"),
+        loop("a", "search_knowledge", "A" * 3000),
+        user("q2"),
+        loop("b", "search_knowledge", "B" * 3000),
+        user("q3"),
+        loop("c", "search_knowledge", "C" * 3000),
+        user("q4"),
+        loop("d", "search_knowledge", "D" * 3000),
+    )
+    result = run(view)
+    evicted = {view[e.index]["tool_call_id"] for e in result.evictions}
+    assert {"a"} == evicted  # b, c: last two completed; d: current turn
+    assert result.messages[2]["content"].startswith("[Earlier tool result omitted: 3000 chars")
+    assert len(view) == len(result.messages)
+
+
+def test_non_whitelisted_tools_are_never_evicted() -> None:
+    """Only tools named in evictable_tools are trimmed."""
+    view = history(
+        user("q1"),
+        loop("a", "run_sql", "A" * 9000),
+        loop("z", "search_knowledge", "Z" * 9000),
+        user("q2"),
+        loop("b", "search_knowledge", "B"),
+        loop("c", "search_knowledge", "C"),
+        user("q3"),
+    )
+    result = run(view)
+    assert {"z"} == {view[e.index]["tool_call_id"] for e in result.evictions}
+
+
+def test_skips_when_reclaim_is_under_20_percent() -> None:
+    """A trim that would free < 20% of the total is skipped whole."""
+    view = history(
+        user("x" * 20_000),
+        loop("a", "search_knowledge", "A" * 1_000),
+        user("q2"),
+        loop("b", "search_knowledge", "B"),
+        loop("c", "search_knowledge", "C"),
+        user("q3"),
+    )
+    result = run(view)
+    assert "not_worth_it" == result.skipped_reason
+    assert view == result.messages
+
+
+def test_no_user_message_protects_every_loop() -> None:
+    """Without a user message every loop counts as the current turn."""
+    view = history(loop("a", "search_knowledge", "A" * 5000), loop("b", "search_knowledge", "B"))
+    assert view == run(view).messages
+
+
+def test_unanswered_and_duplicate_loops_are_protected() -> None:
+    """Loops with unanswered calls or duplicate ids are never evicted."""
+    unanswered = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "u1",
+                "type": "function",
+                "function": {"name": "search_knowledge", "arguments": "{}"},
+            },
+            {
+                "id": "u2",
+                "type": "function",
+                "function": {"name": "search_knowledge", "arguments": "{}"},
+            },
+        ],
+    }
+    view = history(
+        user("q1"),
+        unanswered,
+        {"role": "tool", "tool_call_id": "u1", "content": "U" * 5000},
+        loop("dup", "search_knowledge", "D" * 5000),
+        loop("dup", "search_knowledge", "E" * 5000),
+        user("q2"),
+        loop("b", "search_knowledge", "B"),
+        loop("c", "search_knowledge", "C"),
+        user("q3"),
+    )
+    assert view == run(view).messages
+
+
+def test_already_evicted_results_are_not_evicted_again() -> None:
+    """Indexes marked as evicted are left alone."""
+    view = history(
+        user("q1"),
+        loop("a", "search_knowledge", "A" * 3000),
+        loop("x", "search_knowledge", "X" * 3000),
+        user("q2"),
+        loop("b", "search_knowledge", "B"),
+        loop("c", "search_knowledge", "C"),
+        user("q3"),
+    )
+    result = run(view, evicted={2})
+    assert [4] == [e.index for e in result.evictions]
+
+
+# ---------------------------------------------------------------------------- properties
+
+
+def tool_shape(messages: list[dict[str, Any]]) -> list[Any]:
+    """Everything trim must not change: roles, ids, tool calls, non-tool messages."""
+    return [
+        (
+            m["role"],
+            m.get("tool_call_id"),
+            json.dumps(m.get("tool_calls"), sort_keys=True),
+            None if m["role"] == "tool" else json.dumps(m.get("content")),
+        )
+        for m in messages
+    ]
+
+
+@given(conversations(), st.integers(100, 20_000))
+def test_trim_properties(view: list[dict[str, Any]], trigger: int) -> None:
+    """Trim keeps shape, evicts only unprotected whitelisted results, creates no orphan,
+    never mutates its input and is idempotent."""
+    before = copy.deepcopy(view)
+    result = run(view, trigger=trigger)
+    assert before == view
+    assert tool_shape(view) == tool_shape(result.messages)
+    loops = map_loops(view)
+    protected = protected_loops(view, loops.loops)
+    owner = {i: lp for lp in loops.loops for i in lp.result_indexes}
+    for e in result.evictions:
+        lp = owner[e.index]
+        assert lp.call_index not in protected
+        assert "search_knowledge" == lp.tool_names[view[e.index]["tool_call_id"]]
+    assert map_loops(result.messages).orphan_indexes == loops.orphan_indexes
+    again = run(result.messages, trigger=trigger, evicted={e.index for e in result.evictions})
+    assert result.messages == again.messages
+
+
+def _engine_settings(db: str, budget: int) -> Settings:
+    return Settings(
+        context_window_chars=budget, summary_enabled=False, store=StoreSettings(path=db)
+    )
+
+
+@given(conversations(max_turns=10), st.sampled_from([8_000, 12_000, 20_000]))
+def test_prepare_is_sticky_idempotent_and_pure(
+    tmp_path_factory: pytest.TempPathFactory, view: list[dict[str, Any]], budget: int
+) -> None:
+    """prepare never mutates the input, is idempotent, keeps evictions sticky, and a new user
+    message leaves the earlier prefix byte-identical unless new results were evicted."""
+    db = str(tmp_path_factory.mktemp("db") / "m.db")
+    before = copy.deepcopy(view)
+    with MemoryEngine(_engine_settings(db, budget)) as engine:
+        first = engine.prepare(view, session_id="s")
+        assert before == view
+        assert first.messages == engine.prepare(view, session_id="s").messages
+        grown = [*view, {"role": "user", "content": "next"}]
+        second = engine.prepare(grown, session_id="s")
+    assert before == view
+    assert grown[-1] is second.messages[-1]
+    n = len(first.messages)
+    for old, new in zip(first.messages, second.messages[:n], strict=True):
+        if isinstance(old.get("content"), str) and old["content"].startswith("[Earlier tool"):
+            assert old == new  # sticky
+    if second.report.trimmed == first.report.trimmed:
+        assert json.dumps(first.messages) == json.dumps(second.messages[:n])
+    assert tool_shape(view) == tool_shape(first.messages)
+
+
+def test_restart_keeps_evictions(make_settings: Callable[..., Settings]) -> None:
+    """A new engine on the same store shows the same placeholders (sticky across restarts)."""
+    view = history(
+        user("u" * 500),
+        loop("a", "search_knowledge", "A" * 3900),
+        user("q2"),
+        loop("b", "search_knowledge", "B" * 10),
+        user("q3"),
+        loop("c", "search_knowledge", "C" * 10),
+        user("q4"),
+    )
+    settings = make_settings(context_window_chars=8_000)
+    with MemoryEngine(settings) as engine:
+        first = engine.prepare(view, session_id="s")
+    assert 1 == first.report.trimmed
+    with MemoryEngine(settings) as engine:
+        rebuilt = [dict(m) for m in view]  # the app rebuilt its dicts
+        again = engine.prepare(rebuilt, session_id="s")
+    assert first.messages == again.messages
