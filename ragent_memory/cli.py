@@ -47,6 +47,9 @@ def user_errors() -> Iterator[None]:
     except (RagentMemoryError, ValueError, OSError) as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        sys.exit(2)
 
 
 def _settings(config: str | None, db: str | None = None) -> Settings:

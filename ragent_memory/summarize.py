@@ -210,12 +210,21 @@ _CONSTRAINT_EN = re.compile(
 _CONSTRAINT_ZH = re.compile(
     r"不|别|没|勿|禁止|只|仅|必须|务必|最多|至少|以内|之前|截止|期限|预算|暂|等我|保留|始终|永远"
 )
-_DIGIT = re.compile(r"\d")
+# A quantity: a number with a currency or a unit (a bare number, like "turn 5", is not one).
+_QUANTITY = re.compile(
+    r"[$€£¥]\s*\d|\d[\d,.]*\s*(?:%|[$€£¥]|(?:euros?|eur|dollars?|usd|gbp|rmb|yuan|k|m|kg|g|km|m"
+    r"|miles?|hours?|hrs?|h|minutes?|mins?|days?|weeks?|months?|years?|items?|words?|chars?"
+    r"|characters?|pages?|people|persons?|users?|rooms?|nights?|tokens?|requests?)\b)"
+    r"|\d\s*(?:元|块|万|千|百|天|周|月|年|小时|分钟|个|件|次|人|字|页|间|晚)",
+    re.IGNORECASE,
+)
 
 
 def states_constraint(text: str) -> bool:
     """Does a user message state a constraint (negation, limit, deadline, quantity, hold)?"""
-    return bool(_CONSTRAINT_EN.search(text) or _CONSTRAINT_ZH.search(text) or _DIGIT.search(text))
+    return bool(
+        _CONSTRAINT_EN.search(text) or _CONSTRAINT_ZH.search(text) or _QUANTITY.search(text)
+    )
 
 
 MAX_PINNED_KEPT = 64
@@ -259,16 +268,20 @@ def _quote(text: str) -> str:
 
 
 def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, language: str) -> str:
-    """The quoted user messages within ``budget`` chars: pinned first (newest pinned win),
-    then the newest others; shown in conversation order."""
+    """The quoted user messages within ``budget`` chars, shown in conversation order.
+
+    Priority: the session's first message (the original task), then the other pinned ones
+    newest first (when they overflow, the newest win), then the newest others.
+    """
     if not entries:
         return ""
     label = VERBATIM_LABEL[language]
     remaining = budget - len(label) - 1
-    pinned = [e for e in entries if e["pinned"]]
+    first = [e for e in entries if e.get("first")]
+    pinned = [e for e in entries if e["pinned"] and not e.get("first")]
     others = [e for e in entries if not e["pinned"]]
     chosen: dict[int, str] = {}
-    for entry in [*reversed(pinned), *reversed(others)]:
+    for entry in [*first, *reversed(pinned), *reversed(others)]:
         quoted = _quote(entry["text"])
         if len(quoted) + 1 <= remaining:
             chosen[entry["i"]] = quoted

@@ -1,0 +1,131 @@
+"""The CLI as users run it: a real subprocess of ``python -m ragent_memory``."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sessions import rag_turn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ragent_memory", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def transcript(turns: int) -> list[dict[str, Any]]:
+    rng = random.Random(3)
+    out: list[dict[str, Any]] = [{"role": "user", "content": "Never exceed 4,321 euros."}]
+    for t in range(turns):
+        out += rag_turn(t, rng)
+    out.append({"role": "user", "content": "final question"})
+    return out
+
+
+def test_inspect_shows_the_shipped_gates() -> None:
+    """`inspect` prints the derived gates of the shipped config."""
+    result = cli("inspect", "--config", "config/ragent-memory.yaml")
+    assert 0 == result.returncode, result.stderr
+    for number in ("1,200,000", "600,000", "960,000", "240,000", "6,000"):
+        assert number in result.stdout
+
+
+def test_inspect_json(tmp_path: Path) -> None:
+    """`inspect --json` prints the numbers for another budget."""
+    config = tmp_path / "c.yaml"
+    config.write_text("context_window_chars: 20000\n")
+    result = cli("inspect", "--config", str(config), "--json")
+    data = json.loads(result.stdout)
+    assert 2_000 == data["summary_max_chars"]
+    assert 1_500 == data["memory_max_chars"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["inspect", "--config", "missing.yaml"], "cannot read config"),
+        (["audit", "--db", "missing.db"], "no store"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(args: list[str], fragment: str, tmp_path: Path) -> None:
+    """User errors exit 2 with one line on stderr, no traceback."""
+    result = cli(*args, cwd=tmp_path)
+    assert 2 == result.returncode
+    assert fragment in result.stderr
+    assert 1 == len(result.stderr.strip().splitlines())
+
+
+def test_bad_config_key_exits_2(tmp_path: Path) -> None:
+    """A config error names the key path."""
+    config = tmp_path / "c.yaml"
+    config.write_text("store: {pth: x.db}\n")
+    result = cli("inspect", "--config", str(config))
+    assert 2 == result.returncode
+    assert "store.pth" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_compact_and_audit(tmp_path: Path, fmt: str) -> None:
+    """`compact FILE` replays a transcript turn by turn; `audit` then lists the generations."""
+    messages = transcript(80)
+    path = tmp_path / f"t.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps(messages))
+    else:
+        path.write_text("\n".join(json.dumps(m) for m in messages))
+    config = tmp_path / "c.yaml"
+    db = tmp_path / "a.db"
+    config.write_text(f"context_window_chars: 20000\nstore: {{path: {db}}}\n")
+    out = tmp_path / "out.json"
+    result = cli(
+        "compact", str(path), "--config", str(config), "--session", "t1", "--out", str(out)
+    )
+    assert 0 == result.returncode, result.stderr
+    data = json.loads(out.read_text())
+    assert messages[-1] == data["messages"][-1]
+    assert 82 == len(data["turns"])
+    assert data["turns"][-1]["generation"] >= 1
+    audit = cli("audit", "--db", str(db), "--session", "t1", "--json")
+    rows = [json.loads(line) for line in audit.stdout.splitlines()]
+    assert rows and {"applied"} == {r["status"] for r in rows}
+    table = cli("audit", "--db", str(db))
+    assert "applied" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ('[{"role": "user", "content": "a"}, ', "invalid JSON"),
+        ('{"role": "user"}\n{oops}\n', "line 2"),
+        ('[{"role": "wizard", "content": "a"}]', "messages[0]: unknown role"),
+        ("", "empty"),
+    ],
+)
+def test_compact_malformed_file_exits_2(tmp_path: Path, content: str, fragment: str) -> None:
+    """A malformed transcript exits 2 with one line naming the problem."""
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = cli("compact", str(path), "--db", str(tmp_path / "x.db"))
+    assert 2 == result.returncode
+    assert fragment in result.stderr
+    assert 1 == len(result.stderr.strip().splitlines())
+
+
+def test_compact_missing_file_exits_2(tmp_path: Path) -> None:
+    """A missing transcript file is a user error."""
+    result = cli("compact", str(tmp_path / "nope.json"))
+    assert 2 == result.returncode
+    assert "nope.json" in result.stderr

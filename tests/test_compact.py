@@ -1,0 +1,361 @@
+"""Gate 2, compaction: the long simulated session, restart, invalidation, failure, timeout."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
+from sessions import rag_turn
+from strategies import conversations
+
+from ragent_memory import LLMError, Settings
+from ragent_memory.chars import chars
+from ragent_memory.compact import Plan, plan
+from ragent_memory.engine import MemoryEngine, leading_system_count
+from ragent_memory.loops import map_loops
+from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest, section_count
+
+CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
+
+
+class CountingSummarizer:
+    """The offline summarizer, counting calls (and optionally blocking or failing)."""
+
+    name = "counting"
+
+    def __init__(self, *, fail: bool = False, gate: threading.Event | None = None) -> None:
+        self.calls = 0
+        self.fail = fail
+        self.gate = gate
+        self.offline = OfflineSummarizer()
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        self.calls += 1
+        if self.gate is not None:
+            assert self.gate.wait(timeout=30)
+        if self.fail:
+            raise LLMError("endpoint down", attempts=3)
+        return self.offline.summarize(request)
+
+    def close(self) -> None:
+        return None
+
+
+def assert_valid_context(messages: list[dict[str, Any]]) -> None:
+    loops = map_loops(messages)
+    assert not loops.orphan_indexes, "orphan tool result in the prepared context"
+    assert all(loop.is_complete for loop in loops.loops), "unanswered call in the context"
+
+
+def build_history(turns: int, *, seed: int = 1) -> list[dict[str, Any]]:
+    """A finished history of ``turns`` RAG turns (no engine involved)."""
+    rng = random.Random(seed)
+    history: list[dict[str, Any]] = [{"role": "user", "content": CONSTRAINT}]
+    for turn in range(turns):
+        history.extend(rag_turn(turn, rng))
+    return history
+
+
+def run_session(
+    engine: MemoryEngine,
+    turns: int,
+    *,
+    seed: int = 1,
+    history: list[dict[str, Any]] | None = None,
+    check: Callable[[int, Any], None] | None = None,
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    history = (
+        history
+        if history is not None
+        else [
+            {"role": "system", "content": "You are a planning assistant."},
+            {"role": "user", "content": CONSTRAINT},
+            {"role": "assistant", "content": "Understood."},
+        ]
+    )
+    for turn in range(turns):
+        messages = rag_turn(turn, rng)
+        history.append(messages[0])
+        prepared = engine.prepare(history, session_id="s1", user_id="u1")
+        if check is not None:
+            check(turn, prepared)
+        history.extend(messages[1:])
+    return history
+
+
+def test_long_rag_session(make_settings: Callable[..., Settings], db_path: str) -> None:
+    """300 turns at B = 40,000: ≥ 3 contiguous generations, every context ≤ B after the first
+    compaction, valid tool loops, the caller's last message last, summaries within bounds,
+    and the turn-1 constraint verbatim at turn 300."""
+    settings = make_settings(context_window_chars=40_000)
+    engine = MemoryEngine(settings)
+    seen: dict[str, Any] = {"compacted": False, "last": None}
+
+    def check(turn: int, prepared: Any) -> None:
+        seen["compacted"] |= prepared.report.generation > 0
+        if seen["compacted"]:
+            assert prepared.report.chars_out <= settings.context_window_chars
+        assert_valid_context(prepared.messages)
+        seen["last"] = prepared
+
+    with engine:
+        history = run_session(engine, 300, check=check)
+        last = seen["last"]
+        assert history[-4] is last.messages[-1]
+        assert history[-4] == {"role": "user", "content": last.messages[-1]["content"]}
+        text = "\n".join(str(m.get("content")) for m in last.messages)
+        assert "Never exceed 4,321 euros in total." in text
+    rows = (
+        sqlite3.connect(db_path)
+        .execute("SELECT generation, status, summary FROM compactions ORDER BY id")
+        .fetchall()
+    )
+    applied = [r for r in rows if r[1] == "applied"]
+    assert len(applied) >= 3
+    assert list(range(1, len(applied) + 1)) == [r[0] for r in applied]
+    for _, _, summary in applied:
+        assert section_count(summary) >= 3
+        assert len(summary) <= settings.summary_max_chars
+
+
+def test_restart_resumes_without_summarizing(make_settings: Callable[..., Settings]) -> None:
+    """A second engine on the same store continues at the same generation, no new call."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = run_session(engine, 60)
+        history.append({"role": "user", "content": "and now?"})
+        before = engine.prepare(history, session_id="s1", user_id="u1")
+    assert before.report.generation >= 1
+    counting = CountingSummarizer()
+    with MemoryEngine(settings, summarizer=counting) as engine:
+        rebuilt = [dict(m) for m in history]
+        after = engine.prepare(rebuilt, session_id="s1", user_id="u1")
+    assert 0 == counting.calls
+    assert before.report.generation == after.report.generation
+    assert before.messages == after.messages
+
+
+def test_edit_invalidates_and_rebuilds(
+    make_settings: Callable[..., Settings], db_path: str
+) -> None:
+    """Editing a covered message audits `invalidated` and the summary is rebuilt."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = run_session(engine, 60)
+        history.append({"role": "user", "content": "status?"})
+        first = engine.prepare(history, session_id="s1")
+        generation = first.report.generation
+        assert generation >= 1
+        history[1] = {"role": "user", "content": "Plan the offsite. Budget is 9,999 euros."}
+        second = engine.prepare(history, session_id="s1")
+    rows = (
+        sqlite3.connect(db_path)
+        .execute("SELECT generation, status, reason FROM compactions ORDER BY id")
+        .fetchall()
+    )
+    assert (generation, "invalidated", "history_edited") in rows
+    assert second.report.compacted
+    assert generation + 1 == second.report.generation
+    text = "\n".join(str(m.get("content")) for m in second.messages)
+    assert "9,999 euros" in text
+    assert "4,321" not in text
+
+
+def test_in_place_edit_is_noticed(make_settings: Callable[..., Settings], db_path: str) -> None:
+    """An edit made in place on a covered dict also invalidates the summary."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = run_session(engine, 60)
+        history.append({"role": "user", "content": "status?"})
+        assert engine.prepare(history, session_id="s1").report.generation >= 1
+        history[1]["content"] = "Plan the offsite. No budget limit."
+        engine.prepare(history, session_id="s1")
+    statuses = [r[0] for r in sqlite3.connect(db_path).execute("SELECT status FROM compactions")]
+    assert "invalidated" in statuses
+
+
+def test_shorter_history_invalidates(make_settings: Callable[..., Settings], db_path: str) -> None:
+    """A history shorter than the covered prefix drops the summary."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = run_session(engine, 60)
+        history.append({"role": "user", "content": "status?"})
+        assert engine.prepare(history, session_id="s1").report.generation >= 1
+        short = history[:3]
+        result = engine.prepare(short, session_id="s1")
+    assert 0 == result.report.generation
+    assert short == result.messages
+    reasons = [
+        r[0]
+        for r in sqlite3.connect(db_path).execute(
+            "SELECT reason FROM compactions WHERE status = 'invalidated'"
+        )
+    ]
+    assert ["history_shorter"] == reasons
+
+
+def test_failing_summarizer_audits_and_returns_trimmed_view(
+    make_settings: Callable[..., Settings], db_path: str
+) -> None:
+    """A failing summarizer yields a `failed` row and a valid context, never an exception."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings, summarizer=CountingSummarizer(fail=True)) as engine:
+        history = run_session(engine, 40)
+        history.append({"role": "user", "content": "go on"})
+        prepared = engine.prepare(history, session_id="s1")
+    assert history[-1] is prepared.messages[-1]
+    assert_valid_context(prepared.messages)
+    assert 0 == prepared.report.generation
+    assert "failed" == prepared.report.skipped_reason
+    rows = (
+        sqlite3.connect(db_path)
+        .execute("SELECT status, error, attempts FROM compactions")
+        .fetchall()
+    )
+    assert rows and all(r[0] == "failed" and "endpoint down" in r[1] and r[2] == 3 for r in rows)
+
+
+def test_timeout_returns_trimmed_view_and_applies_late(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Past compaction_timeout_s the caller gets the trimmed view; the late summary is applied
+    on the next prepare."""
+    gate = threading.Event()
+    summarizer = CountingSummarizer(gate=gate)
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0.05)
+    with MemoryEngine(settings, summarizer=summarizer) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "next?"})
+        slow = engine.prepare(history, session_id="s1")
+        assert "timeout" == slow.report.skipped_reason
+        assert 0 == slow.report.generation
+        assert history[-1] is slow.messages[-1]
+        busy = engine.prepare(history, session_id="s1")
+        assert "in_progress" == busy.report.skipped_reason
+        gate.set()
+        engine.flush()
+        history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        late = engine.prepare(history, session_id="s1")
+    assert 1 == summarizer.calls
+    assert late.report.compacted
+    assert 1 == late.report.generation
+
+
+def test_audit_failure_keeps_the_compaction(make_settings: Callable[..., Settings]) -> None:
+    """When the audit write fails, `audit.write_failed` is logged and the compaction stands."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+
+        def broken(row: dict[str, Any]) -> int:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        engine.store.audit = broken  # type: ignore[method-assign]
+        with structlog.testing.capture_logs() as logs:
+            history = run_session(engine, 40)
+            history.append({"role": "user", "content": "go"})
+            prepared = engine.prepare(history, session_id="s1")
+    assert prepared.report.generation >= 1
+    assert any(e["event"] == "audit.write_failed" for e in logs)
+
+
+def test_summary_disabled_only_trims(make_settings: Callable[..., Settings], db_path: str) -> None:
+    """summary_enabled: false never compacts (the degrade switch)."""
+    settings = make_settings(context_window_chars=20_000, summary_enabled=False)
+    with MemoryEngine(settings) as engine:
+        history = run_session(engine, 40)
+        history.append({"role": "user", "content": "go"})
+        prepared = engine.prepare(history, session_id="s1")
+    assert 0 == prepared.report.generation
+    assert prepared.report.trimmed > 0
+    assert [] == sqlite3.connect(db_path).execute("SELECT * FROM compactions").fetchall()
+
+
+def test_one_compaction_per_session_under_threads(make_settings: Callable[..., Settings]) -> None:
+    """Many threads preparing one session never run two compactions for the same cut."""
+    summarizer = CountingSummarizer()
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings, summarizer=summarizer) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        snapshot = list(history)
+        results: list[Any] = []
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(engine.prepare(snapshot, session_id="s1"))
+            )
+            for _ in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    generations = {r.report.generation for r in results}
+    assert 8 == len(results)
+    assert {1} == generations
+    assert 1 == summarizer.calls
+
+
+def test_sessions_are_isolated(make_settings: Callable[..., Settings]) -> None:
+    """Two sessions on one engine keep separate summaries and generations."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        a = run_session(engine, 40)
+        a.append({"role": "user", "content": "a?"})
+        pa = engine.prepare(a, session_id="s1")
+        b = [{"role": "user", "content": "hello"}]
+        pb = engine.prepare(b, session_id="s2")
+    assert pa.report.generation >= 1
+    assert 0 == pb.report.generation
+    assert b == pb.messages
+
+
+# ---------------------------------------------------------------------------- plan properties
+
+
+@given(conversations(max_turns=14), st.sampled_from([8_000, 10_000, 16_000]))
+def test_cut_is_safe(view: list[dict[str, Any]], budget: int) -> None:
+    """The cut lands on a user message, never inside a tool loop, and keeps ≥ 20% of B raw."""
+    settings = Settings(context_window_chars=budget)
+    sizes = [chars(m) for m in view]
+    head = leading_system_count(view)
+    decision = plan(view, sizes, head=head, settings=settings)
+    if not isinstance(decision, Plan):
+        return
+    assert "user" == view[decision.cut]["role"]
+    assert decision.cut > head
+    for loop in map_loops(view).loops:
+        sides = {i >= decision.cut for i in (loop.call_index, *loop.result_indexes)}
+        assert 1 == len(sides)
+    assert sum(sizes[decision.cut :]) >= settings.keep_recent_chars
+    assert decision.material_chars * 2 >= decision.total_chars
+
+
+@pytest.mark.parametrize(
+    ("last", "reason"),
+    [
+        ({"role": "assistant", "content": "x"}, "last_not_user"),
+        ({"role": "user", "content": "x"}, "below_trigger"),
+    ],
+)
+def test_plan_preconditions(last: dict[str, Any], reason: str) -> None:
+    """No compaction unless the last message is the user's and the view is over 80%."""
+    view = [{"role": "user", "content": "a" * 100}, last]
+    assert reason == plan(view, [chars(m) for m in view], head=0, settings=Settings())
+
+
+def test_plan_not_worth_it_and_no_safe_cut() -> None:
+    """Material under half the total is not worth it; a tail with no user start has no cut."""
+    settings = Settings(context_window_chars=10_000)
+    big_tail = [{"role": "user", "content": "a" * 500}, {"role": "user", "content": "b" * 8_000}]
+    assert "not_worth_it" == plan(big_tail, [chars(m) for m in big_tail], head=0, settings=settings)
+    one = [{"role": "user", "content": "a" * 9_000}]
+    assert "no_safe_cut" == plan(one, [9_000], head=0, settings=settings)

@@ -1,0 +1,173 @@
+"""MemoryEngine: the public surface, the report, input handling and concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragent_memory import InvalidMessagesError, Settings
+from ragent_memory.engine import MemoryEngine, PreparedContext
+
+SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
+
+
+@pytest.mark.parametrize(
+    ("messages", "index"),
+    [
+        ("x", None),
+        ({"role": "user"}, None),
+        ([{"role": "user", "content": "a"}, {"role": "ghost", "content": "b"}], 1),
+        ([{"role": "user", "content": "a"}, {"role": "tool", "content": "r"}], 1),
+        ([{"role": "user", "content": "a"}, 7], 1),
+    ],
+)
+def test_garbage_input_raises_with_index(
+    make_engine: Callable[..., MemoryEngine], messages: Any, index: int | None
+) -> None:
+    """prepare rejects garbage with InvalidMessagesError naming the index."""
+    engine = make_engine()
+    with pytest.raises(InvalidMessagesError) as info:
+        engine.prepare(messages, session_id="s")
+    assert index == info.value.index
+    if index is not None:
+        assert f"[{index}]" in str(info.value)
+
+
+def test_bad_input_loses_nothing(make_engine: Callable[..., MemoryEngine]) -> None:
+    """A rejected call leaves the session as it was; the next good call works."""
+    engine = make_engine()
+    good = [{"role": "user", "content": "hi"}]
+    engine.prepare(good, session_id="s")
+    with pytest.raises(InvalidMessagesError):
+        engine.prepare([*good, {"role": "tool", "content": "x"}], session_id="s")
+    assert good == engine.prepare(good, session_id="s").messages
+
+
+def test_session_id_is_required(make_engine: Callable[..., MemoryEngine]) -> None:
+    """An empty session id is rejected."""
+    with pytest.raises(InvalidMessagesError, match="session_id"):
+        make_engine().prepare([], session_id="")
+
+
+def test_small_history_passes_through_with_report(make_engine: Callable[..., MemoryEngine]) -> None:
+    """Under every gate the messages come back equal, with a report in chars."""
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]
+    prepared = make_engine().prepare(messages, session_id="s")
+    assert isinstance(prepared, PreparedContext)
+    assert messages == prepared.messages
+    report = prepared.report
+    assert (8, 8, 8) == (report.chars_raw, report.chars_in, report.chars_out)
+    assert (0, 0, 0, False, 0, 0) == (
+        report.trimmed,
+        report.truncated,
+        report.reclaimed_chars,
+        report.compacted,
+        report.generation,
+        report.memory_chars,
+    )
+    assert report.duration_ms >= 0
+
+
+def test_input_is_never_mutated(make_engine: Callable[..., MemoryEngine]) -> None:
+    """Neither the list nor any dict handed in is changed, even when gates fire."""
+    messages: list[dict[str, Any]] = []
+    for i in range(30):
+        messages += [
+            {"role": "user", "content": f"q{i}"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{i}",
+                        "type": "function",
+                        "function": {"name": "search_knowledge", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "r" * 3000},
+        ]
+    messages.append({"role": "user", "content": "end"})
+    before = copy.deepcopy(messages)
+    engine = make_engine(Settings(context_window_chars=20_000, store=make_engine().settings.store))
+    prepared = engine.prepare(messages, session_id="s")
+    assert prepared.report.trimmed > 0 or prepared.report.generation > 0
+    assert before == messages
+
+
+def test_from_yaml_and_context_manager(tmp_path: Path) -> None:
+    """from_yaml loads the config; the context manager closes the engine."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"context_window_chars: 50000\nstore: {{path: {tmp_path / 'x.db'}}}\n")
+    with MemoryEngine.from_yaml(config) as engine:
+        assert 25_000 == engine.settings.trim_trigger_chars
+        engine.prepare([{"role": "user", "content": "x"}], session_id="s")
+    with pytest.raises(Exception, match="closed"):
+        engine.prepare([{"role": "user", "content": "x"}], session_id="s")
+
+
+def test_memory_store_path(tmp_path: Path) -> None:
+    """store.path ':memory:' works for throwaway engines."""
+    from ragent_memory import StoreSettings
+
+    with MemoryEngine(Settings(store=StoreSettings(path=":memory:"))) as engine:
+        assert 1 == len(engine.prepare([{"role": "user", "content": "x"}], session_id="s").messages)
+
+
+def test_aprepare(make_engine: Callable[..., MemoryEngine]) -> None:
+    """The asyncio variant returns the same result."""
+    engine = make_engine()
+    messages = [{"role": "user", "content": "hello"}]
+    prepared = asyncio.run(engine.aprepare(messages, session_id="s"))
+    assert messages == prepared.messages
+
+
+def test_many_threads_many_sessions(make_engine: Callable[..., MemoryEngine]) -> None:
+    """One engine serves many threads and sessions at once."""
+    engine = make_engine()
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            history: list[dict[str, Any]] = []
+            for i in range(20):
+                history.append({"role": "user", "content": f"s{n} q{i}"})
+                out = engine.prepare(history, session_id=f"s{n}")
+                assert history == out.messages
+                history.append({"role": "assistant", "content": "a"})
+        except BaseException as err:  # collected and re-raised on the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [] == errors
+
+
+def test_deterministic_across_stores(tmp_path: Path) -> None:
+    """With the offline summarizer the same history gives the same messages (refs aside)."""
+    import re
+
+    from test_compact import build_history
+
+    history = build_history(60)
+    history.append({"role": "user", "content": "go"})
+    outputs = []
+    for name in ("a", "b"):
+        from ragent_memory import StoreSettings
+
+        settings = Settings(
+            context_window_chars=20_000, store=StoreSettings(path=str(tmp_path / f"{name}.db"))
+        )
+        with MemoryEngine(settings) as engine:
+            prepared = engine.prepare(history, session_id="s")
+        outputs.append(re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)))
+    assert outputs[0] == outputs[1]

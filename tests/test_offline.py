@@ -1,0 +1,80 @@
+"""The offline summarizer: deterministic, sectioned, merging, clamped."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ragent_memory.offline import OfflineSummarizer, parse_sections, summarize_offline
+from ragent_memory.summarize import SECTIONS, SummaryRequest, section_count
+
+
+def material(topic: str, n: int = 3) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        out += [
+            {"role": "user", "content": f"Look up {topic} {i}, please."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"{topic}{i}",
+                        "type": "function",
+                        "function": {
+                            "name": "search_knowledge",
+                            "arguments": json.dumps({"q": topic}),
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"{topic}{i}",
+                "content": "No results found." if i == 1 else f"{topic} doc says yes.",
+            },
+            {"role": "assistant", "content": f"Done: {topic} {i} checked. Next I will compare."},
+        ]
+    return out
+
+
+def test_sections_and_content() -> None:
+    """All seven sections; the latest request, tools, dead ends and done items survive."""
+    body = summarize_offline(material("refunds"), "", "en", 6000)
+    assert list(SECTIONS["en"]) == [line for line in body.splitlines() if line.startswith("## ")]
+    items = parse_sections(body, "en")
+    assert "Look up refunds 2, please." == items[1][0]  # newest to-do first
+    assert any("search_knowledge" in t for t in items[4])
+    assert any("No results" in t for t in items[5])
+    assert any("Done: refunds" in t for t in items[6])
+
+
+def test_deterministic() -> None:
+    """Same input, same output."""
+    a = summarize_offline(material("x"), "", "en", 3000)
+    assert a == summarize_offline(material("x"), "", "en", 3000)
+
+
+def test_merges_with_previous_new_first() -> None:
+    """The next generation keeps earlier items after the new ones."""
+    first = summarize_offline(material("alpha"), "", "en", 6000)
+    second = summarize_offline(material("beta"), first, "en", 6000)
+    todo = parse_sections(second, "en")[1]
+    assert todo[0].startswith("Look up beta")
+    assert any("alpha" in t for t in parse_sections(second, "en")[4])
+
+
+def test_clamped_and_valid_under_small_target() -> None:
+    """The body fits the target and keeps ≥ 3 sections, shrinking Done first."""
+    big = material("y", 40)
+    summarizer = OfflineSummarizer()
+    outcome = summarizer.summarize(SummaryRequest(tuple(big), "", "en", 1200))
+    assert len(outcome.body) <= 1200
+    assert section_count(outcome.body) >= 3
+
+
+def test_chinese_sections() -> None:
+    """language zh uses the Chinese titles and 无 for empty sections."""
+    body = summarize_offline([{"role": "user", "content": "帮我查一下退款政策"}], "", "zh", 3000)
+    assert body.startswith("## 用户诉求\n- 帮我查一下退款政策")
+    assert "## 走不通的路\n无" in body
