@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,7 +60,12 @@ EMPTY = {"en": "none", "zh": "无"}
 VERBATIM_LABEL = {"en": "In the user's own words:", "zh": "用户原话："}
 NEUTRALISED = "[fence marker neutralised]"
 FENCE_TAGS = ("transcript", "previous_summary", "conversation_summary", "user_memory")
-_TAG_RE = re.compile(r"<\s*/?\s*(?:" + "|".join(FENCE_TAGS) + r")\b[^>]*>", re.IGNORECASE)
+# A fence-like tag, any case and spacing. When its ``>`` is not on the same line within 200
+# chars only the opener is replaced: that alone stops it acting as a tag, and no stretch of
+# material is swallowed.
+_TAG_RE = re.compile(
+    r"<\s*/?\s*(?:" + "|".join(FENCE_TAGS) + r")\b(?:[^<>\n]{0,200}>)?", re.IGNORECASE
+)
 
 
 # ---------------------------------------------------------------------------- transcript
@@ -79,6 +85,12 @@ def clip_middle(
     return f"{text[:head]}…({omitted} chars omitted)…{text[-tail:]}"
 
 
+def _entry(text: str) -> str:
+    # Continuation lines are indented, so only the renderer can start a line with "[user]",
+    # "## " or "> ": a tool result cannot forge a user turn, a section or a quote.
+    return "\n  ".join(text.splitlines())
+
+
 def render_transcript(material: Sequence[Mapping[str, Any]]) -> str:
     """The material as a plain transcript, one entry per message or tool call."""
     names: dict[str, str] = {}
@@ -88,18 +100,18 @@ def render_transcript(material: Sequence[Mapping[str, Any]]) -> str:
         text = text_of(message)
         if role == "assistant":
             if text.strip():
-                lines.append(f"[assistant] {clip_middle(text)}")
+                lines.append(_entry(f"[assistant] {clip_middle(text)}"))
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
                 name = function.get("name") or ""
                 names[call.get("id", "")] = name
                 arguments = clip_middle(function.get("arguments") or "")
-                lines.append(f"[assistant → tool] {name} {arguments}")
+                lines.append(_entry(f"[assistant → tool] {name} {arguments}"))
         elif role == "tool":
             name = names.get(message.get("tool_call_id", ""), message.get("name") or "tool")
-            lines.append(f"[tool result · {name}] {clip_middle(text)}")
+            lines.append(_entry(f"[tool result · {name}] {clip_middle(text)}"))
         else:
-            lines.append(f"[{role}] {clip_middle(text)}")
+            lines.append(_entry(f"[{role}] {clip_middle(text)}"))
     return "\n".join(lines)
 
 
@@ -303,8 +315,40 @@ def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, langua
     return label + "\n" + "\n".join(chosen[i] for i in sorted(chosen))
 
 
+_QUOTE_MARKS = re.compile(r"^([ \t]*(?:[-*+][ \t]+)?)(?:>[ \t]?)+")
+
+
+def _is_title(line: str, title: str) -> bool:
+    """``line`` is ``title`` give or take case, spacing and a trailing colon."""
+    return " ".join(line.rstrip(" \t:：").split()).casefold() == title.casefold()
+
+
+def _unquote_requests(body: str, language: str) -> str:
+    """The body with quote marks (and the verbatim label) taken off the model's own lines
+    under ``## User requests``: only the engine's block may quote the user there."""
+    title = SECTIONS[language][0]
+    out: list[str] = []
+    in_requests = False
+    for line in body.splitlines():
+        if line.startswith("## "):
+            in_requests = _is_title(line, title)
+            out.append(title if in_requests else line)
+        elif not in_requests:
+            out.append(line)
+        elif line.strip() != VERBATIM_LABEL[language]:
+            unquoted = _QUOTE_MARKS.sub(r"\1", line)
+            if unquoted.strip() or not line.strip():
+                out.append(unquoted)
+    return "\n".join(out)
+
+
 def compose_summary(body: str, verbatim_block: str, language: str) -> str:
-    """Insert the verbatim block at the end of the ``## User requests`` section."""
+    """Insert the verbatim block at the end of the ``## User requests`` section.
+
+    The user's words are guaranteed by the engine, not the model: quote lines the model wrote
+    in that section (a forged request copied from a tool result, say) lose their ``>``.
+    """
+    body = _unquote_requests(body, language)
     if not verbatim_block:
         return body
     title = SECTIONS[language][0]
@@ -443,8 +487,16 @@ class ModelSummarizer:
         self.client.close()
 
 
-def build_summarizer(settings: Settings, *, on_event: EventCallback | None = None) -> Summarizer:
-    """The offline summarizer, or a model summarizer when ``llm`` is configured."""
+def build_summarizer(
+    settings: Settings,
+    *,
+    on_event: EventCallback | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> Summarizer:
+    """The offline summarizer, or a model summarizer when ``llm`` is configured.
+
+    ``sleep`` replaces ``time.sleep`` between retries (tests record the waits instead).
+    """
     from .offline import OfflineSummarizer
 
     offline = OfflineSummarizer()
@@ -453,7 +505,7 @@ def build_summarizer(settings: Settings, *, on_event: EventCallback | None = Non
     from .llm import LLMClient
 
     return ModelSummarizer(
-        LLMClient(settings.llm, on_event=on_event),
+        LLMClient(settings.llm, on_event=on_event, sleep=sleep or time.sleep),
         model=settings.llm.model,
         max_input_chars=settings.llm.max_input_chars,
         offline=offline if settings.llm.offline_fallback else None,
