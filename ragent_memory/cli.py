@@ -207,20 +207,31 @@ def compact(
 @main.command()
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
-def gc(db: str | None, config: str | None) -> None:
-    """Delete expired offloads and report what was freed."""
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def gc(db: str | None, config: str | None, as_json: bool) -> None:
+    """Delete expired offloads and what is left of dropped sessions; report what was freed."""
+    import attrs
+
+    from .errors import StoreError
     from .store import Store
 
     with user_errors():
         settings = _settings(config, db)
-        store = Store(settings.store.path)
+        path = settings.store.path
+        if path == ":memory:" or not Path(path).is_file():
+            raise StoreError(f"no store at {path}")  # never create an empty store by accident
+        store = Store(path)
         try:
             report = store.gc()
         finally:
             store.close()
+    if as_json:
+        click.echo(json.dumps(attrs.asdict(report)))
+        return
     click.echo(
-        f"removed {report.expired_offloads} expired offloads, "
-        f"{report.dropped_offloads} of dropped sessions; freed {report.freed_chars:,} chars"
+        f"removed {report.expired_offloads} expired offloads and {report.dropped_offloads} "
+        f"offloads of {report.dropped_sessions} dropped sessions; "
+        f"freed {report.freed_bytes:,} bytes"
     )
 
 

@@ -1,7 +1,8 @@
 """``ragent-memory demo``: a long simulated RAG-agent session, offline, through every gate.
 
 The agent answers questions over a small bundled knowledge base with ``search_knowledge``,
-sometimes pulls an oversized export, and once reads a placeholder back with the recall tool.
+sometimes pulls an oversized export, and once — the first time its context shows a placeholder
+or a preview — calls the recall tool to read the original back, the way a model would.
 Everything is deterministic (seeded); no network, no API key.
 """
 
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
 import attrs
 import click
 
+from .chars import text_of
 from .engine import MemoryEngine, TurnReport
+from .recall import FOOTER_MARK, find_refs
 from .reduce import RECALL_TOOL_NAME
 from .settings import Settings, StoreSettings, load_settings
 
@@ -113,14 +117,56 @@ def simulate_session(turns: int, *, seed: int = 42) -> list[list[dict[str, Any]]
     return out
 
 
-def _recall_placeholder(engine: MemoryEngine, view: list[dict[str, Any]], session_id: str) -> str:
-    """Find a placeholder in the prepared view and read it back, as a model would."""
+RECALL_PAGE_CHARS = 300
+
+
+@attrs.frozen
+class RecallLoop:
+    """The one recall round trip of the demo, as the model saw it."""
+
+    turn: int
+    seen: str  # the placeholder or notice line naming the ref
+    call: dict[str, Any]  # the assistant message calling the recall tool
+    answer: dict[str, Any]  # the tool message answering it, from engine.recall
+
+
+def _recall_loop(
+    engine: MemoryEngine, view: list[dict[str, Any]], session_id: str, turn: int
+) -> RecallLoop | None:
+    """If the prepared view shows a recall ref, call the recall tool on it as a model would."""
     for message in view:
-        content = message.get("content")
-        if message.get("role") == "tool" and isinstance(content, str) and "recall: rm-" in content:
-            ref = content.split("recall: ")[1].rstrip("]")
-            return ref
-    return ""
+        if message.get("role") != "tool":
+            continue
+        text = text_of(message)
+        refs = find_refs(text)
+        if not refs:
+            continue
+        seen = next(line for line in text.splitlines() if refs[0] in line)
+        # A preview's notice says where the omitted part starts; a placeholder reads from 0.
+        start = re.search(r"offset=(\d+)", seen)
+        offset = int(start.group(1)) if start else 0
+        arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
+        call_id = f"recall_{turn}"
+        call: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": RECALL_TOOL_NAME, "arguments": json.dumps(arguments)},
+                }
+            ],
+        }
+        # What the app does when the model calls the tool: parse the arguments, answer.
+        parsed = json.loads(call["tool_calls"][0]["function"]["arguments"])
+        answer = {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": engine.recall(session_id, **parsed),
+        }
+        return RecallLoop(turn, seen, call, answer)
+    return None
 
 
 def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
@@ -135,17 +181,17 @@ def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
         {"role": "system", "content": "You are a support agent. Use search_knowledge to answer."}
     ]
     reports: list[TurnReport] = []
-    recalled = ""
+    recalled: RecallLoop | None = None
     with MemoryEngine(settings) as engine:
         with click.progressbar(session, label="agent turns", show_pos=True) as bar:
-            for messages in bar:
+            for turn, messages in enumerate(bar):
                 history.append(messages[0])
                 prepared = engine.prepare(history, session_id="demo", user_id="demo-user")
                 reports.append(prepared.report)
-                if not recalled:
-                    ref = _recall_placeholder(engine, prepared.messages, "demo")
-                    if ref:
-                        recalled = f"{ref} → {engine.recall('demo', ref, 0, 120)!r}"
+                if recalled is None:
+                    recalled = _recall_loop(engine, prepared.messages, "demo", turn)
+                    if recalled is not None:  # the model's call and its answer join the history
+                        history += [recalled.call, recalled.answer]
                 history.extend(messages[1:])
         audit_rows = engine.store.compactions("demo")
     _print_summary(settings, reports, audit_rows, db_path, recalled)
@@ -157,7 +203,7 @@ def _print_summary(
     reports: list[TurnReport],
     audit_rows: list[dict[str, Any]],
     db_path: Path,
-    recalled: str,
+    recalled: RecallLoop | None,
 ) -> None:
     applied = [r for r in audit_rows if r["status"] == "applied"]
     last = reports[-1]
@@ -195,9 +241,25 @@ def _print_summary(
     click.echo("\nragent-memory demo (offline summarizer, no network)\n")
     for name, value, note in rows:
         click.echo(f"  {name:<{width}}  {value:>12}  {note}")
-    if recalled:
-        click.echo(f"\n  recall loop: {recalled[:160]}")
+    if recalled is not None:
+        _print_recall(recalled)
     click.echo(f"\n  audit log: {db_path}  (ragent-memory audit --db {db_path})")
+
+
+def _clip(text: str, max_chars: int = 110) -> str:
+    text = text.replace("\n", " ⏎ ")
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def _print_recall(loop: RecallLoop) -> None:
+    function = loop.call["tool_calls"][0]["function"]
+    piece, _, footer = loop.answer["content"].partition(FOOTER_MARK)
+    click.echo(f"\n  recall loop (turn {loop.turn}):")
+    click.echo(f"    the model sees   {_clip(loop.seen.strip(), 160)}")
+    click.echo(f"    it calls         {function['name']}({function['arguments']})")
+    click.echo(f"    engine.recall →  {_clip(piece)}")
+    if footer:
+        click.echo(f"                     {_clip('[recall: ' + footer)}")
 
 
 def _chart(reports: list[TurnReport], settings: Settings, out_dir: Path) -> None:

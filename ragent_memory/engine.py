@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Self
@@ -23,7 +23,7 @@ import structlog
 
 from . import compact
 from .chars import Message, chars
-from .errors import InvalidMessagesError, RagentMemoryError
+from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from .reduce import reduce
 from .settings import Settings, load_settings
@@ -461,17 +461,41 @@ class MemoryEngine:
         return recall_tool_schema()
 
     def recall(self, session_id: str, ref: str, offset: int = 0, limit: int = DEFAULT_LIMIT) -> str:
-        """A slice of an offloaded original; a clear text (never an exception) when the ref is
-        unknown, expired or of another session."""
-        original = self.store.read_offload(session_id, ref) if isinstance(ref, str) else None
-        return recall_slice(original, str(ref), offset, limit)
+        """``original[offset:offset + limit]`` of an offloaded original, then a footer saying
+        how many chars remain. Whatever the model passed, the answer is text it can read (never
+        an exception, never another session's data): an unknown, expired, dropped or
+        other-session ref, or a bad offset or limit, gets a clear refusal."""
+        if self._closed:
+            raise RagentMemoryError("engine is closed")
+        key = ref.strip() if isinstance(ref, str) else None
+        original = None
+        if key and isinstance(session_id, str):
+            try:
+                original = self.store.read_offload(session_id, key)
+            except StoreError as err:
+                log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))
+                return "[recall: the store could not be read just now; try again later]"
+        return recall_slice(original, ref, offset, limit)
 
-    def drop_session(self, session_id: str) -> int:
-        """Forget a session's summary, substitutions and offloads (audit rows stay)."""
+    def drop_session(self, session_id: str) -> None:
+        """Drop a session: its summary and sticky substitutions go now, its recall refs stop
+        resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the
+        id, used again, starts a fresh session."""
         with self._sessions_lock:
+            session = self._sessions.pop(session_id, None)
+        if session is not None:
+            with session.lock:  # let a prepare in flight finish first
+                future = session.future
+            # A compaction still running would write its summary back after the drop.
+            if future is not None and wait([future], self.settings.compaction_timeout_s)[1]:
+                log.warning("drop_session.compaction_still_running", session_id=session_id)
+        with self._sessions_lock:  # no prepare may reload the session halfway through
             self._sessions.pop(session_id, None)
-        return self.store.drop_session(session_id)
+            self.store.drop_session(session_id)
+        log.info("session.dropped", session_id=session_id)
 
     def gc(self) -> GCReport:
-        """Delete expired offloads."""
-        return self.store.gc()
+        """Delete expired offloads and everything left of dropped sessions; report it."""
+        report = self.store.gc()
+        log.info("gc.done", **attrs.asdict(report))
+        return report

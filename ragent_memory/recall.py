@@ -1,12 +1,20 @@
-"""The recall tool: lets the model read back a trimmed or truncated tool result (DESIGN §8)."""
+"""The recall tool: lets the model read back a trimmed or truncated tool result (DESIGN §8).
+
+Whatever the model passes, :func:`recall_slice` answers with text it can read: the slice and a
+footer (``FOOTER_MARK`` …) saying how much remains, or a clear refusal. It never raises and
+never reveals whether a ref exists in another session.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .reduce import RECALL_TOOL_NAME
 
 DEFAULT_LIMIT = 8_000
+FOOTER_MARK = "\n[recall: "  # starts the footer after a slice; refusals start with "[recall: "
+REF_PATTERN = re.compile(r"\brm-[0-9a-f]{20}\b")  # the shape of Store.ref_for
 
 
 def recall_tool_schema() -> dict[str, Any]:
@@ -16,9 +24,9 @@ def recall_tool_schema() -> dict[str, Any]:
         "function": {
             "name": RECALL_TOOL_NAME,
             "description": (
-                "Read back the full text of an earlier tool result that the context shows only "
-                "as a placeholder or a truncated preview. Pass the recall ref it names; page "
-                "through long texts with offset and limit."
+                "Read back the full text of an earlier tool result (or tool input) that the "
+                "context shows only as a placeholder or a truncated preview. Pass the recall "
+                "ref it names; page through long texts with offset and limit."
             ),
             "parameters": {
                 "type": "object",
@@ -44,23 +52,34 @@ def recall_tool_schema() -> dict[str, Any]:
     }
 
 
-def recall_slice(original: str | None, ref: str, offset: Any, limit: Any) -> str:
-    """The text the model reads for a recall call: the slice, a footer, or a clear refusal."""
+def find_refs(text: str) -> list[str]:
+    """The recall refs named in ``text`` (a placeholder or a preview notice), in order."""
+    return REF_PATTERN.findall(text)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def recall_slice(original: str | None, ref: object, offset: Any, limit: Any) -> str:
+    """The text the model reads for a recall call: the slice and a footer, or a refusal."""
     if original is None:
         return f"[recall: ref {ref!r} not found in this session (unknown, expired or dropped)]"
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+    if not _is_int(offset) or offset < 0:
         return f"[recall: offset must be an integer ≥ 0, got {offset!r}]"
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if not _is_int(limit) or limit < 1:
         return f"[recall: limit must be an integer ≥ 1, got {limit!r}]"
     if offset >= len(original) and original:
-        return f"[recall: offset {offset} is past the end; the text has {len(original)} chars]"
-    piece = original[offset : offset + limit]
-    remaining = len(original) - offset - len(piece)
-    if remaining > 0:
-        footer = (
-            f"\n[recall: chars {offset}–{offset + len(piece)} of {len(original)}; {remaining} "
-            f"remain, call again with offset={offset + len(piece)}]"
+        return (
+            f"[recall: offset {offset} is past the end; the text has {len(original)} chars, "
+            f"use an offset below {len(original)}]"
         )
-    else:
-        footer = f"\n[recall: end of text, {len(original)} chars in all]"
-    return piece + footer
+    piece = original[offset : offset + limit]
+    end = offset + len(piece)
+    remaining = len(original) - end
+    if remaining > 0:
+        return (
+            f"{piece}{FOOTER_MARK}chars {offset}–{end} of {len(original)}; {remaining} remain, "
+            f"call again with offset={end}]"
+        )
+    return f"{piece}{FOOTER_MARK}end of text, chars {offset}–{end} of {len(original)}]"

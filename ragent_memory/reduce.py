@@ -1,16 +1,17 @@
 """Reduction (DESIGN §8; Eino reduction): one oversized tool result or tool-call input.
 
 A tool result longer than the oversized limit is shown as its head (20% of the limit), a notice
-with its size and recall ref, and its tail (10%). Oversized tool-call arguments get the same
-treatment, wrapped as a JSON object so the call stays parseable; the call id and name stay, so
-the loop stays valid. Results of the recall tool itself are never reduced (no offload → read →
+with its size, its recall ref and the recall tool's name, and its tail (10%). Oversized
+tool-call arguments get the same treatment, wrapped as a JSON object so the call stays
+parseable; the call id and name stay, so the loop stays valid. Results of the recall tool itself
+are never reduced: reading an original back must not offload it again (no offload → read →
 offload loop).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import attrs
 
@@ -19,13 +20,15 @@ from .chars import Message, text_of
 RECALL_TOOL_NAME = "recall_tool_result"
 HEAD_RATIO = 0.2
 TAIL_RATIO = 0.1
+ARGUMENTS_KEY = "truncated_arguments"
 
+# ``offset`` is where the omitted part starts, so one call reads on from the head.
 NOTICES = {
     "en": (
-        '\n…[{omitted} of {n} chars omitted here; call {tool}(ref="{ref}", offset, limit) '
-        "to read the full text]…\n"
+        "\n…[{omitted} of {n} chars omitted here; to read them call "
+        '{tool}(ref="{ref}", offset={offset})]…\n'
     ),
-    "zh": '\n…[此处省略 {omitted} 字符（原长 {n} 字符）；调用 {tool}(ref="{ref}", offset, limit) 可读取全文]…\n',
+    "zh": '\n…[此处省略 {omitted} 字符（原长 {n} 字符）；调用 {tool}(ref="{ref}", offset={offset}) 可继续读取]…\n',
 }
 
 
@@ -34,7 +37,9 @@ def preview(text: str, *, limit_chars: int, language: str, ref: str) -> str:
     head = int(limit_chars * HEAD_RATIO)
     tail = int(limit_chars * TAIL_RATIO)
     omitted = len(text) - head - tail
-    notice = NOTICES[language].format(omitted=omitted, n=len(text), tool=RECALL_TOOL_NAME, ref=ref)
+    notice = NOTICES[language].format(
+        omitted=omitted, n=len(text), tool=RECALL_TOOL_NAME, ref=ref, offset=head
+    )
     return text[:head] + notice + text[len(text) - tail :]
 
 
@@ -53,7 +58,8 @@ class ReduceResult:
     truncations: tuple[Truncation, ...] = ()
 
 
-def _recall_call_ids(view: Sequence[Message]) -> set[str]:
+def recall_call_ids(view: Sequence[Message]) -> set[str]:
+    """Ids of the calls to the recall tool in ``view``; their results are never reduced."""
     return {
         call["id"]
         for m in view
@@ -61,6 +67,15 @@ def _recall_call_ids(view: Sequence[Message]) -> set[str]:
         for call in m.get("tool_calls") or ()
         if (call.get("function") or {}).get("name") == RECALL_TOOL_NAME
     }
+
+
+def _with_text(message: Message, text: str) -> Message:
+    """``message`` with its text replaced; non-text parts (images, files) are kept."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return {**message, "content": text}
+    others = [p for p in content if not (isinstance(p, Mapping) and p.get("type") == "text")]
+    return {**message, "content": [{"type": "text", "text": text}, *others]}
 
 
 def reduce(
@@ -91,13 +106,12 @@ def reduce(
             if len(text) <= limit_chars:
                 continue
             if recall_ids is None:
-                recall_ids = _recall_call_ids(view)
+                recall_ids = recall_call_ids(view)
             if message.get("tool_call_id") in recall_ids:
                 continue
             ref = ref_for(text)
             shown = preview(text, limit_chars=limit_chars, language=language, ref=ref)
-            replacement = {**message, "content": shown}
-            done.append(Truncation(index, message, replacement, (ref,), (text,)))
+            done.append(Truncation(index, message, _with_text(message, shown), (ref,), (text,)))
         elif role == "assistant" and message.get("tool_calls"):
             calls, refs, texts = [], [], []
             for call in message["tool_calls"]:
@@ -108,7 +122,7 @@ def reduce(
                     continue
                 ref = ref_for(arguments)
                 shown = preview(arguments, limit_chars=limit_chars, language=language, ref=ref)
-                wrapped = json.dumps({"truncated_arguments": shown}, ensure_ascii=False)
+                wrapped = json.dumps({ARGUMENTS_KEY: shown}, ensure_ascii=False)
                 calls.append({**call, "function": {**function, "arguments": wrapped}})
                 refs.append(ref)
                 texts.append(arguments)

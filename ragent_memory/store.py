@@ -6,7 +6,10 @@ Tables:
 - ``sessions``: per-session summary state (generation, summary, covered pointer, verbatim list).
 - ``substitutions``: sticky per-message replacements (trim placeholders, truncation previews),
   keyed by a digest of the original message, so a prompt prefix stays byte-stable across turns.
-- ``offloads``: originals of trimmed/truncated tool results, content-addressed per session.
+- ``offloads``: originals of trimmed/truncated tool results, content-addressed per session;
+  they expire after ``offload_ttl_days`` and :meth:`Store.gc` deletes them.
+- ``dropped_sessions``: sessions the app dropped; their refs stop resolving at once and the next
+  :meth:`Store.gc` deletes their offloads.
 - ``meta``: the store's secret (recall refs are HMACs under it, so they are unguessable).
 
 One connection shared by every thread, guarded by a lock (sqlite3 objects are not thread-safe).
@@ -115,6 +118,13 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         CREATE INDEX offloads_expiry ON offloads (expires_at);
         """,
     ),
+    (
+        "002_dropped_sessions",
+        """
+        CREATE TABLE dropped_sessions (session_id TEXT PRIMARY KEY, dropped_at TEXT NOT NULL);
+        DELETE FROM meta WHERE key LIKE 'dropped:%';
+        """,
+    ),
 )
 
 
@@ -154,9 +164,27 @@ class Substitution:
 
 @attrs.frozen
 class GCReport:
-    expired_offloads: int
-    dropped_offloads: int
-    freed_chars: int
+    """What one :meth:`Store.gc` deleted."""
+
+    expired_offloads: int = 0
+    dropped_sessions: int = 0
+    dropped_offloads: int = 0  # offloads of those sessions (expired or not)
+    freed_bytes: int = 0  # UTF-8 bytes of the deleted originals
+
+
+def _storable(text: str) -> str | bytes:
+    """``text`` as SQLite can store it: lone surrogates (valid in a Python str, not in UTF-8)
+    are kept as a BLOB so a recall still returns the original exactly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+    return text
+
+
+def _json_text(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if isinstance(_storable(text), str) else json.dumps(value)
 
 
 class Store:
@@ -239,7 +267,7 @@ class Store:
             "session_id": session_id,
             "ref": self.ref_for(session_id, content),
             "sha256": hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest(),
-            "content": content,
+            "content": _storable(content),
             "chars": len(content),
             "created_at": iso(now),
             "expires_at": iso(now + timedelta(days=ttl_days)),
@@ -257,13 +285,27 @@ class Store:
 
     def read_offload(self, session_id: str, ref: str) -> str | None:
         """The original text behind ``ref`` in this session, or None (unknown, other session,
-        or expired)."""
+        expired, or the session was dropped)."""
         with self._locked("read"):
             row = self.db.execute(
-                "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?",
-                [session_id, ref, iso(self.clock())],
+                "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?"
+                " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_id = ?)",
+                [session_id, ref, iso(self.clock()), session_id],
             ).fetchone()
-        return None if row is None else str(row[0])
+        if row is None:
+            return None
+        content = row[0]
+        return content.decode("utf-8", "surrogatepass") if isinstance(content, bytes) else content
+
+    def _revive(self, session_id: str) -> None:
+        # A dropped session id used again starts a new life: what is left of the old one goes
+        # now, so neither its refs nor the next gc touch the new life's offloads.
+        dropped = self.db.execute(
+            "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [session_id]
+        ).fetchone()
+        if dropped is not None:
+            self.db.execute("DELETE FROM offloads WHERE session_id = ?", [session_id])
+            self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
 
     # ------------------------------------------------------------------ substitutions
 
@@ -287,6 +329,7 @@ class Store:
             return
         now = iso(self.clock())
         with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
             for sub, originals in items:
                 for original in originals:
                     self._offload(session_id, original, ttl_days)
@@ -298,7 +341,7 @@ class Store:
                         sub.digest,
                         sub.kind,
                         sub.ref,
-                        json.dumps(sub.message, ensure_ascii=False),
+                        _json_text(sub.message),
                         now,
                     ],
                 )
@@ -377,27 +420,34 @@ class Store:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def drop_session(self, session_id: str) -> int:
-        """Delete everything of a session except its audit rows; returns offload chars freed."""
+    def drop_session(self, session_id: str) -> None:
+        """Drop a session: its summary state and substitutions go now (so the id, used again,
+        starts fresh), its refs stop resolving at once, and :meth:`gc` deletes its offloads.
+        Audit rows stay."""
         with self._locked("write"), self.db.atomic():
-            row = self.db.execute(
-                "SELECT COALESCE(SUM(chars), 0) FROM offloads WHERE session_id = ?", [session_id]
-            ).fetchone()
-            for table in ("offloads", "substitutions", "sessions"):
+            for table in ("substitutions", "sessions"):
                 self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
             self.db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                [f"dropped:{session_id}", iso(self.clock())],
+                "INSERT OR REPLACE INTO dropped_sessions (session_id, dropped_at) VALUES (?, ?)",
+                [session_id, iso(self.clock())],
             )
-        return int(row[0])
 
     def gc(self) -> GCReport:
-        """Delete expired offloads. (Dropped sessions are emptied by :meth:`drop_session`.)"""
+        """Delete expired offloads and the offloads of dropped sessions, in one transaction."""
         now = iso(self.clock())
+        dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
+        measure = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"
         with self._locked("gc"), self.db.atomic():
-            count, freed = self.db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(chars), 0) FROM offloads WHERE expires_at <= ?",
-                [now],
+            expired, expired_bytes = self.db.execute(
+                f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]
             ).fetchone()
-            self.db.execute("DELETE FROM offloads WHERE expires_at <= ?", [now])
-        return GCReport(expired_offloads=int(count), dropped_offloads=0, freed_chars=int(freed))
+            of_dropped, dropped_bytes = self.db.execute(f"{measure} WHERE {dropped}").fetchone()
+            (sessions,) = self.db.execute("SELECT COUNT(*) FROM dropped_sessions").fetchone()
+            self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
+            self.db.execute("DELETE FROM dropped_sessions")
+        return GCReport(
+            expired_offloads=int(expired),
+            dropped_sessions=int(sessions),
+            dropped_offloads=int(of_dropped),
+            freed_bytes=int(expired_bytes) + int(dropped_bytes),
+        )
