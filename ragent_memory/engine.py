@@ -30,7 +30,7 @@ from .settings import Settings, load_settings
 from .store import GCReport, SessionState, Store, Substitution, utc_now
 from .summarize import Summarizer, build_summarizer
 from .trim import trim
-from .view import RawCache, chain_digest
+from .view import RawCache, View, chain_digest
 
 log = structlog.get_logger(__name__)
 
@@ -60,17 +60,58 @@ class PreparedContext:
     report: TurnReport
 
 
+_New = tuple[int, Substitution, Sequence[str]]  # (view index, substitution, texts to offload)
+
+
+@attrs.frozen
+class _Tail:
+    """The tail of the last view as shown, so the next turn only processes what is new."""
+
+    start: int  # raw index of the first tail message
+    head: int  # view index of the first tail message
+    end: int  # raw length the tail was built from
+    messages: list[Message]
+    sizes: list[int]
+    originals: dict[int, Message]
+    kinds: dict[int, str]
+
+    @classmethod
+    def of(cls, view: View, end: int) -> _Tail:
+        head = view.head
+        return cls(
+            head + view.offset,
+            head,
+            end,
+            view.messages[head:],
+            view.sizes[head:],
+            dict(view.originals),
+            dict(view.kinds),
+        )
+
+
 class _Session:
     """In-memory state of one session; every field is guarded by ``lock``."""
 
-    def __init__(self, state: SessionState, subs: dict[str, Substitution]) -> None:
+    def __init__(self, state: SessionState, subs: dict[str, Substitution], store: Store) -> None:
         self.lock = threading.Lock()
         self.state = state
         self.subs = subs
+        self.store = store
+        self._sizes: dict[str, tuple[Substitution, int]] = {}
+        self.tail: _Tail | None = None
         self.raw = RawCache()
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
         self.returned_generation = state.generation
+
+    def size_of(self, sub: Substitution) -> int:
+        cached = self._sizes.get(sub.digest)
+        if cached is None or cached[0] is not sub:  # a preview later trimmed has a new sub
+            cached = self._sizes[sub.digest] = (sub, chars(sub.message))
+        return cached[1]
+
+    def ref_for(self, text: str) -> str:
+        return self.store.ref_for(self.state.session_id, text)
 
 
 def leading_system_count(messages: Sequence[Message]) -> int:
@@ -146,7 +187,7 @@ class MemoryEngine:
             session = self._sessions.get(session_id)
             if session is None:
                 state = self.store.load_session(session_id) or SessionState(session_id)
-                session = _Session(state, self.store.substitutions(session_id))
+                session = _Session(state, self.store.substitutions(session_id), self.store)
                 self._sessions[session_id] = session
             return session
 
@@ -184,151 +225,169 @@ class MemoryEngine:
             self.prepare, messages, session_id=session_id, user_id=user_id
         )
 
-    def _build_view(self, session: _Session) -> tuple[list[Message], list[int], int]:
-        """The view before the gates, its sizes, and the index of the first tail message."""
+    def _view(self, session: _Session) -> tuple[View, int]:
+        """The view before the gates with sticky substitutions shown, and its total before
+        any substitution (``chars_in``)."""
         raw = session.raw
-        prefix_len = leading_system_count(raw.messages)
         state = session.state
-        view: list[Message] = list(raw.messages[:prefix_len])
+        prefix_len = leading_system_count(raw.messages)
+        messages: list[Message] = list(raw.messages[:prefix_len])
         sizes = raw.sizes[:prefix_len]
         start = prefix_len
         if state.generation:
-            summary_message = compact.summary_message(state.summary, self.settings.language)
-            view.append(summary_message)
-            sizes.append(chars(summary_message))
+            summary = compact.summary_message(state.summary, self.settings.language)
+            messages.append(summary)
+            sizes.append(chars(summary))
             start = state.covered
-        view.extend(raw.messages[start:])
-        sizes.extend(raw.sizes[start:])
-        return view, sizes, len(view) - (len(raw.messages) - start)
+        head = len(messages)
+        chars_in = sum(sizes) + sum(raw.sizes[start:])
+        view = View(messages, sizes, head, start - head)
+        # Reuse last turn's tail as shown, when the history before its end is unchanged.
+        cache = session.tail
+        begin = start
+        if (
+            cache is not None
+            and (cache.start, cache.head) == (start, head)
+            and (raw.unchanged >= cache.end)
+        ):
+            messages.extend(cache.messages)
+            sizes.extend(cache.sizes)
+            view.originals = dict(cache.originals)
+            view.kinds = dict(cache.kinds)
+            begin = cache.end
+        view.fresh = len(messages)
+        messages.extend(raw.messages[begin:])
+        sizes.extend(raw.sizes[begin:])
+        subs = session.subs
+        for raw_index, digest in enumerate(raw.digests[begin:], start=begin):
+            sub = subs.get(digest)
+            if sub is not None:
+                view.show(raw_index - view.offset, sub.message, sub.kind, session.size_of(sub))
+        return view, chars_in
+
+    def _reduce(self, session: _Session, view: View) -> list[_New]:
+        """Substitutions for oversized messages not shown in another form yet."""
+        limit = self.settings.oversized_tool_result_chars
+        sizes, kinds = view.sizes, view.kinds
+        candidates = [
+            i for i in range(view.fresh, len(sizes)) if sizes[i] > limit and i not in kinds
+        ]
+        if not candidates:
+            return []
+        reduced = reduce(
+            view.messages,
+            limit_chars=limit,
+            language=self.settings.language,
+            ref_for=session.ref_for,
+            candidates=candidates,
+        )
+        digests = session.raw.digests
+        return [
+            (
+                t.index,
+                Substitution(digests[t.index + view.offset], "truncate", t.refs[0], t.replacement),
+                t.offloaded,
+            )
+            for t in reduced.truncations
+        ]
+
+    def _trim(self, session: _Session, view: View, new: list[_New]) -> list[_New]:
+        """Gate 1 over the view as it would be with ``new`` shown; returns the substitutions
+        to record (a trimmed result replaces its pending preview)."""
+        tentative = view.copy()
+        for index, sub, _ in new:
+            tentative.show(index, sub.message, sub.kind, session.size_of(sub))
+        if tentative.total <= self.settings.trim_trigger_chars:
+            return new
+        session_id = session.state.session_id
+        try:
+            result = trim(
+                tentative.messages,
+                trigger_chars=self.settings.trim_trigger_chars,
+                evictable_tools=self.settings.evictable_tools,
+                language=self.settings.language,
+                ref_for=session.ref_for,
+                originals=tentative.originals,
+                evicted=tentative.indexes("trim"),
+            )
+        except Exception as err:  # the trim must never break a turn (DESIGN §4)
+            log.error("trim.failed", session_id=session_id, error=repr(err))
+            return new
+        if not result.evictions:
+            return new
+        evicted = {e.index for e in result.evictions}
+        digests = session.raw.digests
+        log.info(
+            "trim.applied",
+            session_id=session_id,
+            evicted=len(evicted),
+            reclaimed_chars=result.reclaimed_chars,
+            chars=tentative.total,
+        )
+        return [n for n in new if n[0] not in evicted] + [
+            (
+                e.index,
+                Substitution(digests[e.index + view.offset], "trim", e.ref, e.replacement),
+                (e.text,),
+            )
+            for e in result.evictions
+        ]
+
+    def _record(self, session: _Session, view: View, new: list[_New]) -> None:
+        """Persist new substitutions (and offload their originals), then show them. If the
+        store fails, the view stays as it was: a placeholder must never point nowhere."""
+        if not new:
+            return
+        session_id = session.state.session_id
+        try:
+            self.store.save_substitutions(
+                session_id,
+                [(sub, texts) for _, sub, texts in new],
+                ttl_days=self.settings.offload_ttl_days,
+            )
+        except RagentMemoryError as err:
+            log.error("substitutions.write_failed", session_id=session_id, error=repr(err))
+            return
+        for index, sub, _ in new:
+            session.subs[sub.digest] = sub
+            view.show(index, sub.message, sub.kind, session.size_of(sub))
+            if sub.kind == "truncate":
+                log.info(
+                    "reduce.truncated",
+                    session_id=session_id,
+                    original_chars=chars(view.originals[index]),
+                    shown_chars=view.sizes[index],
+                )
 
     def _run_gates(
         self, session: _Session, user_id: str | None
     ) -> tuple[list[Message], TurnReport]:
-        settings = self.settings
-        raw = session.raw
-        session_id = session.state.session_id
-        view, sizes, head = self._build_view(session)
-        chars_in = sum(sizes)
-        offset = len(raw.messages) - len(view)  # view index + offset = raw index
-
-        def ref_for(text: str) -> str:
-            return self.store.ref_for(session_id, text)
-
-        # Sticky substitutions recorded on earlier turns.
-        originals: dict[int, Message] = {}
-        kinds: dict[int, str] = {}
-
-        def show(index: int, message: Message, kind: str) -> None:
-            originals.setdefault(index, view[index])
-            kinds[index] = kind
-            view[index] = message
-            sizes[index] = chars(message)
-
-        for index in range(head, len(view)):
-            sub = session.subs.get(raw.digests[index + offset])
-            if sub is not None:
-                show(index, sub.message, sub.kind)
-
-        # Reduction, then gate 1. New substitutions are persisted before they are shown.
-        pending: list[tuple[int, Substitution, Sequence[str]]] = []
-        limit = settings.oversized_tool_result_chars
-        candidates = [i for i in range(head, len(view)) if i not in kinds and sizes[i] > limit]
-        if candidates:
-            reduced = reduce(
-                view,
-                limit_chars=limit,
-                language=settings.language,
-                ref_for=ref_for,
-                candidates=candidates,
-            )
-            for t in reduced.truncations:
-                sub = Substitution(
-                    raw.digests[t.index + offset], "truncate", t.refs[0], t.replacement
-                )
-                pending.append((t.index, sub, t.offloaded))
-        trimmed_view = list(view)
-        for index, sub, _ in pending:
-            trimmed_view[index] = sub.message
-        if sum(chars(m) for m in trimmed_view[head:]) + sum(sizes[:head]) > (
-            settings.trim_trigger_chars
-        ):
-            try:
-                result = trim(
-                    trimmed_view,
-                    trigger_chars=settings.trim_trigger_chars,
-                    evictable_tools=settings.evictable_tools,
-                    language=settings.language,
-                    ref_for=ref_for,
-                    originals={**originals, **{i: view[i] for i, _, _ in pending}},
-                    evicted={i for i, k in kinds.items() if k == "trim"},
-                )
-            except Exception as err:  # the trim must never break a turn (DESIGN §4)
-                log.error("trim.failed", session_id=session_id, error=repr(err))
-            else:
-                pending = [p for p in pending if p[0] not in {e.index for e in result.evictions}]
-                for e in result.evictions:
-                    sub = Substitution(raw.digests[e.index + offset], "trim", e.ref, e.replacement)
-                    pending.append((e.index, sub, (e.text,)))
-                if result.evictions:
-                    log.info(
-                        "trim.applied",
-                        session_id=session_id,
-                        evicted=len(result.evictions),
-                        reclaimed_chars=result.reclaimed_chars,
-                    )
-        if pending:
-            try:
-                self.store.save_substitutions(
-                    session_id,
-                    [(sub, texts) for _, sub, texts in pending],
-                    ttl_days=settings.offload_ttl_days,
-                )
-            except RagentMemoryError as err:
-                log.error("substitutions.write_failed", session_id=session_id, error=repr(err))
-            else:
-                for index, sub, _ in pending:
-                    session.subs[sub.digest] = sub
-                    show(index, sub.message, sub.kind)
-                    if sub.kind == "truncate":
-                        log.info(
-                            "reduce.truncated",
-                            session_id=session_id,
-                            original_chars=chars(originals[index]),
-                            shown_chars=sizes[index],
-                        )
-
-        # Gate 2.
+        view, chars_in = self._view(session)
+        self._record(session, view, self._trim(session, view, self._reduce(session, view)))
         compacted, skipped = False, None
-        if settings.summary_enabled:
-            skipped = self._compact(session, view, sizes, head, user_id)
+        if self.settings.summary_enabled:
+            skipped = self._compact(session, view, user_id)
             if session.state.generation != session.returned_generation:
                 compacted = True
-                view, sizes, head = self._build_view(session)
-                offset = len(raw.messages) - len(view)
-                kinds = {}
-                for index in range(head, len(view)):
-                    sub = session.subs.get(raw.digests[index + offset])
-                    if sub is not None:
-                        kinds[index] = sub.kind
-                        view[index] = sub.message
-                        sizes[index] = chars(sub.message)
+                view, _ = self._view(session)
         session.returned_generation = session.state.generation
-
-        reclaimed = sum(chars(raw.messages[i + offset]) - sizes[i] for i in kinds)
+        session.tail = _Tail.of(view, len(session.raw.messages))
+        raw_sizes = session.raw.sizes
+        kinds = view.kinds
         report = TurnReport(
-            chars_raw=sum(raw.sizes),
+            chars_raw=sum(raw_sizes),
             chars_in=chars_in,
-            chars_out=sum(sizes),
+            chars_out=view.total,
             trimmed=sum(1 for k in kinds.values() if k == "trim"),
             truncated=sum(1 for k in kinds.values() if k == "truncate"),
-            reclaimed_chars=reclaimed,
+            reclaimed_chars=sum(raw_sizes[i + view.offset] - view.sizes[i] for i in kinds),
             compacted=compacted,
             skipped_reason=skipped,
             generation=session.state.generation,
             memory_chars=0,
             duration_ms=0.0,
         )
-        return view, report
+        return view.messages, report
 
     # ------------------------------------------------------------------ compaction
 
@@ -390,31 +449,23 @@ class MemoryEngine:
         session.verified_digest = ""
         session.returned_generation = 0
 
-    def _compact(
-        self,
-        session: _Session,
-        view: list[Message],
-        sizes: list[int],
-        head: int,
-        user_id: str | None,
-    ) -> str | None:
+    def _compact(self, session: _Session, view: View, user_id: str | None) -> str | None:
         """Run gate 2; returns the skip reason, or None when a compaction was attempted."""
         if session.future is not None:
             return "in_progress"
-        decision = compact.plan(view, sizes, head=head, settings=self.settings)
+        decision = compact.plan(view.messages, view.sizes, head=view.head, settings=self.settings)
         if isinstance(decision, str):
             if decision not in ("below_trigger", "last_not_user"):
                 log.info(
                     "compaction.skipped",
                     session_id=session.state.session_id,
                     reason=decision,
-                    chars=sum(sizes),
+                    chars=view.total,
                 )
             return decision
         raw = session.raw
-        offset = len(raw.messages) - len(view)
         prefix_len = leading_system_count(raw.messages)
-        start, stop = decision.head + offset, decision.cut + offset
+        start, stop = decision.head + view.offset, decision.cut + view.offset
         job = compact.Job(
             previous=session.state,
             user_id=user_id,
@@ -423,7 +474,7 @@ class MemoryEngine:
             new_covered=stop,
             covered_digest=chain_digest(raw.digests[prefix_len:stop]),
             plan=decision,
-            prefix_chars=sum(sizes[:prefix_len]),
+            prefix_chars=sum(view.sizes[:prefix_len]),
         )
         future = self._pool.submit(
             compact.run,

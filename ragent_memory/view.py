@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from .chars import Message, chars, validate_message
@@ -27,22 +29,16 @@ def chain_digest(digests: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(digests).encode()).hexdigest()[:32] if digests else ""
 
 
-def _fingerprint(message: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (
-        message.get("content"),
-        message.get("tool_calls"),
-        message.get("role"),
-        message.get("tool_call_id"),
-    )
+_get = dict.get
 
 
-def _same(message: Mapping[str, Any], fingerprint: tuple[Any, ...]) -> bool:
-    return (
-        message.get("content") is fingerprint[0]
-        and message.get("tool_calls") is fingerprint[1]
-        and message.get("role") == fingerprint[2]
-        and message.get("tool_call_id") == fingerprint[3]
-    )
+def _common_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
+    """Length of the leading run where ``new[i] is old[i]`` (within ``limit``)."""
+    flags = list(map(operator.is_, new[:limit], old[:limit]))
+    try:
+        return flags.index(False)
+    except ValueError:
+        return limit
 
 
 class RawCache:
@@ -50,33 +46,72 @@ class RawCache:
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
-        self.fingerprints: list[tuple[Any, ...]] = []
+        self.contents: list[Any] = []  # each message's content object, to notice edits in place
+        self.calls: list[Any] = []  # each message's tool_calls object
         self.digests: list[str] = []
         self.sizes: list[int] = []
         self.unchanged = 0  # leading messages unchanged by the last sync
 
     def sync(self, messages: Sequence[Any]) -> int:
         """Adopt ``messages`` as the new history; returns how many leading messages were
-        unchanged (same dict, same fields) since the last call.
-
-        Validates only the new or changed messages; on an invalid message the cache is left
-        as it was and InvalidMessagesError propagates.
+        unchanged (the same dict holding the same content and tool-call objects) since the
+        last call. The comparisons run at C speed (``map``); only the rest is validated,
+        hashed and measured. On an invalid message the cache is left as it was and
+        InvalidMessagesError propagates.
         """
-        old = self.messages
-        limit = min(len(messages), len(old))
-        same = 0
-        while (
-            same < limit
-            and messages[same] is old[same]
-            and _same(messages[same], self.fingerprints[same])
-        ):
-            same += 1
+        limit = min(len(messages), len(self.messages))
+        same = _common_prefix(messages, self.messages, limit)
+        if same:
+            head = messages[:same]
+            same = min(
+                same,
+                _common_prefix(list(map(_get, head, repeat("content"))), self.contents, same),
+                _common_prefix(list(map(_get, head, repeat("tool_calls"))), self.calls, same),
+            )
         fresh = messages[same:]
         for offset, message in enumerate(fresh):
             validate_message(message, same + offset)
         self.messages = list(messages)
-        self.fingerprints = self.fingerprints[:same] + [_fingerprint(m) for m in fresh]
+        self.contents = self.contents[:same] + [m.get("content") for m in fresh]
+        self.calls = self.calls[:same] + [m.get("tool_calls") for m in fresh]
         self.digests = self.digests[:same] + [digest(m) for m in fresh]
         self.sizes = self.sizes[:same] + [chars(m) for m in fresh]
         self.unchanged = same
         return same
+
+
+class View:
+    """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
+
+    Positions from ``head`` on map one to one onto the raw history (``index + offset``).
+    ``show`` replaces a message by its substitution and remembers the caller's original.
+    """
+
+    def __init__(self, messages: list[Message], sizes: list[int], head: int, offset: int) -> None:
+        self.messages = messages
+        self.sizes = sizes
+        self.head = head
+        self.offset = offset
+        self.originals: dict[int, Message] = {}
+        self.kinds: dict[int, str] = {}
+        self.fresh = head  # first index not carried over from the last turn's tail
+
+    def show(self, index: int, message: Message, kind: str, size: int) -> None:
+        self.originals.setdefault(index, self.messages[index])
+        self.kinds[index] = kind
+        self.messages[index] = message
+        self.sizes[index] = size
+
+    def copy(self) -> View:
+        clone = View(list(self.messages), list(self.sizes), self.head, self.offset)
+        clone.originals = dict(self.originals)
+        clone.kinds = dict(self.kinds)
+        clone.fresh = self.fresh
+        return clone
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def indexes(self, kind: str) -> set[int]:
+        return {i for i, k in self.kinds.items() if k == kind}

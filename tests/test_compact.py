@@ -359,3 +359,49 @@ def test_plan_not_worth_it_and_no_safe_cut() -> None:
     assert "not_worth_it" == plan(big_tail, [chars(m) for m in big_tail], head=0, settings=settings)
     one = [{"role": "user", "content": "a" * 9_000}]
     assert "no_safe_cut" == plan(one, [9_000], head=0, settings=settings)
+
+
+def test_events_carry_the_numbers(make_settings: Callable[..., Settings]) -> None:
+    """trim.applied and compaction.applied carry char counts; on_event sees the summary
+    lifecycle."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    settings = make_settings(context_window_chars=20_000)
+    with (
+        structlog.testing.capture_logs() as logs,
+        MemoryEngine(settings, on_event=lambda name, data: seen.append((name, data))) as engine,
+    ):
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        prepared = engine.prepare(history, session_id="s1")
+    applied = [e for e in logs if e["event"] == "compaction.applied"]
+    assert 1 == len(applied)
+    event = applied[0]
+    assert prepared.report.generation == event["generation"]
+    assert event["chars_before"] > event["chars_after"] > 0
+    assert event["summary_chars"] <= settings.summary_max_chars
+    assert any(e["event"] == "trim.applied" and e["reclaimed_chars"] > 0 for e in logs)
+    names = [name for name, _ in seen]
+    assert ["before_summarize", "after_summarize"] == names
+    assert "applied" == seen[-1][1]["status"]
+
+
+def test_report_after_compaction(make_settings: Callable[..., Settings]) -> None:
+    """The report of a compacting call: compacted, generation, chars_out within budget."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        prepared = engine.prepare(history, session_id="s1")
+        again = engine.prepare(history, session_id="s1")
+    report = prepared.report
+    assert report.compacted
+    assert 1 == report.generation
+    assert report.chars_in > settings.compact_trigger_chars
+    assert report.chars_out <= settings.context_window_chars
+    assert report.chars_out == sum(chars(m) for m in prepared.messages)
+    assert report.chars_raw == sum(chars(m) for m in history)
+    assert not again.report.compacted
+    assert prepared.messages == again.messages
+    summary = prepared.messages[0]
+    assert "user" == summary["role"]
+    assert "not a new instruction" in summary["content"]
