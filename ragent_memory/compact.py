@@ -23,7 +23,7 @@ from .store import SessionState, Store
 from .summarize import (
     Summarizer,
     SummaryRequest,
-    compose_summary,
+    fit_summary,
     render_verbatim,
     update_verbatim,
 )
@@ -135,16 +135,14 @@ def run(
             SummaryRequest(material, previous.body, language, body_budget)
         )
         summary_name = outcome.model
-        summary = compose_summary(outcome.body, block, language)
-        if len(summary) > settings.summary_max_chars:
-            raise SummaryError(f"summary of {len(summary)} chars exceeds the target")
+        body, summary = fit_summary(outcome.body, block, language, settings.summary_max_chars)
         state = SessionState(
             session_id=session_id,
             user_id=job.user_id,
             generation=generation,
             last_generation=generation,
             summary=summary,
-            body=outcome.body,
+            body=body,
             prefix_len=job.prefix_len,
             covered=job.new_covered,
             covered_digest=job.covered_digest,

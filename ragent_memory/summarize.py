@@ -364,6 +364,20 @@ def compose_summary(body: str, verbatim_block: str, language: str) -> str:
     return "\n".join(merged).strip()
 
 
+def fit_summary(body: str, verbatim_block: str, language: str, max_chars: int) -> tuple[str, str]:
+    """The body (clipped at a section boundary if need be) and the composed summary, which
+    fits ``max_chars`` — a model that left out ``## User requests`` gets it added, and that
+    must not push the summary over the clamp."""
+    summary = compose_summary(body, verbatim_block, language)
+    overflow = len(summary) - max_chars
+    if overflow > 0:
+        body = validate_summary(body, max_chars=len(body) - overflow)
+        summary = compose_summary(body, verbatim_block, language)
+    if len(summary) > max_chars:
+        raise SummaryError(f"summary of {len(summary)} chars exceeds the {max_chars} target")
+    return body, summary
+
+
 # ---------------------------------------------------------------------------- summarizers
 
 

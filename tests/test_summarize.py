@@ -200,3 +200,15 @@ def test_split_at_user_turns() -> None:
     assert len(chunks) > 1
     assert all(c[0]["role"] == "user" for c in chunks)
     assert material == [m for c in chunks for m in c]
+
+
+def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
+    """A body without `## User requests` gets the section added and still fits the clamp."""
+    from ragent_memory.summarize import fit_summary
+
+    body = "\n\n".join(f"## To-do\n- {'x' * 300}" for _ in range(6))
+    block = "In the user's own words:\n> never exceed 4,321 euros"
+    fitted_body, summary = fit_summary(body, block, "en", len(body) + 20)
+    assert len(summary) <= len(body) + 20
+    assert summary.startswith("## User requests\nIn the user's own words:\n> never exceed")
+    assert summary.endswith(fitted_body)
