@@ -12,9 +12,7 @@ shared machine moves them all together.
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 import statistics
 import tempfile
 import time
@@ -24,45 +22,8 @@ from typing import Any
 import structlog
 
 from ragent_memory import Settings, StoreSettings
+from ragent_memory.demo import simulate_session
 from ragent_memory.engine import MemoryEngine
-
-TOPICS = ("refunds", "shipping", "warranty", "invoices", "api limits", "retention")
-
-
-def session(turns: int, seed: int = 5) -> list[list[dict[str, Any]]]:
-    rng = random.Random(seed)
-    out = []
-    for t in range(turns):
-        topic = TOPICS[t % len(TOPICS)]
-        call = f"c{t}"
-        out.append(
-            [
-                {"role": "user", "content": f"Question {t} about {topic}?"},
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": call,
-                            "type": "function",
-                            "function": {
-                                "name": "search_knowledge",
-                                "arguments": json.dumps({"q": topic}),
-                            },
-                        }
-                    ],
-                },
-                {
-                    "role": "tool",
-                    "tool_call_id": call,
-                    "content": " ".join(
-                        f"{topic} fact {rng.randint(0, 9999)}." for _ in range(300)
-                    ),
-                },
-                {"role": "assistant", "content": f"Answer {t}: see {topic}."},
-            ]
-        )
-    return out
 
 
 def run(mode: str, turns: list[list[dict[str, Any]]], budget: int, db: Path) -> list[float]:
@@ -88,9 +49,9 @@ def run(mode: str, turns: list[list[dict[str, Any]]], budget: int, db: Path) -> 
 
 def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    turns = session(400)
+    turns = simulate_session(400)
     budget = 400_000
-    print(f"prepare() per turn, {len(turns)} RAG turns (~1.3k-char results), B = {budget:,}\n")
+    print(f"prepare() per turn, {len(turns)} simulated RAG turns (demo session), B = {budget:,}\n")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("incremental", "rebuilt", "cold"):

@@ -29,7 +29,7 @@ from .reduce import reduce
 from .settings import Settings, load_settings
 from .store import GCReport, SessionState, Store, Substitution, utc_now
 from .summarize import Summarizer, build_summarizer
-from .trim import trim
+from .trim import cannot_pay_off, trim
 from .view import RawCache, View, chain_digest
 
 log = structlog.get_logger(__name__)
@@ -99,6 +99,9 @@ class _Session:
         self.store = store
         self._sizes: dict[str, tuple[Substitution, int]] = {}
         self.tail: _Tail | None = None
+        # (reclaimable chars left, recent_start) of the last trim over a view that has only
+        # grown at its end since; None when unknown.
+        self.trim_hint: tuple[int, int] | None = None
         self.raw = RawCache()
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
@@ -254,7 +257,10 @@ class MemoryEngine:
             sizes.extend(cache.sizes)
             view.originals = dict(cache.originals)
             view.kinds = dict(cache.kinds)
+            view.carried = True
             begin = cache.end
+        else:
+            session.trim_hint = None
         view.fresh = len(messages)
         messages.extend(raw.messages[begin:])
         sizes.extend(raw.sizes[begin:])
@@ -299,6 +305,11 @@ class MemoryEngine:
             tentative.show(index, sub.message, sub.kind, session.size_of(sub))
         if tentative.total <= self.settings.trim_trigger_chars:
             return new
+        hint = session.trim_hint if view.carried else None
+        if hint is not None and cannot_pay_off(
+            tentative.sizes, reclaimable_chars=hint[0], recent_start=hint[1]
+        ):
+            return new  # the common turn: skip the O(view) scan that would change nothing
         session_id = session.state.session_id
         try:
             result = trim(
@@ -309,10 +320,13 @@ class MemoryEngine:
                 ref_for=session.ref_for,
                 originals=tentative.originals,
                 evicted=tentative.indexes("trim"),
+                sizes=tentative.sizes,
             )
         except Exception as err:  # the trim must never break a turn (DESIGN §4)
             log.error("trim.failed", session_id=session_id, error=repr(err))
             return new
+        left = 0 if result.evictions else result.reclaimable_chars
+        session.trim_hint = (left, result.recent_start)
         if not result.evictions:
             return new
         evicted = {e.index for e in result.evictions}

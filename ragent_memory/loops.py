@@ -6,7 +6,6 @@ such messages are marked irregular so the gates never evict or cut them apart.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,44 +39,47 @@ class LoopMap:
 
 def map_loops(view: Sequence[Mapping[str, Any]]) -> LoopMap:
     """Split a view into tool loops; results are the tool messages right after the call."""
-    all_ids = Counter(
-        call.get("id")
-        for message in view
-        if message.get("role") == "assistant"
-        for call in message.get("tool_calls") or ()
-    )
-    duplicates = frozenset(i for i, n in all_ids.items() if n > 1 and isinstance(i, str))
+    seen: set[str] = set()
+    duplicates: set[str] = set()
+    for message in view:
+        for call in message.get("tool_calls") or ():
+            call_id = call.get("id")
+            if call_id in seen:
+                duplicates.add(call_id)
+            seen.add(call_id)
     loops: list[ToolLoop] = []
     orphans: set[int] = set()
     i, n = 0, len(view)
     while i < n:
         message = view[i]
-        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        role = message.get("role")
+        calls = message.get("tool_calls") if role == "assistant" else None
         if not calls:
-            if message.get("role") == "tool":
+            if role == "tool":
                 orphans.add(i)
             i += 1
             continue
         names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
-        answered: Counter[str] = Counter()
+        answered: dict[str, int] = {}
         results: list[int] = []
         j = i + 1
         while j < n and view[j].get("role") == "tool":
             call_id = view[j].get("tool_call_id")
             if isinstance(call_id, str) and call_id in names:
-                answered[call_id] += 1
+                answered[call_id] = answered.get(call_id, 0) + 1
                 results.append(j)
             else:
                 orphans.add(j)
             j += 1
         complete = (
             len(names) == len(calls)
-            and all(answered[c] == 1 for c in names)
-            and not (duplicates & names.keys())
+            and len(answered) == len(names)
+            and all(count == 1 for count in answered.values())
+            and duplicates.isdisjoint(names)
         )
         loops.append(ToolLoop(i, tuple(results), names, complete))
         i = j
-    return LoopMap(tuple(loops), frozenset(orphans), duplicates)
+    return LoopMap(tuple(loops), frozenset(orphans), frozenset(duplicates))
 
 
 def last_user_index(view: Sequence[Mapping[str, Any]]) -> int:

@@ -46,6 +46,24 @@ class TrimResult:
     evictions: tuple[Eviction, ...] = ()
     reclaimed_chars: int = 0
     skipped_reason: str | None = None
+    # What a later turn needs to know to skip a trim that cannot pay off: the chars the
+    # candidates would have freed (0 once evicted), and the index from which protection can
+    # still change as the conversation grows (before it, nothing can become a candidate).
+    reclaimable_chars: int = 0
+    recent_start: int = 0
+
+
+def recent_start(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> int:
+    """Where protection may still change: the earliest of the last completed loops kept before
+    the current turn (or the current turn itself). Without a user message, everything."""
+    last_user = last_user_index(view)
+    if last_user < 0:
+        return 0
+    earlier = [
+        loop.call_index for loop in loops if loop.call_index < last_user and loop.is_complete
+    ]
+    window = earlier[-KEEP_RECENT_TOOL_LOOPS:]
+    return window[0] if window else last_user
 
 
 def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> set[int]:
@@ -69,14 +87,17 @@ def trim(
     ref_for: Callable[[str], str],
     originals: Mapping[int, Message] | None = None,
     evicted: Collection[int] = (),
+    sizes: Sequence[int] | None = None,
 ) -> TrimResult:
     """Replace old evictable tool results by placeholders when the view exceeds the trigger.
 
     ``originals`` maps view indexes already shown in another form (a truncation preview) to
-    the caller's message; ``evicted`` lists view indexes that already are placeholders.
+    the caller's message; ``evicted`` lists view indexes that already are placeholders;
+    ``sizes``, when given, are ``chars`` of each view message (the engine knows them).
     """
     originals = originals or {}
-    current = sum(chars(m) for m in view)
+    sizes = sizes if sizes is not None else [chars(m) for m in view]
+    current = sum(sizes)
     if current <= trigger_chars:
         return TrimResult(list(view))
     loop_map = map_loops(view)
@@ -99,16 +120,30 @@ def trim(
             ref = ref_for(text)
             arguments = (calls[call_id].get("function") or {}).get("arguments") or ""
             replacement = {**shown, "content": placeholder(language, len(text), arguments, ref)}
-            gain = chars(shown) - chars(replacement)
+            gain = sizes[index] - chars(replacement)
             if gain <= 0:
                 continue
             planned.append(Eviction(index, original, replacement, ref, text))
             reclaim += gain
+    start = recent_start(view, loop_map.loops)
     if not planned:
-        return TrimResult(list(view), skipped_reason="nothing_evictable")
+        return TrimResult(list(view), skipped_reason="nothing_evictable", recent_start=start)
     if reclaim < MIN_TRIM_RECLAIM_RATIO * current:
-        return TrimResult(list(view), skipped_reason="not_worth_it")
+        return TrimResult(
+            list(view),
+            skipped_reason="not_worth_it",
+            reclaimable_chars=reclaim,
+            recent_start=start,
+        )
     trimmed = list(view)
     for eviction in planned:
         trimmed[eviction.index] = eviction.replacement
-    return TrimResult(trimmed, tuple(planned), reclaim)
+    return TrimResult(trimmed, tuple(planned), reclaim, recent_start=start)
+
+
+def cannot_pay_off(sizes: Sequence[int], *, reclaimable_chars: int, recent_start: int) -> bool:
+    """True when a trim over a view that only grew at its end since an earlier trim (which
+    left ``reclaimable_chars`` and ``recent_start``) could not free 20% of the total: new
+    candidates can only come from ``recent_start`` on, and each frees less than its size."""
+    bound = reclaimable_chars + sum(sizes[recent_start:])
+    return bound < MIN_TRIM_RECLAIM_RATIO * sum(sizes)

@@ -95,6 +95,7 @@ class View:
         self.originals: dict[int, Message] = {}
         self.kinds: dict[int, str] = {}
         self.fresh = head  # first index not carried over from the last turn's tail
+        self.carried = False  # the view is last turn's, grown at its end
 
     def show(self, index: int, message: Message, kind: str, size: int) -> None:
         self.originals.setdefault(index, self.messages[index])
@@ -107,6 +108,7 @@ class View:
         clone.originals = dict(self.originals)
         clone.kinds = dict(self.kinds)
         clone.fresh = self.fresh
+        clone.carried = self.carried
         return clone
 
     @property

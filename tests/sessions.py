@@ -1,10 +1,41 @@
-"""Deterministic simulated agent sessions for tests."""
+"""Shared test helpers: deterministic simulated sessions, tool loops, the CLI runner."""
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tool_loop(
+    call_id: str, result: str, *, name: str = "search_knowledge", arguments: str = "{}"
+) -> list[dict[str, Any]]:
+    """An assistant message with one tool call and the tool message answering it."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def run_cli(
+    *args: str, cwd: Path = ROOT, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ragent_memory ARGS`` as a real subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "ragent_memory", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
 
 TOPICS = (
     "refund policy",

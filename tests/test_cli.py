@@ -5,25 +5,15 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions import rag_turn
-
-ROOT = Path(__file__).resolve().parent.parent
+from sessions import ROOT, rag_turn, run_cli
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ragent_memory", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(*args, cwd=cwd)
 
 
 def transcript(turns: int) -> list[dict[str, Any]]:

@@ -171,3 +171,35 @@ def test_deterministic_across_stores(tmp_path: Path) -> None:
             prepared = engine.prepare(history, session_id="s")
         outputs.append(re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)))
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("budget", [8_000, 30_000, 120_000])
+def test_incremental_paths_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int
+) -> None:
+    """The carried tail and the trim-skip hint give exactly the output of a full rebuild,
+    turn by turn, over a long session with previews, trims and compactions."""
+    import re
+
+    from ragent_memory import StoreSettings
+    from ragent_memory import engine as engine_module
+    from ragent_memory.demo import simulate_session
+
+    def replay(name: str) -> list[str]:
+        settings = Settings(
+            context_window_chars=budget, store=StoreSettings(path=str(tmp_path / f"{name}.db"))
+        )
+        outputs, history = [], []
+        with MemoryEngine(settings) as engine:
+            for messages in simulate_session(150, seed=9):
+                history.append(messages[0])
+                prepared = engine.prepare(history, session_id="s")
+                outputs.append(re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)))
+                history.extend(messages[1:])
+        return outputs
+
+    fast = replay("fast")
+    monkeypatch.setattr(engine_module._Tail, "of", classmethod(lambda cls, view, end: None))
+    monkeypatch.setattr(engine_module, "cannot_pay_off", lambda *a, **k: False)
+    slow = replay("slow")
+    assert slow == fast

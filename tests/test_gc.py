@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import run_cli, tool_loop
 
 from ragent_memory import Settings
 from ragent_memory.engine import MemoryEngine
@@ -38,18 +38,7 @@ class Clock:
 def export(call_id: str, result: str) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": f"export {call_id}"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "export", "arguments": "{}"},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": result},
+        *tool_loop(call_id, result, name="export"),
     ]
 
 
@@ -211,14 +200,7 @@ def test_a_dropped_id_used_again_starts_fresh(engine: MemoryEngine, db_path: str
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ragent_memory", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, cwd=cwd, timeout_s=60)
 
 
 def test_cli_gc_prints_what_it_removed(

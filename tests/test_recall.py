@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessions import rag_turn
+from sessions import rag_turn, tool_loop
 from strategies import conversations
 
 from ragent_memory import RagentMemoryError, Settings, StoreError, StoreSettings
@@ -28,20 +28,7 @@ ORIGINAL = "".join(f"{i:07d}|" for i in range(25_000))  # 200,000 chars, every s
 
 
 def export(call_id: str, result: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "export", "arguments": "{}"},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": result},
-    ]
+    return tool_loop(call_id, result, name="export")
 
 
 def offload(engine: MemoryEngine, session_id: str, original: str = ORIGINAL) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sessions import tool_loop
 from strategies import conversations
 
 from ragent_memory import Settings, StoreSettings
@@ -23,16 +24,7 @@ def ref_for(text: str) -> str:
 
 
 def loop(call_id: str, name: str, result: str, args: str = '{"q": "x"}') -> list[dict[str, Any]]:
-    return [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": result},
-    ]
+    return tool_loop(call_id, result, name=name, arguments=args)
 
 
 def history(*parts: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
