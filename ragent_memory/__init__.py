@@ -1,5 +1,17 @@
-"""ragent_memory: keep an agent's prompt inside one character budget without losing what matters."""
+"""ragent_memory: keep an agent's prompt inside one character budget without losing what matters.
 
+::
+
+    from ragent_memory import MemoryEngine, load_settings
+
+    engine = MemoryEngine(load_settings("config/ragent-memory.yaml"))
+    prepared = engine.prepare(messages, session_id="s1", user_id="u1")
+    prepared.messages   # send these to the model
+    prepared.report     # TurnReport, in characters
+"""
+
+from .chars import chars
+from .engine import MemoryEngine, PreparedContext, TurnReport
 from .errors import (
     ConfigError,
     InvalidMessagesError,
@@ -9,17 +21,23 @@ from .errors import (
     SummaryError,
 )
 from .settings import EndpointSettings, LLMSettings, Settings, StoreSettings, load_settings
+from .store import GCReport
 
 __all__ = [
     "ConfigError",
     "EndpointSettings",
+    "GCReport",
     "InvalidMessagesError",
     "LLMError",
     "LLMSettings",
+    "MemoryEngine",
+    "PreparedContext",
     "RagentMemoryError",
     "Settings",
     "StoreError",
     "StoreSettings",
     "SummaryError",
+    "TurnReport",
+    "chars",
     "load_settings",
 ]
