@@ -3,6 +3,8 @@
 Three ways an app can call the engine on a growing RAG session:
 
 - incremental: the app appends to one list and passes the same dicts again (the usual case);
+- fresh system: the app builds a new system message every turn (a timestamp, say) and passes
+  the same history dicts after it;
 - rebuilt: the app rebuilds its dicts every turn (from a DB), so every message is re-hashed;
 - cold: a new engine per turn on the same store (a restart before every turn).
 
@@ -37,7 +39,12 @@ def run(mode: str, turns: list[list[dict[str, Any]]], budget: int, db: Path) -> 
             if mode == "cold":
                 engine.close()
                 engine = MemoryEngine(settings)
-            view = [dict(m) for m in history] if mode == "rebuilt" else history
+            if mode == "rebuilt":
+                view = [dict(m) for m in history]
+            elif mode == "fresh system":
+                view = [{"role": "system", "content": f"Now: turn {len(timings)}."}, *history]
+            else:
+                view = history
             started = time.perf_counter()
             engine.prepare(view, session_id="bench")
             timings.append((time.perf_counter() - started) * 1000)
@@ -54,7 +61,7 @@ def main() -> None:
     print(f"prepare() per turn, {len(turns)} simulated RAG turns (demo session), B = {budget:,}\n")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("incremental", "rebuilt", "cold"):
+        for mode in ("incremental", "fresh system", "rebuilt", "cold"):
             results[mode] = run(mode, turns, budget, Path(tmp) / f"{mode}.db")
     base_late = statistics.median(results["incremental"][-100:])
     print(

@@ -251,7 +251,7 @@ class MemoryEngine:
         if (
             cache is not None
             and (cache.start, cache.head) == (start, head)
-            and (raw.unchanged >= cache.end)
+            and raw.unchanged(start, cache.end)
         ):
             messages.extend(cache.messages)
             sizes.extend(cache.sizes)
@@ -425,7 +425,9 @@ class MemoryEngine:
         if not state.generation:
             return
         raw = session.raw
-        if session.verified_digest == state.covered_digest and raw.unchanged >= state.covered:
+        if session.verified_digest == state.covered_digest and raw.unchanged(
+            state.prefix_len, state.covered
+        ):
             return  # identity fast path: the covered messages are the very dicts verified before
         reason = None
         if len(raw.messages) < state.covered:

@@ -8,6 +8,7 @@ messages: validation, digest and size. Only new or changed messages are hashed a
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import operator
@@ -32,13 +33,16 @@ def chain_digest(digests: Sequence[str]) -> str:
 _get = dict.get
 
 
-def _common_prefix(new: Sequence[Any], old: Sequence[Any], limit: int) -> int:
-    """Length of the leading run where ``new[i] is old[i]`` (within ``limit``)."""
-    flags = list(map(operator.is_, new[:limit], old[:limit]))
-    try:
-        return flags.index(False)
-    except ValueError:
-        return limit
+def _false_positions(flags: list[bool]) -> list[int]:
+    """Indexes of the False entries, found at C speed (there are usually none or few)."""
+    out: list[int] = []
+    index = -1
+    while True:
+        try:
+            index = flags.index(False, index + 1)
+        except ValueError:
+            return out
+        out.append(index)
 
 
 class RawCache:
@@ -50,34 +54,51 @@ class RawCache:
         self.calls: list[Any] = []  # each message's tool_calls object
         self.digests: list[str] = []
         self.sizes: list[int] = []
-        self.unchanged = 0  # leading messages unchanged by the last sync
+        self.changed: list[int] = []  # positions new or changed by the last sync, ascending
 
-    def sync(self, messages: Sequence[Any]) -> int:
-        """Adopt ``messages`` as the new history; returns how many leading messages were
-        unchanged (the same dict holding the same content and tool-call objects) since the
-        last call. The comparisons run at C speed (``map``); only the rest is validated,
-        hashed and measured. On an invalid message the cache is left as it was and
-        InvalidMessagesError propagates.
+    def sync(self, messages: Sequence[Any]) -> None:
+        """Adopt ``messages`` as the new history.
+
+        A position is unchanged when it holds the same dict, holding the same content and
+        tool-call objects, as on the last call; those comparisons run at C speed (``map``).
+        Only new or changed messages are validated, hashed and measured, wherever they are
+        (an app that rebuilds its system prompt every turn keeps the rest incremental). On an
+        invalid message the cache is left as it was and InvalidMessagesError propagates.
         """
-        limit = min(len(messages), len(self.messages))
-        same = _common_prefix(messages, self.messages, limit)
-        if same:
-            head = messages[:same]
-            same = min(
-                same,
-                _common_prefix(list(map(_get, head, repeat("content"))), self.contents, same),
-                _common_prefix(list(map(_get, head, repeat("tool_calls"))), self.calls, same),
+        old = self.messages
+        count, limit = len(messages), min(len(messages), len(old))
+        moved = _false_positions(list(map(operator.is_, messages[:limit], old[:limit])))
+        for index in [*moved, *range(limit, count)]:
+            validate_message(messages[index], index)
+        contents = list(map(_get, messages, repeat("content")))
+        calls = list(map(_get, messages, repeat("tool_calls")))
+        edited = _false_positions(
+            list(
+                map(
+                    operator.and_,
+                    map(operator.is_, contents[:limit], self.contents[:limit]),
+                    map(operator.is_, calls[:limit], self.calls[:limit]),
+                )
             )
-        fresh = messages[same:]
-        for offset, message in enumerate(fresh):
-            validate_message(message, same + offset)
+        )
+        for index in edited:
+            validate_message(messages[index], index)
+        changed = sorted({*moved, *edited, *range(limit, count)})
+        digests = self.digests[:limit] + [""] * (count - limit)
+        sizes = self.sizes[:limit] + [0] * (count - limit)
+        for index in changed:
+            digests[index] = digest(messages[index])
+            sizes[index] = chars(messages[index])
         self.messages = list(messages)
-        self.contents = self.contents[:same] + [m.get("content") for m in fresh]
-        self.calls = self.calls[:same] + [m.get("tool_calls") for m in fresh]
-        self.digests = self.digests[:same] + [digest(m) for m in fresh]
-        self.sizes = self.sizes[:same] + [chars(m) for m in fresh]
-        self.unchanged = same
-        return same
+        self.contents, self.calls = contents, calls
+        self.digests, self.sizes, self.changed = digests, sizes, changed
+
+    def unchanged(self, start: int, end: int) -> bool:
+        """Every position in ``[start, end)`` exists and was unchanged by the last sync."""
+        if end > len(self.messages):
+            return False
+        at = bisect.bisect_left(self.changed, start)
+        return at == len(self.changed) or self.changed[at] >= end
 
 
 class View:

@@ -203,3 +203,46 @@ def test_incremental_paths_change_nothing(
     monkeypatch.setattr(engine_module, "cannot_pay_off", lambda *a, **k: False)
     slow = replay("slow")
     assert slow == fast
+
+
+def test_fresh_system_prompt_each_turn_stays_incremental(
+    make_engine: Callable[..., MemoryEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app that rebuilds only its system message every turn re-hashes just that message
+    and the new ones, not the whole history."""
+    from ragent_memory import view as view_module
+
+    hashed: list[int] = []
+    real = view_module.digest
+
+    def counting(message: dict[str, Any]) -> str:
+        hashed.append(1)
+        return real(message)
+
+    monkeypatch.setattr(view_module, "digest", counting)
+    engine = make_engine()
+    history: list[dict[str, Any]] = []
+    for i in range(50):
+        history += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]
+    engine.prepare([{"role": "system", "content": "t=0"}, *history], session_id="s")
+    hashed.clear()
+    history.append({"role": "user", "content": "next"})
+    prepared = engine.prepare([{"role": "system", "content": "t=1"}, *history], session_id="s")
+    assert 2 == len(hashed)  # the new system message (position 0) and the new user message
+    assert "t=1" == prepared.messages[0]["content"]
+
+
+def test_in_place_edit_anywhere_is_seen(make_engine: Callable[..., MemoryEngine]) -> None:
+    """Replacing a message's content in place is noticed, wherever the message is."""
+    engine = make_engine()
+    history = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    engine.prepare(history, session_id="s")
+    history[1]["content"] = "edited"
+    assert "edited" == engine.prepare(history, session_id="s").messages[1]["content"]
+    history[1] = {"role": "tool", "content": "x"}
+    with pytest.raises(InvalidMessagesError, match=r"messages\[1\]"):
+        engine.prepare(history, session_id="s")
