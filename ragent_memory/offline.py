@@ -17,7 +17,8 @@ from .summarize import EMPTY, SECTIONS, SummaryOutcome, SummaryRequest, validate
 NAME = "offline-extractive"
 
 ITEM_CHARS = 240
-MAX_ITEMS = {0: 12, 1: 8, 2: 1, 3: 1, 4: 16, 5: 8, 6: 16}
+MAX_ITEMS = {0: 4, 1: 6, 2: 1, 3: 1, 4: 48, 5: 8, 6: 12}
+FINDINGS = 4  # "Tools and findings": kept by salience, not by age
 # Sections dropped from first when the body is too long (Done, Dead ends, Tools and findings),
 # then the rest from the end.
 SHRINK_ORDER = (6, 5, 4, 1, 0, 3, 2)
@@ -67,6 +68,47 @@ def parse_sections(body: str, language: str) -> list[list[str]]:
     return items
 
 
+_REQUEST = re.compile(
+    r"\b(?:please|can you|could you|would you|will you|help me|i need|i want|i'd like|let'?s"
+    r"|make sure|remember to|don'?t forget|need to|have to|todo|to-do)\b"
+    r"|请|帮我|帮忙|能不能|能否|需要|记得|别忘了|麻烦",
+    re.IGNORECASE,
+)
+# Metadata in front of a sentence: "(user) ", "[session 3 · 8 May] ", "Caroline: ".
+_META = re.compile(
+    r"^\s*(?:\((?:user|assistant)\)\s*)?(?:\[[^\]]{0,80}\]\s*)?(?:[A-Z][\w.'-]{0,30}:\s)?"
+)
+_NUMBER = re.compile(r"\d+")
+_WORDS = re.compile(r"[^\W\d_]+", re.UNICODE)
+_FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|my|we|our|me)\b|我|我们")
+
+
+def salience(item: str) -> float:
+    """How much an item is worth keeping: numbers, dates, names and first-person facts score,
+    chit-chat does not. Deterministic, computed from the text alone (so items carried over
+    from an earlier generation are ranked the same way)."""
+    item = _META.sub("", item, count=1)
+    words = _WORDS.findall(item)
+    if len(words) < 3 and not _NUMBER.search(item):
+        return 0.0
+    names = sum(1 for w in words[1:] if w[:1].isupper() and w != "I")
+    numbers = len(_NUMBER.findall(item))
+    cjk = sum(1 for ch in item if "\u4e00" <= ch <= "\u9fff")
+    score = 2.0 * numbers + 1.5 * names + 0.05 * (len(words) + cjk)
+    if _FIRST_PERSON.search(item):
+        score += 1.0
+    return score / (1.0 + len(item) / 200)
+
+
+def _statements(role: str, text: str) -> list[str]:
+    """Salient sentences of a chat message, as findings."""
+    out = []
+    for sentence in _sentences(text):
+        if salience(sentence) >= 2.0:
+            out.append(_clip(f"({role}) {sentence}", 200))
+    return out
+
+
 def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
     out: list[str] = []
     for item in [*new, *old]:
@@ -83,12 +125,17 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     dead_ends: list[str] = []
     done: list[str] = []
     next_steps: list[str] = []
+    findings: list[str] = []
     calls: dict[str, tuple[str, str]] = {}
     for message in material:
         role = message.get("role")
         text = text_of(message).strip()
+        if role in ("user", "assistant") and text:
+            findings.extend(_statements(str(role), text))
         if role == "user" and text:
-            requests.append(_clip(text))
+            asked = [s for s in _sentences(text) if _REQUEST.search(s)]
+            if asked:
+                requests.append(_clip(" ".join(asked), 160))
         elif role == "assistant":
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
@@ -112,14 +159,14 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             if _FAILURE.search(text[:400]):
                 dead_ends.append(_clip(f"{name} {arguments}: {finding}"))
     newest_request = requests[-1:] if requests else []
-    todo = list(reversed(requests[-3:]))
+    todo = requests[-1:]  # the latest request; earlier ones are listed as user requests
     next_step = next_steps[-1:] or newest_request
     return [
-        list(reversed(requests)),
+        list(reversed(requests[:-1])),
         todo,
         next_step,
         progress[-1:],
-        list(reversed(tools)),
+        [*reversed(tools), *reversed(findings)],
         list(reversed(dead_ends)),
         list(reversed(done)),
     ]
@@ -142,8 +189,15 @@ def summarize_offline(
     items = []
     for index, (fresh, earlier) in enumerate(zip(new, old, strict=True)):
         # Next step and current progress describe "now": the newer one replaces the older.
-        merged = fresh or earlier if index in (2, 3) else _merge(fresh, earlier, MAX_ITEMS[index])
-        items.append(list(merged)[: MAX_ITEMS[index]])
+        if index in (2, 3):
+            merged = list(fresh or earlier)
+        elif index == FINDINGS:
+            # Most salient first (stable for ties: newer first), so shrinking drops the least.
+            pool = _merge(fresh, earlier, len(fresh) + len(earlier))
+            merged = sorted(pool, key=salience, reverse=True)
+        else:
+            merged = _merge(fresh, earlier, MAX_ITEMS[index])
+        items.append(merged[: MAX_ITEMS[index]])
     body = render(items, language)
     for index in SHRINK_ORDER:
         while len(body) > max_chars and items[index]:

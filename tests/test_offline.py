@@ -76,5 +76,28 @@ def test_clamped_and_valid_under_small_target() -> None:
 def test_chinese_sections() -> None:
     """language zh uses the Chinese titles and 无 for empty sections."""
     body = summarize_offline([{"role": "user", "content": "帮我查一下退款政策"}], "", "zh", 3000)
-    assert body.startswith("## 用户诉求\n- 帮我查一下退款政策")
+    assert body.startswith("## 用户诉求\n无\n\n## 待办\n- 帮我查一下退款政策")
     assert "## 走不通的路\n无" in body
+
+
+def test_salience_prefers_facts_over_chit_chat() -> None:
+    """Names, numbers and first-person facts outrank greetings; metadata tags don't count."""
+    from ragent_memory.offline import salience
+
+    fact = "I moved to Lisbon in March 2021 to work for Acme Robotics."
+    assert salience(fact) > salience("Hey Mel! Good to see you!")
+    assert salience("[session 9 · 8 May, 2023] Caroline: Hey Mel!") < 2.0
+    assert salience(f"(user) Caroline: {fact}") == salience(fact)
+
+
+def test_salient_findings_survive_later_generations() -> None:
+    """An early salient fact outlives later chit-chat across generations."""
+    first = [{"role": "user", "content": "I moved to Lisbon in March 2021 to work for Acme."}]
+    body = summarize_offline(first, "", "en", 1500)
+    for i in range(8):
+        chatter = [
+            {"role": "user", "content": f"Haha that is so nice, really nice day {i}!"},
+            {"role": "assistant", "content": "Glad to hear it, lovely indeed."},
+        ]
+        body = summarize_offline(chatter, body, "en", 1500)
+    assert any("Lisbon" in item for item in parse_sections(body, "en")[4])
