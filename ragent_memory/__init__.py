@@ -8,6 +8,7 @@
     prepared = engine.prepare(messages, session_id="s1", user_id="u1")
     prepared.messages   # send these to the model
     prepared.report     # TurnReport, in characters
+    engine.after_turn(messages, session_id="s1", user_id="u1")   # learn durable facts
 """
 
 from .chars import chars
@@ -20,12 +21,14 @@ from .errors import (
     StoreError,
     SummaryError,
 )
+from .longterm import Fact
 from .settings import EndpointSettings, LLMSettings, Settings, StoreSettings, load_settings
 from .store import GCReport
 
 __all__ = [
     "ConfigError",
     "EndpointSettings",
+    "Fact",
     "GCReport",
     "InvalidMessagesError",
     "LLMError",

@@ -9,13 +9,16 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import structlog
 
 from .errors import RagentMemoryError
 from .settings import Settings, StoreSettings, load_settings
+
+if TYPE_CHECKING:
+    from .store import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -232,6 +235,81 @@ def gc(db: str | None, config: str | None, as_json: bool) -> None:
         f"removed {report.expired_offloads} expired offloads and {report.dropped_offloads} "
         f"offloads of {report.dropped_sessions} dropped sessions; "
         f"freed {report.freed_bytes:,} bytes"
+    )
+
+
+def _existing_store(config: str | None, db: str | None) -> Store:
+    """The store of the config (or ``--db``); never creates an empty one by accident."""
+    from .errors import StoreError
+    from .store import Store
+
+    path = _settings(config, db).store.path
+    if path == ":memory:" or not Path(path).is_file():
+        raise StoreError(f"no store at {path}")
+    return Store(path)
+
+
+def _user(user_id: str | None) -> str:
+    if not user_id:
+        raise click.ClickException("--user is required (the user's id)")
+    return user_id
+
+
+@main.group()
+def memory() -> None:
+    """Long-term memory: what is remembered about a user, and how to erase it."""
+
+
+@memory.command("list")
+@click.option("--user", "user_id", help="The user's id (required).")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--all", "show_all", is_flag=True, help="Also superseded, retracted and evicted.")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as a JSON array.")
+def memory_list(
+    user_id: str | None, db: str | None, config: str | None, show_all: bool, as_json: bool
+) -> None:
+    """List the facts remembered about a user (active ones unless --all)."""
+    with user_errors():
+        user = _user(user_id)
+        store = _existing_store(config, db)
+        try:
+            rows = store.memory_rows(user, kind="fact")
+        finally:
+            store.close()
+    if not show_all:
+        rows = [r for r in rows if r["status"] == "active"]
+    facts = [
+        {k: r[k] for k in ("id", "content", "status", "superseded_by", "created_at", "updated_at")}
+        for r in rows
+    ]
+    if as_json:
+        click.echo(json.dumps(facts, ensure_ascii=False, indent=2))
+        return
+    if not facts:
+        click.echo(f"nothing remembered about {user}")
+        return
+    cols = (
+        ["id", "status", "created_at", "content"] if show_all else ["id", "created_at", "content"]
+    )
+    click.echo(_table([[f[c] for c in cols] for f in facts], cols))
+
+
+@memory.command("forget")
+@click.option("--user", "user_id", help="The user's id (required).")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+def memory_forget(user_id: str | None, db: str | None, config: str | None) -> None:
+    """Erase everything remembered about a user: facts, summaries, pending messages."""
+    with user_errors():
+        user = _user(user_id)
+        store = _existing_store(config, db)
+        try:
+            forgotten = store.forget(user)
+        finally:
+            store.close()
+    click.echo(
+        f"forgot {user}: {forgotten.memories} memories and {forgotten.pending} pending messages"
     )
 
 

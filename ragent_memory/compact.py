@@ -2,8 +2,9 @@
 
 ``plan`` decides whether and where to cut (pure). ``run`` executes one planned compaction: it
 asks the summarizer for the next generation, adds the user's own words, commits the session
-state in one transaction and writes the audit row (an audit failure only logs). It runs on the
-engine's dedicated thread pool; any failure leaves the session as it was.
+state in one transaction, keeps the summary as a memory of the user (cross-session, DeepFlux)
+and writes the audit row (a failure of either only logs). It runs on the engine's dedicated
+thread pool; any failure leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 
 from .chars import Message
 from .errors import LLMError, StoreError, SummaryError
+from .longterm import index_terms, summary_chunks
 from .loops import map_loops
 from .settings import Settings
 from .store import SessionState, Store
@@ -168,6 +170,8 @@ def run(
         )
         emit("after_summarize", {**base, "status": "failed", "error": str(err)})
         return None
+    if settings.long_term_enabled and job.user_id:
+        remember_summary(store, job.user_id, state)
     duration_ms = int((time.perf_counter() - started) * 1000)
     chars_after = (
         job.prefix_chars
@@ -198,6 +202,21 @@ def run(
     )
     emit("after_summarize", {**base, "status": "applied", "summary_chars": len(summary)})
     return state
+
+
+def remember_summary(store: Store, user_id: str, state: SessionState) -> None:
+    """Keep an applied summary as a ``summary`` memory of the user, indexed by its excerpts,
+    so the user's other sessions can draw on it. A failure only logs: the compaction stands."""
+    excerpts = [(index_terms(e), e) for e in summary_chunks(state.summary)]
+    try:
+        store.record_summary(user_id, state.session_id, state.generation, state.summary, excerpts)
+    except StoreError as err:
+        log.error(
+            "memory.summary_write_failed",
+            session_id=state.session_id,
+            generation=state.generation,
+            error=repr(err),
+        )
 
 
 def _audit(store: Store, row: Mapping[str, Any]) -> None:

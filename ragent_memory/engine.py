@@ -4,7 +4,10 @@ It trims nothing itself: each gate is a pure function in its own module. Per tur
 
     view = leading system msgs + [summary msg] + raw[covered:]   (sticky substitutions applied)
       → reduce (oversized single results) → trim (50%) → compact (80%, thread pool)
-      → [memory block] inserted after the system messages
+      → [memory block] inserted after the system messages (outside the gates)
+
+and after it, ``after_turn`` records the user's new messages; with 3 pending, one background
+extraction per user (its own thread pool) turns them into facts (``longterm``).
 """
 
 from __future__ import annotations
@@ -22,19 +25,37 @@ import attrs
 import structlog
 
 from . import compact
-from .chars import Message, chars
+from .chars import Message, chars, text_of, validate_message, validate_messages
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
+from .longterm import (
+    EXCERPT_CANDIDATES,
+    HEADERS,
+    MIN_EXCERPT_ROOM,
+    Extractor,
+    Fact,
+    build_extractor,
+    fit_block,
+    fts_query,
+    memory_message,
+    run_extraction,
+    search_terms,
+    utf8,
+)
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from .reduce import reduce
-from .settings import Settings, load_settings
+from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
 from .store import GCReport, SessionState, Store, Substitution, utc_now
 from .summarize import Summarizer, build_summarizer
 from .trim import cannot_pay_off, trim
 from .view import RawCache, View, chain_digest
+from .view import digest as message_digest
 
 log = structlog.get_logger(__name__)
 
 EventCallback = Callable[[str, dict[str, Any]], None]
+
+MEMORY_WORKERS = 2  # background fact extractions at once (one per user at most)
+_ENGINE_HEADERS = (*HEADERS.values(), *compact.SUMMARY_HEADERS.values())
 
 
 @attrs.frozen
@@ -50,7 +71,7 @@ class TurnReport:
     compacted: bool  # a summary generation was applied in this call
     skipped_reason: str | None  # why compaction did not run, when it was considered
     generation: int  # the session's current summary generation, 0 = none
-    memory_chars: int
+    memory_chars: int  # the long-term memory block, injected after the gates (0 = none)
     duration_ms: float
 
 
@@ -106,6 +127,9 @@ class _Session:
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
         self.returned_generation = state.generation
+        # (user_id, memory version, block text) of the last memory block built for this
+        # session: rebuilt only when that user's memories change, so the prefix stays stable.
+        self.memory: tuple[str, int, str] | None = None
 
     def size_of(self, sub: Substitution) -> int:
         cached = self._sizes.get(sub.digest)
@@ -115,6 +139,11 @@ class _Session:
 
     def ref_for(self, text: str) -> str:
         return self.store.ref_for(self.state.session_id, text)
+
+
+def _check_id(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
 
 
 def leading_system_count(messages: Sequence[Message]) -> int:
@@ -134,14 +163,22 @@ class MemoryEngine:
         on_event: EventCallback | None = None,
         clock: Callable[[], Any] = utc_now,
         summarizer: Summarizer | None = None,
+        extractor: Extractor | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.on_event = on_event
         self.store = Store(self.settings.store.path, clock=clock)
         self.summarizer = summarizer or build_summarizer(self.settings, on_event=self._emit)
+        # on_event stays about summaries (DESIGN §13): memory calls are logged, not emitted.
+        self.extractor = extractor or build_extractor(self.settings)
         self._pool = ThreadPoolExecutor(
             max_workers=self.settings.compaction_workers, thread_name_prefix="ragent-compact"
         )
+        self._memory_pool = ThreadPoolExecutor(
+            max_workers=MEMORY_WORKERS, thread_name_prefix="ragent-memory"
+        )
+        self._extractions: dict[str, Future[None]] = {}  # user_id → the one in flight
+        self._extractions_lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._sessions_lock = threading.Lock()
         self._closed = False
@@ -163,14 +200,21 @@ class MemoryEngine:
         if self._closed:
             return
         self._closed = True
+        self._memory_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self.summarizer.close()
+        self.extractor.close()
         self.store.close()
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait for every in-flight compaction (bounded by ``timeout_s`` each)."""
+        """Wait for every in-flight compaction and fact extraction (bounded by ``timeout_s``
+        each, default ``compaction_timeout_s``)."""
         with self._sessions_lock:
-            futures = [s.future for s in self._sessions.values() if s.future is not None]
+            futures: list[Future[Any]] = [
+                s.future for s in self._sessions.values() if s.future is not None
+            ]
+        with self._extractions_lock:
+            futures += self._extractions.values()
         for future in futures:
             try:
                 future.result(timeout=timeout_s or self.settings.compaction_timeout_s)
@@ -217,6 +261,11 @@ class MemoryEngine:
             self._adopt_late_compaction(session)
             self._check_covered(session, user_id)
             view, report = self._run_gates(session, user_id)
+            block = self._memory_block(session, user_id)
+        if block:
+            at = leading_system_count(view)
+            view = [*view[:at], memory_message(block), *view[at:]]
+            report = attrs.evolve(report, memory_chars=len(block))
         duration_ms = (time.perf_counter() - started) * 1000
         return PreparedContext(view, attrs.evolve(report, duration_ms=duration_ms))
 
@@ -520,6 +569,143 @@ class MemoryEngine:
         session.state = state
         session.verified_digest = state.covered_digest
         return None
+
+    # ------------------------------------------------------------------ long-term memory
+
+    def _memory_block(self, session: _Session, user_id: str | None) -> str:
+        """The user's memory block for this session ("" for none), rebuilt only when the
+        user's memories changed since it was last built (a version in the store)."""
+        if not user_id or not self.settings.long_term_enabled:
+            return ""
+        try:
+            version = self.store.memory_version(user_id)
+            cached = session.memory
+            if cached is not None and cached[:2] == (user_id, version):
+                return cached[2]
+            block = self._build_block(session, user_id) if version else ""
+        except StoreError as err:  # memory is background: a store failure must not break a turn
+            log.error("memory.read_failed", user_id=user_id, error=repr(err))
+            return ""
+        session.memory = (user_id, version, block)
+        return block
+
+    def _build_block(self, session: _Session, user_id: str) -> str:
+        language, cap = self.settings.language, self.settings.memory_max_chars
+        facts = [f.content for f in self.store.facts(user_id)]
+        block = fit_block(facts, (), language=language, max_chars=cap)
+        if cap - len(block) < MIN_EXCERPT_ROOM:
+            return block
+        latest = next(
+            (text_of(m) for m in reversed(session.raw.messages) if m.get("role") == "user"), ""
+        )
+        terms = search_terms(latest)
+        if not terms:
+            return block
+        excerpts = self.store.search_summaries(
+            user_id,
+            fts_query(terms),
+            exclude_session=session.state.session_id,
+            limit=EXCERPT_CANDIDATES,
+        )
+        return fit_block(facts, excerpts, language=language, max_chars=cap)
+
+    def after_turn(
+        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+    ) -> None:
+        """Record the user's new messages for long-term memory (DESIGN §9). With 3 or more
+        pending for the user (across sessions), one background extraction learns from them.
+
+        Idempotent and restart-safe: a history passed again (or to a new engine on the same
+        store) records only messages not recorded before. Without ``user_id``, or with
+        ``long_term_enabled: false``, it only validates ``messages``.
+        """
+        if self._closed:
+            raise RagentMemoryError("engine is closed")
+        _check_id("session_id", session_id)
+        if not isinstance(messages, list | tuple):
+            raise InvalidMessagesError(
+                None, f"expected a list of messages, got {type(messages).__name__}"
+            )
+        if user_id is None or not self.settings.long_term_enabled:
+            validate_messages(messages)
+            return
+        _check_id("user_id", user_id)
+        try:
+            pending = self._record_user_messages(user_id, session_id, messages)
+        except StoreError as err:
+            log.error("memory.record_failed", user_id=user_id, error=repr(err))
+            return
+        if pending >= EXTRACTION_MIN_PENDING:
+            self._schedule_extraction(user_id)
+
+    def _record_user_messages(
+        self, user_id: str, session_id: str, messages: Sequence[Message]
+    ) -> int:
+        seen, last_digest = self.store.memory_cursor(user_id, session_id) or (0, "")
+        start = 0
+        if 0 < seen <= len(messages):  # the usual append-only app: read only what is new
+            validate_message(messages[seen - 1], seen - 1)
+            if message_digest(messages[seen - 1]) == last_digest:
+                start = seen
+        validate_messages(messages, start)
+        items = []
+        for index in range(start, len(messages)):
+            message = messages[index]
+            text = text_of(message).strip() if message.get("role") == "user" else ""
+            if text and not text.startswith(_ENGINE_HEADERS):  # never learn from our own blocks
+                items.append((index, message_digest(message), utf8(text)))
+        return self.store.record_user_messages(
+            user_id,
+            session_id,
+            items,
+            seen=len(messages),
+            last_digest=message_digest(messages[-1]) if messages else "",
+        )
+
+    async def aafter_turn(
+        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+    ) -> None:
+        """``after_turn`` off the event loop (it writes to the store)."""
+        await asyncio.to_thread(self.after_turn, messages, session_id=session_id, user_id=user_id)
+
+    def _schedule_extraction(self, user_id: str) -> None:
+        with self._extractions_lock:
+            running = self._extractions.get(user_id)
+            if running is not None and not running.done():
+                return  # never two at once for a user; the next turn schedules again
+            future = self._memory_pool.submit(self._extract, user_id)
+            self._extractions[user_id] = future
+        future.add_done_callback(lambda done: self._forget_future(user_id, done))
+
+    def _forget_future(self, user_id: str, future: Future[None]) -> None:
+        with self._extractions_lock:
+            if self._extractions.get(user_id) is future:
+                del self._extractions[user_id]
+
+    def _extract(self, user_id: str) -> None:
+        try:
+            run_extraction(self.store, self.extractor, user_id, settings=self.settings)
+        except Exception as err:  # the worker boundary: log a crash, keep the pool alive
+            log.error("memory.crashed", user_id=user_id, error=repr(err))
+
+    def memories(self, user_id: str) -> list[Fact]:
+        """The user's active facts, oldest first."""
+        _check_id("user_id", user_id)
+        return self.store.facts(user_id)
+
+    def forget(self, user_id: str) -> None:
+        """Erase everything remembered about the user: facts and summaries (whatever their
+        status), their search index and pending messages. The next ``prepare`` shows no
+        block; an extraction in flight finds its batch gone and writes nothing."""
+        _check_id("user_id", user_id)
+        forgotten = self.store.forget(user_id)
+        with self._sessions_lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            cached = session.memory
+            if cached is not None and cached[0] == user_id:
+                session.memory = None
+        log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
 
     # ------------------------------------------------------------------ recall and lifecycle
 

@@ -6,6 +6,7 @@
     ├── ConfigError            (also a ValueError)  bad settings; ``key_path`` names the key
     ├── InvalidMessagesError   (also a ValueError)  bad chat history; ``index`` names the message
     ├── SummaryError                                a summary was rejected (``reason``)
+    │   └── ExtractionError                         memory operations were rejected
     ├── LLMError                                    every endpoint failed (``attempts``)
     └── StoreError                                  the SQLite store failed
 
@@ -44,6 +45,11 @@ class SummaryError(RagentMemoryError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class ExtractionError(SummaryError):
+    """Model output for long-term memory is not valid JSON operations, or a batch cannot be
+    applied. A ``SummaryError`` so the LLM client retries such a reply like any bad reply."""
 
 
 class LLMError(RagentMemoryError):
