@@ -315,7 +315,7 @@ def memory_forget(user_id: str | None, db: str | None, config: str | None) -> No
 
 @main.command()
 @click.option("--config", type=click.Path(), help="YAML config (default: the built-in demo).")
-@click.option("--turns", default=120, show_default=True, type=click.IntRange(1, 5000))
+@click.option("--turns", default=200, show_default=True, type=click.IntRange(1, 5000))
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path())
 def demo(config: str | None, turns: int, out_dir: str) -> None:
     """Run a simulated RAG-agent session through the engine, offline, and report each gate."""

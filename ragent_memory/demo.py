@@ -46,6 +46,12 @@ CONSTRAINTS = (
     "Don't send anything to the customer until I say so.",
     "Reply in English only, and keep answers under 80 words.",
 )
+# Durable facts the user mentions along the way; long-term memory should learn them.
+FACTS = (
+    "My name is Dana Reyes.",
+    "I work at Northwind Support.",
+    "I prefer short bullet-point answers.",
+)
 
 
 def _search_result(topic: str, turn: int, rng: random.Random) -> str:
@@ -66,6 +72,8 @@ def simulate_session(turns: int, *, seed: int = 42) -> list[list[dict[str, Any]]
         question = QUESTIONS[turn % len(QUESTIONS)].format(t=topic, n=1000 + turn)
         if turn < len(CONSTRAINTS):
             question = f"{CONSTRAINTS[turn]} {question}"
+        elif turn - len(CONSTRAINTS) < len(FACTS):
+            question = f"{FACTS[turn - len(CONSTRAINTS)]} {question}"
         call = f"call_{turn}"
         messages: list[dict[str, Any]] = [
             {"role": "user", "content": question},
@@ -193,8 +201,18 @@ def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
                     if recalled is not None:  # the model's call and its answer join the history
                         history += [recalled.call, recalled.answer]
                 history.extend(messages[1:])
+                engine.after_turn(history, session_id="demo", user_id="demo-user")
+        engine.flush()
         audit_rows = engine.store.compactions("demo")
+        facts = [f.content for f in engine.memories("demo-user")]
+        # A new session of the same user starts with what was learned.
+        fresh = engine.prepare(
+            [history[0], {"role": "user", "content": "Hi again, what's new on refunds?"}],
+            session_id="demo-2",
+            user_id="demo-user",
+        )
     _print_summary(settings, reports, audit_rows, db_path, recalled)
+    _print_memory(facts, fresh.report.memory_chars)
     _chart(reports, settings, out_dir)
 
 
@@ -228,7 +246,7 @@ def _print_summary(
         (
             "compaction gate (80%)",
             f"{settings.compact_trigger_chars:,}",
-            f"{len(applied)} generations applied",
+            f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied",
         ),
         ("final context", f"{last.chars_out:,}", f"generation {last.generation}"),
         (
@@ -244,6 +262,15 @@ def _print_summary(
     if recalled is not None:
         _print_recall(recalled)
     click.echo(f"\n  audit log: {db_path}  (ragent-memory audit --db {db_path})")
+
+
+def _print_memory(facts: list[str], block_chars: int) -> None:
+    if not facts:
+        return
+    click.echo(f"\n  long-term memory: {len(facts)} facts learned about demo-user")
+    for fact in facts:
+        click.echo(f"    - {_clip(fact)}")
+    click.echo(f"  a new session of that user starts with a {block_chars:,}-char memory block")
 
 
 def _clip(text: str, max_chars: int = 110) -> str:
