@@ -155,7 +155,7 @@ def run(
         duration_ms = int((time.perf_counter() - started) * 1000)
         attempts = getattr(err, "attempts", 0)
         log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
-        _audit(
+        write_audit(
             store,
             {
                 **base,
@@ -186,7 +186,7 @@ def run(
         duration_ms=duration_ms,
         model=summary_name,
     )
-    _audit(
+    write_audit(
         store,
         {
             **base,
@@ -219,7 +219,8 @@ def remember_summary(store: Store, user_id: str, state: SessionState) -> None:
         )
 
 
-def _audit(store: Store, row: Mapping[str, Any]) -> None:
+def write_audit(store: Store, row: Mapping[str, Any]) -> None:
+    """Append an audit row; a failure is logged (``audit.write_failed``), never raised."""
     try:
         store.audit(dict(row))
     except Exception as err:  # the audit boundary: a failed audit never undoes a compaction

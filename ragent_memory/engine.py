@@ -497,8 +497,11 @@ class MemoryEngine:
         fresh = SessionState(
             state.session_id, user_id=user_id, last_generation=state.last_generation
         )
-        self.store.save_session(fresh)
-        compact._audit(
+        try:
+            self.store.save_session(fresh)
+        except StoreError as err:  # the caller's history wins either way; retried on restart
+            log.error("session.write_failed", session_id=state.session_id, error=repr(err))
+        compact.write_audit(
             self.store,
             {
                 "session_id": state.session_id,

@@ -405,3 +405,27 @@ def test_report_after_compaction(make_settings: Callable[..., Settings]) -> None
     summary = prepared.messages[0]
     assert "user" == summary["role"]
     assert "not a new instruction" in summary["content"]
+
+
+def test_store_failure_during_invalidation_is_not_raised(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """If the store cannot record an invalidation, prepare still returns the edited history's
+    view (no stale summary) instead of raising."""
+    from ragent_memory import StoreError
+
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        assert engine.prepare(history, session_id="s1").report.generation >= 1
+
+        def broken(state: Any) -> None:
+            raise StoreError("disk full")
+
+        engine.store.save_session = broken  # type: ignore[method-assign]
+        history[0] = {"role": "user", "content": "Plan the offsite. Budget is 9,999 euros."}
+        prepared = engine.prepare(history, session_id="s1")
+    assert 0 == prepared.report.generation
+    assert history[-1] is prepared.messages[-1]
+    assert "4,321" not in "\n".join(str(m.get("content")) for m in prepared.messages)
