@@ -121,7 +121,7 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """Section items from one stretch of conversation, newest first within each section."""
     requests: list[str] = []
     progress: list[str] = []
-    tools: list[str] = []
+    usage: dict[str, tuple[int, str]] = {}  # tool name -> (calls, latest use), in order of use
     dead_ends: list[str] = []
     done: list[str] = []
     next_steps: list[str] = []
@@ -155,7 +155,10 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         elif role == "tool":
             name, arguments = calls.get(message.get("tool_call_id", ""), ("tool", ""))
             finding = _clip(_first_sentence(text), 120)
-            tools.append(f"{name} {arguments} → {len(text)} chars: {finding}")
+            count = usage.pop(name, (0, ""))[0] + 1
+            usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
+            if salience(finding) >= 2.0:
+                findings.append(f"({name}) {finding}")
             if _FAILURE.search(text[:400]):
                 dead_ends.append(_clip(f"{name} {arguments}: {finding}"))
     newest_request = requests[-1:] if requests else []
@@ -166,10 +169,39 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         todo,
         next_step,
         progress[-1:],
-        [*reversed(tools), *reversed(findings)],
+        [
+            *(_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())),
+            *reversed(findings),
+        ],
         list(reversed(dead_ends)),
         list(reversed(done)),
     ]
+
+
+# One line per tool used: "search_knowledge ×12, latest: {"q": "x"} → 1408 chars: …".
+_USAGE = re.compile(r"^(\S+) ×(\d+), latest: (.*)$", re.DOTALL)
+
+
+def _usage_line(name: str, count: int, latest: str) -> str:
+    return f"{name} ×{count}, latest: {latest}"
+
+
+def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """Tool usage lines first (counts added up across generations, most recently used first),
+    then the other findings, most salient first, so shrinking sheds the least salient finding
+    and the record of which tools were used goes last."""
+    usage: dict[str, tuple[int, str]] = {}
+    others: list[str] = []
+    for item in [*fresh, *earlier]:  # newer first: its "latest" wins
+        match = _USAGE.match(item)
+        if match is None:
+            others.append(item)
+            continue
+        name, count, latest = match.group(1), int(match.group(2)), match.group(3)
+        known = usage.get(name)
+        usage[name] = (count + known[0], known[1]) if known else (count, latest)
+    lines = [_usage_line(name, count, latest) for name, (count, latest) in usage.items()]
+    return lines + sorted(_merge(others, (), len(others)), key=salience, reverse=True)
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:
@@ -192,9 +224,7 @@ def summarize_offline(
         if index in (2, 3):
             merged = list(fresh or earlier)
         elif index == FINDINGS:
-            # Most salient first (stable for ties: newer first), so shrinking drops the least.
-            pool = _merge(fresh, earlier, len(fresh) + len(earlier))
-            merged = sorted(pool, key=salience, reverse=True)
+            merged = _merge_findings(fresh, earlier)
         else:
             merged = _merge(fresh, earlier, MAX_ITEMS[index])
         items.append(merged[: MAX_ITEMS[index]])

@@ -429,3 +429,59 @@ def test_store_failure_during_invalidation_is_not_raised(
     assert 0 == prepared.report.generation
     assert history[-1] is prepared.messages[-1]
     assert "4,321" not in "\n".join(str(m.get("content")) for m in prepared.messages)
+
+
+def test_offline_summary_keeps_constraint_todo_and_tools(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """After compaction the summary holds the planted constraint word for word, the latest
+    to-do of the covered turns and every tool used there."""
+    import json
+
+    rng = random.Random(4)
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Book the team offsite. Never exceed 4,321 euros in total."}
+    ]
+    tools = ("search_knowledge", "run_sql", "fetch_calendar")
+    for turn in range(45):
+        tool = tools[turn % 3]
+        ask = f"Please check venue option {turn} for the offsite."
+        if turn == 40:
+            ask = "Please email the shortlist to Bob before Friday."
+        history += [
+            {"role": "user", "content": ask},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{turn}",
+                        "type": "function",
+                        "function": {"name": tool, "arguments": json.dumps({"q": turn})},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"c{turn}",
+                "content": " ".join(
+                    f"venue {rng.randint(1, 99)} costs {rng.randint(500, 9000)} EUR."
+                    for _ in range(60)
+                ),
+            },
+            {"role": "assistant", "content": f"Venue {turn} checked."},
+        ]
+    for turn in range(45, 60):
+        history += [
+            {"role": "user", "content": f"Small talk {turn}."},
+            {"role": "assistant", "content": "Sure."},
+        ]
+    history.append({"role": "user", "content": "What is left?"})
+    with MemoryEngine(make_settings(context_window_chars=20_000)) as engine:
+        prepared = engine.prepare(history, session_id="s1")
+    assert prepared.report.generation >= 1
+    summary = prepared.messages[0]["content"]
+    assert "Never exceed 4,321 euros in total." in summary
+    assert "Please email the shortlist to Bob before Friday." in summary
+    for tool in tools:
+        assert tool in summary

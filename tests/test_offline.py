@@ -56,12 +56,13 @@ def test_deterministic() -> None:
 
 
 def test_merges_with_previous_new_first() -> None:
-    """The next generation keeps earlier items after the new ones."""
+    """The next generation keeps earlier items after the new ones; tool use adds up."""
     first = summarize_offline(material("alpha"), "", "en", 6000)
     second = summarize_offline(material("beta"), first, "en", 6000)
-    todo = parse_sections(second, "en")[1]
-    assert todo[0].startswith("Look up beta")
-    assert any("alpha" in t for t in parse_sections(second, "en")[4])
+    sections = parse_sections(second, "en")
+    assert sections[1][0].startswith("Look up beta")
+    assert any("alpha" in t for t in sections[1])
+    assert sections[4][0].startswith('search_knowledge ×6, latest: {"q": "beta"}')
 
 
 def test_clamped_and_valid_under_small_target() -> None:
