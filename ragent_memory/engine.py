@@ -123,6 +123,7 @@ class _Session:
         # (reclaimable chars left, recent_start) of the last trim over a view that has only
         # grown at its end since; None when unknown.
         self.trim_hint: tuple[int, int] | None = None
+        self.warned_irregular = False
         self.raw = RawCache()
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
@@ -376,6 +377,9 @@ class MemoryEngine:
             return new
         left = 0 if result.evictions else result.reclaimable_chars
         session.trim_hint = (left, result.recent_start)
+        if result.irregular and not session.warned_irregular:
+            session.warned_irregular = True  # once per session: the caller's input, not ours
+            log.warning("messages.irregular", session_id=session_id, **result.irregular)
         if not result.evictions:
             return new
         evicted = {e.index for e in result.evictions}

@@ -31,10 +31,14 @@ class LoopMap:
     duplicate_ids: frozenset[str]
 
     @property
-    def has_anomalies(self) -> bool:
-        return bool(self.orphan_indexes or self.duplicate_ids) or any(
-            not loop.is_complete for loop in self.loops
-        )
+    def irregular(self) -> dict[str, int]:
+        """Counts of the oddities present (empty when the history is regular)."""
+        counts = {
+            "orphan_results": len(self.orphan_indexes),
+            "duplicate_call_ids": len(self.duplicate_ids),
+            "incomplete_loops": sum(1 for loop in self.loops if not loop.is_complete),
+        }
+        return {name: count for name, count in counts.items() if count}
 
 
 def map_loops(view: Sequence[Mapping[str, Any]]) -> LoopMap:

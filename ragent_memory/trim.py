@@ -9,6 +9,7 @@ appear. All replacements are computed before any is applied.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -51,6 +52,9 @@ class TrimResult:
     # still change as the conversation grows (before it, nothing can become a candidate).
     reclaimable_chars: int = 0
     recent_start: int = 0
+    # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
+    # never evicted, reported so the engine can warn once.
+    irregular: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def recent_start(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> int:
@@ -125,20 +129,17 @@ def trim(
                 continue
             planned.append(Eviction(index, original, replacement, ref, text))
             reclaim += gain
-    start = recent_start(view, loop_map.loops)
+    hints = partial(
+        TrimResult, recent_start=recent_start(view, loop_map.loops), irregular=loop_map.irregular
+    )
     if not planned:
-        return TrimResult(list(view), skipped_reason="nothing_evictable", recent_start=start)
+        return hints(list(view), skipped_reason="nothing_evictable")
     if reclaim < MIN_TRIM_RECLAIM_RATIO * current:
-        return TrimResult(
-            list(view),
-            skipped_reason="not_worth_it",
-            reclaimable_chars=reclaim,
-            recent_start=start,
-        )
+        return hints(list(view), skipped_reason="not_worth_it", reclaimable_chars=reclaim)
     trimmed = list(view)
     for eviction in planned:
         trimmed[eviction.index] = eviction.replacement
-    return TrimResult(trimmed, tuple(planned), reclaim, recent_start=start)
+    return hints(trimmed, tuple(planned), reclaim)
 
 
 def cannot_pay_off(sizes: Sequence[int], *, reclaimable_chars: int, recent_start: int) -> bool:

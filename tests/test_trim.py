@@ -269,3 +269,36 @@ def test_restart_keeps_evictions(make_settings: Callable[..., Settings]) -> None
         rebuilt = [dict(m) for m in view]  # the app rebuilt its dicts
         again = engine.prepare(rebuilt, session_id="s")
     assert first.messages == again.messages
+
+
+def test_irregular_input_is_tolerated_and_warned_once(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Orphan results, duplicate ids and unanswered calls are kept as they are, never evicted,
+    and logged once per session."""
+    import structlog
+
+    orphan = {"role": "tool", "tool_call_id": "ghost", "content": "O" * 3000}
+    view = history(
+        user("q1"),
+        orphan,
+        loop("dup", "search_knowledge", "D" * 3000),
+        loop("dup", "search_knowledge", "E" * 3000),
+        loop("a", "search_knowledge", "A" * 3000),
+        user("q2"),
+        loop("b", "search_knowledge", "B"),
+        loop("c", "search_knowledge", "C"),
+        user("q3"),
+    )
+    with (
+        structlog.testing.capture_logs() as logs,
+        MemoryEngine(make_settings(context_window_chars=8_000, summary_enabled=False)) as engine,
+    ):
+        first = engine.prepare(view, session_id="s")
+        engine.prepare([*view, user("q4")], session_id="s")
+    assert orphan == first.messages[1]
+    assert "D" * 3000 == first.messages[3]["content"]
+    assert first.messages[7]["content"].startswith("[Earlier tool result omitted")
+    warnings = [e for e in logs if e["event"] == "messages.irregular"]
+    assert 1 == len(warnings)
+    assert (1, 1) == (warnings[0]["orphan_results"], warnings[0]["duplicate_call_ids"])
