@@ -17,7 +17,7 @@ import attrs
 import structlog
 
 from .chars import Message
-from .errors import LLMError, StoreError, SummaryError
+from .errors import RagentMemoryError, StoreError
 from .longterm import index_terms, summary_chunks
 from .loops import map_loops
 from .settings import Settings
@@ -90,6 +90,10 @@ def plan(
     return Plan(cut, head, total, material_chars, total - material_chars)
 
 
+class StaleCompaction(RagentMemoryError):
+    """A finished summary whose session moved on meanwhile; it is not committed."""
+
+
 @attrs.frozen
 class Job:
     """Everything a worker needs, captured on the caller's thread."""
@@ -150,8 +154,11 @@ def run(
             covered_digest=job.covered_digest,
             verbatim=verbatim,
         )
-        store.save_session(state)
-    except (SummaryError, LLMError, StoreError) as err:
+        if not store.commit_generation(state, previous):
+            raise StaleCompaction(
+                "the session changed while summarizing (invalidated, compacted or dropped)"
+            )
+    except Exception as err:  # the worker boundary: any failure is audited, never raised
         duration_ms = int((time.perf_counter() - started) * 1000)
         attempts = getattr(err, "attempts", 0)
         log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
@@ -160,7 +167,7 @@ def run(
             {
                 **base,
                 "status": "failed",
-                "reason": type(err).__name__,
+                "reason": "stale" if isinstance(err, StaleCompaction) else type(err).__name__,
                 "model": summary_name,
                 "attempts": attempts,
                 "chars_after": job.plan.total_chars,

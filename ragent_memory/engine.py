@@ -44,7 +44,7 @@ from .longterm import (
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from .reduce import reduce
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from .store import GCReport, SessionState, Store, Substitution, utc_now
+from .store import GCReport, SessionState, Store, Substitution, substitution_key, utc_now
 from .summarize import Summarizer, build_summarizer
 from .trim import cannot_pay_off, trim
 from .view import RawCache, View, chain_digest
@@ -123,6 +123,7 @@ class _Session:
         # (reclaimable chars left, recent_start) of the last trim over a view that has only
         # grown at its end since; None when unknown.
         self.trim_hint: tuple[int, int] | None = None
+        self.next_hint: tuple[int, int] | None = None  # set by a trim, kept once recorded
         self.warned_irregular = False
         self.raw = RawCache()
         self.verified_digest = ""  # covered_digest already checked against ``raw``
@@ -133,9 +134,9 @@ class _Session:
         self.memory: tuple[str, int, str] | None = None
 
     def size_of(self, sub: Substitution) -> int:
-        cached = self._sizes.get(sub.digest)
+        cached = self._sizes.get(sub.key)
         if cached is None or cached[0] is not sub:  # a preview later trimmed has a new sub
-            cached = self._sizes[sub.digest] = (sub, chars(sub.message))
+            cached = self._sizes[sub.key] = (sub, chars(sub.message))
         return cached[1]
 
     def ref_for(self, text: str) -> str:
@@ -145,6 +146,12 @@ class _Session:
 def _check_id(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
+
+
+def _key(session: _Session, view: View, index: int) -> str:
+    """The substitution key of the caller's message shown at view ``index``."""
+    raw_index = index + view.offset
+    return substitution_key(raw_index - view.prefix_len, session.raw.digests[raw_index])
 
 
 def leading_system_count(messages: Sequence[Message]) -> int:
@@ -182,6 +189,7 @@ class MemoryEngine:
         self._extractions_lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._sessions_lock = threading.Lock()
+        self._detached: list[Future[Any]] = []  # compactions of dropped sessions, still running
         self._closed = False
 
     @classmethod
@@ -214,13 +222,17 @@ class MemoryEngine:
             futures: list[Future[Any]] = [
                 s.future for s in self._sessions.values() if s.future is not None
             ]
+            futures += self._detached
+            self._detached = [f for f in self._detached if not f.done()]
         with self._extractions_lock:
             futures += self._extractions.values()
         for future in futures:
             try:
                 future.result(timeout=timeout_s or self.settings.compaction_timeout_s)
-            except (FutureTimeout, RagentMemoryError):
+            except FutureTimeout:
                 log.warning("flush.timeout")
+            except Exception as err:  # background work audits and logs its own failures
+                log.error("flush.background_failed", error=repr(err))
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         if self.on_event is None:
@@ -234,6 +246,9 @@ class MemoryEngine:
         with self._sessions_lock:
             session = self._sessions.get(session_id)
             if session is None:
+                # A dropped id used again starts a new life; a late compaction of the old
+                # life (still marked dropped until now) could not commit meanwhile.
+                self.store.revive(session_id)
                 state = self.store.load_session(session_id) or SessionState(session_id)
                 session = _Session(state, self.store.substitutions(session_id), self.store)
                 self._sessions[session_id] = session
@@ -295,6 +310,7 @@ class MemoryEngine:
         head = len(messages)
         chars_in = sum(sizes) + sum(raw.sizes[start:])
         view = View(messages, sizes, head, start - head)
+        view.prefix_len = prefix_len
         # Reuse last turn's tail as shown, when the history before its end is unchanged.
         cache = session.tail
         begin = start
@@ -316,7 +332,7 @@ class MemoryEngine:
         sizes.extend(raw.sizes[begin:])
         subs = session.subs
         for raw_index, digest in enumerate(raw.digests[begin:], start=begin):
-            sub = subs.get(digest)
+            sub = subs.get(substitution_key(raw_index - prefix_len, digest))
             if sub is not None:
                 view.show(raw_index - view.offset, sub.message, sub.kind, session.size_of(sub))
         return view, chars_in
@@ -337,11 +353,10 @@ class MemoryEngine:
             ref_for=session.ref_for,
             candidates=candidates,
         )
-        digests = session.raw.digests
         return [
             (
                 t.index,
-                Substitution(digests[t.index + view.offset], "truncate", t.refs[0], t.replacement),
+                Substitution(_key(session, view, t.index), "truncate", t.refs[0], t.replacement),
                 t.offloaded,
             )
             for t in reduced.truncations
@@ -349,7 +364,8 @@ class MemoryEngine:
 
     def _trim(self, session: _Session, view: View, new: list[_New]) -> list[_New]:
         """Gate 1 over the view as it would be with ``new`` shown; returns the substitutions
-        to record (a trimmed result replaces its pending preview)."""
+        to record (a trimmed result replaces its pending preview). The skip hint for later
+        turns waits in ``session.next_hint`` until those substitutions are recorded."""
         tentative = view.copy()
         for index, sub, _ in new:
             tentative.show(index, sub.message, sub.kind, session.size_of(sub))
@@ -376,14 +392,13 @@ class MemoryEngine:
             log.error("trim.failed", session_id=session_id, error=repr(err))
             return new
         left = 0 if result.evictions else result.reclaimable_chars
-        session.trim_hint = (left, result.recent_start)
+        session.next_hint = (left, result.recent_start)
         if result.irregular and not session.warned_irregular:
             session.warned_irregular = True  # once per session: the caller's input, not ours
             log.warning("messages.irregular", session_id=session_id, **result.irregular)
         if not result.evictions:
             return new
         evicted = {e.index for e in result.evictions}
-        digests = session.raw.digests
         log.info(
             "trim.applied",
             session_id=session_id,
@@ -394,7 +409,7 @@ class MemoryEngine:
         return [n for n in new if n[0] not in evicted] + [
             (
                 e.index,
-                Substitution(digests[e.index + view.offset], "trim", e.ref, e.replacement),
+                Substitution(_key(session, view, e.index), "trim", e.ref, e.replacement),
                 (e.text,),
             )
             for e in result.evictions
@@ -403,7 +418,10 @@ class MemoryEngine:
     def _record(self, session: _Session, view: View, new: list[_New]) -> None:
         """Persist new substitutions (and offload their originals), then show them. If the
         store fails, the view stays as it was: a placeholder must never point nowhere."""
+        hint, session.next_hint = session.next_hint, None
         if not new:
+            if hint is not None:
+                session.trim_hint = hint
             return
         session_id = session.state.session_id
         try:
@@ -414,9 +432,12 @@ class MemoryEngine:
             )
         except RagentMemoryError as err:
             log.error("substitutions.write_failed", session_id=session_id, error=repr(err))
+            session.trim_hint = None  # nothing was evicted: the next turn must look again
             return
+        if hint is not None:
+            session.trim_hint = hint
         for index, sub, _ in new:
-            session.subs[sub.digest] = sub
+            session.subs[sub.key] = sub
             view.show(index, sub.message, sub.kind, session.size_of(sub))
             if sub.kind == "truncate":
                 log.info(
@@ -454,7 +475,10 @@ class MemoryEngine:
             memory_chars=0,
             duration_ms=0.0,
         )
-        return view.messages, report
+        messages = list(view.messages)
+        for index in kinds:  # the engine keeps these dicts; the caller gets its own copies
+            messages[index] = dict(messages[index])
+        return messages, report
 
     # ------------------------------------------------------------------ compaction
 
@@ -478,8 +502,10 @@ class MemoryEngine:
         if not state.generation:
             return
         raw = session.raw
-        if session.verified_digest == state.covered_digest and raw.unchanged(
-            state.prefix_len, state.covered
+        if (
+            session.verified_digest == state.covered_digest
+            and raw.unchanged(state.prefix_len, state.covered)
+            and leading_system_count(raw.messages[: state.prefix_len + 1]) == state.prefix_len
         ):
             return  # identity fast path: the covered messages are the very dicts verified before
         reason = None
@@ -548,14 +574,17 @@ class MemoryEngine:
             plan=decision,
             prefix_chars=sum(view.sizes[:prefix_len]),
         )
-        future = self._pool.submit(
-            compact.run,
-            job,
-            summarizer=self.summarizer,
-            store=self.store,
-            settings=self.settings,
-            emit=self._emit,
-        )
+        try:
+            future = self._pool.submit(
+                compact.run,
+                job,
+                summarizer=self.summarizer,
+                store=self.store,
+                settings=self.settings,
+                emit=self._emit,
+            )
+        except RuntimeError:  # the engine is closing: its pool takes no more work
+            return "closed"
         session.future = future
         try:
             state = future.result(timeout=self.settings.compaction_timeout_s)
@@ -680,7 +709,11 @@ class MemoryEngine:
             running = self._extractions.get(user_id)
             if running is not None and not running.done():
                 return  # never two at once for a user; the next turn schedules again
-            future = self._memory_pool.submit(self._extract, user_id)
+            try:
+                future = self._memory_pool.submit(self._extract, user_id)
+            except RuntimeError:  # the engine is closing; the batch waits for the next run
+                log.warning("memory.not_scheduled", user_id=user_id, reason="closed")
+                return
             self._extractions[user_id] = future
         future.add_done_callback(lambda done: self._forget_future(user_id, done))
 
@@ -746,9 +779,12 @@ class MemoryEngine:
         if session is not None:
             with session.lock:  # let a prepare in flight finish first
                 future = session.future
-            # A compaction still running would write its summary back after the drop.
+            # A compaction still running cannot commit after the drop (the store refuses it as
+            # stale); flush() still waits for it.
             if future is not None and wait([future], self.settings.compaction_timeout_s)[1]:
                 log.warning("drop_session.compaction_still_running", session_id=session_id)
+                with self._sessions_lock:
+                    self._detached.append(future)
         with self._sessions_lock:  # no prepare may reload the session halfway through
             self._sessions.pop(session_id, None)
             self.store.drop_session(session_id)

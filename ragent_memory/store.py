@@ -216,11 +216,20 @@ class SessionState:
     verbatim: tuple[dict[str, Any], ...] = ()
 
 
+def substitution_key(position: int, digest: str) -> str:
+    return f"{position}:{digest}"
+
+
 @attrs.frozen
 class Substitution:
-    """A sticky replacement of one original message (by digest) in the view."""
+    """A sticky replacement of one original message in the view.
 
-    digest: str
+    ``key`` is the message's position after the leading system messages plus its content
+    digest (see :func:`substitution_key`): the same content at another position, such as a
+    repeated search answered under a reused call id in the current turn, is not substituted.
+    """
+
+    key: str
     kind: str  # "trim" | "truncate"
     ref: str
     message: dict[str, Any]
@@ -386,6 +395,11 @@ class Store:
         content = row[0]
         return content.decode("utf-8", "surrogatepass") if isinstance(content, bytes) else content
 
+    def revive(self, session_id: str) -> None:
+        """Start a new life for a session id that was dropped (no-op otherwise)."""
+        with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
+
     def _revive(self, session_id: str) -> None:
         # A dropped session id used again starts a new life: what is left of the old one goes
         # now, so neither its refs nor the next gc touch the new life's offloads.
@@ -427,7 +441,7 @@ class Store:
                     " created_at) VALUES (?, ?, ?, ?, ?, ?)",
                     [
                         session_id,
-                        sub.digest,
+                        sub.key,
                         sub.kind,
                         sub.ref,
                         _json_text(sub.message),
@@ -462,24 +476,45 @@ class Store:
     def save_session(self, state: SessionState) -> None:
         """Write a session's whole summary state in one transaction."""
         with self._locked("write"), self.db.atomic():
-            self.db.execute(
-                "INSERT OR REPLACE INTO sessions (session_id, user_id, generation,"
-                " last_generation, summary, body, prefix_len, covered, covered_digest, verbatim,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    state.session_id,
-                    state.user_id,
-                    state.generation,
-                    state.last_generation,
-                    state.summary,
-                    state.body,
-                    state.prefix_len,
-                    state.covered,
-                    state.covered_digest,
-                    json.dumps(list(state.verbatim), ensure_ascii=False),
-                    iso(self.clock()),
-                ],
-            )
+            self._write_session(state)
+
+    def commit_generation(self, state: SessionState, previous: SessionState) -> bool:
+        """Write ``state`` only if the stored session is still ``previous`` (same generation
+        numbers) and was not dropped meanwhile; False when a late compaction lost the race to
+        an invalidation, another compaction or a drop."""
+        with self._locked("write"), self.db.atomic():
+            dropped = self.db.execute(
+                "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [state.session_id]
+            ).fetchone()
+            row = self.db.execute(
+                "SELECT generation, last_generation FROM sessions WHERE session_id = ?",
+                [state.session_id],
+            ).fetchone()
+            current = tuple(row) if row is not None else (0, 0)
+            if dropped is not None or current != (previous.generation, previous.last_generation):
+                return False
+            self._write_session(state)
+            return True
+
+    def _write_session(self, state: SessionState) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO sessions (session_id, user_id, generation,"
+            " last_generation, summary, body, prefix_len, covered, covered_digest, verbatim,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                state.session_id,
+                state.user_id,
+                state.generation,
+                state.last_generation,
+                state.summary,
+                state.body,
+                state.prefix_len,
+                state.covered,
+                state.covered_digest,
+                json.dumps(list(state.verbatim), ensure_ascii=False),
+                iso(self.clock()),
+            ],
+        )
 
     # ------------------------------------------------------------------ audit
 

@@ -115,6 +115,7 @@ class View:
         self.offset = offset
         self.originals: dict[int, Message] = {}
         self.kinds: dict[int, str] = {}
+        self.prefix_len = 0  # leading system messages (positions are counted after them)
         self.fresh = head  # first index not carried over from the last turn's tail
         self.carried = False  # the view is last turn's, grown at its end
 
@@ -129,6 +130,7 @@ class View:
         clone.originals = dict(self.originals)
         clone.kinds = dict(self.kinds)
         clone.fresh = self.fresh
+        clone.prefix_len = self.prefix_len
         clone.carried = self.carried
         return clone
 

@@ -485,3 +485,42 @@ def test_offline_summary_keeps_constraint_todo_and_tools(
     assert "Please email the shortlist to Bob before Friday." in summary
     for tool in tools:
         assert tool in summary
+
+
+def test_unexpected_summarizer_error_is_audited(make_settings: Callable[..., Settings]) -> None:
+    """Any exception from a summarizer is audited as failed and never reaches the caller,
+    not even through flush()."""
+
+    class Broken(CountingSummarizer):
+        def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+            raise KeyError("choices")
+
+    with MemoryEngine(make_settings(context_window_chars=20_000), summarizer=Broken()) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        prepared = engine.prepare(history, session_id="s1")
+        engine.flush()
+        rows = engine.store.compactions("s1")
+    assert "failed" == prepared.report.skipped_reason
+    assert [("failed", "KeyError")] == [(r["status"], r["reason"]) for r in rows]
+
+
+def test_dropped_session_is_not_resurrected_by_a_late_compaction(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """A compaction that finishes after its session was dropped is audited stale, not saved."""
+    gate = threading.Event()
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0.05)
+    with MemoryEngine(settings, summarizer=CountingSummarizer(gate=gate)) as engine:
+        history = build_history(60)
+        history.append({"role": "user", "content": "go"})
+        assert "timeout" == engine.prepare(history, session_id="s1").report.skipped_reason
+        dropper = threading.Thread(target=engine.drop_session, args=("s1",))
+        dropper.start()
+        dropper.join(timeout=0.5)  # drop_session waits (bounded) for the compaction
+        gate.set()
+        dropper.join(timeout=30)
+        engine.flush()
+        assert engine.store.load_session("s1") is None
+        reasons = [r["reason"] for r in engine.store.compactions("s1")]
+    assert ["stale"] == reasons

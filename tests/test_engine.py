@@ -246,3 +246,96 @@ def test_in_place_edit_anywhere_is_seen(make_engine: Callable[..., MemoryEngine]
     history[1] = {"role": "tool", "content": "x"}
     with pytest.raises(InvalidMessagesError, match=r"messages\[1\]"):
         engine.prepare(history, session_id="s")
+
+
+def _search_turn(i: int, content: str, call_id: str | None = None) -> list[dict[str, Any]]:
+    from sessions import tool_loop
+
+    return [
+        {"role": "user", "content": f"question {i}"},
+        *tool_loop(call_id or f"c{i}", content),
+        {"role": "assistant", "content": "ok"},
+    ]
+
+
+def test_repeated_result_in_the_current_turn_is_not_substituted(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A result identical to an evicted one (same reused call id, same text) in the current
+    turn is shown in full: substitutions belong to positions, not to content."""
+    same = "policy text " * 150
+    engine = make_engine(make_settings(context_window_chars=8_000, summary_enabled=False))
+    history = [*_search_turn(0, same, "call_0")]
+    for i in range(1, 4):
+        history += _search_turn(i, "x" * 1500)
+    history.append({"role": "user", "content": "check the policy again"})
+    assert engine.prepare(history, session_id="s").report.trimmed >= 1
+    history += _search_turn(9, same, "call_0")[1:3]
+    shown = engine.prepare(history, session_id="s").messages
+    assert same == shown[-1]["content"]
+
+
+def test_failed_substitution_write_does_not_stop_later_trims(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """When the store cannot record a trim, the next turn trims again instead of trusting a
+    skip hint computed for evictions that never happened."""
+    from ragent_memory import StoreError
+
+    engine = make_engine(make_settings(context_window_chars=8_000, summary_enabled=False))
+    real = engine.store.save_substitutions
+    calls = {"n": 0}
+
+    def flaky(*args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise StoreError("disk full")
+        real(*args, **kwargs)
+
+    engine.store.save_substitutions = flaky  # type: ignore[method-assign]
+    history: list[dict[str, Any]] = []
+    for i in range(6):
+        history += _search_turn(i, "x" * 1500)
+    history.append({"role": "user", "content": "q"})
+    first = engine.prepare(history, session_id="s")
+    assert 0 == first.report.trimmed
+    history += [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
+    second = engine.prepare(history, session_id="s")
+    assert second.report.trimmed > 0
+    assert second.report.chars_out <= engine.settings.trim_trigger_chars
+
+
+def test_prepared_placeholders_are_the_callers_own(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """Decorating a returned placeholder dict does not leak into later turns."""
+    engine = make_engine(make_settings(context_window_chars=8_000, summary_enabled=False))
+    history: list[dict[str, Any]] = []
+    for i in range(6):
+        history += _search_turn(i, "x" * 1500)
+    history.append({"role": "user", "content": "q"})
+    first = engine.prepare(history, session_id="s")
+    for message in first.messages:
+        message["cache_control"] = {"type": "ephemeral"}
+    again = engine.prepare(history, session_id="s")
+    assert all("cache_control" not in m for m in again.messages if m not in history)
+
+
+def test_first_message_turning_from_system_to_user_invalidates(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A changed system prefix drops the summary in the same engine as after a restart."""
+    from test_compact import build_history
+
+    engine = make_engine(make_settings(context_window_chars=20_000))
+    history = [
+        {"role": "system", "content": "persona"},
+        *build_history(60),
+        {"role": "user", "content": "go"},
+    ]
+    assert engine.prepare(history, session_id="s").report.generation >= 1
+    history[0] = {"role": "user", "content": "persona, now said by the user"}
+    rows = [r for r in engine.store.compactions("s")]
+    engine.prepare(history, session_id="s")
+    after = engine.store.compactions("s")[len(rows) :]
+    assert "prefix_changed" in [r["reason"] for r in after if r["status"] == "invalidated"]
