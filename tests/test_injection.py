@@ -163,7 +163,7 @@ def test_injection_case(
         m.group(0) for m in re.finditer(r"<[^<>]*>", user) if ANY_TAG.match(m.group(0))
     ]
     assert 4 == len(ANY_TAG.findall(user))
-    assert {NONCE} == set(re.findall(r'nonce="([^"]*)"', system))
+    assert NONCE in system and not ANY_TAG.search(system)  # the only fences are the user's
     material = fenced(user, "transcript")
     previous = fenced(user, "previous_summary")
     assert NONCE not in (material + previous).lower()

@@ -136,7 +136,7 @@ def test_prompt_fences_with_one_nonce_and_neutralises_tags(
         nonces.append(nonce)
         for tag in ("user_memory", "/user_memory", "transcript", "/transcript"):
             assert 1 == user.count(f'<{tag} nonce="{nonce}">'), tag
-        assert f'<transcript nonce="{nonce}">' in system
+        assert nonce in system and "<transcript" not in system  # one fence pair in all
         assert re.findall(
             r"</?\s*(?:transcript|user_memory|conversation_summary)\b", user, re.I
         ) == [
