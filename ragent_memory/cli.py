@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -78,12 +78,31 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Log as JSON lines on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Log engine events (info level).")
 @click.version_option(package_name="ragent-memory")
-def main(as_json: bool, verbose: bool) -> None:
+def cli(as_json: bool, verbose: bool) -> None:
     """ragent-memory: keep an agent's prompt inside one character budget."""
     _configure_logging(as_json, verbose)
 
 
-@main.command()
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console entry point: usage errors, like every user error, are one line and exit 2
+    (click's own handling would print a usage block)."""
+    try:
+        cli.main(args=argv, prog_name="ragent-memory", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:
+        click.echo(err.ctx.get_help() if err.ctx else err.format_message())
+    except click.UsageError as err:
+        hint = f" (see {err.ctx.command_path} --help)" if err.ctx else ""
+        click.echo(f"error: {err.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        sys.exit(2)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+
+
+@cli.command()
 @click.option(
     "--config", "config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG})."
 )
@@ -116,14 +135,20 @@ def inspect(config: str | None, as_json: bool) -> None:
     )
 
 
-@main.command()
+@cli.command()
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
 @click.option("--session", "session_id", help="Only this session.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON array.")
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per line.")
 @click.option("--summaries", is_flag=True, help="Print each applied summary too.")
 def audit(
-    db: str | None, config: str | None, session_id: str | None, as_json: bool, summaries: bool
+    db: str | None,
+    config: str | None,
+    session_id: str | None,
+    as_json: bool,
+    as_jsonl: bool,
+    summaries: bool,
 ) -> None:
     """Print the compaction log (the compactions table)."""
     from .store import Store
@@ -139,6 +164,9 @@ def audit(
         finally:
             store.close()
     if as_json:
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    if as_jsonl:
         for row in rows:
             click.echo(json.dumps(row, ensure_ascii=False))
         return
@@ -169,7 +197,7 @@ def audit(
             )
 
 
-@main.command()
+@cli.command()
 @click.argument("file", type=click.Path())
 @click.option("--config", type=click.Path(), help="YAML config.")
 @click.option("--db", type=click.Path(), help="SQLite store (overrides the config).")
@@ -207,7 +235,7 @@ def compact(
         )
 
 
-@main.command()
+@cli.command()
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
@@ -255,7 +283,7 @@ def _user(user_id: str | None) -> str:
     return user_id
 
 
-@main.group()
+@cli.group()
 def memory() -> None:
     """Long-term memory: what is remembered about a user, and how to erase it."""
 
@@ -313,7 +341,7 @@ def memory_forget(user_id: str | None, db: str | None, config: str | None) -> No
     )
 
 
-@main.command()
+@cli.command()
 @click.option("--config", type=click.Path(), help="YAML config (default: the built-in demo).")
 @click.option("--turns", default=200, show_default=True, type=click.IntRange(1, 5000))
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path())

@@ -65,10 +65,10 @@ def plan(
     """Where to cut, or why not (a skip reason). ``head`` is the first message after the
     prefix and any current summary."""
     total = sum(sizes)
-    if not view or view[-1].get("role") != "user":
-        return "last_not_user"
     if total <= settings.compact_trigger_chars:
         return "below_trigger"
+    if not view or view[-1].get("role") != "user":
+        return "last_not_user"  # tool loops still open: wait for the next user message
     kept = 0
     point = len(view)
     while point > head and kept < settings.keep_recent_chars:
@@ -190,6 +190,8 @@ def run(
         **base,
         summary_chars=len(summary),
         chars_after=chars_after,
+        chars_in=job.plan.total_chars,  # the TurnReport names, for log queries
+        chars_out=chars_after,
         duration_ms=duration_ms,
         model=summary_name,
     )

@@ -402,9 +402,10 @@ class MemoryEngine:
         log.info(
             "trim.applied",
             session_id=session_id,
-            evicted=len(evicted),
+            trimmed=len(evicted),
             reclaimed_chars=result.reclaimed_chars,
-            chars=tentative.total,
+            chars_in=tentative.total,
+            chars_out=tentative.total - result.reclaimed_chars,
         )
         return [n for n in new if n[0] not in evicted] + [
             (
@@ -548,12 +549,15 @@ class MemoryEngine:
         session.returned_generation = 0
 
     def _compact(self, session: _Session, view: View, user_id: str | None) -> str | None:
-        """Run gate 2; returns the skip reason, or None when a compaction was attempted."""
+        """Run gate 2; returns why a due compaction did not apply, or None (applied, or not
+        due because the view is under the trigger)."""
         if session.future is not None:
             return "in_progress"
         decision = compact.plan(view.messages, view.sizes, head=view.head, settings=self.settings)
+        if decision == "below_trigger":
+            return None  # nothing is due: not a skip
         if isinstance(decision, str):
-            if decision not in ("below_trigger", "last_not_user"):
+            if decision != "last_not_user":
                 log.info(
                     "compaction.skipped",
                     session_id=session.state.session_id,

@@ -89,8 +89,8 @@ def salience(item: str) -> float:
     from an earlier generation are ranked the same way)."""
     item = _META.sub("", item, count=1)
     words = _WORDS.findall(item)
-    if len(words) < 3 and not _NUMBER.search(item):
-        return 0.0
+    if len(words) < 3 and not (_NUMBER.search(item) and len(words) >= 2):
+        return 0.0  # "Q9?", "ok 2": a number alone is no fact
     names = sum(1 for w in words[1:] if w[:1].isupper() and w != "I")
     numbers = len(_NUMBER.findall(item))
     cjk = sum(1 for ch in item if "\u4e00" <= ch <= "\u9fff")

@@ -108,7 +108,15 @@ class LLMSettings:
             "llm.offline_fallback", lambda v: v is True or v is False, "true or false"
         ),
     )
-    fallbacks: tuple[EndpointSettings, ...] = attrs.field(default=(), converter=_to_tuple)
+    fallbacks: tuple[EndpointSettings, ...] = attrs.field(
+        default=(),
+        converter=_to_tuple,
+        validator=_check(
+            "llm.fallbacks",
+            lambda v: isinstance(v, tuple) and all(isinstance(e, EndpointSettings) for e in v),
+            "a list of endpoints",
+        ),
+    )
 
     @property
     def endpoints(self) -> tuple[EndpointSettings, ...]:
@@ -156,7 +164,10 @@ class Settings:
     language: str = attrs.field(
         default="en", validator=_check("language", lambda v: v in LANGUAGES, "'en' or 'zh'")
     )
-    store: StoreSettings = attrs.field(factory=StoreSettings)
+    store: StoreSettings = attrs.field(
+        factory=StoreSettings,
+        validator=_check("store", lambda v: isinstance(v, StoreSettings), "StoreSettings"),
+    )
     compaction_timeout_s: float = attrs.field(
         default=120.0,
         validator=_check("compaction_timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
@@ -171,7 +182,12 @@ class Settings:
         default=7,
         validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
-    llm: LLMSettings | None = None
+    llm: LLMSettings | None = attrs.field(
+        default=None,
+        validator=_check(
+            "llm", lambda v: v is None or isinstance(v, LLMSettings), "LLMSettings or None"
+        ),
+    )
 
     # Derived values (DESIGN §1). Read-only: they follow B.
     @property
@@ -252,6 +268,9 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
                 _build(EndpointSettings, item, f"{key_path}[{i}]") for i, item in enumerate(value)
             )
         kwargs[key] = value
+    for name, field in known.items():
+        if field.default is attrs.NOTHING and name not in kwargs:
+            raise ConfigError(f"{path}.{name}" if path else name, "required key is missing")
     try:
         return cls(**kwargs)
     except ConfigError as err:

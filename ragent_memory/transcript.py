@@ -27,6 +27,8 @@ def read_transcript(path: str | Path) -> list[dict[str, Any]]:
             ) from None
         if isinstance(data, dict) and isinstance(data.get("messages"), list):
             data = data["messages"]
+        elif isinstance(data, dict) and "role" in data:  # JSON Lines with a single message
+            data = [data]
     else:
         data = []
         for number, line in enumerate(text.splitlines(), start=1):

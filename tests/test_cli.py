@@ -67,6 +67,15 @@ def test_bad_config_key_exits_2(tmp_path: Path) -> None:
     assert "store.pth" in result.stderr
 
 
+def test_compact_single_line_jsonl(tmp_path: Path) -> None:
+    """A JSONL file holding one message is a one-turn transcript."""
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"role": "user", "content": "hi"}\n')
+    result = cli("compact", str(path), "--db", str(tmp_path / "x.db"))
+    assert 0 == result.returncode, result.stderr
+    assert [{"role": "user", "content": "hi"}] == json.loads(result.stdout)["messages"]
+
+
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_compact_and_audit(tmp_path: Path, fmt: str) -> None:
     """`compact FILE` replays a transcript turn by turn; `audit` then lists the generations."""
@@ -89,8 +98,10 @@ def test_compact_and_audit(tmp_path: Path, fmt: str) -> None:
     assert 82 == len(data["turns"])
     assert data["turns"][-1]["generation"] >= 1
     audit = cli("audit", "--db", str(db), "--session", "t1", "--json")
-    rows = [json.loads(line) for line in audit.stdout.splitlines()]
+    rows = json.loads(audit.stdout)
     assert rows and {"applied"} == {r["status"] for r in rows}
+    lines = cli("audit", "--db", str(db), "--session", "t1", "--jsonl").stdout.splitlines()
+    assert rows == [json.loads(line) for line in lines]
     table = cli("audit", "--db", str(db))
     assert "applied" in table.stdout
 
@@ -109,6 +120,22 @@ def test_compact_malformed_file_exits_2(tmp_path: Path, content: str, fragment: 
     path = tmp_path / "bad.json"
     path.write_text(content)
     result = cli("compact", str(path), "--db", str(tmp_path / "x.db"))
+    assert 2 == result.returncode
+    assert fragment in result.stderr
+    assert 1 == len(result.stderr.strip().splitlines())
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["compact"], "Missing argument 'FILE'"),
+        (["nosuch"], "No such command"),
+        (["inspect", "--bogus"], "No such option"),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], fragment: str) -> None:
+    """Usage errors exit 2 with one line, like every user error."""
+    result = cli(*args)
     assert 2 == result.returncode
     assert fragment in result.stderr
     assert 1 == len(result.stderr.strip().splitlines())

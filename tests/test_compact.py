@@ -340,15 +340,15 @@ def test_cut_is_safe(view: list[dict[str, Any]], budget: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("last", "reason"),
+    ("first_chars", "last", "reason"),
     [
-        ({"role": "assistant", "content": "x"}, "last_not_user"),
-        ({"role": "user", "content": "x"}, "below_trigger"),
+        (1_000_000, {"role": "assistant", "content": "x"}, "last_not_user"),
+        (100, {"role": "user", "content": "x"}, "below_trigger"),
     ],
 )
-def test_plan_preconditions(last: dict[str, Any], reason: str) -> None:
-    """No compaction unless the last message is the user's and the view is over 80%."""
-    view = [{"role": "user", "content": "a" * 100}, last]
+def test_plan_preconditions(first_chars: int, last: dict[str, Any], reason: str) -> None:
+    """No compaction unless the view is over 80% and the last message is the user's."""
+    view = [{"role": "user", "content": "a" * first_chars}, last]
     assert reason == plan(view, [chars(m) for m in view], head=0, settings=Settings())
 
 

@@ -71,6 +71,7 @@ def test_small_history_passes_through_with_report(make_engine: Callable[..., Mem
         report.generation,
         report.memory_chars,
     )
+    assert report.skipped_reason is None  # nothing was due, so nothing was skipped
     assert report.duration_ms >= 0
 
 

@@ -64,7 +64,8 @@ def test_shipped_config_loads_with_defaults() -> None:
         ({"store": "x.db"}, "store"),
         ({"compaction_workers": 0}, "compaction_workers"),
         ({"compaction_timeout_s": -1}, "compaction_timeout_s"),
-        ({"llm": {"model": "m"}}, "llm"),
+        ({"llm": {"model": "m"}}, "llm.base_url"),
+        ({"llm": "http://x/v1"}, "llm"),
         ({"llm": {"base_url": "http://x/v1", "model": "m", "timeout_s": 0}}, "llm.timeout_s"),
         (
             {"llm": {"base_url": "http://x/v1", "model": "m", "api_key_env": "sk-123 456"}},
@@ -72,7 +73,7 @@ def test_shipped_config_loads_with_defaults() -> None:
         ),
         (
             {"llm": {"base_url": "http://x/v1", "model": "m", "fallbacks": [{"base_url": "u"}]}},
-            "llm.fallbacks[0]",
+            "llm.fallbacks[0].model",
         ),
         (
             {
@@ -116,3 +117,18 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("context_window_chars: [1,\n")
     with pytest.raises(ConfigError):
         load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key_path"),
+    [
+        ({"store": {"path": "x.db"}}, "store"),
+        ({"store": "x.db"}, "store"),
+        ({"llm": {"base_url": "u", "model": "m"}}, "llm"),
+    ],
+)
+def test_settings_in_code_check_nested_types(kwargs: dict[str, object], key_path: str) -> None:
+    """Settings(...) built in code rejects a dict or string where a settings object belongs."""
+    with pytest.raises(ConfigError) as info:
+        Settings(**kwargs)  # type: ignore[arg-type]
+    assert key_path == info.value.key_path
