@@ -476,10 +476,10 @@ class MemoryEngine:
             memory_chars=0,
             duration_ms=0.0,
         )
-        messages = list(view.messages)
-        for index in kinds:  # the engine keeps these dicts; the caller gets its own copies
-            messages[index] = dict(messages[index])
-        return messages, report
+        # Every dict handed out is a fresh shallow copy: an app that decorates what it sends
+        # (cache_control, a serializer popping keys) changes neither its own history nor the
+        # engine's caches. One C-level copy per message.
+        return list(map(dict, view.messages)), report
 
     # ------------------------------------------------------------------ compaction
 

@@ -110,7 +110,7 @@ def test_long_rag_session(make_settings: Callable[..., Settings], db_path: str) 
     with engine:
         history = run_session(engine, 300, check=check)
         last = seen["last"]
-        assert history[-4] is last.messages[-1]
+        assert history[-4] == last.messages[-1]
         assert history[-4] == {"role": "user", "content": last.messages[-1]["content"]}
         text = "\n".join(str(m.get("content")) for m in last.messages)
         assert "Never exceed 4,321 euros in total." in text
@@ -212,7 +212,7 @@ def test_failing_summarizer_audits_and_returns_trimmed_view(
         history = run_session(engine, 40)
         history.append({"role": "user", "content": "go on"})
         prepared = engine.prepare(history, session_id="s1")
-    assert history[-1] is prepared.messages[-1]
+    assert history[-1] == prepared.messages[-1]
     assert_valid_context(prepared.messages)
     assert 0 == prepared.report.generation
     assert "failed" == prepared.report.skipped_reason
@@ -238,7 +238,7 @@ def test_timeout_returns_trimmed_view_and_applies_late(
         slow = engine.prepare(history, session_id="s1")
         assert "timeout" == slow.report.skipped_reason
         assert 0 == slow.report.generation
-        assert history[-1] is slow.messages[-1]
+        assert history[-1] == slow.messages[-1]
         busy = engine.prepare(history, session_id="s1")
         assert "in_progress" == busy.report.skipped_reason
         gate.set()
@@ -427,7 +427,7 @@ def test_store_failure_during_invalidation_is_not_raised(
         history[0] = {"role": "user", "content": "Plan the offsite. Budget is 9,999 euros."}
         prepared = engine.prepare(history, session_id="s1")
     assert 0 == prepared.report.generation
-    assert history[-1] is prepared.messages[-1]
+    assert history[-1] == prepared.messages[-1]
     assert "4,321" not in "\n".join(str(m.get("content")) for m in prepared.messages)
 
 

@@ -340,3 +340,21 @@ def test_first_message_turning_from_system_to_user_invalidates(
     engine.prepare(history, session_id="s")
     after = engine.store.compactions("s")[len(rows) :]
     assert "prefix_changed" in [r["reason"] for r in after if r["status"] == "invalidated"]
+
+
+def test_mutating_prepared_messages_changes_nothing_else(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """Every returned dict is the caller's own copy: editing it changes neither the history
+    nor the next prepare."""
+    engine = make_engine(make_settings(context_window_chars=8_000, summary_enabled=False))
+    history: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
+    for i in range(6):
+        history += _search_turn(i, "x" * 1500)
+    history.append({"role": "user", "content": "q"})
+    snapshot = copy.deepcopy(history)
+    first = engine.prepare(history, session_id="s")
+    for message in first.messages:
+        message["content"] = "CLOBBERED"
+    assert snapshot == history
+    assert first.messages != engine.prepare(history, session_id="s").messages

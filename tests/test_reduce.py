@@ -154,8 +154,8 @@ def test_200k_result_at_400k_budget_is_a_short_preview(
     assert len(shown) - len(notice) <= 20_000
     assert 1 == prepared.report.truncated
     assert original == recall_all(engine, "s", ref)
-    assert history[0] is prepared.messages[0]
-    assert history[3] is prepared.messages[3]
+    assert history[0] == prepared.messages[0]
+    assert history[3] == prepared.messages[3]
 
 
 def test_reduction_runs_below_the_trim_trigger(

@@ -238,7 +238,7 @@ def test_prepare_is_sticky_idempotent_and_pure(
         grown = [*view, {"role": "user", "content": "next"}]
         second = engine.prepare(grown, session_id="s")
     assert before == view
-    assert grown[-1] is second.messages[-1]
+    assert grown[-1] == second.messages[-1]
     n = len(first.messages)
     for old, new in zip(first.messages, second.messages[:n], strict=True):
         if isinstance(old.get("content"), str) and old["content"].startswith("[Earlier tool"):
