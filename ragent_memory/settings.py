@@ -136,6 +136,24 @@ def _tool_names(value: Any) -> bool:
     return isinstance(value, tuple) and all(_non_empty_str(v) for v in value)
 
 
+def _nested(key: str, value: Any) -> Any:
+    """Settings built in code may give a nested section as a mapping, as in the YAML file
+    (``store={"path": "m.db"}``), or the store as a bare path."""
+    if isinstance(value, Mapping):
+        return _build(StoreSettings if key == "store" else LLMSettings, value, key)
+    if key == "store" and isinstance(value, str | Path):
+        return StoreSettings(path=str(value))
+    return value
+
+
+def _store_section(value: Any) -> Any:
+    return _nested("store", value)
+
+
+def _llm_section(value: Any) -> Any:
+    return _nested("llm", value)
+
+
 @attrs.frozen
 class Settings:
     """Every setting of the engine. Construct in code or with :func:`load_settings`."""
@@ -166,6 +184,7 @@ class Settings:
     )
     store: StoreSettings = attrs.field(
         factory=StoreSettings,
+        converter=_store_section,
         validator=_check("store", lambda v: isinstance(v, StoreSettings), "StoreSettings"),
     )
     compaction_timeout_s: float = attrs.field(
@@ -184,6 +203,7 @@ class Settings:
     )
     llm: LLMSettings | None = attrs.field(
         default=None,
+        converter=_llm_section,
         validator=_check(
             "llm", lambda v: v is None or isinstance(v, LLMSettings), "LLMSettings or None"
         ),

@@ -122,13 +122,24 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "key_path"),
     [
-        ({"store": {"path": "x.db"}}, "store"),
-        ({"store": "x.db"}, "store"),
-        ({"llm": {"base_url": "u", "model": "m"}}, "llm"),
+        ({"store": 5}, "store"),
+        ({"store": {"pth": "x.db"}}, "store.pth"),
+        ({"llm": {"model": "m"}}, "llm.base_url"),
+        ({"llm": "http://x/v1"}, "llm"),
     ],
 )
 def test_settings_in_code_check_nested_types(kwargs: dict[str, object], key_path: str) -> None:
-    """Settings(...) built in code rejects a dict or string where a settings object belongs."""
+    """Settings(...) built in code rejects what is not a section, naming the key path."""
     with pytest.raises(ConfigError) as info:
         Settings(**kwargs)  # type: ignore[arg-type]
     assert key_path == info.value.key_path
+
+
+def test_settings_in_code_accept_sections_as_mappings() -> None:
+    """Nested sections may be given as in the YAML file, and the store as a bare path."""
+    from ragent_memory import LLMSettings, StoreSettings
+
+    assert StoreSettings(path="m.db") == Settings(store={"path": "m.db"}).store  # type: ignore[arg-type]
+    assert StoreSettings(path="m.db") == Settings(store="m.db").store  # type: ignore[arg-type]
+    llm = Settings(llm={"base_url": "http://x/v1", "model": "m"}).llm  # type: ignore[arg-type]
+    assert LLMSettings(base_url="http://x/v1", model="m") == llm
