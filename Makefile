@@ -23,8 +23,13 @@ test: lint
 demo: $(STAMP)
 	$(BIN)/ragent-memory demo
 
-bench: $(STAMP)
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(VENV)/.bench
+
+bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.versus
 	$(BIN)/python -m benchmarks.locomo
 
 clean:

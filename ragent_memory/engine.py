@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -46,7 +47,7 @@ from .reduce import reduce
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
 from .store import GCReport, SessionState, Store, Substitution, substitution_key, utc_now
 from .summarize import Summarizer, build_summarizer
-from .trim import cannot_pay_off, trim
+from .trim import find_candidates, trim, worth_it
 from .view import RawCache, View, chain_digest
 from .view import digest as message_digest
 
@@ -371,11 +372,8 @@ class MemoryEngine:
             tentative.show(index, sub.message, sub.kind, session.size_of(sub))
         if tentative.total <= self.settings.trim_trigger_chars:
             return new
-        hint = session.trim_hint if view.carried else None
-        if hint is not None and cannot_pay_off(
-            tentative.sizes, reclaimable_chars=hint[0], recent_start=hint[1]
-        ):
-            return new  # the common turn: skip the O(view) scan that would change nothing
+        if self._still_not_worth_it(session, view, tentative):
+            return new  # the common turn: only the recent stretch was looked at
         session_id = session.state.session_id
         try:
             result = trim(
@@ -392,7 +390,7 @@ class MemoryEngine:
             log.error("trim.failed", session_id=session_id, error=repr(err))
             return new
         left = 0 if result.evictions else result.reclaimable_chars
-        session.next_hint = (left, result.recent_start)
+        session.next_hint = (left, result.recent_start)  # kept once the evictions are recorded
         if result.irregular and not session.warned_irregular:
             session.warned_irregular = True  # once per session: the caller's input, not ours
             log.warning("messages.irregular", session_id=session_id, **result.irregular)
@@ -415,6 +413,33 @@ class MemoryEngine:
             )
             for e in result.evictions
         ]
+
+    def _still_not_worth_it(self, session: _Session, view: View, tentative: View) -> bool:
+        """Decide the 20% rule from the recent stretch alone, when possible.
+
+        After a trim, nothing before its ``recent_start`` can become a candidate, and what the
+        candidates there free is known. If the view has only grown at its end since, the
+        candidates now are those plus the ones in the stretch from ``recent_start`` on; when
+        together they stay under 20%, the trim would change nothing and is skipped without
+        scanning the whole view. The hint moves forward for the next turn.
+        """
+        hint = session.trim_hint if view.carried else None
+        if hint is None:
+            return False
+        left, start = hint
+        found = find_candidates(
+            tentative.messages[start:],
+            evictable_tools=self.settings.evictable_tools,
+            language=self.settings.language,
+            ref_for=session.ref_for,
+            sizes=tentative.sizes[start:],
+            originals={i - start: m for i, m in tentative.originals.items() if i >= start},
+            evicted={i - start for i in tentative.indexes("trim") if i >= start},
+        )
+        if worth_it(left + found.reclaim_chars, tentative.total):
+            return False
+        session.next_hint = (left + found.reclaim_chars, start + found.recent_start)
+        return True
 
     def _record(self, session: _Session, view: View, new: list[_New]) -> None:
         """Persist new substitutions (and offload their originals), then show them. If the
@@ -458,18 +483,21 @@ class MemoryEngine:
             skipped = self._compact(session, view, user_id)
             if session.state.generation != session.returned_generation:
                 compacted = True
+                session.trim_hint = None  # its indexes belong to the view before the summary
                 view, _ = self._view(session)
         session.returned_generation = session.state.generation
         session.tail = _Tail.of(view, len(session.raw.messages))
         raw_sizes = session.raw.sizes
-        kinds = view.kinds
+        shown = Counter(view.kinds.values())
+        head = view.head
         report = TurnReport(
             chars_raw=sum(raw_sizes),
             chars_in=chars_in,
             chars_out=view.total,
-            trimmed=sum(1 for k in kinds.values() if k == "trim"),
-            truncated=sum(1 for k in kinds.values() if k == "truncate"),
-            reclaimed_chars=sum(raw_sizes[i + view.offset] - view.sizes[i] for i in kinds),
+            trimmed=shown["trim"],
+            truncated=shown["truncate"],
+            # The tail differs from the caller's messages only where something is substituted.
+            reclaimed_chars=sum(raw_sizes[head + view.offset :]) - sum(view.sizes[head:]),
             compacted=compacted,
             skipped_reason=skipped,
             generation=session.state.generation,

@@ -48,8 +48,8 @@ class TrimResult:
     reclaimed_chars: int = 0
     skipped_reason: str | None = None
     # What a later turn needs to know to skip a trim that cannot pay off: the chars the
-    # candidates would have freed (0 once evicted), and the index from which protection can
-    # still change as the conversation grows (before it, nothing can become a candidate).
+    # candidates free (evicted or not), and the index from which protection can still change
+    # as the conversation grows (before it, nothing can become a candidate).
     reclaimable_chars: int = 0
     recent_start: int = 0
     # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
@@ -82,28 +82,32 @@ def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]
     return protected
 
 
-def trim(
+@attrs.frozen
+class Candidates:
+    """What a trim could do now: the evictions it would make and what they would free."""
+
+    evictions: tuple[Eviction, ...]
+    reclaim_chars: int
+    recent_start: int  # see :func:`recent_start`
+    irregular: Mapping[str, int]
+
+
+def find_candidates(
     view: Sequence[Message],
     *,
-    trigger_chars: int,
     evictable_tools: Collection[str],
     language: str,
     ref_for: Callable[[str], str],
+    sizes: Sequence[int],
     originals: Mapping[int, Message] | None = None,
     evicted: Collection[int] = (),
-    sizes: Sequence[int] | None = None,
-) -> TrimResult:
-    """Replace old evictable tool results by placeholders when the view exceeds the trigger.
+) -> Candidates:
+    """Old results of evictable tools outside every protected loop, with their placeholders.
 
-    ``originals`` maps view indexes already shown in another form (a truncation preview) to
-    the caller's message; ``evicted`` lists view indexes that already are placeholders;
-    ``sizes``, when given, are ``chars`` of each view message (the engine knows them).
+    Works on any stretch of a view that starts at a loop boundary and runs to its end, which
+    lets the engine look only at what changed since the last trim.
     """
     originals = originals or {}
-    sizes = sizes if sizes is not None else [chars(m) for m in view]
-    current = sum(sizes)
-    if current <= trigger_chars:
-        return TrimResult(list(view))
     loop_map = map_loops(view)
     protected = protected_loops(view, loop_map.loops)
     planned: list[Eviction] = []
@@ -129,22 +133,57 @@ def trim(
                 continue
             planned.append(Eviction(index, original, replacement, ref, text))
             reclaim += gain
-    hints = partial(
-        TrimResult, recent_start=recent_start(view, loop_map.loops), irregular=loop_map.irregular
+    return Candidates(
+        tuple(planned), reclaim, recent_start(view, loop_map.loops), loop_map.irregular
     )
-    if not planned:
+
+
+def trim(
+    view: Sequence[Message],
+    *,
+    trigger_chars: int,
+    evictable_tools: Collection[str],
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message] | None = None,
+    evicted: Collection[int] = (),
+    sizes: Sequence[int] | None = None,
+) -> TrimResult:
+    """Replace old evictable tool results by placeholders when the view exceeds the trigger.
+
+    ``originals`` maps view indexes already shown in another form (a truncation preview) to
+    the caller's message; ``evicted`` lists view indexes that already are placeholders;
+    ``sizes``, when given, are ``chars`` of each view message (the engine knows them).
+    """
+    sizes = sizes if sizes is not None else [chars(m) for m in view]
+    current = sum(sizes)
+    if current <= trigger_chars:
+        return TrimResult(list(view))
+    found = find_candidates(
+        view,
+        evictable_tools=evictable_tools,
+        language=language,
+        ref_for=ref_for,
+        sizes=sizes,
+        originals=originals,
+        evicted=evicted,
+    )
+    hints = partial(
+        TrimResult,
+        reclaimable_chars=found.reclaim_chars,
+        recent_start=found.recent_start,
+        irregular=found.irregular,
+    )
+    if not found.evictions:
         return hints(list(view), skipped_reason="nothing_evictable")
-    if reclaim < MIN_TRIM_RECLAIM_RATIO * current:
-        return hints(list(view), skipped_reason="not_worth_it", reclaimable_chars=reclaim)
+    if not worth_it(found.reclaim_chars, current):
+        return hints(list(view), skipped_reason="not_worth_it")
     trimmed = list(view)
-    for eviction in planned:
+    for eviction in found.evictions:
         trimmed[eviction.index] = eviction.replacement
-    return hints(trimmed, tuple(planned), reclaim)
+    return hints(trimmed, found.evictions, found.reclaim_chars)
 
 
-def cannot_pay_off(sizes: Sequence[int], *, reclaimable_chars: int, recent_start: int) -> bool:
-    """True when a trim over a view that only grew at its end since an earlier trim (which
-    left ``reclaimable_chars`` and ``recent_start``) could not free 20% of the total: new
-    candidates can only come from ``recent_start`` on, and each frees less than its size."""
-    bound = reclaimable_chars + sum(sizes[recent_start:])
-    return bound < MIN_TRIM_RECLAIM_RATIO * sum(sizes)
+def worth_it(reclaim_chars: int, total_chars: int) -> bool:
+    """The 20% rule: a trim that frees less than 20% of the total is skipped whole."""
+    return reclaim_chars >= MIN_TRIM_RECLAIM_RATIO * total_chars

@@ -201,7 +201,7 @@ def test_incremental_paths_change_nothing(
 
     fast = replay("fast")
     monkeypatch.setattr(engine_module._Tail, "of", classmethod(lambda cls, view, end: None))
-    monkeypatch.setattr(engine_module, "cannot_pay_off", lambda *a, **k: False)
+    monkeypatch.setattr(engine_module.MemoryEngine, "_still_not_worth_it", lambda *a: False)
     slow = replay("slow")
     assert slow == fast
 
