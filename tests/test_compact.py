@@ -515,11 +515,8 @@ def test_dropped_session_is_not_resurrected_by_a_late_compaction(
         history = build_history(60)
         history.append({"role": "user", "content": "go"})
         assert "timeout" == engine.prepare(history, session_id="s1").report.skipped_reason
-        dropper = threading.Thread(target=engine.drop_session, args=("s1",))
-        dropper.start()
-        dropper.join(timeout=0.5)  # drop_session waits (bounded) for the compaction
+        engine.drop_session("s1")  # waits compaction_timeout_s for the worker, then drops
         gate.set()
-        dropper.join(timeout=30)
         engine.flush()
         assert engine.store.load_session("s1") is None
         reasons = [r["reason"] for r in engine.store.compactions("s1")]
