@@ -35,7 +35,7 @@ from .settings import MEMORY_ITEM_MAX_CHARS, TRANSCRIPT_CLIP_OVER_CHARS, Setting
 from .summarize import VERBATIM_LABEL, neutralise, new_nonce, render_transcript
 
 if TYPE_CHECKING:
-    from .llm import LLMClient
+    from .llm import Completion, LLMClient
     from .store import PendingMessage, Store
 
 log = structlog.get_logger(__name__)
@@ -682,13 +682,7 @@ class ModelExtractor:
             return text
 
         try:
-            completion = self.client.complete(
-                prompt,
-                temperature=0.2,
-                max_tokens=self.max_tokens,
-                validate=check,
-                purpose="memory",
-            )
+            completion = self._ask(prompt, check)
         except LLMError as err:
             if bad_replies or self.offline is None:
                 raise ExtractionError(f"no valid memory operations: {err}") from err
@@ -698,6 +692,12 @@ class ModelExtractor:
         if parsed is None:  # complete() returns only replies that passed check()
             raise ExtractionError("the reply was never validated")
         return Extraction(parsed.operations, parsed.rejected, completion.model, completion.attempts)
+
+    def _ask(self, prompt: list[dict[str, str]], check: Callable[[str], str]) -> Completion:
+        """One memory call: temperature 0.2, the reply checked (and retried) by ``check``."""
+        return self.client.complete(
+            prompt, temperature=0.2, max_tokens=self.max_tokens, validate=check, purpose="memory"
+        )
 
     def consolidate(
         self, drafts: Sequence[Draft], *, target_chars: int, language: str
@@ -714,13 +714,7 @@ class ModelExtractor:
             return text
 
         try:
-            self.client.complete(
-                prompt,
-                temperature=0.2,
-                max_tokens=self.max_tokens,
-                validate=check,
-                purpose="memory",
-            )
+            self._ask(prompt, check)
         except LLMError as err:
             log.warning("memory.consolidation_failed", error=str(err))
             if self.offline is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,3 +47,12 @@ def make_engine(make_settings: Callable[..., Settings]) -> Iterator[Callable[...
     yield make
     for engine in engines:
         engine.close()
+
+
+@pytest.fixture
+def closed_url() -> str:
+    """A base URL nothing listens on (connection refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"

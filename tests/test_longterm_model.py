@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -67,15 +66,6 @@ def engine_at(
         return make_engine(settings)
 
     return make
-
-
-@pytest.fixture
-def closed_url() -> str:
-    """A base URL nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 def test_model_operations_apply_and_keep_history(

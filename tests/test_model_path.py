@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sqlite3
 import traceback
 from collections.abc import Callable, Iterator
@@ -116,15 +115,6 @@ def server(fake_openai: FakeOpenAI) -> FakeOpenAI:
     """The fake endpoint, answering with a valid seven-section summary by default."""
     fake_openai.default = summary_reply
     return fake_openai
-
-
-@pytest.fixture
-def closed_url() -> str:
-    """A base URL nothing listens on (connection refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture
