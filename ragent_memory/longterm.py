@@ -31,12 +31,16 @@ import attrs
 import structlog
 
 from .errors import ExtractionError, LLMError, StoreError
+from .records import Draft as Draft
+from .records import Fact as Fact
+from .records import Plan as Plan
 from .settings import MEMORY_ITEM_MAX_CHARS, TRANSCRIPT_CLIP_OVER_CHARS, Settings
 from .summarize import VERBATIM_LABEL, neutralise, new_nonce, render_transcript
 
 if TYPE_CHECKING:
     from .llm import Completion, LLMClient
-    from .store import PendingMessage, Store
+    from .records import PendingMessage
+    from .store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -51,15 +55,6 @@ MAX_QUERY_TERMS: Final = 32
 _NEW: Final = 1 << 53  # new drafts sort after every stored fact (by id)
 
 # ---------------------------------------------------------------------------- facts and operations
-
-
-@attrs.frozen
-class Fact:
-    """One active fact about a user, as stored."""
-
-    id: int
-    content: str
-    created_at: str = ""
 
 
 @attrs.frozen
@@ -184,51 +179,11 @@ def parse_operations(text: str, facts: Sequence[Fact], *, nonce: str | None = No
 
 
 @attrs.frozen
-class Draft:
-    """A fact while a batch is planned: a stored one (``key`` = its id) or a new one (< 0)."""
-
-    key: int
-    content: str
-    order: int  # age: stored facts by id, new ones after every stored one
-    is_touched: bool = False  # added or superseded by this batch (or merged from such)
-    replaces: frozenset[int] = frozenset()  # stored facts a new draft stands for
-
-    @property
-    def sources(self) -> frozenset[int]:
-        """The stored facts this draft carries."""
-        return (self.replaces | {self.key}) if self.key > 0 else self.replaces
-
-
-@attrs.frozen
 class Merge:
     """One consolidated fact and the drafts (by key) it replaces."""
 
     content: str
     keys: tuple[int, ...]
-
-
-@attrs.frozen
-class Plan:
-    """What one batch writes: the active facts after it and the facts it ends."""
-
-    drafts: tuple[Draft, ...]  # oldest first
-    retracted: frozenset[int]
-    evicted: frozenset[int]
-    added: int
-    superseded: int
-    merged: int  # drafts folded into others by consolidation
-    chars_before: int  # the block (facts only) before consolidation
-    chars_consolidated: int  # after consolidation, before eviction
-    chars: int  # after the whole plan
-    is_consolidated: bool
-
-    @property
-    def new(self) -> tuple[Draft, ...]:
-        return tuple(d for d in self.drafts if d.key < 0)
-
-    @property
-    def is_change(self) -> bool:
-        return bool(self.new or self.retracted or self.evicted)
 
 
 @attrs.frozen

@@ -1,0 +1,124 @@
+"""Value types the store and the domain modules share: a bottom module, importing nothing of ours.
+
+The store speaks in these (session state, substitutions, pending messages, facts, a memory
+batch's plan); ``longterm`` plans with ``Fact``/``Draft``/``Plan`` and the engine reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class SessionState:
+    """What a session's compactions left behind; resumed by any engine on the same store."""
+
+    session_id: str
+    user_id: str | None = None
+    generation: int = 0  # the current summary's generation; 0 = no summary
+    last_generation: int = 0  # the highest generation ever applied (numbers never repeat)
+    summary: str = ""  # as shown to the model: body plus the verbatim user requests
+    body: str = ""  # as written by the summarizer; the next generation rewrites it
+    prefix_len: int = 0
+    covered: int = 0
+    covered_digest: str = ""
+    verbatim: tuple[dict[str, Any], ...] = ()
+
+
+def substitution_key(position: int, digest: str) -> str:
+    return f"{position}:{digest}"
+
+
+@attrs.frozen
+class Substitution:
+    """A sticky replacement of one original message in the view.
+
+    ``key`` is the message's position after the leading system messages plus its content
+    digest (see :func:`substitution_key`): the same content at another position, such as a
+    repeated search answered under a reused call id in the current turn, is not substituted.
+    """
+
+    key: str
+    kind: str  # "trim" | "truncate"
+    ref: str
+    message: dict[str, Any]
+
+
+@attrs.frozen
+class PendingMessage:
+    """A user message waiting for fact extraction."""
+
+    id: int
+    session_id: str
+    raw_index: int
+    content: str
+    attempts: int
+
+
+@attrs.frozen
+class Forgotten:
+    """What one :meth:`Store.forget` erased."""
+
+    memories: int = 0
+    pending: int = 0
+
+
+@attrs.frozen
+class GCReport:
+    """What one :meth:`Store.gc` deleted."""
+
+    expired_offloads: int = 0
+    dropped_sessions: int = 0
+    dropped_offloads: int = 0  # offloads of those sessions (expired or not)
+    freed_bytes: int = 0  # UTF-8 bytes of the deleted originals
+
+
+@attrs.frozen
+class Fact:
+    """One active fact about a user, as stored."""
+
+    id: int
+    content: str
+    created_at: str = ""
+
+
+@attrs.frozen
+class Draft:
+    """A fact while a batch is planned: a stored one (``key`` = its id) or a new one (< 0)."""
+
+    key: int
+    content: str
+    order: int  # age: stored facts by id, new ones after every stored one
+    is_touched: bool = False  # added or superseded by this batch (or merged from such)
+    replaces: frozenset[int] = frozenset()  # stored facts a new draft stands for
+
+    @property
+    def sources(self) -> frozenset[int]:
+        """The stored facts this draft carries."""
+        return (self.replaces | {self.key}) if self.key > 0 else self.replaces
+
+
+@attrs.frozen
+class Plan:
+    """What one batch writes: the active facts after it and the facts it ends."""
+
+    drafts: tuple[Draft, ...]  # oldest first
+    retracted: frozenset[int]
+    evicted: frozenset[int]
+    added: int
+    superseded: int
+    merged: int  # drafts folded into others by consolidation
+    chars_before: int  # the block (facts only) before consolidation
+    chars_consolidated: int  # after consolidation, before eviction
+    chars: int  # after the whole plan
+    is_consolidated: bool
+
+    @property
+    def new(self) -> tuple[Draft, ...]:
+        return tuple(d for d in self.drafts if d.key < 0)
+
+    @property
+    def is_change(self) -> bool:
+        return bool(self.new or self.retracted or self.evicted)

@@ -1,0 +1,63 @@
+"""The store (DESIGN §10), split by what it keeps; every engine on it shares what it holds.
+
+Where each concern lives: ``contract`` (the typed protocols), ``sessions`` (summary state,
+substitutions, drop), ``offloads`` (recall originals, gc), ``memories`` (long-term memory and
+its search index), ``audit`` (``compactions``), ``schema`` (columns and migrations), ``sqlite``
+(the SQLite :class:`Store` composing them). Value types are in :mod:`ragent_memory.records`.
+
+Tables:
+
+- ``compactions``: the append-only audit, one row per compaction attempt (and invalidation).
+- ``sessions``: per-session summary state (generation, summary, covered pointer, verbatim list).
+- ``substitutions``: sticky per-message replacements (trim placeholders, truncation previews),
+  keyed by a digest of the original message, so a prompt prefix stays byte-stable across turns.
+- ``offloads``: originals of trimmed/truncated tool results, content-addressed per session;
+  they expire after ``offload_ttl_days`` and :meth:`Store.gc` deletes them.
+- ``dropped_sessions``: sessions the app dropped; their refs stop resolving at once and the next
+  :meth:`Store.gc` deletes their offloads.
+- ``meta``: the store's secret (recall refs are HMACs under it, so they are unguessable) and
+  ``memory_seq``, the counter long-term memory versions are drawn from.
+- ``memories``: long-term memory, per user: facts and copies of applied compaction summaries,
+  each ``active``, ``superseded`` (``superseded_by`` links the replacement), ``retracted`` or
+  ``evicted``; only ``forget`` deletes rows. ``memory_fts`` indexes the excerpts of active
+  summaries (FTS5, rowid = memory id × 1024 + excerpt number).
+- ``memory_pending``: user messages waiting for fact extraction, with their failed attempts.
+- ``memory_cursors`` / ``memory_seen``: how far each session's history was read, and digests
+  (no text) of the user messages already recorded, so ``after_turn`` is idempotent.
+- ``memory_versions``: per user, bumped on every memory change (cached blocks compare it).
+
+"""
+
+from ..records import (
+    Forgotten,
+    GCReport,
+    PendingMessage,
+    SessionState,
+    Substitution,
+    substitution_key,
+)
+from .base import Clock, iso, utc_now
+from .contract import Audit, Backend, Memories, Offloads, Sessions
+from .schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
+from .sqlite import Store
+
+__all__ = [
+    "COMPACTION_COLUMNS",
+    "FTS_ROWS_PER_MEMORY",
+    "MIGRATIONS",
+    "Audit",
+    "Backend",
+    "Clock",
+    "Forgotten",
+    "GCReport",
+    "Memories",
+    "Offloads",
+    "PendingMessage",
+    "SessionState",
+    "Sessions",
+    "Store",
+    "Substitution",
+    "iso",
+    "substitution_key",
+    "utc_now",
+]

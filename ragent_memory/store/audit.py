@@ -1,0 +1,35 @@
+"""The audit (DESIGN §10): the append-only ``compactions`` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import StoreError
+from .base import StoreBase, iso
+from .schema import COMPACTION_COLUMNS
+
+
+class AuditTable(StoreBase):
+    def audit(self, row: dict[str, Any]) -> int:
+        """Append one row to ``compactions``; returns its id."""
+        unknown = set(row) - set(COMPACTION_COLUMNS)
+        if unknown:
+            raise StoreError(f"unknown compactions columns: {sorted(unknown)}")
+        record = {**row, "created_at": row.get("created_at") or iso(self.clock())}
+        with self._locked("audit write"):
+            cursor = self.db.execute(
+                f"INSERT INTO compactions ({', '.join(record)})"
+                f" VALUES ({', '.join('?' * len(record))})",
+                list(record.values()),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions"
+        params: list[Any] = []
+        if session_id is not None:
+            sql += " WHERE session_id = ?"
+            params.append(session_id)
+        with self._locked("read"):
+            rows = self.db.execute(sql + " ORDER BY id", params).fetchall()
+        return [dict(zip(COMPACTION_COLUMNS, r, strict=True)) for r in rows]

@@ -1,0 +1,116 @@
+"""The store contract: what the engine, compaction and long-term memory ask of a store.
+
+One protocol per concern, each small enough to read at a glance, and ``Backend`` for all of
+them: the SQLite :class:`~ragent_memory.store.Store` implements it (a PostgreSQL backend can
+too). The value types it speaks in live in :mod:`ragent_memory.records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..records import (
+    Fact,
+    Forgotten,
+    GCReport,
+    PendingMessage,
+    Plan,
+    SessionState,
+    Substitution,
+)
+
+
+class Sessions(Protocol):
+    """Per-session summary state and sticky substitutions (``sessions.py``)."""
+
+    def load_session(self, session_id: str) -> SessionState | None: ...
+
+    def save_session(self, state: SessionState) -> None: ...
+
+    def commit_generation(self, state: SessionState, previous: SessionState) -> bool: ...
+
+    def substitutions(self, session_id: str) -> dict[str, Substitution]: ...
+
+    def save_substitutions(
+        self,
+        session_id: str,
+        items: Sequence[tuple[Substitution, Sequence[str]]],
+        *,
+        ttl_days: float,
+    ) -> None: ...
+
+    def drop_session(self, session_id: str) -> None: ...
+
+
+class Offloads(Protocol):
+    """Originals behind recall refs, their expiry and garbage collection (``offloads.py``)."""
+
+    def ref_for(self, session_id: str, content: str) -> str: ...
+
+    def read_offload(self, session_id: str, ref: str) -> str | None: ...
+
+    def revive(self, session_id: str) -> None: ...
+
+    def gc(self) -> GCReport: ...
+
+
+class Memories(Protocol):
+    """Long-term memory per user and its search index (``memories.py``)."""
+
+    def memory_version(self, user_id: str) -> int: ...
+
+    def memory_cursor(self, user_id: str, session_id: str) -> tuple[int, str] | None: ...
+
+    def record_user_messages(
+        self,
+        user_id: str,
+        session_id: str,
+        items: Sequence[tuple[int, str, str]],
+        *,
+        seen: int,
+        last_digest: str,
+    ) -> int: ...
+
+    def pending_messages(self, user_id: str, *, limit: int) -> list[PendingMessage]: ...
+
+    def fail_pending(self, user_id: str, ids: Sequence[int], *, max_attempts: int) -> int: ...
+
+    def facts(self, user_id: str) -> list[Fact]: ...
+
+    def memory_rows(self, user_id: str, *, kind: str | None = None) -> list[dict[str, Any]]: ...
+
+    def commit_memories(
+        self, user_id: str, pending_ids: Sequence[int], plan: Plan, *, session_id: str
+    ) -> None: ...
+
+    def record_summary(
+        self,
+        user_id: str,
+        session_id: str,
+        generation: int,
+        summary: str,
+        excerpts: Sequence[tuple[str, str]],
+    ) -> int: ...
+
+    def search_summaries(
+        self, user_id: str, query: str, *, exclude_session: str, limit: int
+    ) -> list[str]: ...
+
+    def forget(self, user_id: str) -> Forgotten: ...
+
+
+class Audit(Protocol):
+    """The append-only ``compactions`` table (``audit.py``)."""
+
+    def audit(self, row: dict[str, Any]) -> int: ...
+
+    def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]: ...
+
+
+class Backend(Sessions, Offloads, Memories, Audit, Protocol):
+    """A whole store: every concern, plus closing it."""
+
+    path: str
+
+    def close(self) -> None: ...

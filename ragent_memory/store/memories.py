@@ -1,0 +1,250 @@
+"""Long-term memory (DESIGN §9): facts and summaries per user, their search index, pending
+user messages and the cursors that keep ``after_turn`` idempotent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StoreError
+from ..records import Fact, Forgotten, PendingMessage, Plan
+from .base import StoreBase, iso
+from .schema import FTS_ROWS_PER_MEMORY
+
+
+class MemoryTables(StoreBase):
+    def _bump_memory_version(self, user_id: str) -> None:
+        # Versions come from one store-wide counter, never reused: a user forgotten and
+        # remembered again can never match a block cached before the forget.
+        self.db.execute(
+            "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'memory_seq'"
+        )
+        self.db.execute(
+            "INSERT INTO memory_versions (user_id, version) SELECT ?, CAST(value AS INTEGER)"
+            " FROM meta WHERE key = 'memory_seq' ON CONFLICT (user_id) DO UPDATE SET"
+            " version = excluded.version",
+            [user_id],
+        )
+
+    def memory_version(self, user_id: str) -> int:
+        """Changes with every change to the user's memories (0: none stored)."""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT version FROM memory_versions WHERE user_id = ?", [user_id]
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def memory_cursor(self, user_id: str, session_id: str) -> tuple[int, str] | None:
+        """How many messages of the session's history were read, and the last one's digest."""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT seen, last_digest FROM memory_cursors WHERE user_id = ? AND session_id = ?",
+                [user_id, session_id],
+            ).fetchone()
+        return (int(row[0]), str(row[1])) if row else None
+
+    def record_user_messages(
+        self,
+        user_id: str,
+        session_id: str,
+        items: Sequence[tuple[int, str, str]],
+        *,
+        seen: int,
+        last_digest: str,
+    ) -> int:
+        """Record ``(raw index, digest, text)`` user messages as pending, unless the session
+        recorded that digest before, and move the cursor; returns the user's pending count."""
+        now = iso(self.clock())
+        with self._locked("write"), self.db.atomic():
+            for raw_index, digest, content in items:
+                cursor = self.db.execute(
+                    "INSERT OR IGNORE INTO memory_seen (user_id, session_id, digest)"
+                    " VALUES (?, ?, ?)",
+                    [user_id, session_id, digest],
+                )
+                if cursor.rowcount == 1:
+                    self.db.execute(
+                        "INSERT INTO memory_pending (user_id, session_id, raw_index, digest,"
+                        " content, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        [user_id, session_id, raw_index, digest, content, now],
+                    )
+            self.db.execute(
+                "INSERT INTO memory_cursors (user_id, session_id, seen, last_digest, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, session_id) DO UPDATE SET"
+                " seen = excluded.seen, last_digest = excluded.last_digest,"
+                " updated_at = excluded.updated_at",
+                [user_id, session_id, seen, last_digest, now],
+            )
+            (count,) = self.db.execute(
+                "SELECT COUNT(*) FROM memory_pending WHERE user_id = ?", [user_id]
+            ).fetchone()
+        return int(count)
+
+    def pending_messages(self, user_id: str, *, limit: int) -> list[PendingMessage]:
+        """The user's oldest pending messages, oldest first."""
+        with self._locked("read"):
+            rows = self.db.execute(
+                "SELECT id, session_id, raw_index, content, attempts FROM memory_pending"
+                " WHERE user_id = ? ORDER BY id LIMIT ?",
+                [user_id, limit],
+            ).fetchall()
+        return [PendingMessage(*row) for row in rows]
+
+    def fail_pending(self, user_id: str, ids: Sequence[int], *, max_attempts: int) -> int:
+        """Count one more failed attempt for these pending messages; delete those that reached
+        ``max_attempts`` and return how many were."""
+        marks = ", ".join("?" * len(ids))
+        with self._locked("write"), self.db.atomic():
+            self.db.execute(
+                f"UPDATE memory_pending SET attempts = attempts + 1"
+                f" WHERE user_id = ? AND id IN ({marks})",
+                [user_id, *ids],
+            )
+            cursor = self.db.execute(
+                f"DELETE FROM memory_pending WHERE user_id = ? AND id IN ({marks})"
+                f" AND attempts >= ?",
+                [user_id, *ids, max_attempts],
+            )
+        return int(cursor.rowcount)
+
+    def facts(self, user_id: str) -> list[Fact]:
+        """The user's active facts, oldest first."""
+        with self._locked("read"):
+            rows = self.db.execute(
+                "SELECT id, content, created_at FROM memories WHERE user_id = ? AND kind = 'fact'"
+                " AND status = 'active' ORDER BY id",
+                [user_id],
+            ).fetchall()
+        return [Fact(int(r[0]), r[1], r[2]) for r in rows]
+
+    def memory_rows(self, user_id: str, *, kind: str | None = None) -> list[dict[str, Any]]:
+        """Every memory row of the user, whatever its status, oldest first."""
+        sql = (
+            "SELECT id, kind, content, status, session_id, generation, superseded_by,"
+            " created_at, updated_at FROM memories WHERE user_id = ?"
+        )
+        params: list[Any] = [user_id]
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        with self._locked("read"):
+            cursor = self.db.execute(sql + " ORDER BY id", params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def _end_memory(
+        self, user_id: str, memory_id: int, status: str, now: str, by: int | None
+    ) -> None:
+        cursor = self.db.execute(
+            "UPDATE memories SET status = ?, superseded_by = ?, updated_at = ?"
+            " WHERE id = ? AND user_id = ? AND kind = 'fact' AND status = 'active'",
+            [status, by, now, memory_id, user_id],
+        )
+        if cursor.rowcount != 1:
+            raise StoreError(f"fact {memory_id} is no longer active; the batch is stale")
+
+    def commit_memories(
+        self, user_id: str, pending_ids: Sequence[int], plan: Plan, *, session_id: str
+    ) -> None:
+        """Write one extraction batch in one transaction: the new facts, the status of the
+        facts it ends, and the removal of its pending messages.
+
+        Raises ``StoreError`` (and writes nothing) when the batch went stale meanwhile: its
+        pending messages are gone (forgotten, or taken by another engine) or a fact it ends
+        is no longer active.
+        """
+        now = iso(self.clock())
+        marks = ", ".join("?" * len(pending_ids))
+        with self._locked("memory write"), self.db.atomic():
+            cursor = self.db.execute(
+                f"DELETE FROM memory_pending WHERE user_id = ? AND id IN ({marks})",
+                [user_id, *pending_ids],
+            )
+            if cursor.rowcount != len(pending_ids):
+                raise StoreError("the batch's pending messages changed meanwhile; it is stale")
+            for draft in plan.new:
+                cursor = self.db.execute(
+                    "INSERT INTO memories (user_id, kind, content, status, session_id,"
+                    " created_at, updated_at) VALUES (?, 'fact', ?, 'active', ?, ?, ?)",
+                    [user_id, draft.content, session_id, now, now],
+                )
+                for replaced in sorted(draft.replaces):
+                    self._end_memory(user_id, replaced, "superseded", now, cursor.lastrowid)
+            for memory_id in sorted(plan.retracted):
+                self._end_memory(user_id, memory_id, "retracted", now, None)
+            for memory_id in sorted(plan.evicted):
+                self._end_memory(user_id, memory_id, "evicted", now, None)
+            if plan.is_change:
+                self._bump_memory_version(user_id)
+
+    def record_summary(
+        self,
+        user_id: str,
+        session_id: str,
+        generation: int,
+        summary: str,
+        excerpts: Sequence[tuple[str, str]],
+    ) -> int:
+        """Keep an applied compaction summary as a ``summary`` memory of the user, searchable
+        by its ``(terms, excerpt)`` pairs; it supersedes the session's previous one."""
+        now = iso(self.clock())
+        with self._locked("memory write"), self.db.atomic():
+            previous = [
+                int(r[0])
+                for r in self.db.execute(
+                    "SELECT id FROM memories WHERE user_id = ? AND session_id = ?"
+                    " AND kind = 'summary' AND status = 'active'",
+                    [user_id, session_id],
+                ).fetchall()
+            ]
+            cursor = self.db.execute(
+                "INSERT INTO memories (user_id, kind, content, status, session_id, generation,"
+                " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)",
+                [user_id, summary, session_id, generation, now, now],
+            )
+            memory_id = int(cursor.lastrowid or 0)
+            for old in previous:
+                self.db.execute(
+                    "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
+                    " WHERE id = ?",
+                    [memory_id, now, old],
+                )
+                self.db.execute(
+                    "DELETE FROM memory_fts WHERE rowid >= ? AND rowid < ?",
+                    [old * FTS_ROWS_PER_MEMORY, (old + 1) * FTS_ROWS_PER_MEMORY],
+                )
+            for number, (terms, excerpt) in enumerate(excerpts[:FTS_ROWS_PER_MEMORY]):
+                self.db.execute(
+                    "INSERT INTO memory_fts (rowid, terms, excerpt, user_id, session_id)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [memory_id * FTS_ROWS_PER_MEMORY + number, terms, excerpt, user_id, session_id],
+                )
+            self._bump_memory_version(user_id)
+        return memory_id
+
+    def search_summaries(
+        self, user_id: str, query: str, *, exclude_session: str, limit: int
+    ) -> list[str]:
+        """The user's summary excerpts from other sessions that best match the FTS5
+        ``query``, best first (BM25)."""
+        with self._locked("search"):
+            rows = self.db.execute(
+                "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
+                " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
+                [query, user_id, exclude_session, limit],
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def forget(self, user_id: str) -> Forgotten:
+        """Erase the user's memories (facts and summaries, whatever their status), their
+        search index and pending messages, in one transaction.
+
+        The per-session cursors and message digests stay (they hold no text): the app still
+        holds those histories, and what was said before the forget must not be learnt again.
+        """
+        with self._locked("forget"), self.db.atomic():
+            memories = self.db.execute("DELETE FROM memories WHERE user_id = ?", [user_id])
+            self.db.execute("DELETE FROM memory_fts WHERE user_id = ?", [user_id])
+            pending = self.db.execute("DELETE FROM memory_pending WHERE user_id = ?", [user_id])
+            self.db.execute("DELETE FROM memory_versions WHERE user_id = ?", [user_id])
+        return Forgotten(memories=int(memories.rowcount), pending=int(pending.rowcount))

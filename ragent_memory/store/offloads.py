@@ -1,0 +1,92 @@
+"""Offloads (DESIGN §8): originals of trimmed and truncated tool results, content-addressed
+per session behind unguessable recall refs; they expire, and :meth:`gc` deletes them and
+everything of a dropped session."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import timedelta
+from typing import Any
+
+from ..records import GCReport
+from .base import StoreBase, _storable, iso
+
+
+class OffloadTables(StoreBase):
+    def ref_for(self, session_id: str, content: str) -> str:
+        """The recall ref of ``content`` in ``session_id``: stable per store, unguessable."""
+        sha = hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
+        mac = hmac.new(self._secret, f"{session_id}\0{sha}".encode(), hashlib.sha256)
+        return "rm-" + mac.hexdigest()[:20]
+
+    def _offload_row(self, session_id: str, content: str, ttl_days: float) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "session_id": session_id,
+            "ref": self.ref_for(session_id, content),
+            "sha256": hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest(),
+            "content": _storable(content),
+            "chars": len(content),
+            "created_at": iso(now),
+            "expires_at": iso(now + timedelta(days=ttl_days)),
+        }
+
+    def _offload(self, session_id: str, content: str, ttl_days: float) -> None:
+        # Stored once per session (content-addressed); storing again only extends the expiry.
+        self.db.execute(
+            "INSERT INTO offloads (session_id, ref, sha256, content, chars, created_at,"
+            " expires_at) VALUES (:session_id, :ref, :sha256, :content, :chars, :created_at,"
+            " :expires_at) ON CONFLICT (session_id, ref) DO UPDATE SET"
+            " expires_at = excluded.expires_at",
+            self._offload_row(session_id, content, ttl_days),
+        )
+
+    def read_offload(self, session_id: str, ref: str) -> str | None:
+        """The original text behind ``ref`` in this session, or None (unknown, other session,
+        expired, or the session was dropped)."""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?"
+                " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_id = ?)",
+                [session_id, ref, iso(self.clock()), session_id],
+            ).fetchone()
+        if row is None:
+            return None
+        content = row[0]
+        return content.decode("utf-8", "surrogatepass") if isinstance(content, bytes) else content
+
+    def revive(self, session_id: str) -> None:
+        """Start a new life for a session id that was dropped (no-op otherwise)."""
+        with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
+
+    def _revive(self, session_id: str) -> None:
+        # A dropped session id used again starts a new life: what is left of the old one goes
+        # now, so neither its refs nor the next gc touch the new life's offloads.
+        dropped = self.db.execute(
+            "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [session_id]
+        ).fetchone()
+        if dropped is not None:
+            self.db.execute("DELETE FROM offloads WHERE session_id = ?", [session_id])
+            self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
+
+    def gc(self) -> GCReport:
+        """Delete expired offloads and the offloads of dropped sessions, in one transaction."""
+        now = iso(self.clock())
+        dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
+        measure = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"
+        with self._locked("gc"), self.db.atomic():
+            expired, expired_bytes = self.db.execute(
+                f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]
+            ).fetchone()
+            of_dropped, dropped_bytes = self.db.execute(f"{measure} WHERE {dropped}").fetchone()
+            (sessions,) = self.db.execute("SELECT COUNT(*) FROM dropped_sessions").fetchone()
+            self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
+            self.db.execute("DELETE FROM dropped_sessions")
+        return GCReport(
+            expired_offloads=int(expired),
+            dropped_sessions=int(sessions),
+            dropped_offloads=int(of_dropped),
+            freed_bytes=int(expired_bytes) + int(dropped_bytes),
+        )

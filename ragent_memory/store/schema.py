@@ -1,0 +1,148 @@
+"""The SQLite schema: the ``compactions`` columns (DESIGN §10) and the migrations."""
+
+from __future__ import annotations
+
+COMPACTION_COLUMNS = (
+    "id",
+    "session_id",
+    "user_id",
+    "generation",
+    "status",
+    "reason",
+    "model",
+    "attempts",
+    "material_messages",
+    "material_chars",
+    "summary_chars",
+    "chars_before",
+    "chars_after",
+    "duration_ms",
+    "summary",
+    "error",
+    "created_at",
+)
+
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "001_core",
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE compactions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            user_id TEXT,
+            generation INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('applied', 'failed', 'invalidated')),
+            reason TEXT,
+            model TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            material_messages INTEGER NOT NULL DEFAULT 0,
+            material_chars INTEGER NOT NULL DEFAULT 0,
+            summary_chars INTEGER NOT NULL DEFAULT 0,
+            chars_before INTEGER NOT NULL DEFAULT 0,
+            chars_after INTEGER NOT NULL DEFAULT 0,
+            duration_ms INTEGER NOT NULL DEFAULT 0,
+            summary TEXT,
+            error TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE UNIQUE INDEX compactions_applied_generation
+            ON compactions (session_id, generation) WHERE status = 'applied';
+        CREATE INDEX compactions_session ON compactions (session_id, id);
+        CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            user_id TEXT,
+            generation INTEGER NOT NULL DEFAULT 0,
+            last_generation INTEGER NOT NULL DEFAULT 0,
+            summary TEXT NOT NULL DEFAULT '',
+            body TEXT NOT NULL DEFAULT '',
+            prefix_len INTEGER NOT NULL DEFAULT 0,
+            covered INTEGER NOT NULL DEFAULT 0,
+            covered_digest TEXT NOT NULL DEFAULT '',
+            verbatim TEXT NOT NULL DEFAULT '[]',
+            updated_at TEXT NOT NULL
+        );
+        CREATE TABLE substitutions (
+            session_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate')),
+            ref TEXT NOT NULL,
+            message TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (session_id, digest)
+        );
+        CREATE TABLE offloads (
+            session_id TEXT NOT NULL,
+            ref TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            content TEXT NOT NULL,
+            chars INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            PRIMARY KEY (session_id, ref)
+        );
+        CREATE INDEX offloads_expiry ON offloads (expires_at);
+        """,
+    ),
+    (
+        "002_dropped_sessions",
+        """
+        CREATE TABLE dropped_sessions (session_id TEXT PRIMARY KEY, dropped_at TEXT NOT NULL);
+        DELETE FROM meta WHERE key LIKE 'dropped:%';
+        """,
+    ),
+    (
+        "003_long_term_memory",
+        """
+        CREATE TABLE memories (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user_id TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('fact', 'summary')),
+            content TEXT NOT NULL,
+            status TEXT NOT NULL
+                CHECK (status IN ('active', 'superseded', 'retracted', 'evicted')),
+            session_id TEXT,
+            generation INTEGER,
+            superseded_by INTEGER REFERENCES memories (id),
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        CREATE INDEX memories_user ON memories (user_id, kind, status, id);
+        CREATE VIRTUAL TABLE memory_fts USING fts5 (
+            terms, excerpt UNINDEXED, user_id UNINDEXED, session_id UNINDEXED,
+            tokenize = 'unicode61 remove_diacritics 2'
+        );
+        CREATE TABLE memory_pending (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user_id TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            raw_index INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            content TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX memory_pending_user ON memory_pending (user_id, id);
+        CREATE TABLE memory_cursors (
+            user_id TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            seen INTEGER NOT NULL,
+            last_digest TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (user_id, session_id)
+        );
+        CREATE TABLE memory_seen (
+            user_id TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            PRIMARY KEY (user_id, session_id, digest)
+        ) WITHOUT ROWID;
+        CREATE TABLE memory_versions (user_id TEXT PRIMARY KEY, version INTEGER NOT NULL);
+        INSERT OR IGNORE INTO meta (key, value) VALUES ('memory_seq', '0');
+        """,
+    ),
+)
+
+# FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be
+# deleted by rowid range (FTS5 filters on UNINDEXED columns by scanning).
+FTS_ROWS_PER_MEMORY = 1024

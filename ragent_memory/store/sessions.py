@@ -1,0 +1,129 @@
+"""Sessions (DESIGN §5): each session's summary state and its sticky substitutions, shared by
+every engine on the store; dropping a session."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ..records import SessionState, Substitution
+from .base import _json_text, iso
+from .offloads import OffloadTables
+
+
+class SessionTables(OffloadTables):
+    def substitutions(self, session_id: str) -> dict[str, Substitution]:
+        with self._locked("read"):
+            rows = self.db.execute(
+                "SELECT digest, kind, ref, message FROM substitutions WHERE session_id = ?",
+                [session_id],
+            ).fetchall()
+        return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
+
+    def save_substitutions(
+        self,
+        session_id: str,
+        items: Sequence[tuple[Substitution, Sequence[str]]],
+        *,
+        ttl_days: float,
+    ) -> None:
+        """Record sticky replacements and offload their originals, in one transaction."""
+        if not items:
+            return
+        now = iso(self.clock())
+        with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
+            for sub, originals in items:
+                for original in originals:
+                    self._offload(session_id, original, ttl_days)
+                self.db.execute(
+                    "INSERT OR REPLACE INTO substitutions (session_id, digest, kind, ref, message,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        session_id,
+                        sub.key,
+                        sub.kind,
+                        sub.ref,
+                        _json_text(sub.message),
+                        now,
+                    ],
+                )
+
+    # ------------------------------------------------------------------ sessions
+
+    def load_session(self, session_id: str) -> SessionState | None:
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT user_id, generation, last_generation, summary, body, prefix_len, covered,"
+                " covered_digest, verbatim FROM sessions WHERE session_id = ?",
+                [session_id],
+            ).fetchone()
+        if row is None:
+            return None
+        return SessionState(
+            session_id=session_id,
+            user_id=row[0],
+            generation=row[1],
+            last_generation=row[2],
+            summary=row[3],
+            body=row[4],
+            prefix_len=row[5],
+            covered=row[6],
+            covered_digest=row[7],
+            verbatim=tuple(json.loads(row[8])),
+        )
+
+    def save_session(self, state: SessionState) -> None:
+        """Write a session's whole summary state in one transaction."""
+        with self._locked("write"), self.db.atomic():
+            self._write_session(state)
+
+    def commit_generation(self, state: SessionState, previous: SessionState) -> bool:
+        """Write ``state`` only if the stored session is still ``previous`` (same generation
+        numbers) and was not dropped meanwhile; False when a late compaction lost the race to
+        an invalidation, another compaction or a drop."""
+        with self._locked("write"), self.db.atomic():
+            dropped = self.db.execute(
+                "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [state.session_id]
+            ).fetchone()
+            row = self.db.execute(
+                "SELECT generation, last_generation FROM sessions WHERE session_id = ?",
+                [state.session_id],
+            ).fetchone()
+            current = tuple(row) if row is not None else (0, 0)
+            if dropped is not None or current != (previous.generation, previous.last_generation):
+                return False
+            self._write_session(state)
+            return True
+
+    def _write_session(self, state: SessionState) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO sessions (session_id, user_id, generation,"
+            " last_generation, summary, body, prefix_len, covered, covered_digest, verbatim,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                state.session_id,
+                state.user_id,
+                state.generation,
+                state.last_generation,
+                state.summary,
+                state.body,
+                state.prefix_len,
+                state.covered,
+                state.covered_digest,
+                json.dumps(list(state.verbatim), ensure_ascii=False),
+                iso(self.clock()),
+            ],
+        )
+
+    def drop_session(self, session_id: str) -> None:
+        """Drop a session: its summary state and substitutions go now (so the id, used again,
+        starts fresh), its refs stop resolving at once, and :meth:`gc` deletes its offloads.
+        Audit rows stay."""
+        with self._locked("write"), self.db.atomic():
+            for table in ("substitutions", "sessions"):
+                self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
+            self.db.execute(
+                "INSERT OR REPLACE INTO dropped_sessions (session_id, dropped_at) VALUES (?, ?)",
+                [session_id, iso(self.clock())],
+            )
