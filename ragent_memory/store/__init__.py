@@ -10,7 +10,8 @@ Tables:
 - ``compactions``: the append-only audit, one row per compaction attempt (and invalidation).
 - ``sessions``: per-session summary state (generation, summary, covered pointer, verbatim list).
 - ``substitutions``: sticky per-message replacements (trim placeholders, truncation previews),
-  keyed by a digest of the original message, so a prompt prefix stays byte-stable across turns.
+  keyed by the message's position plus its content digest (column ``key``), so a prompt
+  prefix stays byte-stable across turns.
 - ``offloads``: originals of trimmed/truncated tool results, content-addressed per session;
   they expire after ``offload_ttl_days`` and :meth:`Store.gc` deletes them.
 - ``dropped_sessions``: sessions the app dropped; their refs stop resolving at once and the next

@@ -141,6 +141,11 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         INSERT OR IGNORE INTO meta (key, value) VALUES ('memory_seq', '0');
         """,
     ),
+    (
+        # The key is position + digest (see records.substitution_key), not a bare digest.
+        "004_substitution_key",
+        "ALTER TABLE substitutions RENAME COLUMN digest TO key;",
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

@@ -15,7 +15,7 @@ class SessionTables(OffloadTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
         with self._locked("read"):
             rows = self.db.execute(
-                "SELECT digest, kind, ref, message FROM substitutions WHERE session_id = ?",
+                "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?",
                 [session_id],
             ).fetchall()
         return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
@@ -37,7 +37,7 @@ class SessionTables(OffloadTables):
                 for original in originals:
                     self._offload(session_id, original, ttl_days)
                 self.db.execute(
-                    "INSERT OR REPLACE INTO substitutions (session_id, digest, kind, ref, message,"
+                    "INSERT OR REPLACE INTO substitutions (session_id, key, kind, ref, message,"
                     " created_at) VALUES (?, ?, ?, ?, ?, ?)",
                     [
                         session_id,
