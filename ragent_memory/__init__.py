@@ -15,6 +15,7 @@ from .chars import chars
 from .engine import MemoryEngine, PreparedContext, TurnReport
 from .errors import (
     ConfigError,
+    EngineClosedError,
     InvalidMessagesError,
     LLMError,
     RagentMemoryError,
@@ -28,6 +29,7 @@ from .store import GCReport
 __all__ = [
     "ConfigError",
     "EndpointSettings",
+    "EngineClosedError",
     "Fact",
     "GCReport",
     "InvalidMessagesError",

@@ -8,6 +8,7 @@
     ├── SummaryError                                a summary was rejected (``reason``)
     │   └── ExtractionError                         memory operations were rejected
     ├── LLMError                                    every endpoint failed (``attempts``)
+    ├── EngineClosedError                           a call after ``MemoryEngine.close()``
     └── StoreError                                  the SQLite store failed
 
 Only ``cli.py`` turns these into exit codes.
@@ -58,6 +59,10 @@ class LLMError(RagentMemoryError):
     def __init__(self, message: str, *, attempts: int = 0) -> None:
         self.attempts = attempts
         super().__init__(message)
+
+
+class EngineClosedError(RagentMemoryError):
+    """The engine was closed; it takes no more calls."""
 
 
 class StoreError(RagentMemoryError):

@@ -183,7 +183,7 @@ def test_incremental_paths_change_nothing(
     import re
 
     from ragent_memory import StoreSettings
-    from ragent_memory import engine as engine_module
+    from ragent_memory import session as session_module
     from ragent_memory.demo import simulate_session
 
     def replay(name: str) -> list[str]:
@@ -200,8 +200,8 @@ def test_incremental_paths_change_nothing(
         return outputs
 
     fast = replay("fast")
-    monkeypatch.setattr(engine_module._Tail, "of", classmethod(lambda cls, view, end: None))
-    monkeypatch.setattr(engine_module.MemoryEngine, "_still_not_worth_it", lambda *a: False)
+    monkeypatch.setattr(session_module.Tail, "of", classmethod(lambda cls, *args: None))
+    monkeypatch.setattr(session_module.Session, "_still_not_worth_it", lambda *a: None)
     slow = replay("slow")
     assert slow == fast
 
@@ -211,16 +211,16 @@ def test_fresh_system_prompt_each_turn_stays_incremental(
 ) -> None:
     """An app that rebuilds only its system message every turn re-hashes just that message
     and the new ones, not the whole history."""
-    from ragent_memory import view as view_module
+    from ragent_memory import session as session_module
 
     hashed: list[int] = []
-    real = view_module.digest
+    real = session_module.digest
 
     def counting(message: dict[str, Any]) -> str:
         hashed.append(1)
         return real(message)
 
-    monkeypatch.setattr(view_module, "digest", counting)
+    monkeypatch.setattr(session_module, "digest", counting)
     engine = make_engine()
     history: list[dict[str, Any]] = []
     for i in range(50):
