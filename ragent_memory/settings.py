@@ -189,7 +189,9 @@ class Settings:
     )
     compaction_timeout_s: float = attrs.field(
         default=120.0,
-        validator=_check("compaction_timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
+        validator=_check(
+            "compaction_timeout_s", lambda v: _is_number(v) and v >= 0, "a number >= 0"
+        ),
     )
     compaction_workers: int = attrs.field(
         default=2,

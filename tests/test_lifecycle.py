@@ -1,0 +1,118 @@
+"""The engine's lifecycle: ``flush``, ``close`` and what happens after it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from test_compact import CountingSummarizer, build_history
+
+from ragent_memory import EngineClosedError, Settings
+from ragent_memory.engine import MemoryEngine
+
+
+def _due(turns: int = 60) -> list[dict[str, Any]]:
+    """A history that ends on a user turn over the compaction trigger of B = 20,000."""
+    return [*build_history(turns), {"role": "user", "content": "go on"}]
+
+
+def test_flush_times_out_then_finishes(make_settings: Callable[..., Settings]) -> None:
+    """flush(timeout_s) says False while a compaction is still running and True once it has
+    finished; the next prepare adopts the summary."""
+    gate = threading.Event()
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0)
+    with MemoryEngine(settings, summarizer=CountingSummarizer(gate=gate)) as engine:
+        history = _due()
+        assert "timeout" == engine.prepare(history, session_id="s").report.skipped_reason
+        assert False is engine.flush(timeout_s=0.01)
+        gate.set()
+        assert True is engine.flush(timeout_s=30)
+        adopted = engine.prepare(history, session_id="s").report
+    assert (True, 1) == (adopted.compacted, adopted.generation)
+
+
+def test_flush_with_nothing_in_flight_is_true(make_engine: Callable[..., MemoryEngine]) -> None:
+    """With no background work, flush returns at once and says everything finished."""
+    engine = make_engine()
+    engine.prepare([{"role": "user", "content": "hi"}], session_id="s")
+    assert True is engine.flush(timeout_s=0)
+
+
+def test_close_waits_for_a_compaction_in_flight(
+    make_settings: Callable[..., Settings], db_path: str
+) -> None:
+    """close() returns only after the running compaction committed and audited its summary."""
+    gate = threading.Event()
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0)
+    engine = MemoryEngine(settings, summarizer=CountingSummarizer(gate=gate))
+    assert "timeout" == engine.prepare(_due(), session_id="s").report.skipped_reason
+    closing = threading.Thread(target=engine.close)
+    closing.start()
+    closing.join(timeout=0.2)
+    assert closing.is_alive()  # still waiting on the gated summarizer
+    gate.set()
+    closing.join(timeout=30)
+    assert not closing.is_alive()
+    rows = sqlite3.connect(db_path).execute("SELECT status FROM compactions").fetchall()
+    assert [("applied",)] == rows
+
+
+def _calls(engine: MemoryEngine) -> dict[str, Callable[[], Any]]:
+    messages = [{"role": "user", "content": "hi"}]
+    return {
+        "prepare": lambda: engine.prepare(messages, session_id="s"),
+        "aprepare": lambda: asyncio.run(engine.aprepare(messages, session_id="s")),
+        "after_turn": lambda: engine.after_turn(messages, session_id="s", user_id="u"),
+        "aafter_turn": lambda: asyncio.run(
+            engine.aafter_turn(messages, session_id="s", user_id="u")
+        ),
+        "memories": lambda: engine.memories("u"),
+        "forget": lambda: engine.forget("u"),
+        "recall": lambda: engine.recall("s", "rm-x"),
+        "drop_session": lambda: engine.drop_session("s"),
+        "gc": engine.gc,
+    }
+
+
+CALLS = (
+    "prepare",
+    "aprepare",
+    "after_turn",
+    "aafter_turn",
+    "memories",
+    "forget",
+    "recall",
+    "drop_session",
+    "gc",
+)
+
+
+def test_every_public_call_is_listed(make_engine: Callable[..., MemoryEngine]) -> None:
+    """The table below covers every call the closed engine must refuse."""
+    assert sorted(CALLS) == sorted(_calls(make_engine()))
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_every_call_after_close_raises_one_error(
+    make_engine: Callable[..., MemoryEngine], name: str
+) -> None:
+    """After close(), each public call raises EngineClosedError (never a store error)."""
+    engine = make_engine()
+    engine.prepare([{"role": "user", "content": "hi"}], session_id="s")
+    engine.close()
+    with pytest.raises(EngineClosedError, match="engine is closed"):
+        _calls(engine)[name]()
+
+
+def test_close_is_idempotent_and_flush_after_close_is_true(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """A second close() does nothing; flush() after close has nothing left to wait for."""
+    engine = make_engine()
+    engine.close()
+    engine.close()
+    assert True is engine.flush(timeout_s=0)
