@@ -376,11 +376,21 @@ class Session:
             self._apply(state, user_id)
 
     def _apply(self, state: SessionState, user_id: str | None) -> None:
-        """Take an applied generation; what it newly covers has left the view."""
+        """Take an applied generation; what it newly covers has left the view (a message
+        shown as a substitution already left it when it was substituted)."""
         previous = self.state
         self.state = state
         start = previous.covered if previous.generation else state.prefix_len
-        self._left(user_id, range(start, state.covered))
+        digests, subs, prefix_len = self.raw.digests, self.subs, state.prefix_len
+        stop = min(state.covered, len(digests))
+        self._left(
+            user_id,
+            [
+                i
+                for i in range(start, stop)
+                if substitution_key(i - prefix_len, digests[i]) not in subs
+            ],
+        )
 
     def _left(self, user_id: str | None, indexes: Sequence[int]) -> None:
         on_leave = self.services.on_leave

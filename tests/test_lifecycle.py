@@ -116,3 +116,27 @@ def test_close_is_idempotent_and_flush_after_close_is_true(
     engine.close()
     engine.close()
     assert True is engine.flush(timeout_s=0)
+
+
+def test_messages_leaving_the_view_are_reported_once(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """on_leave receives each raw message as it leaves the view (a trimmed original, or
+    covered by an applied summary), with its raw index, and no index twice."""
+    left: list[tuple[int, dict[str, Any]]] = []
+
+    def on_leave(session_id: str, user_id: str | None, items: list[Any]) -> None:
+        assert ("s", "u") == (session_id, user_id)
+        left.extend(items)
+
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings, on_leave=on_leave) as engine:
+        history = _due()
+        report = engine.prepare(history, session_id="s", user_id="u").report
+        state = engine.store.load_session("s")
+    assert report.compacted
+    indexes = [i for i, _ in left]
+    assert len(indexes) == len(set(indexes))
+    assert all(history[i] is message for i, message in left)
+    assert state is not None
+    assert set(range(state.prefix_len, state.covered)) <= set(indexes)
