@@ -240,18 +240,19 @@ def test_long_material_folds_in_chunks(
 def test_retry_after_then_success_applies(
     server: FakeOpenAI,
     settings: Callable[..., Settings],
-    make_engine: Callable[..., MemoryEngine],
+    engine_for: Callable[..., MemoryEngine],
+    delays: list[float],
     db_path: str,
 ) -> None:
-    """A 429 with Retry-After: 1 is waited out (really), then the 200 applies: 2 attempts."""
-    server.status(429, headers={"Retry-After": "1"})
-    engine = make_engine(settings(llm(server.base_url, max_retries=1)))
+    """A 429 with Retry-After: 3 is waited out (3 s, recorded), then the 200 applies."""
+    server.status(429, headers={"Retry-After": "3"})
+    engine = engine_for(settings(llm(server.base_url, max_retries=1)))
     prepared = engine.prepare(history(), session_id="s1")
 
     assert prepared.report.compacted
     [row] = rows(db_path)
     assert ("applied", MODEL, 2) == (row["status"], row["model"], row["attempts"])
-    assert row["duration_ms"] >= 1000
+    assert [3.0] == delays
     assert 2 == len(server.requests)
 
 
