@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import attrs
+from sessions import tool_loop
+
 import ragent_memory
-from ragent_memory import MemoryEngine, Settings, StoreSettings, load_settings
+from ragent_memory import MemoryEngine, StoreSettings, load_settings
+from ragent_memory.recall import FOOTER_MARK, find_refs
+from ragent_memory.store import GCReport
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
 
@@ -18,19 +24,43 @@ def test_all_is_sorted_and_importable() -> None:
 
 
 def test_design_example_runs(tmp_path: Path) -> None:
-    """The DESIGN §11 example works as written, from the package root."""
-    settings = load_settings(SHIPPED)
-    settings = Settings(
-        context_window_chars=settings.context_window_chars,
+    """The DESIGN §11 example works as written, from the package root, and every call in it
+    does its job: prepare offloads, recall reads back, after_turn + flush learn facts,
+    forget erases them, gc deletes what expired."""
+    settings = attrs.evolve(
+        load_settings(SHIPPED),
+        context_window_chars=40_000,  # an oversized tool result at 4,000 chars
         store=StoreSettings(path=str(tmp_path / "m.db")),
     )
-    with MemoryEngine(settings) as engine:
-        prepared = engine.prepare(
-            [{"role": "user", "content": "hi"}], session_id="s1", user_id="u1"
-        )
-        assert [{"role": "user", "content": "hi"}] == prepared.messages
-        assert 0 == prepared.report.generation
+    now = [datetime(2025, 3, 1, tzinfo=UTC)]
+    export = "order shipped; " * 800  # 12,000 chars
+    messages = [
+        {"role": "system", "content": "You are a support agent."},
+        {"role": "user", "content": "My name is Anna."},
+        {"role": "assistant", "content": "Hello Anna."},
+        {"role": "user", "content": "I live in Lisbon."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "I like surfing. Export my orders."},
+        *tool_loop("c1", export, name="export"),
+    ]
+    with MemoryEngine(settings, clock=lambda: now[0]) as engine:
+        prepared = engine.prepare(messages, session_id="s1", user_id="u1")
+        assert messages[:-1] == prepared.messages[:-1]
+        assert (1, 0) == (prepared.report.truncated, prepared.report.generation)
+        (ref,) = find_refs(prepared.messages[-1]["content"])
         assert "recall_tool_result" == engine.recall_tool()["function"]["name"]
+        assert export == engine.recall("s1", ref, 0, 100_000).rpartition(FOOTER_MARK)[0]
         assert "not found" in engine.recall("s1", "rm-0000")
+
+        engine.after_turn(messages, session_id="s1", user_id="u1")
         engine.flush()
-        engine.gc()
+        assert ["Is called Anna", "Lives in Lisbon", "Likes surfing"] == [
+            f.content for f in engine.memories("u1")
+        ]
+        engine.forget("u1")
+        assert [] == engine.memories("u1")
+
+        assert GCReport() == engine.gc()
+        now[0] += timedelta(days=8)
+        assert GCReport(expired_offloads=1, freed_bytes=len(export)) == engine.gc()
+        assert "not found" in engine.recall("s1", ref)
