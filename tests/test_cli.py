@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ def test_inspect_json(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("context_window_chars: 20000\n")
     result = cli("inspect", "--config", str(config), "--json")
+    assert 0 == result.returncode, result.stderr
     data = json.loads(result.stdout)
     assert 2_000 == data["summary_max_chars"]
     assert 1_500 == data["memory_max_chars"]
@@ -100,6 +102,7 @@ def test_compact_and_audit(tmp_path: Path, fmt: str) -> None:
     audit = cli("audit", "--db", str(db), "--session", "t1", "--json")
     rows = json.loads(audit.stdout)
     assert rows and {"applied"} == {r["status"] for r in rows}
+    assert {None} == {r["user_id"] for r in rows}  # no --user
     lines = cli("audit", "--db", str(db), "--session", "t1", "--jsonl").stdout.splitlines()
     assert rows == [json.loads(line) for line in lines]
     table = cli("audit", "--db", str(db))
@@ -146,3 +149,87 @@ def test_compact_missing_file_exits_2(tmp_path: Path) -> None:
     result = cli("compact", str(tmp_path / "nope.json"))
     assert 2 == result.returncode
     assert "nope.json" in result.stderr
+
+
+# ---------------------------------------------------------------------------- logging, --user
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """One `compact` run over a transcript that compacts, and the store it wrote."""
+
+    file: Path
+    config: Path
+    db: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def compacted(tmp_path_factory: pytest.TempPathFactory) -> Compacted:
+    """`--json -v compact --user u7` over 30 RAG turns at B=20,000 (trims, then compacts)."""
+    root = tmp_path_factory.mktemp("compacted")
+    file, config, db = root / "t.json", root / "c.yaml", root / "a.db"
+    file.write_text(json.dumps(transcript(30)))
+    config.write_text(f"context_window_chars: 20000\nstore: {{path: {db}}}\n")
+    result = cli("--json", "-v", "compact", str(file), "--config", str(config), "--user", "u7")
+    assert 0 == result.returncode, result.stderr
+    return Compacted(file, config, db, result)
+
+
+def events(stderr: str) -> list[dict[str, Any]]:
+    """The log lines on stderr, each parsed as one JSON object."""
+    return [json.loads(line) for line in stderr.splitlines()]
+
+
+def test_global_json_and_verbose_log_events_as_json_lines(compacted: Compacted) -> None:
+    """`--json -v` puts the engine's info events on stderr, one JSON object per line."""
+    names = {e["event"] for e in events(compacted.result.stderr)}
+    assert {"trim.applied", "compaction.applied"} <= names
+    assert "messages" in json.loads(compacted.result.stdout)  # stdout stays the result alone
+
+
+def test_without_verbose_info_events_stay_hidden(compacted: Compacted, tmp_path: Path) -> None:
+    """Without -v only warnings and errors are logged: the same run shows no info event."""
+    db = tmp_path / "quiet.db"
+    result = cli(
+        "--json", "compact", str(compacted.file), "--config", str(compacted.config), "--db", str(db)
+    )
+    assert 0 == result.returncode, result.stderr
+    assert [] == [e for e in events(result.stderr) if e["level"] == "info"]
+
+
+def test_without_json_events_are_for_a_terminal(compacted: Compacted, tmp_path: Path) -> None:
+    """`-v` alone logs the same events, rendered for people rather than as JSON."""
+    result = cli(
+        "-v",
+        "compact",
+        str(compacted.file),
+        "--config",
+        str(compacted.config),
+        "--db",
+        str(tmp_path / "console.db"),
+    )
+    assert 0 == result.returncode, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "compaction.applied" in line]
+    assert lines
+    for line in lines:
+        with pytest.raises(ValueError):
+            json.loads(line)
+
+
+def test_compact_user_is_recorded(compacted: Compacted) -> None:
+    """`compact --user` runs the session as that user: the audit rows carry the id."""
+    rows = json.loads(cli("audit", "--db", str(compacted.db), "--json").stdout)
+    assert rows and {"u7"} == {r["user_id"] for r in rows}
+
+
+def test_audit_summaries_prints_each_applied_summary(compacted: Compacted) -> None:
+    """`audit --summaries` adds every applied summary under its generation; plain audit not."""
+    rows = json.loads(cli("audit", "--db", str(compacted.db), "--json").stdout)
+    with_summaries = cli("audit", "--db", str(compacted.db), "--summaries")
+    plain = cli("audit", "--db", str(compacted.db))
+    assert (0, 0) == (with_summaries.returncode, plain.returncode)
+    for row in rows:
+        block = f"#{row['id']} summary (generation {row['generation']}):\n{row['summary']}"
+        assert block in with_summaries.stdout
+        assert row["summary"] not in plain.stdout
