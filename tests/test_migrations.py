@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ragent_memory import store as store_module
 from ragent_memory.errors import StoreError
 from ragent_memory.store import MIGRATIONS, Store, iso
+from ragent_memory.store import sqlite as sqlite_backend
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 T1 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -64,9 +64,9 @@ def test_an_older_store_gets_only_the_missing_migrations(
     """A store written by an older release (first migration only) is brought up to date on
     open: the old record stays, the new migrations are added after it."""
     assert len(MIGRATIONS) >= 2
-    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", MIGRATIONS[:1])
     open_store(db_path, T0)
-    monkeypatch.setattr(store_module, "MIGRATIONS", MIGRATIONS)
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", MIGRATIONS)
     open_store(db_path, T1)
     expected = [(1, MIGRATIONS[0][0], iso(T0))] + [
         (k, name, iso(T1)) for k, (name, _sql) in enumerate(MIGRATIONS[1:], start=2)
@@ -80,7 +80,7 @@ def test_a_failing_migration_leaves_no_trace(db_path: str, monkeypatch: pytest.M
     open_store(db_path, T0)
     before, schema = recorded(db_path), tables(db_path)
     broken = ("999_broken", "CREATE TABLE half_done (x TEXT); CREATE TABLE oops (")
-    monkeypatch.setattr(store_module, "MIGRATIONS", (*MIGRATIONS, broken))
+    monkeypatch.setattr(sqlite_backend, "MIGRATIONS", (*MIGRATIONS, broken))
     with pytest.raises(StoreError, match=Path(db_path).name):
         open_store(db_path, T1)
     assert (before, schema) == (recorded(db_path), tables(db_path))
