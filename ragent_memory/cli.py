@@ -239,7 +239,13 @@ def compact(
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def gc(db: str | None, config: str | None, as_json: bool) -> None:
+@click.option(
+    "--vacuum",
+    is_flag=True,
+    help="Also rewrite the file to hand all free pages back to the disk (needed once for "
+    "stores created before incremental vacuum; takes a write lock while it runs).",
+)
+def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
     """Delete expired offloads and what is left of dropped sessions; report what was freed."""
     import attrs
 
@@ -253,17 +259,25 @@ def gc(db: str | None, config: str | None, as_json: bool) -> None:
             raise StoreError(f"no store at {path}")  # never create an empty store by accident
         store = Store(path)
         try:
-            report = store.gc()
+            report = store.gc(vacuum=vacuum)
         finally:
             store.close()
+    sizes = ("file_bytes_before", "file_bytes_after")
     if as_json:
-        click.echo(json.dumps(attrs.asdict(report)))
+        fields = attrs.asdict(report)
+        click.echo(
+            json.dumps(fields if vacuum else {k: fields[k] for k in fields if k not in sizes})
+        )
         return
     click.echo(
         f"removed {report.expired_offloads} expired offloads and {report.dropped_offloads} "
         f"offloads of {report.dropped_sessions} dropped sessions; "
         f"freed {report.freed_bytes:,} bytes"
     )
+    if vacuum:
+        click.echo(
+            f"database file {report.file_bytes_before:,} → {report.file_bytes_after:,} bytes"
+        )
 
 
 def _existing_store(config: str | None, db: str | None) -> Store:

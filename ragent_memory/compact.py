@@ -1,10 +1,11 @@
 """Gate 2, compaction (DESIGN §5; Ragent ``AgentContextCompactor`` + middleware).
 
-``plan`` decides whether and where to cut (pure). ``run`` executes one planned compaction: it
-asks the summarizer for the next generation, adds the user's own words, commits the session
-state in one transaction, keeps the summary as a memory of the user (cross-session, DeepFlux)
-and writes the audit row (a failure of either only logs). It runs on the engine's dedicated
-thread pool; any failure leaves the session as it was.
+``plan`` decides whether and where to cut (pure). ``run`` executes one planned compaction in
+three steps: ``summarize`` asks the summarizer for the next generation and adds the user's own
+words (a ``Draft`` carrying the audit figures, computed once); ``commit`` writes the session
+state and its ``applied`` audit row in one transaction; then the summary is kept as a memory
+of the user (cross-session, DeepFlux; a failure only logs). It runs on the engine's dedicated
+thread pool; any failure is audited ``failed`` and leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import attrs
 import structlog
 
-from .chars import Message
+from .chars import Message, chars
 from .errors import RagentMemoryError, StoreError
 from .longterm import index_terms, summary_chunks
 from .loops import map_loops
@@ -55,8 +56,8 @@ class Plan:
     cut: int  # view index of the first kept message (a user message)
     head: int  # view index of the first material message
     total_chars: int
-    material_chars: int
-    kept_chars: int
+    material_chars: int  # the material as shown in the view (placeholders, previews)
+    kept_chars: int  # the kept tail from ``cut`` on, as shown
 
 
 def plan(
@@ -87,7 +88,7 @@ def plan(
     tail = view[cut:]
     if map_loops(tail).orphan_indexes:
         return "orphan_in_tail"
-    return Plan(cut, head, total, material_chars, total - material_chars)
+    return Plan(cut, head, total, material_chars, sum(sizes[cut:]))
 
 
 class StaleCompaction(RagentMemoryError):
@@ -107,6 +108,70 @@ class Job:
     plan: Plan
     prefix_chars: int
 
+    @property
+    def material_chars(self) -> int:
+        """The raw originals the summarizer is handed (not their placeholders)."""
+        return sum(chars(m) for _, m in self.material)
+
+
+@attrs.frozen
+class Draft:
+    """A summarized generation, not committed yet, with the figures its audit row reports."""
+
+    state: SessionState
+    model: str
+    attempts: int
+    material_chars: int  # what the summarizer was actually given
+    chars_after: int  # the view once applied: prefix + summary message + kept tail
+
+
+def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
+    """Ask the summarizer for the next generation and add the user's own words."""
+    previous = job.previous
+    generation = previous.last_generation + 1
+    language = settings.language
+    verbatim = update_verbatim(previous.verbatim, job.material)
+    block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
+    body_budget = settings.summary_max_chars - len(block) - 2
+    outcome = summarizer.summarize(
+        SummaryRequest(material_of(job), previous.body, language, body_budget)
+    )
+    body, summary = fit_summary(outcome.body, block, language, settings.summary_max_chars)
+    state = SessionState(
+        session_id=previous.session_id,
+        user_id=job.user_id,
+        generation=generation,
+        last_generation=generation,
+        summary=summary,
+        body=body,
+        prefix_len=job.prefix_len,
+        covered=job.new_covered,
+        covered_digest=job.covered_digest,
+        verbatim=verbatim,
+    )
+    sent = outcome.material_chars
+    return Draft(
+        state=state,
+        model=outcome.model,
+        attempts=outcome.attempts,
+        material_chars=sent if sent is not None else job.material_chars,
+        chars_after=job.prefix_chars
+        + chars(summary_message(summary, language))
+        + job.plan.kept_chars,
+    )
+
+
+def commit(store: Store, draft: Draft, previous: SessionState, audit: Mapping[str, Any]) -> None:
+    """Write the generation and its ``applied`` audit row in one transaction (DESIGN §10)."""
+    if not store.commit_generation(draft.state, previous, dict(audit)):
+        raise StaleCompaction(
+            "the session changed while summarizing (invalidated, compacted or dropped)"
+        )
+
+
+def material_of(job: Job) -> tuple[Message, ...]:
+    return tuple(m for _, m in job.material)
+
 
 def run(
     job: Job,
@@ -116,101 +181,68 @@ def run(
     settings: Settings,
     emit: Callable[[str, dict[str, Any]], None],
 ) -> SessionState | None:
-    """Summarize, commit, audit. Returns the new state, or None when the compaction failed."""
+    """Summarize, then commit with the audit row. Returns the new state, or None when the
+    compaction failed (audited ``failed``; the session stays as it was)."""
     started = time.perf_counter()
-    previous = job.previous
-    generation = previous.last_generation + 1
-    session_id = previous.session_id
-    language = settings.language
-    verbatim = update_verbatim(previous.verbatim, job.material)
-    block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
-    body_budget = settings.summary_max_chars - len(block) - 2
-    material = tuple(m for _, m in job.material)
     base = {
-        "session_id": session_id,
+        "session_id": job.previous.session_id,
         "user_id": job.user_id,
-        "generation": generation,
-        "material_messages": len(material),
-        "material_chars": job.plan.material_chars,
+        "generation": job.previous.last_generation + 1,
+        "material_messages": len(job.material),
+        "material_chars": job.material_chars,
         "chars_before": job.plan.total_chars,
     }
     emit("before_summarize", {**base})
-    summary_name = summarizer.name
     try:
-        outcome = summarizer.summarize(
-            SummaryRequest(material, previous.body, language, body_budget)
-        )
-        summary_name = outcome.model
-        body, summary = fit_summary(outcome.body, block, language, settings.summary_max_chars)
-        state = SessionState(
-            session_id=session_id,
-            user_id=job.user_id,
-            generation=generation,
-            last_generation=generation,
-            summary=summary,
-            body=body,
-            prefix_len=job.prefix_len,
-            covered=job.new_covered,
-            covered_digest=job.covered_digest,
-            verbatim=verbatim,
-        )
-        if not store.commit_generation(state, previous):
-            raise StaleCompaction(
-                "the session changed while summarizing (invalidated, compacted or dropped)"
-            )
+        draft = summarize(job, summarizer=summarizer, settings=settings)
+        summary = draft.state.summary
+        applied = {
+            **base,
+            "status": "applied",
+            "reason": "over_trigger",
+            "model": draft.model,
+            "attempts": draft.attempts,
+            "material_chars": draft.material_chars,
+            "summary_chars": len(summary),
+            "chars_after": draft.chars_after,
+            "duration_ms": int((time.perf_counter() - started) * 1000),
+            "summary": summary,
+        }
+        commit(store, draft, job.previous, applied)
     except Exception as err:  # the worker boundary: any failure is audited, never raised
-        duration_ms = int((time.perf_counter() - started) * 1000)
-        attempts = getattr(err, "attempts", 0)
-        log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
-        write_audit(
-            store,
-            {
-                **base,
-                "status": "failed",
-                "reason": "stale" if isinstance(err, StaleCompaction) else type(err).__name__,
-                "model": summary_name,
-                "attempts": attempts,
-                "chars_after": job.plan.total_chars,
-                "duration_ms": duration_ms,
-                "error": str(err),
-            },
-        )
+        fail(store, base, err, model=summarizer.name, started=started)
         emit("after_summarize", {**base, "status": "failed", "error": str(err)})
         return None
     if settings.long_term_enabled and job.user_id:
-        remember_summary(store, job.user_id, state)
-    duration_ms = int((time.perf_counter() - started) * 1000)
-    chars_after = (
-        job.prefix_chars
-        + len(summary_message(summary, language)["content"])
-        + (job.plan.kept_chars)
-    )
+        remember_summary(store, job.user_id, draft.state)
+    fields = {k: v for k, v in applied.items() if k not in ("status", "reason", "summary")}
+    # chars_in/chars_out: the TurnReport names, for log queries.
     log.info(
-        "compaction.applied",
-        **base,
-        summary_chars=len(summary),
-        chars_after=chars_after,
-        chars_in=job.plan.total_chars,  # the TurnReport names, for log queries
-        chars_out=chars_after,
-        duration_ms=duration_ms,
-        model=summary_name,
+        "compaction.applied", **fields, chars_in=job.plan.total_chars, chars_out=draft.chars_after
     )
+    emit("after_summarize", {**base, "status": "applied", "summary_chars": len(summary)})
+    return draft.state
+
+
+def fail(
+    store: Store, base: Mapping[str, Any], err: Exception, *, model: str, started: float
+) -> None:
+    """Log and audit a compaction that did not apply."""
+    duration_ms = int((time.perf_counter() - started) * 1000)
+    log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
     write_audit(
         store,
         {
             **base,
-            "status": "applied",
-            "reason": "over_trigger",
-            "model": summary_name,
-            "attempts": outcome.attempts,
-            "summary_chars": len(summary),
-            "chars_after": chars_after,
+            "status": "failed",
+            "reason": "stale" if isinstance(err, StaleCompaction) else type(err).__name__,
+            "model": model,
+            "attempts": getattr(err, "attempts", 0),
+            "chars_after": base["chars_before"],
             "duration_ms": duration_ms,
-            "summary": summary,
+            "error": str(err),
         },
     )
-    emit("after_summarize", {**base, "status": "applied", "summary_chars": len(summary)})
-    return state
 
 
 def remember_summary(store: Store, user_id: str, state: SessionState) -> None:

@@ -67,12 +67,15 @@ class Forgotten:
 
 @attrs.frozen
 class GCReport:
-    """What one :meth:`Store.gc` deleted."""
+    """What one :meth:`Store.gc` deleted, and what the database file shrank by."""
 
     expired_offloads: int = 0
     dropped_sessions: int = 0
     dropped_offloads: int = 0  # offloads of those sessions (expired or not)
     freed_bytes: int = 0  # UTF-8 bytes of the deleted originals
+    # The file on disk before and after (0 for ``:memory:``); not compared, they vary by page.
+    file_bytes_before: int = attrs.field(default=0, eq=False)
+    file_bytes_after: int = attrs.field(default=0, eq=False)
 
 
 @attrs.frozen

@@ -394,6 +394,9 @@ class SummaryOutcome:
     body: str
     model: str
     attempts: int
+    # Chars of material the summarizer was actually given, when it used less than the whole
+    # request (None: all of it). The audit reports it as ``material_chars``.
+    material_chars: int | None = None
 
 
 class Summarizer(Protocol):

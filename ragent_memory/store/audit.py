@@ -4,25 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
+import sqlite_utils
+
 from ..errors import StoreError
 from .base import StoreBase, iso
 from .schema import COMPACTION_COLUMNS
 
 
+def audit_record(row: dict[str, Any], now: str) -> dict[str, Any]:
+    """``row`` checked against the columns, stamped with ``created_at``."""
+    unknown = set(row) - set(COMPACTION_COLUMNS)
+    if unknown:
+        raise StoreError(f"unknown compactions columns: {sorted(unknown)}")
+    return {**row, "created_at": row.get("created_at") or now}
+
+
+def insert_audit(db: sqlite_utils.Database, record: dict[str, Any]) -> int:
+    cursor = db.execute(
+        f"INSERT INTO compactions ({', '.join(record)}) VALUES ({', '.join('?' * len(record))})",
+        list(record.values()),
+    )
+    return int(cursor.lastrowid or 0)
+
+
 class AuditTable(StoreBase):
     def audit(self, row: dict[str, Any]) -> int:
         """Append one row to ``compactions``; returns its id."""
-        unknown = set(row) - set(COMPACTION_COLUMNS)
-        if unknown:
-            raise StoreError(f"unknown compactions columns: {sorted(unknown)}")
-        record = {**row, "created_at": row.get("created_at") or iso(self.clock())}
+        record = audit_record(row, iso(self.clock()))
         with self._locked("audit write"):
-            cursor = self.db.execute(
-                f"INSERT INTO compactions ({', '.join(record)})"
-                f" VALUES ({', '.join('?' * len(record))})",
-                list(record.values()),
-            )
-            return int(cursor.lastrowid or 0)
+            return insert_audit(self.db, record)
 
     def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions"

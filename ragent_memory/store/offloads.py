@@ -9,6 +9,8 @@ import hmac
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from ..records import GCReport
 from .base import StoreBase, _storable, iso
 
@@ -71,8 +73,22 @@ class OffloadTables(StoreBase):
             self.db.execute("DELETE FROM offloads WHERE session_id = ?", [session_id])
             self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
 
-    def gc(self) -> GCReport:
-        """Delete expired offloads and the offloads of dropped sessions, in one transaction."""
+    def gc(self, *, vacuum: bool = False) -> GCReport:
+        """Delete expired offloads and the offloads of dropped sessions, in one transaction,
+        then hand the freed pages back to the disk (:meth:`_shrink`)."""
+        before = self.file_bytes()
+        report = self._delete_garbage()
+        self._shrink(vacuum=vacuum)
+        return attrs.evolve(report, file_bytes_before=before, file_bytes_after=self.file_bytes())
+
+    def file_bytes(self) -> int:
+        """The size of the store on disk (0 when it has no file)."""
+        return 0
+
+    def _shrink(self, *, vacuum: bool) -> None:
+        """Give freed space back to the file system (a backend without a file has none)."""
+
+    def _delete_garbage(self) -> GCReport:
         now = iso(self.clock())
         dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
         measure = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 COMPACTION_COLUMNS = (
     "id",
     "session_id",
@@ -151,3 +153,8 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be
 # deleted by rowid range (FTS5 filters on UNINDEXED columns by scanning).
 FTS_ROWS_PER_MEMORY = 1024
+
+_CREATED_TABLE = re.compile(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)", re.IGNORECASE)
+# Every table the migrations create: a store whose migrations are recorded but one of them is
+# missing is refused at start-up instead of failing on every later call.
+TABLES = frozenset(name for _, sql in MIGRATIONS for name in _CREATED_TABLE.findall(sql))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from ..records import SessionState, Substitution
+from .audit import audit_record, insert_audit
 from .base import _json_text, iso
 from .offloads import OffloadTables
 
@@ -78,10 +80,16 @@ class SessionTables(OffloadTables):
         with self._locked("write"), self.db.atomic():
             self._write_session(state)
 
-    def commit_generation(self, state: SessionState, previous: SessionState) -> bool:
+    def commit_generation(
+        self, state: SessionState, previous: SessionState, audit: dict[str, Any] | None = None
+    ) -> bool:
         """Write ``state`` only if the stored session is still ``previous`` (same generation
         numbers) and was not dropped meanwhile; False when a late compaction lost the race to
-        an invalidation, another compaction or a drop."""
+        an invalidation, another compaction or a drop.
+
+        ``audit``, the generation's ``applied`` row, commits in the same transaction: a crash
+        leaves both or neither (DESIGN §10)."""
+        record = audit_record(audit, iso(self.clock())) if audit is not None else None
         with self._locked("write"), self.db.atomic():
             dropped = self.db.execute(
                 "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [state.session_id]
@@ -94,6 +102,8 @@ class SessionTables(OffloadTables):
             if dropped is not None or current != (previous.generation, previous.last_generation):
                 return False
             self._write_session(state)
+            if record is not None:
+                insert_audit(self.db, record)
             return True
 
     def _write_session(self, state: SessionState) -> None:

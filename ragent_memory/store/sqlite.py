@@ -5,9 +5,12 @@ One connection shared by every thread, guarded by a lock (sqlite3 objects are no
 
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import sqlite_utils
@@ -16,12 +19,52 @@ from ..errors import StoreError
 from .audit import AuditTable
 from .base import Clock, iso, utc_now
 from .memories import MemoryTables
-from .schema import MIGRATIONS
+from .schema import MIGRATIONS, TABLES
 from .sessions import SessionTables
+
+BUSY_TIMEOUT_S = 30.0
+
+
+class _Database(sqlite_utils.Database):
+    """``atomic()`` opens its transaction with ``BEGIN IMMEDIATE``.
+
+    A deferred ``BEGIN`` that reads and then writes upgrades its lock mid-transaction; when
+    another process wrote meanwhile, SQLite fails that upgrade at once with ``database is
+    locked`` instead of waiting out the busy timeout. Taking the write lock up front makes a
+    second writer wait its turn.
+    """
+
+    @contextmanager
+    def atomic(self) -> Iterator[sqlite_utils.Database]:
+        if self.conn.in_transaction:  # nested: sqlite-utils' savepoints
+            with super().atomic() as db:
+                yield db
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.conn.rollback()
+            raise
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.rollback()
+            raise
+
+
+class _Probe(Exception):
+    """Rolls back the write probe of :meth:`Store._check_writable`."""
 
 
 class Store(SessionTables, MemoryTables, AuditTable):
-    """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`."""
+    """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`.
+
+    Opening checks the store can do what every turn needs: its directory exists or can be
+    created, the file opens, migrates and can be written, and every table is there. Anything
+    else is a :class:`StoreError` naming the path and the reason, raised here rather than
+    logged on every later turn.
+    """
 
     def __init__(self, path: str | Path, *, clock: Clock = utc_now) -> None:
         self.path = str(path)
@@ -30,15 +73,33 @@ class Store(SessionTables, MemoryTables, AuditTable):
         try:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
-            self.db = sqlite_utils.Database(conn, execute_plugins=False)
-            self.db.execute("PRAGMA busy_timeout = 30000")
+        except OSError as err:
+            raise StoreError(
+                f"cannot open store {self.path!r}: its directory cannot be created "
+                f"({err.strerror or err})"
+            ) from err
+        if self.path != ":memory:" and os.path.isdir(self.path):
+            raise StoreError(f"cannot open store {self.path!r}: it is a directory")
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            self.db = _Database(conn, execute_plugins=False)
+            self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             if self.path != ":memory:":
+                if not self.db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
+                    # A new file: let gc hand freed pages back to the file system.
+                    self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 self.db.execute("PRAGMA journal_mode = WAL")
                 self.db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+            self._check_schema()
             self._secret = self._load_secret()
-        except sqlite3.Error as err:
+            self._check_writable()
+        except (sqlite3.Error, StoreError) as err:
+            if conn is not None:
+                conn.close()
+            if isinstance(err, StoreError):
+                raise
             raise StoreError(f"cannot open store {self.path!r}: {err}") from err
 
     def _migrate(self) -> None:
@@ -51,12 +112,66 @@ class Store(SessionTables, MemoryTables, AuditTable):
             if name in done:
                 continue
             with self.db.atomic():
+                # Checked again under the write lock: two processes opening a new file at
+                # once must not both apply a migration.
+                if self.db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                    continue
                 for statement in sql.split(";"):
                     if statement.strip():
                         self.db.execute(statement)
                 self.db.table("_migrations").insert(
                     {"version": version, "name": name, "applied_at": iso(self.clock())}
                 )
+
+    def _check_schema(self) -> None:
+        present = {
+            row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        missing = sorted(TABLES - present)
+        if missing:
+            raise StoreError(
+                f"cannot open store {self.path!r}: its migrations are recorded but tables "
+                f"{', '.join(missing)} are missing (a damaged or foreign database)"
+            )
+
+    def _check_writable(self) -> None:
+        """Fail now on a store every later write would fail on (a read-only file or
+        directory): a write that is rolled back still needs the file to be writable."""
+        try:
+            with self.db.atomic():
+                self.db.execute("UPDATE meta SET value = value WHERE key = 'secret'")
+                raise _Probe
+        except _Probe:
+            pass
+        except sqlite3.Error as err:
+            raise StoreError(
+                f"cannot open store {self.path!r}: it is not writable ({err})"
+            ) from err
+
+    def file_bytes(self) -> int:
+        """The size of the database on disk, its write-ahead log included (0 for
+        ``:memory:``)."""
+        if self.path == ":memory:":
+            return 0
+        total = 0
+        for name in (self.path, self.path + "-wal"):
+            with suppress(OSError):
+                total += os.path.getsize(name)
+        return total
+
+    def _shrink(self, *, vacuum: bool) -> None:
+        """Stores created by this version free pages incrementally; an older file (created
+        without ``auto_vacuum``) needs ``vacuum=True`` once, which rewrites the whole file and
+        switches it to incremental vacuum for later runs."""
+        with self._locked("vacuum"):
+            if vacuum:
+                self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                self.db.execute("VACUUM")
+            else:
+                # One page per step: run it to completion (execute() would step only once).
+                self.db.conn.executescript("PRAGMA incremental_vacuum;")
+            if self.path != ":memory:":
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _load_secret(self) -> bytes:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
