@@ -21,7 +21,7 @@ from ragent_memory.chars import chars
 from ragent_memory.engine import MemoryEngine
 from ragent_memory.errors import StoreError
 from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.store import Store
+from ragent_memory.store import MIGRATIONS, Store
 from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 NOBODY = 65534
@@ -77,7 +77,7 @@ def test_two_stores_opening_a_new_file_at_once_migrate_it_once(tmp_path: Path) -
         thread.join(60)
     assert [] == errors
     assert 4 == len(stores)
-    assert ["001_core", "002_dropped_sessions", "003_long_term_memory"] == stores[0].migrations()
+    assert [name for name, _ in MIGRATIONS] == stores[0].migrations()
     for store in stores:
         store.close()
 
