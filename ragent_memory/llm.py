@@ -127,12 +127,14 @@ class CircuitBreaker:
             self._failures.pop(key, None)
             self._opened_at.pop(key, None)
 
-    def record_failure(self, key: Hashable) -> None:
+    def record_failure(self, key: Hashable) -> bool:
+        """Count a failed request; whether the breaker is open now."""
         with self._lock:
             count = self._failures.get(key, 0) + 1
             self._failures[key] = count
             if count >= self._threshold:
                 self._opened_at[key] = self._clock()
+            return count >= self._threshold
 
 
 class _BadReply(Exception):
@@ -146,6 +148,26 @@ class _Failure:
     is_retryable: bool
     status_code: int | None = None
     retry_after: str | None = None
+
+
+@attrs.frozen
+class _Request:
+    """One ``complete`` call: what to send, how to check the reply, what to hide."""
+
+    messages: list[dict[str, str]]
+    temperature: float
+    max_tokens: int
+    validate: Callable[[str], str] | None
+    purpose: str
+    secrets: tuple[str, ...]  # every configured key that is set, scrubbed from all error text
+
+
+@attrs.frozen
+class _GaveUp:
+    """An endpoint that gave no usable reply."""
+
+    attempts: int  # HTTP calls made by this complete() so far, this endpoint's included
+    reason: str  # scrubbed, for the LLMError
 
 
 class LLMClient:
@@ -214,68 +236,65 @@ class LLMClient:
         """
         if self._is_closed:
             raise RuntimeError("LLMClient is closed")
+        endpoints = self._settings.endpoints
+        keys = [_api_key(endpoint) for endpoint in endpoints]
+        secrets = tuple(key for key in keys if key is not None and key != _NO_KEY)
+        request = _Request(messages, temperature, max_tokens, validate, purpose, secrets)
         attempts = 0
-        secrets: list[str] = []
-        last_errors: list[str] = []
-        for index, endpoint in enumerate(self._settings.endpoints):
+        reasons: list[str] = []
+        for index, (endpoint, api_key) in enumerate(zip(endpoints, keys, strict=True)):
             phase = "primary" if index == 0 else "fallback"
-            url = _public_url(endpoint.base_url)
-            where = f"{url} ({endpoint.model})"
-            breaker_key = (endpoint.base_url, endpoint.model)
-            if self._breaker.is_open(breaker_key):
-                last_errors.append(f"{where}: skipped, circuit open")
-                self._log_skip(endpoint, purpose, "circuit_open")
-                continue
-            api_key = _api_key(endpoint)
-            if api_key is None:
-                last_errors.append(
-                    f"{where}: environment variable {endpoint.api_key_env} is not set or empty"
-                )
-                self._log_skip(endpoint, purpose, "missing_api_key")
-                continue
-            if api_key != _NO_KEY:
-                secrets.append(api_key)
-            client = self._client(endpoint.base_url)
-            last: _Failure | None = None
-            for retry_index in range(self._settings.max_retries + 1):
-                attempts += 1
-                outcome = self._call(
-                    client, endpoint, api_key, messages, temperature, max_tokens, validate, secrets
-                )
-                if isinstance(outcome, str):
-                    self._breaker.record_success(breaker_key)
-                    self._report(attempts, phase, endpoint, purpose, None, None)
-                    return Completion(
-                        text=outcome,
-                        model=endpoint.model,
-                        endpoint=url,
-                        attempts=attempts,
-                        phase=phase,
-                    )
-                last = outcome
-                self._breaker.record_failure(breaker_key)
-                will_retry = (
-                    outcome.is_retryable
-                    and retry_index < self._settings.max_retries
-                    and not self._breaker.is_open(breaker_key)
-                )
-                delay_s = (
-                    retry_delay_s(retry_index, outcome.retry_after, self._rand())
-                    if will_retry
-                    else None
-                )
-                self._report(attempts, phase, endpoint, purpose, outcome, delay_s)
-                if delay_s is None:
-                    break
-                self._sleep(delay_s)
-            if last is not None:
-                last_errors.append(f"{where}: {last.error}: {last.detail}")
-        message = f"every LLM endpoint failed after {attempts} attempt(s): " + "; ".join(
-            last_errors
-        )
+            outcome = self._ask(endpoint, api_key, phase, request, attempts)
+            if isinstance(outcome, Completion):
+                return outcome
+            attempts = outcome.attempts
+            reasons.append(outcome.reason)
         # Not chained: the underlying error holds the request (with its Authorization header)
-        # and may quote a server that echoed the key; the scrubbed summary above is the record.
-        raise LLMError(_scrub(message, secrets), attempts=attempts) from None
+        # and may quote a server that echoed the key; the scrubbed reasons are the record.
+        raise LLMError(
+            f"every LLM endpoint failed after {attempts} attempt(s): " + "; ".join(reasons),
+            attempts=attempts,
+        ) from None
+
+    def _ask(
+        self,
+        endpoint: EndpointSettings,
+        api_key: str | None,
+        phase: str,
+        request: _Request,
+        attempts: int,
+    ) -> Completion | _GaveUp:
+        """One endpoint, retried while its failures are transient and its breaker closed."""
+        url = _public_url(endpoint.base_url)
+        where = f"{url} ({endpoint.model})"
+        breaker_key = (endpoint.base_url, endpoint.model)
+        if self._breaker.is_open(breaker_key):
+            self._log_skip(endpoint, request.purpose, "circuit_open")
+            return _GaveUp(attempts, f"{where}: skipped, circuit open")
+        if api_key is None:
+            self._log_skip(endpoint, request.purpose, "missing_api_key")
+            reason = f"environment variable {endpoint.api_key_env} is not set or empty"
+            return _GaveUp(attempts, f"{where}: {reason}")
+        retry_index = 0
+        while True:
+            attempts += 1
+            outcome = self._call(endpoint, api_key, request)
+            if isinstance(outcome, str):
+                self._breaker.record_success(breaker_key)
+                self._report(attempts, phase, endpoint, request.purpose, None, None)
+                return Completion(outcome, endpoint.model, url, attempts, phase)
+            is_open = self._breaker.record_failure(breaker_key)
+            if outcome.is_retryable and retry_index < self._settings.max_retries and not is_open:
+                delay_s: float | None = retry_delay_s(
+                    retry_index, outcome.retry_after, self._rand()
+                )
+            else:
+                delay_s = None
+            self._report(attempts, phase, endpoint, request.purpose, outcome, delay_s)
+            if delay_s is None:
+                return _GaveUp(attempts, f"{where}: {outcome.error}: {outcome.detail}")
+            self._sleep(delay_s)
+            retry_index += 1
 
     def _client(self, base_url: str) -> openai.OpenAI:
         with self._lock:
@@ -292,33 +311,23 @@ class LLMClient:
                 self._clients[base_url] = client
             return client
 
-    def _call(
-        self,
-        client: openai.OpenAI,
-        endpoint: EndpointSettings,
-        api_key: str,
-        messages: list[dict[str, str]],
-        temperature: float,
-        max_tokens: int,
-        validate: Callable[[str], str] | None,
-        secrets: list[str],
-    ) -> str | _Failure:
+    def _call(self, endpoint: EndpointSettings, api_key: str, request: _Request) -> str | _Failure:
         """One HTTP call: the accepted text, or what went wrong."""
         try:
-            reply = client.chat.completions.create(
+            reply = self._client(endpoint.base_url).chat.completions.create(
                 model=endpoint.model,
                 # The caller's messages are plain OpenAI chat dicts; the SDK types them as
                 # TypedDicts, which a dict[str, str] cannot be proven to match.
-                messages=cast(Any, messages),
-                temperature=temperature,
-                max_tokens=max_tokens,
+                messages=cast(Any, request.messages),
+                temperature=request.temperature,
+                max_tokens=request.max_tokens,
                 extra_headers={"Authorization": f"Bearer {api_key}"},
             )
         except openai.APIStatusError as err:
             status = err.status_code
             return _Failure(
                 error=type(err).__name__,
-                detail=_clip(_scrub(str(err), secrets)),
+                detail=_clip(_scrub(str(err), request.secrets)),
                 is_retryable=status in _RETRYABLE_STATUS or status >= 500,
                 status_code=status,
                 retry_after=err.response.headers.get("retry-after"),
@@ -326,16 +335,16 @@ class LLMClient:
         except (
             openai.OpenAIError
         ) as err:  # timeouts, connection errors, anything else the SDK raises
-            return _Failure(type(err).__name__, _clip(_scrub(str(err), secrets)), True)
+            return _Failure(type(err).__name__, _clip(_scrub(str(err), request.secrets)), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
         try:
             text = _reply_text(reply)
-            return validate(text) if validate is not None else text
+            return request.validate(text) if request.validate is not None else text
         except _BadReply as err:
             return _Failure("BadReply", str(err), True)
         except SummaryError as err:
-            return _Failure(type(err).__name__, _clip(_scrub(err.reason, secrets)), True)
+            return _Failure(type(err).__name__, _clip(_scrub(err.reason, request.secrets)), True)
 
     def _report(
         self,
@@ -430,7 +439,7 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _scrub(text: str, secrets: list[str]) -> str:
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, _REDACTED)
     return _BEARER.sub(f"Bearer {_REDACTED}", text)
