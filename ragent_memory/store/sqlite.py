@@ -19,7 +19,7 @@ from ..errors import StoreError
 from .audit import AuditTable
 from .base import Clock, iso, utc_now
 from .memories import MemoryTables
-from .schema import MIGRATIONS, TABLES
+from .schema import MIGRATIONS, tables_created
 from .sessions import SessionTables
 
 BUSY_TIMEOUT_S = 30.0
@@ -127,7 +127,7 @@ class Store(SessionTables, MemoryTables, AuditTable):
         present = {
             row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
-        missing = sorted(TABLES - present)
+        missing = sorted(tables_created(MIGRATIONS) - present)
         if missing:
             raise StoreError(
                 f"cannot open store {self.path!r}: its migrations are recorded but tables "
