@@ -365,3 +365,49 @@ def demo(config: str | None, turns: int, out_dir: str) -> None:
 
     with user_errors():
         run_demo(config=config, turns=turns, out_dir=Path(out_dir))
+
+
+@cli.command()
+@click.option("--config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG}).")
+@click.option(
+    "--upstream",
+    help="The model's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+    "(default: serve.upstream of the config).",
+)
+@click.option("--host", help="Interface to listen on (default: serve.host, 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default: serve.port, 8089; 0 picks a free one).")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    config: str | None,
+    upstream: str | None,
+    host: str | None,
+    port: int | None,
+) -> None:
+    """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
+    import attrs
+
+    from .errors import ConfigError
+
+    with user_errors():
+        settings = _settings(config)
+        given: dict[str, Any] = {"upstream": upstream, "host": host, "port": port}
+        section = attrs.evolve(settings.serve, **{k: v for k, v in given.items() if v is not None})
+        if not section.upstream:
+            raise ConfigError("serve.upstream", "no upstream: pass --upstream URL or set it")
+        settings = attrs.evolve(settings, serve=section)
+        try:
+            from .serve import serve as run_proxy
+            from .serve import shown_url
+        except ImportError as err:
+            raise click.ClickException(
+                f"serve needs the 'serve' extra ({err.name} is missing): "
+                "pip install 'ragent-memory[serve]'"
+            ) from err
+        verbose = bool(ctx.find_root().params.get("verbose"))
+        target = shown_url(section.upstream)
+        run_proxy(
+            settings,
+            verbose=verbose,
+            ready=lambda url: click.echo(f"ragent-memory serve: {url} → {target}", err=True),
+        )

@@ -132,6 +132,50 @@ class StoreSettings:
     )
 
 
+def _http_url(value: Any) -> bool:
+    if value is None:
+        return True
+    scheme, _, rest = value.partition("://") if isinstance(value, str) else ("", "", "")
+    return scheme in ("http", "https") and bool(rest.strip("/"))
+
+
+@attrs.frozen
+class ServeSettings:
+    """``ragent-memory serve`` (DESIGN §14b): the OpenAI-compatible proxy and its bounds."""
+
+    upstream: str | None = attrs.field(
+        default=None,
+        validator=_check("serve.upstream", _http_url, "an http(s) base URL, e.g. http://h/v1"),
+    )
+    host: str = attrs.field(
+        default="127.0.0.1", validator=_check("serve.host", _non_empty_str, "a host name")
+    )
+    port: int = attrs.field(
+        default=8089,
+        validator=_check("serve.port", lambda v: _is_int(v) and 0 <= v <= 65535, "0..65535"),
+    )
+    max_body_bytes: int = attrs.field(
+        default=32 * 1024 * 1024,
+        validator=_check(
+            "serve.max_body_bytes", lambda v: _is_int(v) and v >= 1024, "an integer ≥ 1024"
+        ),
+    )
+    timeout_s: float = attrs.field(
+        default=600.0,
+        validator=_check("serve.timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
+    )
+    max_concurrency: int = attrs.field(
+        default=64,
+        validator=_check(
+            "serve.max_concurrency", lambda v: _is_int(v) and 1 <= v <= 10_000, "1..10000"
+        ),
+    )
+    max_tool_rounds: int = attrs.field(
+        default=3,
+        validator=_check("serve.max_tool_rounds", lambda v: _is_int(v) and 0 <= v <= 10, "0..10"),
+    )
+
+
 def _tool_names(value: Any) -> bool:
     return isinstance(value, tuple) and all(_non_empty_str(v) for v in value)
 
@@ -140,7 +184,7 @@ def _nested(key: str, value: Any) -> Any:
     """Settings built in code may give a nested section as a mapping, as in the YAML file
     (``store={"path": "m.db"}``), or the store as a bare path."""
     if isinstance(value, Mapping):
-        return _build(StoreSettings if key == "store" else LLMSettings, value, key)
+        return _build(_SECTIONS[key], value, key)
     if key == "store" and isinstance(value, str | Path):
         return StoreSettings(path=str(value))
     return value
@@ -152,6 +196,10 @@ def _store_section(value: Any) -> Any:
 
 def _llm_section(value: Any) -> Any:
     return _nested("llm", value)
+
+
+def _serve_section(value: Any) -> Any:
+    return _nested("serve", value)
 
 
 @attrs.frozen
@@ -209,6 +257,12 @@ class Settings:
         validator=_check(
             "llm", lambda v: v is None or isinstance(v, LLMSettings), "LLMSettings or None"
         ),
+    )
+
+    serve: ServeSettings = attrs.field(
+        factory=ServeSettings,
+        converter=_serve_section,
+        validator=_check("serve", lambda v: isinstance(v, ServeSettings), "ServeSettings"),
     )
 
     # Derived values (DESIGN §1). Read-only: they follow B.
@@ -279,6 +333,8 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
             raise ConfigError(key_path, f"unknown key (known: {', '.join(sorted(known))})")
         if cls is Settings and key == "store":
             value = _build(StoreSettings, value, key_path)
+        elif cls is Settings and key == "serve":
+            value = _build(ServeSettings, value, key_path)
         elif cls is Settings and key == "llm":
             value = None if value is None else _build(LLMSettings, value, key_path)
         elif cls is Settings and key == "evictable_tools" and not isinstance(value, list):
@@ -301,6 +357,13 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
         raise
     except TypeError as err:  # a required key is missing
         raise ConfigError(path or "(top level)", str(err)) from None
+
+
+_SECTIONS: dict[str, type] = {
+    "store": StoreSettings,
+    "llm": LLMSettings,
+    "serve": ServeSettings,
+}
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:

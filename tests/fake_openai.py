@@ -9,6 +9,11 @@ Each ``POST /v1/chat/completions`` is recorded in ``server.requests`` and answer
 scripted :class:`Answer`; when the script is empty, by ``server.default(body)``, a callable
 returning the reply text or an ``Answer`` (so a test can echo a valid summary). Tests use the
 ``fake_openai`` fixture or the context manager; closing interrupts stalls and joins every thread.
+
+``Answer.stream(events, hold=…, finished=…)`` answers with an SSE stream written event by event;
+it can wait for a ``threading.Event`` after the first events (bounded, cut short by close), so a
+test can prove that a client saw them before the stream finished. ``GET /v1/models`` answers a
+fixed model list.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import contextlib
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -53,6 +58,21 @@ class Answer:
     raw: bytes | None = None
     stall_s: float = 0.0
     then: Answer | None = None  # what a stall answers with; None = the default answer
+    events: tuple[bytes, ...] = ()  # an SSE stream, written event by event
+    hold: threading.Event | None = None  # the stream waits for it after ``hold_after`` events
+    hold_after: int = 1
+    finished: threading.Event | None = None  # set once the whole stream is written
+
+    @classmethod
+    def stream(
+        cls,
+        events: Sequence[bytes],
+        *,
+        hold: threading.Event | None = None,
+        hold_after: int = 1,
+        finished: threading.Event | None = None,
+    ) -> Answer:
+        return cls(events=tuple(events), hold=hold, hold_after=hold_after, finished=finished)
 
     @classmethod
     def reply(
@@ -145,6 +165,13 @@ class FakeOpenAI:
     def tool_call(self, name: str = "search_knowledge") -> None:
         self.enqueue(Answer.tool_call(name))
 
+    def reset(self) -> None:
+        """Forget the script, the recorded requests and any custom default answer."""
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+        self.default = lambda _body: DEFAULT_TEXT
+
     # ---- lifecycle
     def close(self) -> None:
         self._closing.set()
@@ -191,6 +218,9 @@ class FakeOpenAI:
         self._send(handler, answer, body)
 
     def _send(self, handler: BaseHTTPRequestHandler, answer: Answer, body: Any) -> None:
+        if answer.events:
+            self._send_stream(handler, answer)
+            return
         payload = answer.payload
         if answer.raw is None and answer.status == 200 and isinstance(payload, dict):
             model = body.get("model") if isinstance(body, dict) else None
@@ -210,6 +240,68 @@ class FakeOpenAI:
         handler.end_headers()
         handler.wfile.write(content)
 
+    def _send_stream(self, handler: BaseHTTPRequestHandler, answer: Answer) -> None:
+        """Headers, then each event flushed on its own; the connection closes at the end
+        (HTTP/1.0, no Content-Length)."""
+        handler.send_response(answer.status)
+        for name, value in {"Content-Type": "text/event-stream", **answer.headers}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        for number, event in enumerate(answer.events):
+            if answer.hold is not None and number == answer.hold_after:
+                waited = 0.0
+                while not answer.hold.wait(0.05) and waited < MAX_STALL_S:
+                    if self._closing.is_set():
+                        return
+                    waited += 0.05
+            handler.wfile.write(event)
+            handler.wfile.flush()
+        if answer.finished is not None:
+            answer.finished.set()
+
+    def _models(self, handler: BaseHTTPRequestHandler) -> None:
+        headers = {name.lower(): value for name, value in handler.headers.items()}
+        with self._lock:
+            self.requests.append(RecordedRequest(handler.path, headers, None))
+        found = handler.path == "/v1/models"
+        payload = (
+            {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "t"}]}
+            if found
+            else {"error": {"message": "not found", "type": "fake", "code": 404}}
+        )
+        self._send(handler, Answer(status=200 if found else 404, payload=payload), None)
+
+
+def sse_events(
+    pieces: Sequence[str] = (), *, tool_calls: Sequence[tuple[str, str]] = (), chunk_id: str = "s"
+) -> list[bytes]:
+    """An OpenAI-style chat-completion stream: a role chunk, one chunk per text piece, one per
+    tool call ``(name, arguments)``, a finish chunk and ``[DONE]``."""
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {
+            "id": f"chatcmpl-{chunk_id}",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "fake-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    events = [event({"role": "assistant", "content": ""})]
+    events += [event({"content": piece}) for piece in pieces]
+    for index, (name, arguments) in enumerate(tool_calls):
+        call = {
+            "index": index,
+            "id": f"call_{chunk_id}_{index}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        events.append(event({"tool_calls": [call]}))
+    events.append(event({}, "tool_calls" if tool_calls else "stop"))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
 
 def _handler_for(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -217,6 +309,10 @@ def _handler_for(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             # The client may give up (timeout) before the answer: nothing left to tell it.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 server._respond(self)
+
+        def do_GET(self) -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                server._models(self)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean

@@ -1,0 +1,816 @@
+"""``ragent-memory serve``: the engine in front of any OpenAI-compatible model (DESIGN §14b).
+
+An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
+
+    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``)
+                       │   + recall_tool_result / search_memory when the view needs them
+                       ▼
+                     upstream {upstream}/chat/completions  (the caller's own Authorization)
+                       │   calls of the proxy's own tools answered here, upstream asked again
+                       ▼
+    app ◀──reply unchanged (SSE chunk by chunk)──   then after_turn(history + reply), off the path
+
+The API is stateless: every request carries the app's whole history, so the proxy keeps
+nothing but the engine's store. The caller's headers are forwarded to the upstream and never
+logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
+
+Streaming and the proxy's tools: the proxy holds back only the events that say nothing yet
+(the role chunk). When the first substantive delta is a call of a proxy tool, it reads that
+reply to its end; if every call in it is the proxy's, it answers them and streams the next
+round instead, so the app sees one ordinary reply. Once text (or an app tool call) has been
+forwarded, the reply streams through as it comes and any proxy-tool call later in it is cut
+out of the events: the app never sees a tool it did not declare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import socket
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx2
+import structlog
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from . import sse
+from .errors import ConfigError, InvalidMessagesError
+from .recall import DEFAULT_LIMIT
+from .reduce import RECALL_TOOL_NAME
+from .settings import ServeSettings, Settings
+
+if TYPE_CHECKING:
+    from .engine import MemoryEngine, TurnReport
+
+log = structlog.get_logger(__name__)
+
+Message = dict[str, Any]
+
+# Hop-by-hop and proxy-own request headers; everything else the caller sent reaches the
+# upstream (Authorization, OpenAI-Organization, api-key, …).
+_REQUEST_DROP = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",  # the proxy reads the body, so it negotiates its own encoding
+        "x-session-id",
+        "x-user-id",
+    }
+)
+_RESPONSE_DROP = frozenset(
+    {
+        "content-length",
+        "content-encoding",  # bodies are relayed decoded
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "date",
+        "server",
+    }
+)
+NO_SESSION = (
+    "no session id: send the X-Session-Id header (or set the request's user field) "
+    "so the proxy knows which conversation this is"
+)
+
+
+class _Reject(Exception):
+    """A request the proxy answers itself with an error status and one line."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        self.status = status
+        self.message = message
+        self.kind = kind
+        super().__init__(message)
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> Response:
+    """An OpenAI-shaped error on one line: the openai client shows ``message``."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return Response(
+        json.dumps(body, ensure_ascii=False) + "\n",
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def _header_name(field: str) -> str:
+    return "X-Ragent-" + "-".join(part.capitalize() for part in field.split("_"))
+
+
+def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
+    """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
+    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
+    answered itself."""
+    headers = {}
+    for field in attrs.fields(type(report)):
+        value = getattr(report, field.name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, float):
+            text = f"{value:.3f}"
+        else:
+            text = str(value)
+        headers[_header_name(field.name)] = text
+    headers["X-Ragent-Tool-Rounds"] = str(rounds)
+    return headers
+
+
+def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(session_id, user_id)`` of a request: headers first, then the ``user`` field."""
+    user_field = body.get("user") if isinstance(body.get("user"), str) else None
+    session_id = headers.get("x-session-id") or user_field
+    if not session_id:
+        raise _Reject(400, NO_SESSION)
+    return session_id, headers.get("x-user-id") or user_field
+
+
+def _declared_tools(body: Mapping[str, Any]) -> set[str]:
+    names = set()
+    for tool in body.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+def _split_calls(
+    message: Mapping[str, Any], own: Mapping[str, Any]
+) -> tuple[list[Message], list[Message]]:
+    """The message's tool calls: (the proxy's own, the app's)."""
+    mine: list[Message] = []
+    theirs: list[Message] = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        (mine if name in own else theirs).append(call)
+    return mine, theirs
+
+
+def _strip_own_calls(data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+    """Remove the proxy-tool calls from every choice of a completion; True if any was."""
+    stripped = False
+    for choice in data.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        mine, theirs = _split_calls(message, own)
+        if not mine:
+            continue
+        stripped = True
+        if theirs:
+            message["tool_calls"] = theirs
+        else:
+            message.pop("tool_calls", None)
+            if message.get("content") is None:
+                message["content"] = ""
+            if choice.get("finish_reason") == "tool_calls":
+                choice["finish_reason"] = "stop"
+    return stripped
+
+
+def _only_message(data: Any) -> Message | None:
+    """The assistant message of a one-choice completion."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return message
+    return None
+
+
+@attrs.define
+class _Turn:
+    """One chat-completions request on its way through the proxy."""
+
+    body: dict[str, Any]
+    history: list[Message]
+    session_id: str
+    user_id: str | None
+    headers: list[tuple[str, str]]
+    report: TurnReport
+    messages: list[Message]  # what the upstream gets: the prepared view (+ tool rounds)
+    own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
+    rounds: int = 0
+    started: float = attrs.field(factory=time.perf_counter)
+
+    def payload(self, *, with_tools: bool) -> bytes:
+        body = dict(self.body)
+        body["messages"] = self.messages
+        if with_tools and self.own:
+            body["tools"] = [*(self.body.get("tools") or ()), *self.own.values()]
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class Proxy:
+    """The proxy's state: one engine, one upstream client, the bounds. See the module doc."""
+
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        settings: ServeSettings,
+        *,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not settings.upstream:
+            raise ConfigError("serve.upstream", "required: the upstream base URL")
+        self.engine = engine
+        self.settings = settings
+        self.upstream = settings.upstream.rstrip("/")
+        self._transport = transport
+        self._client: httpx2.AsyncClient | None = None
+        self._in_flight = 0
+        # after_turn in order, off the request path; one thread is plenty (it writes rows).
+        self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        timeout = httpx2.Timeout(
+            self.settings.timeout_s, connect=min(10.0, self.settings.timeout_s)
+        )
+        limits = httpx2.Limits(
+            max_connections=self.settings.max_concurrency,
+            max_keepalive_connections=self.settings.max_concurrency,
+        )
+        self._client = httpx2.AsyncClient(
+            timeout=timeout, limits=limits, transport=self._transport, trust_env=False
+        )
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+        await asyncio.to_thread(self._after.shutdown, wait=True)
+        await asyncio.to_thread(self.engine.flush)
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("the proxy is not started")
+        return self._client
+
+    # ------------------------------------------------------------------ routes
+
+    async def healthz(self, request: Request) -> Response:
+        return Response(b'{"status":"ok"}\n', media_type="application/json")
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
+        path = request.url.path.removeprefix("/v1")
+        try:
+            upstream = await self.client.get(
+                self.upstream + path, headers=_forward_headers(request.headers.raw)
+            )
+        except httpx2.TimeoutException:
+            return error_response(504, "upstream timed out", "upstream_error")
+        except httpx2.TransportError as err:
+            return error_response(
+                502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
+            )
+        return _relay(upstream)
+
+    async def chat_completions(self, request: Request) -> Response:
+        if self._in_flight >= self.settings.max_concurrency:
+            response = error_response(
+                503,
+                f"busy: {self._in_flight} requests in flight (serve.max_concurrency); retry",
+                "server_busy",
+            )
+            response.headers["Retry-After"] = "1"
+            return response
+        self._in_flight += 1
+        release = True
+        try:
+            turn = await self._turn(request)
+            if turn.body.get("stream") is True:
+                response = await self._stream(turn)
+                release = not isinstance(response, _Relay)  # the relay releases when done
+                return response
+            return await self._complete(turn)
+        except _Reject as err:
+            return error_response(err.status, err.message, err.kind)
+        finally:
+            if release:
+                self._in_flight -= 1
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.models, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+        ]
+
+    # ------------------------------------------------------------------ a turn
+
+    async def _turn(self, request: Request) -> _Turn:
+        body = _parse(await self._read(request))
+        session_id, user_id = identify(request.headers, body)
+        history = body["messages"]
+        try:
+            prepared = await run_in_threadpool(
+                self.engine.prepare, history, session_id=session_id, user_id=user_id
+            )
+        except InvalidMessagesError as err:
+            raise _Reject(400, str(err)) from err
+        return _Turn(
+            body=body,
+            history=history,
+            session_id=session_id,
+            user_id=user_id,
+            headers=_forward_headers(request.headers.raw),
+            report=prepared.report,
+            messages=list(prepared.messages),
+            own=self._offer(body, prepared.report),
+        )
+
+    async def _read(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        too_big = f"request body over {limit} bytes (serve.max_body_bytes)"
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise _Reject(413, too_big)
+        parts = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise _Reject(413, too_big)
+            parts.append(part)
+        return b"".join(parts)
+
+    def _offer(self, body: Mapping[str, Any], report: TurnReport) -> dict[str, dict[str, Any]]:
+        """The proxy's own tools for this request: the recall tool when the view shows a
+        placeholder or preview to read back. None when the app pins ``tool_choice`` or
+        uses the legacy ``functions``, and never one the app declares itself."""
+        choice = body.get("tool_choice")
+        if choice == "none" or isinstance(choice, dict) or "functions" in body:
+            return {}
+        own: dict[str, dict[str, Any]] = {}
+        if report.trimmed or report.truncated:
+            own[RECALL_TOOL_NAME] = self.engine.recall_tool()
+        for name in _declared_tools(body) & own.keys():
+            del own[name]
+        return own
+
+    def _answer(self, turn: _Turn, calls: Sequence[Message]) -> list[Message]:
+        """The tool messages answering the proxy's own calls (run in a worker thread)."""
+        answers = []
+        for call in calls:
+            try:
+                args = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError:
+                args = None
+            if not isinstance(args, dict):
+                text = '[recall: arguments must be a JSON object such as {"ref": "rm-…"}]'
+            else:
+                text = self.engine.recall(
+                    turn.session_id,
+                    args.get("ref"),  # type: ignore[arg-type]  # recall refuses bad values
+                    args.get("offset", 0),
+                    args.get("limit", DEFAULT_LIMIT),
+                )
+            answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
+        return answers
+
+    async def _continue(self, turn: _Turn, assistant: Message, calls: Sequence[Message]) -> None:
+        """Answer the proxy's own calls and add the round to what the upstream sees next."""
+        answers = await run_in_threadpool(self._answer, turn, calls)
+        turn.messages += [assistant, *answers]
+        turn.rounds += 1
+
+    def _done(self, turn: _Turn, reply: Message | None, status: int) -> None:
+        """Log the request; hand history + reply to ``after_turn`` off the request path."""
+        log.info(
+            "serve.request",
+            session_id=turn.session_id,
+            status=status,
+            chars_in=turn.report.chars_in,
+            chars_out=turn.report.chars_out,
+            generation=turn.report.generation,
+            tool_rounds=turn.rounds,
+            duration_ms=round((time.perf_counter() - turn.started) * 1000, 3),
+        )
+        if reply is None:
+            return
+        history = [*turn.history, reply]
+        try:
+            self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
+        except RuntimeError:  # shutting down: the next request records these messages
+            log.warning("serve.after_turn_skipped", session_id=turn.session_id)
+
+    def _after_turn(self, history: list[Message], session_id: str, user_id: str | None) -> None:
+        try:
+            self.engine.after_turn(history, session_id=session_id, user_id=user_id)
+        except Exception as err:  # the worker boundary: a bad reply must not stop the proxy
+            log.error("serve.after_turn_failed", session_id=session_id, error=repr(err))
+
+    # ------------------------------------------------------------------ upstream
+
+    async def _send(self, turn: _Turn, *, with_tools: bool, stream: bool) -> httpx2.Response:
+        request = self.client.build_request(
+            "POST",
+            self.upstream + "/chat/completions",
+            content=turn.payload(with_tools=with_tools),
+            headers=turn.headers,
+        )
+        try:
+            return await self.client.send(request, stream=stream)
+        except httpx2.TimeoutException as err:
+            raise _Reject(
+                504, f"upstream timed out after {self.settings.timeout_s:g} s", "upstream_error"
+            ) from err
+        except httpx2.TransportError as err:
+            raise _Reject(
+                502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
+            ) from err
+
+    async def _complete(self, turn: _Turn) -> Response:
+        """A non-streamed completion, with the proxy's own tool rounds inside."""
+        last_round = self.settings.max_tool_rounds
+        while True:
+            upstream = await self._send(turn, with_tools=turn.rounds < last_round, stream=False)
+            data = _json_or_none(upstream) if upstream.status_code == 200 else None
+            message = _only_message(data)
+            if message is None:  # an error or an odd reply: relay it as it is
+                self._done(turn, None, upstream.status_code)
+                return _relay(upstream, report_headers(turn.report, turn.rounds))
+            mine, theirs = _split_calls(message, turn.own)
+            if not mine or theirs or turn.rounds >= last_round:
+                break
+            await self._continue(turn, message, mine)
+        content = upstream.content
+        if isinstance(data, dict) and _strip_own_calls(data, turn.own):
+            content = json.dumps(data, ensure_ascii=False).encode()
+        self._done(turn, _only_message(data), 200)
+        return _relay(upstream, report_headers(turn.report, turn.rounds), content=content)
+
+    async def _stream(self, turn: _Turn) -> Response:
+        """A streamed completion: see the module doc for how the proxy's tools are handled."""
+        last_round = self.settings.max_tool_rounds
+        while True:
+            upstream = await self._send(turn, with_tools=turn.rounds < last_round, stream=True)
+            if upstream.status_code != 200:
+                await upstream.aread()
+                await upstream.aclose()
+                self._done(turn, None, upstream.status_code)
+                return _relay(upstream, report_headers(turn.report, turn.rounds))
+            reader = _StreamReader(upstream, turn.own)
+            try:
+                if await reader.decide() == "own" and turn.rounds < last_round:
+                    assistant = await reader.drain()
+                    mine, theirs = _split_calls(assistant, turn.own)
+                    if mine and not theirs and not assistant.get("content"):
+                        await reader.close()
+                        await self._continue(turn, assistant, mine)
+                        continue
+            except httpx2.TransportError as err:
+                await reader.close()
+                raise _Reject(
+                    502, f"upstream stream broke: {type(err).__name__}", "upstream_error"
+                ) from err
+            break
+        headers = _response_headers(upstream.headers.multi_items())
+        headers.update(report_headers(turn.report, turn.rounds))
+
+        def finish(reply: Message | None) -> None:
+            self._in_flight -= 1
+            self._done(turn, reply, 200)
+
+        return _Relay(reader, headers, finish)
+
+
+# ---------------------------------------------------------------------- streaming
+
+
+class _StreamReader:
+    """Reads one upstream SSE stream: holds back the events that say nothing yet, decides
+    whose reply it is, then yields the events as they come with proxy-tool calls cut out."""
+
+    def __init__(self, upstream: httpx2.Response, own: Mapping[str, Any]) -> None:
+        self.upstream = upstream
+        self.own = own
+        self.reply = sse.ReplyBuilder()  # what the client received
+        self._chunks = upstream.aiter_bytes()
+        self._splitter = sse.EventSplitter()
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._held: list[bytes] = []
+        self._ended = False
+        self._own_indices: set[int] = set()  # tool-call indices of proxy-tool calls
+        self._app_calls = False
+
+    async def _next(self) -> bytes | None:
+        """The next complete event, None at the end of the stream."""
+        while not self._pending:
+            if self._ended:
+                return None
+            try:
+                data = await anext(self._chunks)
+            except StopAsyncIteration:
+                self._ended = True
+                rest = self._splitter.rest()
+                if rest:
+                    self._pending.append(rest)
+                continue
+            self._pending.extend(self._splitter.feed(data))
+        return self._pending.popleft()
+
+    async def decide(self) -> str:
+        """``"own"`` when the first substantive delta calls a proxy tool, else ``"pass"``."""
+        if not self.own:
+            return "pass"
+        while (event := await self._next()) is not None:
+            self._held.append(event)
+            chunk = sse.chunk_of(event)
+            verdict = _verdict(chunk, self.own) if chunk is not None else None
+            if verdict is not None:
+                return verdict
+        return "pass"
+
+    async def drain(self) -> Message:
+        """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
+        while (event := await self._next()) is not None:
+            self._held.append(event)
+        builder = sse.ReplyBuilder()
+        for event in self._held:
+            chunk = sse.chunk_of(event)
+            if chunk is not None:
+                builder.add(chunk)
+        return builder.message()
+
+    async def forward(self) -> AsyncIterator[bytes]:
+        """The held events, then the rest of the stream, proxy-tool calls cut out."""
+        held, self._held = self._held, []
+        for event in held:
+            if out := self._filter(event):
+                yield out
+        while (following := await self._next()) is not None:
+            if out := self._filter(following):
+                yield out
+
+    def _filter(self, event: bytes) -> bytes:
+        chunk = sse.chunk_of(event)
+        if chunk is None:
+            return event
+        cut = bool(self.own) and self._cut(chunk)
+        self.reply.add(chunk)
+        if not cut:
+            return event
+        return sse.encode(chunk) if _has_substance(chunk) else b""
+
+    def _cut(self, chunk: dict[str, Any]) -> bool:
+        """Remove the deltas of proxy-tool calls from ``chunk`` in place; True if it changed."""
+        changed = False
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                kept = [call for call in calls if not self._is_own(call)]
+                if len(kept) != len(calls):
+                    changed = True
+                    if kept:
+                        delta["tool_calls"] = kept
+                    else:
+                        del delta["tool_calls"]
+            if (
+                self._own_indices
+                and not self._app_calls
+                and choice.get("finish_reason") == "tool_calls"
+            ):
+                choice["finish_reason"] = "stop"  # every call of this reply was cut
+                changed = True
+        return changed
+
+    def _is_own(self, call: Any) -> bool:
+        if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+            return False
+        function = call.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if name in self.own:
+            self._own_indices.add(call["index"])
+        elif name:
+            self._app_calls = True
+        return call["index"] in self._own_indices
+
+    async def close(self) -> None:
+        await self.upstream.aclose()
+
+
+def _verdict(chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+    for delta in sse.deltas(chunk):
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if name:
+                return "own" if name in own else "pass"
+        for key, value in delta.items():
+            if key not in ("role", "tool_calls") and value not in (None, "", [], {}):
+                return "pass"  # text, a refusal, reasoning: the app's reply has begun
+    return None
+
+
+def _has_substance(chunk: Mapping[str, Any]) -> bool:
+    if chunk.get("usage"):
+        return True
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, dict) and (choice.get("finish_reason") or choice.get("delta")):
+            return True
+    return False
+
+
+class _Relay(Response):
+    """Streams the reader's events to the client as they come; ``finish`` runs exactly once,
+    with the reply the client received (None when the stream broke or the client left)."""
+
+    def __init__(
+        self,
+        reader: _StreamReader,
+        headers: Mapping[str, str],
+        finish: Callable[[Message | None], None],
+    ) -> None:
+        # No super().__init__: it would declare a Content-Length of an empty body.
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self.reader = reader
+        self.finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reply: Message | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            try:
+                async for event in self.reader.forward():
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            except httpx2.HTTPError as err:
+                log.warning("serve.stream_broken", error=type(err).__name__)
+                error = {"error": {"message": f"upstream stream broke: {type(err).__name__}"}}
+                await send(
+                    {"type": "http.response.body", "body": sse.encode(error), "more_body": True}
+                )
+            else:
+                reply = self.reader.reply.message()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away
+            reply = None
+        finally:
+            await self.reader.close()
+            self.finish(reply)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as err:
+        raise _Reject(400, f"malformed body: not JSON ({err})") from err
+    if not isinstance(body, dict):
+        raise _Reject(400, "malformed body: expected a JSON object")
+    if not isinstance(body.get("messages"), list):
+        raise _Reject(400, "malformed body: 'messages' must be a list of chat messages")
+    return body
+
+
+def _forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in raw
+        if name.decode("latin-1").lower() not in _REQUEST_DROP
+    ]
+
+
+def _response_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {name: value for name, value in items if name.lower() not in _RESPONSE_DROP}
+
+
+def _json_or_none(response: httpx2.Response) -> Any:
+    try:
+        return json.loads(response.content)
+    except ValueError:
+        return None
+
+
+def _relay(
+    upstream: httpx2.Response,
+    extra: Mapping[str, str] | None = None,
+    *,
+    content: bytes | None = None,
+) -> Response:
+    headers = _response_headers(upstream.headers.multi_items())
+    headers.update(extra or {})
+    return Response(
+        upstream.content if content is None else content,
+        status_code=upstream.status_code,
+        headers=headers,
+    )
+
+
+# ---------------------------------------------------------------------- app and server
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: MemoryEngine | None = None,
+    transport: httpx2.AsyncBaseTransport | None = None,
+) -> Starlette:
+    """The ASGI app. It owns (and closes) the engine unless one is passed in."""
+    from .engine import MemoryEngine
+
+    owned = engine is None
+    proxy = Proxy(engine or MemoryEngine(settings), settings.serve, transport=transport)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await proxy.start()
+        try:
+            yield
+        finally:
+            await proxy.stop()
+            if owned:
+                await asyncio.to_thread(proxy.engine.close)
+
+    app = Starlette(routes=proxy.routes(), lifespan=lifespan)
+    app.state.proxy = proxy
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), so the server is reachable once this
+    returns and the chosen port can be told."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: NODELAY
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    settings: Settings,
+    *,
+    verbose: bool = False,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run the proxy under uvicorn until SIGINT/SIGTERM; ``ready`` gets the base URL once the
+    socket listens."""
+    import uvicorn
+
+    config = settings.serve
+    sock = bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="info" if verbose else "warning",
+            access_log=verbose,
+            timeout_graceful_shutdown=30,
+            h11_max_incomplete_event_size=64 * 1024,
+        )
+    )
+    if ready is not None:
+        shown = f"[{host}]" if ":" in host else host
+        ready(f"http://{shown}:{port}/v1")
+    with contextlib.closing(sock):
+        server.run(sockets=[sock])
+
+
+def shown_url(url: str) -> str:
+    """``url`` without any user:password part, for logs and the ready line."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

@@ -1,0 +1,547 @@
+"""``ragent-memory serve``: the real server (a subprocess on 127.0.0.1) in front of a scripted
+OpenAI-compatible upstream, driven by the real ``openai`` client that changes only its
+``base_url`` and default headers."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from fake_openai import Answer, FakeOpenAI, sse_events
+from serve_process import ProxyProcess
+from sessions import tool_loop
+
+from ragent_memory import MemoryEngine, Settings, StoreSettings
+from ragent_memory.chars import chars
+from ragent_memory.recall import REF_PATTERN
+
+B = 20_000
+KEY = "sk-caller-secret-7f3a9c51d2"
+SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+
+
+def write_config(directory: Path, name: str, **serve: Any) -> Path:
+    config = directory / f"{name}.yaml"
+    section = {"max_body_bytes": 1_048_576, "timeout_s": 30, **serve}
+    config.write_text(
+        json.dumps(
+            {
+                "context_window_chars": B,
+                "store": {"path": str(directory / f"{name}.db")},
+                "serve": section,
+            }
+        )
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def upstream(upstream_server: FakeOpenAI) -> FakeOpenAI:
+    upstream_server.reset()
+    return upstream_server
+
+
+@pytest.fixture(scope="module")
+def proxy(workdir: Path, upstream_server: FakeOpenAI) -> Iterator[ProxyProcess]:
+    config = write_config(workdir, "main")
+    with ProxyProcess(config, upstream_server.base_url, cwd=workdir) as process:
+        yield process
+
+
+def client_for(proxy: ProxyProcess, session: str | None, user: str | None = None) -> openai.OpenAI:
+    headers = {"X-Session-Id": session} if session else {}
+    if user:
+        headers["X-User-Id"] = user
+    return openai.OpenAI(
+        base_url=proxy.base_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+    )
+
+
+def sent_messages(upstream: FakeOpenAI) -> list[list[dict[str, Any]]]:
+    return [r.body["messages"] for r in upstream.requests if r.path == "/v1/chat/completions"]
+
+
+# ---------------------------------------------------------------------- plain requests
+
+
+def test_completion_goes_through_prepare_with_the_callers_key(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """The upstream gets the prepared messages and the caller's own key; the reply comes
+    back byte for byte, with the TurnReport figures as X-Ragent-* headers."""
+    reply = b'{"id": "x1", "object": "chat.completion", "created": 7, "model": "m",  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi \\u00e9"}, "finish_reason": "stop"}]}'
+    upstream.enqueue(Answer(raw=reply, headers={"Content-Type": "application/json"}))
+    history = [SYSTEM, {"role": "user", "content": "hello there"}]
+
+    raw = client_for(proxy, "plain").chat.completions.with_raw_response.create(
+        model="m", messages=history
+    )
+
+    assert reply == raw.content
+    assert "hi é" == raw.parse().choices[0].message.content
+    [request] = upstream.requests
+    assert f"Bearer {KEY}" == request.headers["authorization"]
+    assert "x-session-id" not in request.headers
+    assert history == request.body["messages"]
+    assert str(chars(history[0]) + chars(history[1])) == raw.headers["x-ragent-chars-out"]
+    assert "0" == raw.headers["x-ragent-generation"]
+    assert "false" == raw.headers["x-ragent-compacted"]
+    assert "0" == raw.headers["x-ragent-tool-rounds"]
+
+
+def test_user_field_names_the_session(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """Without X-Session-Id the request's ``user`` field is the session (and the user)."""
+    client = client_for(proxy, None)
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], user="field-user"
+    )
+    assert 200 == raw.status_code
+    assert "field-user" == upstream.requests[0].body["user"]
+
+
+def test_no_session_is_a_one_line_400(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """No X-Session-Id and no ``user`` field: a 400 saying how to name the session."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(proxy, None).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "X-Session-Id" in caught.value.message
+    assert 1 == len(caught.value.response.text.strip().splitlines())
+    assert [] == upstream.requests
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"model": "m", "messages": [', "malformed body: not JSON"),
+        (b'["not", "an", "object"]', "malformed body: expected a JSON object"),
+        (b'{"model": "m", "messages": "hi"}', "'messages' must be a list"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "robot"}]}',
+            "messages[1]",
+        ),
+    ],
+)
+def test_bad_bodies_are_one_line_400s(
+    proxy: ProxyProcess, upstream: FakeOpenAI, body: bytes, fragment: str
+) -> None:
+    """A malformed body or invalid history is a 400 with one line naming the problem."""
+    response = httpx2.post(
+        proxy.base_url + "/chat/completions",
+        content=body,
+        headers={"X-Session-Id": "bad", "Content-Type": "application/json"},
+    )
+    assert 400 == response.status_code
+    assert 1 == len(response.text.strip().splitlines())
+    assert fragment in response.json()["error"]["message"]
+    assert [] == upstream.requests
+
+
+def test_body_over_the_limit_is_413(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """A body over serve.max_body_bytes is refused before it is parsed."""
+    big = [{"role": "user", "content": "x" * 1_100_000}]
+    with pytest.raises(openai.APIStatusError) as caught:
+        client_for(proxy, "big").chat.completions.create(model="m", messages=big)
+    assert 413 == caught.value.status_code
+    assert "serve.max_body_bytes" in caught.value.message
+    assert [] == upstream.requests
+
+
+def test_upstream_errors_keep_their_status(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """An upstream 429 reaches the app as a 429 with its body and Retry-After."""
+    upstream.status(429, headers={"Retry-After": "7"})
+    with pytest.raises(openai.RateLimitError) as caught:
+        client_for(proxy, "limited").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "7" == caught.value.response.headers["retry-after"]
+    assert "scripted 429" in caught.value.message
+
+
+def test_models_and_healthz(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """GET /v1/models is passed through with the caller's key; /healthz answers ok."""
+    models = client_for(proxy, "m").models.list()
+    assert ["fake-model"] == [m.id for m in models.data]
+    assert f"Bearer {KEY}" == upstream.requests[0].headers["authorization"]
+    assert {"status": "ok"} == httpx2.get(proxy.root_url + "/healthz").json()
+
+
+# ---------------------------------------------------------------------- streaming
+
+
+def test_stream_arrives_incrementally_and_byte_identical(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """SSE goes through chunk by chunk: the app holds the first chunk while the upstream is
+    still waiting to finish, and the bytes it gets are exactly the upstream's."""
+    go_on, finished = threading.Event(), threading.Event()
+    events = sse_events(["Hel", "lo", " world"], chunk_id="inc")
+    upstream.enqueue(Answer.stream(events, hold=go_on, hold_after=2, finished=finished))
+    client = client_for(proxy, "stream")
+    history = [{"role": "user", "content": "say hello"}]
+
+    with client.chat.completions.with_streaming_response.create(
+        model="m", messages=history, stream=True
+    ) as response:
+        pieces = response.iter_bytes()
+        first = next(pieces)
+        assert not finished.is_set()  # the upstream is still holding the rest back
+        go_on.set()
+        rest = b"".join(pieces)
+
+    assert b"".join(events) == first + rest
+    assert "text/event-stream" in response.headers["content-type"]
+    assert "0" == response.headers["x-ragent-generation"]
+
+
+def test_stream_parses_in_the_openai_client(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """The openai client reads the relayed stream as it reads any."""
+    upstream.enqueue(Answer.stream(sse_events(["Hel", "lo", " world"])))
+    stream = client_for(proxy, "stream2").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "say hello"}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "Hello world" == text
+
+
+# ---------------------------------------------------------------------- recall inside the proxy
+
+ARCHIVE = "".join(f"line {i}: the archived figure is {i * 7}.\n" for i in range(400))
+RECALL_ID = "call_recall"
+
+
+def recall_history() -> list[dict[str, Any]]:
+    return [
+        SYSTEM,
+        {"role": "user", "content": "Fetch the archive."},
+        *tool_loop("call_1", ARCHIVE),
+        {"role": "assistant", "content": "Fetched it."},
+        {"role": "user", "content": "What does line 3 say exactly?"},
+    ]
+
+
+def recalling_model(body: Any) -> Answer:
+    """Calls recall_tool_result on the first ref it sees; answers once it has the text."""
+    messages = body["messages"]
+    stream = body.get("stream") is True
+    if messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"].startswith(RECALL_ID):
+        found = re.search(r"line 3: [^\n]*", messages[-1]["content"])
+        text = found.group(0) if found else "not found"
+        return Answer.stream(sse_events(["It says: ", text])) if stream else Answer.reply(text)
+    offered = [t["function"]["name"] for t in body.get("tools") or ()]
+    ref = REF_PATTERN.search(json.dumps(messages))
+    if "recall_tool_result" not in offered or ref is None:
+        return Answer.reply("no recall offered")
+    arguments = json.dumps({"ref": ref.group(0), "limit": 300})
+    if stream:
+        return Answer.stream(
+            sse_events(tool_calls=[("recall_tool_result", arguments)], chunk_id="recall")
+        )
+    call = {
+        "id": RECALL_ID,
+        "type": "function",
+        "function": {"name": "recall_tool_result", "arguments": arguments},
+    }
+    return Answer.reply(None, "tool_calls", tool_calls=[call])
+
+
+def test_recall_round_trip_happens_inside_the_proxy(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """The view shows the big result as a preview; the proxy offers the recall tool, answers
+    the model's call itself and asks again: the app gets the answer, never the tool call."""
+    upstream.default = recalling_model
+    raw = client_for(proxy, "recall").chat.completions.with_raw_response.create(
+        model="m", messages=recall_history()
+    )
+    message = raw.parse().choices[0].message
+
+    assert "line 3: the archived figure is 21." == message.content
+    assert message.tool_calls is None
+    assert "1" == raw.headers["x-ragent-truncated"]
+    assert "1" == raw.headers["x-ragent-tool-rounds"]
+    first, second = (r.body for r in upstream.requests)
+    assert ["recall_tool_result"] == [t["function"]["name"] for t in first["tools"]]
+    assert ARCHIVE not in json.dumps(first["messages"])
+    answer = second["messages"][-1]
+    assert ("tool", RECALL_ID) == (answer["role"], answer["tool_call_id"])
+    assert answer["content"].startswith(ARCHIVE[:300])
+
+
+def test_streamed_recall_round_trip(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """Streaming too: the proxy reads the recall call, answers it and streams the next
+    round; the app's stream holds text only."""
+    upstream.default = recalling_model
+    stream = client_for(proxy, "recall-stream").chat.completions.create(
+        model="m", messages=recall_history(), stream=True
+    )
+    chunks = list(stream)
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "It says: line 3: the archived figure is 21." == text
+    assert all(not c.choices or c.choices[0].delta.tool_calls is None for c in chunks)
+    assert "1" == stream.response.headers["x-ragent-tool-rounds"]
+    assert 2 == len(upstream.requests)
+
+
+def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """With tool_choice "none" the proxy adds no tool; a proxy-tool call mixed with the
+    app's own calls is cut out, so the app only sees tools it declared."""
+    app_tool = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+        {
+            "id": "c2",
+            "type": "function",
+            "function": {"name": "recall_tool_result", "arguments": '{"ref": "rm-x"}'},
+        },
+    ]
+    upstream.enqueue(Answer.reply(None, "tool_calls", tool_calls=calls))
+    client = client_for(proxy, "app-tools")
+    message = (
+        client.chat.completions.create(model="m", messages=recall_history(), tools=[app_tool])
+        .choices[0]
+        .message
+    )
+    assert ["lookup"] == [c.function.name for c in message.tool_calls or []]
+    offered = [t["function"]["name"] for t in upstream.requests[0].body["tools"]]
+    assert ["lookup", "recall_tool_result"] == offered
+
+    client.chat.completions.create(model="m", messages=recall_history(), tool_choice="none")
+    assert "tools" not in upstream.requests[1].body
+
+
+# ---------------------------------------------------------------------- long sessions
+
+
+def chat_reply(turn: int) -> str:
+    return f"Answer {turn}: " + " ".join(f"point {turn}.{k} holds." for k in range(22))
+
+
+@pytest.mark.slow
+def test_300_turn_session_stays_in_budget_and_matches_prepare(
+    proxy: ProxyProcess, upstream: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Every upstream request of a 300-turn session is what ``prepare`` makes of the app's
+    history (checked against an engine replaying it), stays within B, and the session
+    compacts, audited in the proxy's store."""
+    turn_of: list[int] = []
+    upstream.default = lambda body: chat_reply(len(turn_of))
+    client = client_for(proxy, "long")
+    history: list[dict[str, Any]] = [SYSTEM]
+    sent: list[list[dict[str, Any]]] = []
+    compacted = 0
+    for turn in range(300):
+        history.append(
+            {"role": "user", "content": f"Question {turn}: " + "tell me more, " * 14 + "please."}
+        )
+        sent.append(list(history))
+        turn_of.append(turn)
+        # The client's own POST: `chat.completions.create` walks every message through its
+        # typed transform (~1 ms a message here), minutes over a 600-message history.
+        raw = client.post(
+            "/chat/completions", body={"model": "m", "messages": history}, cast_to=httpx2.Response
+        )
+        compacted += raw.headers["x-ragent-compacted"] == "true"
+        history.append(raw.json()["choices"][0]["message"])
+
+    received = sent_messages(upstream)
+    assert 300 == len(received)
+    assert max(sum(chars(m) for m in messages) for messages in received) <= B
+    assert compacted >= 5
+    assert int(raw.headers["x-ragent-generation"]) >= 5
+
+    replay = Settings(context_window_chars=B, store=StoreSettings(path=str(tmp_path / "r.db")))
+    with MemoryEngine(replay) as engine:
+        for messages, upstream_saw in zip(sent, received, strict=True):
+            prepared = engine.prepare(messages, session_id="long")
+            assert unref(prepared.messages) == unref(upstream_saw)
+
+    db = sqlite3.connect(proxy_store(proxy))
+    applied = db.execute(
+        "SELECT count(*) FROM compactions WHERE session_id = 'long' AND status = 'applied'"
+    ).fetchone()[0]
+    db.close()
+    assert applied >= 5
+
+
+def unref(messages: list[dict[str, Any]]) -> str:
+    """Messages as JSON with recall refs blanked (refs are unguessable per store)."""
+    return REF_PATTERN.sub("rm-…", json.dumps(messages, sort_keys=True))
+
+
+def proxy_store(proxy: ProxyProcess) -> str:
+    config = json.loads(proxy.config.read_text())
+    return str(config["store"]["path"])
+
+
+# ---------------------------------------------------------------------- users and secrets
+
+FACTS = {
+    "alice": ["My name is Alice.", "I live in Lisbon.", "I prefer green tea."],
+    "bob": ["My name is Bob.", "I live in Oslo.", "I prefer black coffee."],
+}
+
+
+def talk(client: openai.OpenAI, lines: list[str]) -> None:
+    history: list[dict[str, Any]] = [SYSTEM]
+    for line in lines:
+        history.append({"role": "user", "content": line})
+        reply = client.chat.completions.create(model="m", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+
+
+def test_two_users_facts_stay_apart(workdir: Path, upstream: FakeOpenAI) -> None:
+    """Facts learned from each user's session reach that user's later sessions only (after a
+    graceful restart, which also proves the proxy flushes its background work)."""
+    upstream.default = lambda body: "Noted."
+    config = write_config(workdir, "users")
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as first:
+        for user, lines in FACTS.items():
+            talk(client_for(first, f"{user}-1", user), lines)
+        first.stop()
+        assert "Application shutdown complete" in first.log
+
+    upstream.reset()
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as second:
+        for user in FACTS:
+            client_for(second, f"{user}-2", user).chat.completions.create(
+                model="m", messages=[SYSTEM, {"role": "user", "content": "Who am I?"}]
+            )
+    seen = {
+        user: json.dumps(r.body["messages"])
+        for user, r in zip(FACTS, upstream.requests, strict=True)
+    }
+    assert "Alice" in seen["alice"] and "Lisbon" in seen["alice"]
+    assert "Bob" in seen["bob"] and "Oslo" in seen["bob"]
+    assert "Bob" not in seen["alice"] and "Oslo" not in seen["alice"]
+    assert "Alice" not in seen["bob"] and "Lisbon" not in seen["bob"]
+
+
+def test_key_is_never_stored_or_logged(
+    proxy: ProxyProcess, upstream: FakeOpenAI, workdir: Path
+) -> None:
+    """After every kind of request above (run first in this module), neither the verbose log
+    nor any file of the proxy's store holds the caller's key."""
+    upstream.default = recalling_model
+    client_for(proxy, "secret", "someone").chat.completions.create(
+        model="m", messages=recall_history()
+    )
+    assert f"Bearer {KEY}" == upstream.requests[0].headers["authorization"]
+    assert proxy.lines, "the proxy logged nothing at -v"
+    assert KEY not in proxy.log
+    store_files = [p for p in workdir.iterdir() if p.name.startswith(("main.db", "users.db"))]
+    assert store_files
+    for path in store_files:
+        assert KEY.encode() not in path.read_bytes()
+
+
+# ---------------------------------------------------------------------- bounds
+
+
+@pytest.fixture(scope="module")
+def tight_proxy(workdir: Path, upstream_server: FakeOpenAI) -> Iterator[ProxyProcess]:
+    config = write_config(workdir, "tight", max_concurrency=1, timeout_s=0.5)
+    with ProxyProcess(config, upstream_server.base_url, cwd=workdir) as process:
+        yield process
+
+
+def test_concurrent_requests_are_bounded(tight_proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """With serve.max_concurrency: 1, a second request while a stream is open gets a 503."""
+    go_on = threading.Event()
+    upstream.enqueue(Answer.stream(sse_events(["a", "b"]), hold=go_on, hold_after=2))
+    client = client_for(tight_proxy, "busy")
+    history = [{"role": "user", "content": "hi"}]
+    with client.chat.completions.with_streaming_response.create(
+        model="m", messages=history, stream=True
+    ) as response:
+        pieces = response.iter_bytes()
+        next(pieces)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model="m", messages=history)
+        go_on.set()
+        b"".join(pieces)
+    assert 503 == caught.value.status_code
+    assert "serve.max_concurrency" in caught.value.message
+    client.chat.completions.create(model="m", messages=history)  # free again
+
+
+def test_upstream_timeout_is_504(tight_proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """An upstream slower than serve.timeout_s gets a 504 naming the timeout."""
+    upstream.stall(10)  # cut short when the fake closes
+    with pytest.raises(openai.APIStatusError) as caught:
+        client_for(tight_proxy, "slow").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert 504 == caught.value.status_code
+    assert "timed out" in caught.value.message
+
+
+def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
+    """No upstream listening: a 502 the app can read."""
+    config = write_config(workdir, "dead")
+    with (
+        ProxyProcess(config, closed_url, cwd=workdir) as dead,
+        pytest.raises(openai.APIStatusError) as caught,
+    ):
+        client_for(dead, "dead").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert 502 == caught.value.status_code
+    assert "upstream unreachable" in caught.value.message
+
+
+def test_serve_without_upstream_is_a_one_line_error(workdir: Path) -> None:
+    """`serve` with no upstream anywhere exits 2 with one line."""
+    from sessions import run_cli
+
+    config = workdir / "none.yaml"
+    config.write_text("context_window_chars: 20000\n")
+    result = run_cli("serve", "--config", str(config), cwd=workdir)
+    assert 2 == result.returncode
+    assert "serve.upstream" in result.stderr
+    assert 1 == len(result.stderr.strip().splitlines())
+
+
+@pytest.mark.parametrize(
+    ("section", "key_path"),
+    [
+        ({"upstream": "ftp://x/v1"}, "serve.upstream"),
+        ({"port": 70_000}, "serve.port"),
+        ({"max_body_bytes": 10}, "serve.max_body_bytes"),
+        ({"timeout_s": 0}, "serve.timeout_s"),
+        ({"max_concurrency": 0}, "serve.max_concurrency"),
+        ({"max_tool_rounds": -1}, "serve.max_tool_rounds"),
+        ({"nope": 1}, "serve.nope"),
+    ],
+)
+def test_serve_section_errors_name_the_key(section: dict[str, Any], key_path: str) -> None:
+    """A bad serve: section fails with a ConfigError naming the key path."""
+    from ragent_memory import ConfigError
+    from ragent_memory.settings import settings_from_dict
+
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"serve": section})
+    assert key_path == caught.value.key_path
