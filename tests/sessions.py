@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "config" / "ragent-memory.yaml"  # the documented default config
+
+
+def user(text: str) -> dict[str, Any]:
+    """A user message."""
+    return {"role": "user", "content": text}
 
 
 def tool_loop(

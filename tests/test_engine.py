@@ -14,8 +14,6 @@ import pytest
 from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.engine import MemoryEngine, PreparedContext
 
-SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
-
 
 @pytest.mark.parametrize(
     ("messages", "index"),

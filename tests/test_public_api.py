@@ -6,14 +6,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import attrs
-from sessions import tool_loop
+from sessions import SHIPPED, tool_loop
 
 import ragent_memory
 from ragent_memory import MemoryEngine, StoreSettings, load_settings
 from ragent_memory.recall import FOOTER_MARK, find_refs
 from ragent_memory.store import GCReport
-
-SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
 
 
 def test_all_is_sorted_and_importable() -> None:

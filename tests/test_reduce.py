@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sessions import tool_loop, user
 
 from ragent_memory import Settings
 from ragent_memory.engine import MemoryEngine
@@ -26,17 +27,6 @@ def text(n: int, seed: int = 0) -> str:
 
 def call(call_id: str, name: str, arguments: str = "{}") -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def loop(call_id: str, name: str, result: str, arguments: str = "{}") -> list[dict[str, Any]]:
-    return [
-        {"role": "assistant", "content": None, "tool_calls": [call(call_id, name, arguments)]},
-        {"role": "tool", "tool_call_id": call_id, "content": result},
-    ]
-
-
-def user(content: str) -> dict[str, Any]:
-    return {"role": "user", "content": content}
 
 
 def recall_all(engine: MemoryEngine, session_id: str, ref: str) -> str:
@@ -77,7 +67,7 @@ def test_preview_is_head_notice_tail(language: str, notice: str) -> None:
 
 def test_results_at_or_under_the_limit_are_left_alone() -> None:
     """Only results longer than the limit are reduced."""
-    view = [user("q"), *loop("a", "export", "x" * 4_000)]
+    view = [user("q"), *tool_loop("a", "x" * 4_000, name="export")]
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     assert view == result.messages
     assert () == result.truncations
@@ -85,7 +75,7 @@ def test_results_at_or_under_the_limit_are_left_alone() -> None:
 
 def test_oversized_result_becomes_a_preview_and_input_is_untouched() -> None:
     """The oversized result is replaced; the caller's list and dicts are not mutated."""
-    view = [user("q"), *loop("a", "export", text(9_000))]
+    view = [user("q"), *tool_loop("a", text(9_000), name="export")]
     before = copy.deepcopy(view)
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     assert before == view
@@ -100,7 +90,7 @@ def test_list_content_keeps_its_non_text_parts() -> None:
     """A multi-part result keeps its images; only the text becomes a preview."""
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     parts = [{"type": "text", "text": "a" * 3_000}, image, {"type": "text", "text": "b" * 3_000}]
-    view = [user("q"), *loop("a", "export", "")]
+    view = [user("q"), *tool_loop("a", "", name="export")]
     view[2] = {**view[2], "content": parts}
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     content = result.messages[2]["content"]
@@ -110,7 +100,10 @@ def test_list_content_keeps_its_non_text_parts() -> None:
 
 def test_results_of_the_recall_tool_are_never_reduced() -> None:
     """A recall result is the original read back; reducing it would loop."""
-    view = [user("q"), *loop("r", RECALL_TOOL_NAME, "x" * 50_000, '{"ref": "rm-1"}')]
+    view = [
+        user("q"),
+        *tool_loop("r", "x" * 50_000, name=RECALL_TOOL_NAME, arguments='{"ref": "rm-1"}'),
+    ]
     assert () == reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref).truncations
 
 
@@ -143,7 +136,7 @@ def test_200k_result_at_400k_budget_is_a_short_preview(
     counted as truncated, and its ref reads the original back exactly."""
     original = text(200_000)
     engine = make_engine(make_settings(context_window_chars=400_000))
-    history = [user("export it"), *loop("a", "export", original), user("thanks")]
+    history = [user("export it"), *tool_loop("a", original, name="export"), user("thanks")]
     prepared = engine.prepare(history, session_id="s")
     shown = prepared.messages[2]["content"]
     (ref,) = find_refs(shown)
@@ -163,7 +156,9 @@ def test_reduction_runs_below_the_trim_trigger(
 ) -> None:
     """Reduction is applied before the gates: it needs no gate to fire."""
     engine = make_engine(make_settings(context_window_chars=400_000))
-    prepared = engine.prepare([user("q"), *loop("a", "export", text(30_000))], session_id="s")
+    prepared = engine.prepare(
+        [user("q"), *tool_loop("a", text(30_000), name="export")], session_id="s"
+    )
     assert (1, 0) == (prepared.report.truncated, prepared.report.trimmed)
     assert prepared.report.chars_out < 30_000 < prepared.report.chars_in
 
@@ -173,7 +168,7 @@ def test_previews_are_sticky_across_turns_and_restarts(
 ) -> None:
     """A later turn, and a new engine on the same store, show the very same preview."""
     settings = make_settings(context_window_chars=100_000)
-    history = [user("q"), *loop("a", "export", text(30_000)), user("next")]
+    history = [user("q"), *tool_loop("a", text(30_000), name="export"), user("next")]
     with MemoryEngine(settings) as engine:
         first = engine.prepare(history, session_id="s")
         second = engine.prepare([*history, user("more")], session_id="s")
@@ -188,7 +183,9 @@ def test_zh_notice_is_used_with_language_zh(
 ) -> None:
     """With language: zh the notice is the Chinese one."""
     engine = make_engine(make_settings(context_window_chars=100_000, language="zh"))
-    prepared = engine.prepare([user("导出"), *loop("a", "export", "数据" * 5_000)], session_id="s")
+    prepared = engine.prepare(
+        [user("导出"), *tool_loop("a", "数据" * 5_000, name="export")], session_id="s"
+    )
     shown = prepared.messages[2]["content"]
     (ref,) = find_refs(shown)
     assert f'…[此处省略 8500 字符（原长 10000 字符）；调用 recall_tool_result(ref="{ref}"' in shown
@@ -233,7 +230,7 @@ def test_oversized_recall_results_are_not_reduced_again(
 ) -> None:
     """A recall result over the limit is sent whole and not offloaded a second time."""
     engine = make_engine(make_settings(context_window_chars=100_000))
-    history = [user("q"), *loop("a", "export", text(30_000))]
+    history = [user("q"), *tool_loop("a", text(30_000), name="export")]
     ref = find_refs(engine.prepare(history, session_id="s").messages[2]["content"])[0]
     answer = engine.recall("s", ref, 0, 20_000)
     history += [
@@ -259,7 +256,7 @@ def test_lone_surrogates_are_offloaded_and_recalled_exactly(
     """A result with a lone surrogate (valid str, invalid UTF-8) still reduces and recalls."""
     original = "\ud800" + text(9_000) + "\udfff"
     engine = make_engine(make_settings(context_window_chars=40_000))
-    prepared = engine.prepare([user("q"), *loop("a", "export", original)], session_id="s")
+    prepared = engine.prepare([user("q"), *tool_loop("a", original, name="export")], session_id="s")
     (ref,) = find_refs(prepared.messages[2]["content"])
     assert 1 == prepared.report.truncated
     assert original == recall_all(engine, "s", ref)

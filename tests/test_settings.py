@@ -6,11 +6,10 @@ from pathlib import Path
 
 import attrs
 import pytest
+from sessions import SHIPPED
 
 from ragent_memory import ConfigError, Settings, load_settings
 from ragent_memory.settings import settings_from_dict
-
-SHIPPED = Path(__file__).resolve().parent.parent / "config" / "ragent-memory.yaml"
 
 
 def test_derived_values_at_default_budget() -> None:

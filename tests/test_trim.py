@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessions import tool_loop
+from sessions import tool_loop, user
 from strategies import conversations
 
 from ragent_memory import Settings, StoreSettings
@@ -23,19 +23,11 @@ def ref_for(text: str) -> str:
     return f"ref{len(text)}"
 
 
-def loop(call_id: str, name: str, result: str, args: str = '{"q": "x"}') -> list[dict[str, Any]]:
-    return tool_loop(call_id, result, name=name, arguments=args)
-
-
 def history(*parts: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for part in parts:
         out.extend(part if isinstance(part, list) else [part])
     return out
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
 
 
 def run(view: list[dict[str, Any]], trigger: int = 100, **kw: Any):  # type: ignore[no-untyped-def]
@@ -73,7 +65,7 @@ def test_placeholder_clips_input_to_120_chars() -> None:
 
 def test_below_trigger_nothing_changes() -> None:
     """Under the trigger the view is returned as is."""
-    view = history(user("q1"), loop("a", "search_knowledge", "x" * 50), user("q2"))
+    view = history(user("q1"), tool_loop("a", "x" * 50), user("q2"))
     result = run(view, trigger=10_000)
     assert view == result.messages
     assert () == result.evictions
@@ -83,13 +75,13 @@ def test_evicts_old_results_and_keeps_the_last_two_loops() -> None:
     """Loops older than the last 2 completed ones before the current turn become placeholders."""
     view = history(
         user("q1"),
-        loop("a", "search_knowledge", "A" * 3000),
+        tool_loop("a", "A" * 3000),
         user("q2"),
-        loop("b", "search_knowledge", "B" * 3000),
+        tool_loop("b", "B" * 3000),
         user("q3"),
-        loop("c", "search_knowledge", "C" * 3000),
+        tool_loop("c", "C" * 3000),
         user("q4"),
-        loop("d", "search_knowledge", "D" * 3000),
+        tool_loop("d", "D" * 3000),
     )
     result = run(view)
     evicted = {view[e.index]["tool_call_id"] for e in result.evictions}
@@ -102,11 +94,11 @@ def test_non_whitelisted_tools_are_never_evicted() -> None:
     """Only tools named in evictable_tools are trimmed."""
     view = history(
         user("q1"),
-        loop("a", "run_sql", "A" * 9000),
-        loop("z", "search_knowledge", "Z" * 9000),
+        tool_loop("a", "A" * 9000, name="run_sql"),
+        tool_loop("z", "Z" * 9000),
         user("q2"),
-        loop("b", "search_knowledge", "B"),
-        loop("c", "search_knowledge", "C"),
+        tool_loop("b", "B"),
+        tool_loop("c", "C"),
         user("q3"),
     )
     result = run(view)
@@ -117,10 +109,10 @@ def test_skips_when_reclaim_is_under_20_percent() -> None:
     """A trim that would free < 20% of the total is skipped whole."""
     view = history(
         user("x" * 20_000),
-        loop("a", "search_knowledge", "A" * 1_000),
+        tool_loop("a", "A" * 1_000),
         user("q2"),
-        loop("b", "search_knowledge", "B"),
-        loop("c", "search_knowledge", "C"),
+        tool_loop("b", "B"),
+        tool_loop("c", "C"),
         user("q3"),
     )
     result = run(view)
@@ -130,7 +122,7 @@ def test_skips_when_reclaim_is_under_20_percent() -> None:
 
 def test_no_user_message_protects_every_loop() -> None:
     """Without a user message every loop counts as the current turn."""
-    view = history(loop("a", "search_knowledge", "A" * 5000), loop("b", "search_knowledge", "B"))
+    view = history(tool_loop("a", "A" * 5000), tool_loop("b", "B"))
     assert view == run(view).messages
 
 
@@ -156,11 +148,11 @@ def test_unanswered_and_duplicate_loops_are_protected() -> None:
         user("q1"),
         unanswered,
         {"role": "tool", "tool_call_id": "u1", "content": "U" * 5000},
-        loop("dup", "search_knowledge", "D" * 5000),
-        loop("dup", "search_knowledge", "E" * 5000),
+        tool_loop("dup", "D" * 5000),
+        tool_loop("dup", "E" * 5000),
         user("q2"),
-        loop("b", "search_knowledge", "B"),
-        loop("c", "search_knowledge", "C"),
+        tool_loop("b", "B"),
+        tool_loop("c", "C"),
         user("q3"),
     )
     assert view == run(view).messages
@@ -170,11 +162,11 @@ def test_already_evicted_results_are_not_evicted_again() -> None:
     """Indexes marked as evicted are left alone."""
     view = history(
         user("q1"),
-        loop("a", "search_knowledge", "A" * 3000),
-        loop("x", "search_knowledge", "X" * 3000),
+        tool_loop("a", "A" * 3000),
+        tool_loop("x", "X" * 3000),
         user("q2"),
-        loop("b", "search_knowledge", "B"),
-        loop("c", "search_knowledge", "C"),
+        tool_loop("b", "B"),
+        tool_loop("c", "C"),
         user("q3"),
     )
     result = run(view, evicted={2})
@@ -259,11 +251,11 @@ def test_restart_keeps_evictions(make_settings: Callable[..., Settings]) -> None
     """A new engine on the same store shows the same placeholders (sticky across restarts)."""
     view = history(
         user("u" * 500),
-        loop("a", "search_knowledge", "A" * 3900),
+        tool_loop("a", "A" * 3900),
         user("q2"),
-        loop("b", "search_knowledge", "B" * 10),
+        tool_loop("b", "B" * 10),
         user("q3"),
-        loop("c", "search_knowledge", "C" * 10),
+        tool_loop("c", "C" * 10),
         user("q4"),
     )
     settings = make_settings(context_window_chars=8_000)
@@ -287,12 +279,12 @@ def test_irregular_input_is_tolerated_and_warned_once(
     view = history(
         user("q1"),
         orphan,
-        loop("dup", "search_knowledge", "D" * 3000),
-        loop("dup", "search_knowledge", "E" * 3000),
-        loop("a", "search_knowledge", "A" * 3000),
+        tool_loop("dup", "D" * 3000),
+        tool_loop("dup", "E" * 3000),
+        tool_loop("a", "A" * 3000),
         user("q2"),
-        loop("b", "search_knowledge", "B"),
-        loop("c", "search_knowledge", "C"),
+        tool_loop("b", "B"),
+        tool_loop("c", "C"),
         user("q3"),
     )
     with (
