@@ -52,6 +52,11 @@ def total_chars(messages: Iterable[Mapping[str, Any]]) -> int:
     return sum(chars(m) for m in messages)
 
 
+def clip(text: str, max_chars: int) -> str:
+    """``text`` cut to at most ``max_chars`` characters, an ellipsis marking the cut."""
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
 def validate_message(message: Any, index: int) -> None:
     """Raise InvalidMessagesError naming ``index`` when ``message`` is not a chat message."""
     if not isinstance(message, Mapping):

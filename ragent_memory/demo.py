@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import click
 
-from .chars import text_of
+from .chars import clip, text_of
 from .engine import MemoryEngine, TurnReport
 from .recall import FOOTER_MARK, find_refs
 from .reduce import RECALL_TOOL_NAME
@@ -269,24 +269,24 @@ def _print_memory(facts: list[str], block_chars: int) -> None:
         return
     click.echo(f"\n  long-term memory: {len(facts)} facts learned about demo-user")
     for fact in facts:
-        click.echo(f"    - {_clip(fact)}")
+        click.echo(f"    - {_line(fact)}")
     click.echo(f"  a new session of that user starts with a {block_chars:,}-char memory block")
 
 
-def _clip(text: str, max_chars: int = 110) -> str:
-    text = text.replace("\n", " ⏎ ")
-    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+def _line(text: str, max_chars: int = 110) -> str:
+    """``text`` on one clipped terminal line."""
+    return clip(text.replace("\n", " ⏎ "), max_chars)
 
 
 def _print_recall(loop: RecallLoop) -> None:
     function = loop.call["tool_calls"][0]["function"]
     piece, _, footer = loop.answer["content"].partition(FOOTER_MARK)
     click.echo(f"\n  recall loop (turn {loop.turn}):")
-    click.echo(f"    the model sees   {_clip(loop.seen.strip(), 160)}")
+    click.echo(f"    the model sees   {_line(loop.seen.strip(), 160)}")
     click.echo(f"    it calls         {function['name']}({function['arguments']})")
-    click.echo(f"    engine.recall →  {_clip(piece)}")
+    click.echo(f"    engine.recall →  {_line(piece)}")
     if footer:
-        click.echo(f"                     {_clip('[recall: ' + footer)}")
+        click.echo(f"                     {_line('[recall: ' + footer)}")
 
 
 def _chart(reports: list[TurnReport], settings: Settings, out_dir: Path) -> None:

@@ -33,6 +33,7 @@ import openai
 import structlog
 from openai.types.chat import ChatCompletion
 
+from .chars import clip
 from .errors import LLMError, SummaryError
 from .settings import EndpointSettings, LLMSettings
 
@@ -327,7 +328,7 @@ class LLMClient:
             status = err.status_code
             return _Failure(
                 error=type(err).__name__,
-                detail=_clip(_scrub(str(err), request.secrets)),
+                detail=_detail(str(err), request.secrets),
                 is_retryable=status in _RETRYABLE_STATUS or status >= 500,
                 status_code=status,
                 retry_after=err.response.headers.get("retry-after"),
@@ -335,7 +336,7 @@ class LLMClient:
         except (
             openai.OpenAIError
         ) as err:  # timeouts, connection errors, anything else the SDK raises
-            return _Failure(type(err).__name__, _clip(_scrub(str(err), request.secrets)), True)
+            return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
         try:
@@ -344,7 +345,11 @@ class LLMClient:
         except _BadReply as err:
             return _Failure("BadReply", str(err), True)
         except SummaryError as err:
-            return _Failure(type(err).__name__, _clip(_scrub(err.reason, request.secrets)), True)
+            return _Failure(
+                type(err).__name__,
+                _detail(err.reason, request.secrets),
+                True,
+            )
 
     def _report(
         self,
@@ -439,11 +444,12 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def _detail(text: str, secrets: tuple[str, ...]) -> str:
+    """An error text fit for logs and ``LLMError``: no key, at most 300 chars."""
+    return clip(_scrub(text, secrets), _DETAIL_MAX_CHARS)
+
+
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, _REDACTED)
     return _BEARER.sub(f"Bearer {_REDACTED}", text)
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= _DETAIL_MAX_CHARS else text[: _DETAIL_MAX_CHARS - 1] + "…"

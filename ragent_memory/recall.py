@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from .reduce import RECALL_TOOL_NAME
+from .settings import is_int
 
 DEFAULT_LIMIT = 8_000
 FOOTER_MARK = "\n[recall: "  # starts the footer after a slice; refusals start with "[recall: "
@@ -57,17 +58,13 @@ def find_refs(text: str) -> list[str]:
     return REF_PATTERN.findall(text)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def recall_slice(original: str | None, ref: object, offset: Any, limit: Any) -> str:
     """The text the model reads for a recall call: the slice and a footer, or a refusal."""
     if original is None:
         return f"[recall: ref {ref!r} not found in this session (unknown, expired or dropped)]"
-    if not _is_int(offset) or offset < 0:
+    if not is_int(offset) or offset < 0:
         return f"[recall: offset must be an integer ≥ 0, got {offset!r}]"
-    if not _is_int(limit) or limit < 1:
+    if not is_int(limit) or limit < 1:
         return f"[recall: limit must be an integer ≥ 1, got {limit!r}]"
     if offset >= len(original) and original:
         return (

@@ -37,7 +37,8 @@ def _clamp(value: float, low: int, high: int) -> int:
     return int(min(max(value, low), high))
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An ``int`` proper: YAML's ``true`` is a bool, and a bool is not a count."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -94,12 +95,12 @@ class LLMSettings:
     )
     max_retries: int = attrs.field(
         default=3,
-        validator=_check("llm.max_retries", lambda v: _is_int(v) and 0 <= v <= 10, "0..10"),
+        validator=_check("llm.max_retries", lambda v: is_int(v) and 0 <= v <= 10, "0..10"),
     )
     max_input_chars: int = attrs.field(
         default=200_000,
         validator=_check(
-            "llm.max_input_chars", lambda v: _is_int(v) and v >= 10_000, "an integer ≥ 10000"
+            "llm.max_input_chars", lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
         ),
     )
     offline_fallback: bool = attrs.field(
@@ -210,7 +211,7 @@ class Settings:
         default=1_200_000,
         validator=_check(
             "context_window_chars",
-            lambda v: _is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
+            lambda v: is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
             f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
         ),
     )
@@ -244,7 +245,7 @@ class Settings:
     compaction_workers: int = attrs.field(
         default=2,
         validator=_check(
-            "compaction_workers", lambda v: _is_int(v) and 1 <= v <= 64, "an integer 1..64"
+            "compaction_workers", lambda v: is_int(v) and 1 <= v <= 64, "an integer 1..64"
         ),
     )
     offload_ttl_days: float = attrs.field(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ragent_memory import InvalidMessagesError
-from ragent_memory.chars import chars, validate_messages
+from ragent_memory.chars import chars, clip, validate_messages
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,17 @@ def test_invalid_messages_name_the_index(messages: Any, index: int | None, fragm
     assert fragment in str(info.value)
     if index is not None:
         assert f"messages[{index}]" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "max_chars", "expected"),
+    [
+        ("hello", 5, "hello"),
+        ("hello!", 5, "hell…"),
+        ("你好世界啊", 3, "你好…"),
+        ("", 1, ""),
+    ],
+)
+def test_clip(text: str, max_chars: int, expected: str) -> None:
+    """Text over max_chars keeps max_chars - 1 of its characters and an ellipsis."""
+    assert expected == clip(text, max_chars)
