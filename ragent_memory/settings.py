@@ -153,12 +153,12 @@ class ServeSettings:
     )
     port: int = attrs.field(
         default=8089,
-        validator=_check("serve.port", lambda v: _is_int(v) and 0 <= v <= 65535, "0..65535"),
+        validator=_check("serve.port", lambda v: is_int(v) and 0 <= v <= 65535, "0..65535"),
     )
     max_body_bytes: int = attrs.field(
         default=32 * 1024 * 1024,
         validator=_check(
-            "serve.max_body_bytes", lambda v: _is_int(v) and v >= 1024, "an integer ≥ 1024"
+            "serve.max_body_bytes", lambda v: is_int(v) and v >= 1024, "an integer ≥ 1024"
         ),
     )
     timeout_s: float = attrs.field(
@@ -168,12 +168,12 @@ class ServeSettings:
     max_concurrency: int = attrs.field(
         default=64,
         validator=_check(
-            "serve.max_concurrency", lambda v: _is_int(v) and 1 <= v <= 10_000, "1..10000"
+            "serve.max_concurrency", lambda v: is_int(v) and 1 <= v <= 10_000, "1..10000"
         ),
     )
     max_tool_rounds: int = attrs.field(
         default=3,
-        validator=_check("serve.max_tool_rounds", lambda v: _is_int(v) and 0 <= v <= 10, "0..10"),
+        validator=_check("serve.max_tool_rounds", lambda v: is_int(v) and 0 <= v <= 10, "0..10"),
     )
 
 
