@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,6 +16,7 @@ import click
 import structlog
 
 from .errors import RagentMemoryError
+from .logs import EVENT_ATTR, ROOT
 from .settings import Settings, StoreSettings, load_settings
 
 if TYPE_CHECKING:
@@ -25,21 +27,31 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_CONFIG = "config/ragent-memory.yaml"
 
 
+class _EventFormatter(logging.Formatter):
+    """Render the library's events (DESIGN §13) for a terminal or as JSON lines."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self._render: Any = (
+            structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = dict(getattr(record, EVENT_ATTR, None) or {"event": record.getMessage()})
+        stamp = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        event = {"timestamp": stamp, "level": record.levelname.lower(), **fields}
+        return str(self._render(None, record.levelname.lower(), event))
+
+
 def _configure_logging(as_json: bool, verbose: bool) -> None:
-    level = logging.INFO if verbose else logging.WARNING
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    """The app side of §13: the library logs to ``logging``; the CLI shows it on stderr."""
+    logger = logging.getLogger(ROOT)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_EventFormatter(as_json))
+    logger.handlers = [h for h in logger.handlers if isinstance(h, logging.NullHandler)]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
 
 
 @contextmanager
@@ -411,3 +423,27 @@ def serve(
             verbose=verbose,
             ready=lambda url: click.echo(f"ragent-memory serve: {url} → {target}", err=True),
         )
+
+
+def default_config_text() -> str:
+    """The documented default config shipped in the wheel (``config/ragent-memory.yaml``)."""
+    from importlib.resources import files
+
+    return (files("ragent_memory") / "data" / "ragent-memory.yaml").read_text(encoding="utf-8")
+
+
+@cli.command()
+@click.argument("path", default=DEFAULT_CONFIG, type=click.Path())
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init(path: str, force: bool) -> None:
+    """Write the documented default config to PATH (default config/ragent-memory.yaml)."""
+    target = Path(path)
+    with user_errors():
+        if target.exists() and not force:
+            raise click.ClickException(f"{path} already exists (use --force to overwrite)")
+        if path == DEFAULT_CONFIG:
+            target.parent.mkdir(exist_ok=True)
+        elif not target.parent.is_dir():
+            raise click.ClickException(f"{path}: directory {target.parent} does not exist")
+        target.write_text(default_config_text(), encoding="utf-8")
+    click.echo(f"wrote {path}")

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import structlog
 
 from .chars import Message, chars
 from .errors import RagentMemoryError, StoreError
+from .logs import get_logger
 from .longterm import index_terms, summary_chunks
 from .loops import map_loops
 from .settings import Settings
@@ -31,7 +31,7 @@ from .summarize import (
     update_verbatim,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SUMMARY_HEADERS = {
     "en": (

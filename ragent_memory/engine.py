@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Self
 
 import attrs
-import structlog
 
 from . import compact
 from .chars import Message, text_of, validate_message, validate_messages
 from .errors import EngineClosedError, InvalidMessagesError, StoreError
+from .logs import get_logger
 from .longterm import (
     EXCERPT_CANDIDATES,
     HEADERS,
@@ -59,7 +59,7 @@ from .summarize import Summarizer, build_summarizer
 
 __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_count"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MEMORY_WORKERS = 2  # background fact extractions at once (one per user at most)
 _ENGINE_HEADERS = (*HEADERS.values(), *compact.SUMMARY_HEADERS.values())
@@ -210,7 +210,7 @@ class MemoryEngine:
         try:
             self.on_event(name, data)
         except Exception as err:  # the callback boundary: a broken callback must not break a turn
-            log.error("on_event.failed", event=name, error=repr(err))
+            log.error("on_event.failed", callback_event=name, error=repr(err))
 
     def _session(self, session_id: str) -> Session:
         with self._sessions_lock:

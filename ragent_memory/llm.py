@@ -30,16 +30,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import openai
-import structlog
 from openai.types.chat import ChatCompletion
 
 from .chars import clip
 from .errors import LLMError, SummaryError
+from .logs import get_logger
 from .settings import EndpointSettings, LLMSettings
 
 __all__ = ["CircuitBreaker", "Completion", "EventCallback", "LLMClient", "retry_delay_s"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 

@@ -28,9 +28,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
-import structlog
 
 from .errors import ExtractionError, LLMError, StoreError
+from .logs import get_logger
 from .records import Draft as Draft
 from .records import Fact as Fact
 from .records import Plan as Plan
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .records import PendingMessage
     from .store import Store
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 

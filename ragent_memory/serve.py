@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx2
-import structlog
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -48,6 +47,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import sse
 from .errors import ConfigError, InvalidMessagesError
+from .logs import get_logger
 from .recall import DEFAULT_LIMIT
 from .reduce import RECALL_TOOL_NAME
 from .settings import ServeSettings, Settings
@@ -55,7 +55,7 @@ from .settings import ServeSettings, Settings
 if TYPE_CHECKING:
     from .engine import MemoryEngine, TurnReport
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Message = dict[str, Any]
 

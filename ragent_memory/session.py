@@ -44,18 +44,18 @@ from itertools import repeat
 from typing import Any
 
 import attrs
-import structlog
 
 from . import compact
 from .chars import Message, chars, validate_message
 from .errors import RagentMemoryError, StoreError
+from .logs import get_logger
 from .reduce import reduce
 from .settings import Settings
 from .store import SessionState, Store, Substitution, substitution_key
 from .summarize import Summarizer
 from .trim import find_candidates, trim, worth_it
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view

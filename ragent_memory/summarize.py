@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import structlog
 
 from .chars import Message, text_of
 from .errors import LLMError, SummaryError
+from .logs import get_logger
 from .settings import (
     TRANSCRIPT_CLIP_HEAD_CHARS,
     TRANSCRIPT_CLIP_OVER_CHARS,
@@ -32,7 +32,7 @@ from .settings import (
 if TYPE_CHECKING:
     from .llm import LLMClient
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 

@@ -1,0 +1,72 @@
+"""Logging: a library is silent until its app asks (DESIGN §13).
+
+Every event goes to the standard ``logging`` logger ``ragent_memory.<module>`` through structlog's
+stdlib bound logger, so ``logging`` configuration (levels, handlers) decides what is shown and
+nothing reaches stdout by default. The library never calls ``structlog.configure()``: when the app
+has configured structlog itself (or a test uses ``structlog.testing.capture_logs()``), its
+processors shape the event, still handed to the same ``logging`` logger; otherwise a fixed chain
+turns the event into one ``event key=value …`` line with the fields attached to the
+``LogRecord`` as ``ragent_event`` (a dict) for structured handlers such as the CLI's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+ROOT = "ragent_memory"
+EVENT_ATTR = "ragent_event"
+
+logging.getLogger(ROOT).addHandler(logging.NullHandler())
+
+
+def _to_log_kwargs(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> dict[str, Any]:
+    """Render ``event k=v …`` as the message and keep the fields on the record."""
+    fields = " ".join(f"{k}={v!r}" for k, v in event_dict.items() if k != "event")
+    message = f"{event_dict.get('event', '')} {fields}".rstrip()
+    return {"msg": message, "extra": {EVENT_ATTR: dict(event_dict)}}
+
+
+_PROCESSORS: list[structlog.typing.Processor] = [_to_log_kwargs]
+
+
+class Logger:
+    """The bound logger every module uses: ``log.info("trim.applied", session_id=…)``."""
+
+    def __init__(self, name: str) -> None:
+        self._stdlib = logging.getLogger(name)
+
+    def _log(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
+        if structlog.is_configured():
+            bound = structlog.wrap_logger(self._stdlib)
+        elif self._stdlib.isEnabledFor(level):
+            bound = structlog.wrap_logger(
+                self._stdlib,
+                processors=_PROCESSORS,
+                wrapper_class=structlog.stdlib.BoundLogger,
+            )
+        else:
+            return
+        getattr(bound, method)(event, **fields)
+
+    def debug(self, event: str, /, **fields: Any) -> None:
+        self._log(logging.DEBUG, "debug", event, fields)
+
+    def info(self, event: str, /, **fields: Any) -> None:
+        self._log(logging.INFO, "info", event, fields)
+
+    def warning(self, event: str, /, **fields: Any) -> None:
+        self._log(logging.WARNING, "warning", event, fields)
+
+    def error(self, event: str, /, **fields: Any) -> None:
+        self._log(logging.ERROR, "error", event, fields)
+
+
+def get_logger(name: str) -> Logger:
+    """The logger for a module of this package (``__name__``), under ``ragent_memory``."""
+    return Logger(name)
