@@ -11,6 +11,8 @@
     engine.after_turn(messages, session_id="s1", user_id="u1")   # learn durable facts
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .chars import chars
 from .engine import MemoryEngine, PreparedContext, TurnReport
 from .errors import (
@@ -25,6 +27,11 @@ from .errors import (
 from .longterm import Fact
 from .settings import EndpointSettings, LLMSettings, Settings, StoreSettings, load_settings
 from .store import GCReport
+
+try:
+    __version__ = version("ragent-memory")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError",
@@ -43,6 +50,7 @@ __all__ = [
     "StoreSettings",
     "SummaryError",
     "TurnReport",
+    "__version__",
     "chars",
     "load_settings",
 ]
