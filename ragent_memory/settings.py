@@ -8,9 +8,11 @@ properties so they can never drift from B. Every validation failure is a ``Confi
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import yaml
@@ -128,9 +130,66 @@ class LLMSettings:
 
 @attrs.frozen
 class StoreSettings:
+    """Where the store lives: a SQLite file (``path``), or PostgreSQL (``url``) for many hosts.
+
+    The PostgreSQL password is never in the YAML or the URL: ``password_env`` names the
+    environment variable it is read from when the store opens.
+    """
+
     path: str = attrs.field(
         default="ragent-memory.db", validator=_check("store.path", _non_empty_str, "a file path")
     )
+    url: str | None = attrs.field(
+        default=None,
+        validator=_check("store.url", lambda v: v is None or _is_pg_url(v), "postgresql://…"),
+    )
+    password_env: str | None = attrs.field(
+        default=None,
+        validator=_check("store.password_env", _env_name, "an environment variable name"),
+    )
+    pool_size: int = attrs.field(
+        default=8, validator=_check("store.pool_size", lambda v: _is_int(v) and v >= 1, "≥ 1")
+    )
+    lease_s: float = attrs.field(
+        default=600.0,
+        validator=_check("store.lease_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.url is None:
+            if self.password_env is not None:
+                raise ConfigError("store.password_env", "needs store.url (PostgreSQL)")
+            return
+        if self.path != "ragent-memory.db":
+            raise ConfigError(
+                "store", "give store.path (SQLite) or store.url (PostgreSQL), not both"
+            )
+        if urlsplit(self.url).password is not None:
+            raise ConfigError(
+                "store.url",
+                "holds a password; put it in an environment variable named by store.password_env",
+            )
+
+    def password(self) -> str | None:
+        """The PostgreSQL password from ``password_env`` (None when no variable is named)."""
+        if self.password_env is None:
+            return None
+        value = os.environ.get(self.password_env)
+        if value is None:
+            raise ConfigError(
+                "store.password_env", f"environment variable {self.password_env} is not set"
+            )
+        return value
+
+
+def _is_pg_url(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return False
+    return parts.scheme in ("postgresql", "postgres") and bool(parts.hostname or parts.query)
 
 
 def _http_url(value: Any) -> bool:

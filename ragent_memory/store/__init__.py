@@ -29,6 +29,7 @@ Tables:
 
 """
 
+from ..errors import StoreError
 from ..records import (
     Forgotten,
     GCReport,
@@ -37,10 +38,27 @@ from ..records import (
     Substitution,
     substitution_key,
 )
+from ..settings import StoreSettings
 from .base import Clock, iso, utc_now
 from .contract import Audit, Backend, Memories, Offloads, Sessions
 from .schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
 from .sqlite import Store
+
+
+def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
+    """The store ``settings`` name: SQLite at ``store.path``, or PostgreSQL at ``store.url``."""
+    if settings.url is None:
+        return Store(settings.path, clock=clock)
+    try:
+        from .postgres import PostgresStore
+    except ImportError as err:
+        raise StoreError(
+            f"store.url needs the PostgreSQL driver: pip install 'ragent-memory[postgres]' ({err})"
+        ) from err
+    return PostgresStore(
+        settings.url, password=settings.password(), clock=clock, pool_size=settings.pool_size
+    )
+
 
 __all__ = [
     "COMPACTION_COLUMNS",
@@ -59,6 +77,7 @@ __all__ = [
     "Store",
     "Substitution",
     "iso",
+    "open_store",
     "substitution_key",
     "utc_now",
 ]

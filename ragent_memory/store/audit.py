@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlite_utils
-
 from ..errors import StoreError
 from .base import StoreBase, iso
 from .schema import COMPACTION_COLUMNS
@@ -19,12 +17,13 @@ def audit_record(row: dict[str, Any], now: str) -> dict[str, Any]:
     return {**row, "created_at": row.get("created_at") or now}
 
 
-def insert_audit(db: sqlite_utils.Database, record: dict[str, Any]) -> int:
+def insert_audit(db: Any, record: dict[str, Any]) -> int:
     cursor = db.execute(
-        f"INSERT INTO compactions ({', '.join(record)}) VALUES ({', '.join('?' * len(record))})",
+        f"INSERT INTO compactions ({', '.join(record)}) VALUES ({', '.join('?' * len(record))})"
+        " RETURNING id",
         list(record.values()),
     )
-    return int(cursor.lastrowid or 0)
+    return int(cursor.fetchall()[0][0])
 
 
 class AuditTable(StoreBase):

@@ -1,5 +1,10 @@
-"""What every part of the SQLite store shares: the clock, timestamps, text as SQLite stores it,
-and the lock around the one connection."""
+"""What every part of the store shares: the clock, timestamps, text as SQLite stores it, and
+the lock around the connection.
+
+The concern mixins write SQL both backends run (``?`` placeholders, ``ON CONFLICT`` upserts,
+``RETURNING``); the few statements that differ are methods here, in SQLite's dialect, which the
+PostgreSQL backend overrides.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
-
-import sqlite_utils
 
 from ..errors import StoreError
 
@@ -44,15 +47,33 @@ def _json_text(value: Any) -> str:
 class StoreBase:
     """The connection, its lock and the clock; each concern's tables are a mixin over this."""
 
-    db: sqlite_utils.Database
+    db: Any  # sqlite_utils.Database, or the PostgreSQL connection of the calling thread
     clock: Clock
     _lock: threading.RLock
     _secret: bytes
 
+    # The UTF-8 size of ``offloads.content`` in SQL.
+    _OCTETS = "LENGTH(CAST(content AS BLOB))"
+
     @contextmanager
-    def _locked(self, what: str) -> Iterator[sqlite_utils.Database]:
+    def _locked(self, what: str) -> Iterator[Any]:
         with self._lock:
             try:
                 yield self.db
             except sqlite3.Error as err:
                 raise StoreError(f"store {what} failed: {err}") from err
+
+    def _storable(self, text: str) -> str | bytes:
+        """An offload's text as its ``content`` column keeps it."""
+        return _storable(text)
+
+    def _search_summaries(
+        self, query: str, user_id: str, exclude_session: str, limit: int
+    ) -> list[Any]:
+        """``(excerpt,)`` rows of ``memory_fts`` matching the FTS5 ``query``, best first."""
+        rows: list[Any] = self.db.execute(
+            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
+            " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
+            [query, user_id, exclude_session, limit],
+        ).fetchall()
+        return rows

@@ -58,8 +58,8 @@ class MemoryTables(StoreBase):
         with self._locked("write"), self.db.atomic():
             for raw_index, digest, content in items:
                 cursor = self.db.execute(
-                    "INSERT OR IGNORE INTO memory_seen (user_id, session_id, digest)"
-                    " VALUES (?, ?, ?)",
+                    "INSERT INTO memory_seen (user_id, session_id, digest) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO NOTHING",
                     [user_id, session_id, digest],
                 )
                 if cursor.rowcount == 1:
@@ -165,11 +165,13 @@ class MemoryTables(StoreBase):
             for draft in plan.new:
                 cursor = self.db.execute(
                     "INSERT INTO memories (user_id, kind, content, status, session_id,"
-                    " created_at, updated_at) VALUES (?, 'fact', ?, 'active', ?, ?, ?)",
+                    " created_at, updated_at) VALUES (?, 'fact', ?, 'active', ?, ?, ?)"
+                    " RETURNING id",
                     [user_id, draft.content, session_id, now, now],
                 )
+                new_id = int(cursor.fetchall()[0][0])
                 for replaced in sorted(draft.replaces):
-                    self._end_memory(user_id, replaced, "superseded", now, cursor.lastrowid)
+                    self._end_memory(user_id, replaced, "superseded", now, new_id)
             for memory_id in sorted(plan.retracted):
                 self._end_memory(user_id, memory_id, "retracted", now, None)
             for memory_id in sorted(plan.evicted):
@@ -199,10 +201,11 @@ class MemoryTables(StoreBase):
             ]
             cursor = self.db.execute(
                 "INSERT INTO memories (user_id, kind, content, status, session_id, generation,"
-                " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)",
+                " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)"
+                " RETURNING id",
                 [user_id, summary, session_id, generation, now, now],
             )
-            memory_id = int(cursor.lastrowid or 0)
+            memory_id = int(cursor.fetchall()[0][0])
             for old in previous:
                 self.db.execute(
                     "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
@@ -228,11 +231,7 @@ class MemoryTables(StoreBase):
         """The user's summary excerpts from other sessions that best match the FTS5
         ``query``, best first (BM25)."""
         with self._locked("search"):
-            rows = self.db.execute(
-                "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
-                " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
-                [query, user_id, exclude_session, limit],
-            ).fetchall()
+            rows = self._search_summaries(query, user_id, exclude_session, limit)
         return [str(r[0]) for r in rows]
 
     def forget(self, user_id: str) -> Forgotten:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from ..records import GCReport
-from .base import StoreBase, _storable, iso
+from .base import StoreBase, iso
 
 
 class OffloadTables(StoreBase):
@@ -22,24 +22,23 @@ class OffloadTables(StoreBase):
         mac = hmac.new(self._secret, f"{session_id}\0{sha}".encode(), hashlib.sha256)
         return "rm-" + mac.hexdigest()[:20]
 
-    def _offload_row(self, session_id: str, content: str, ttl_days: float) -> dict[str, Any]:
+    def _offload_row(self, session_id: str, content: str, ttl_days: float) -> list[Any]:
         now = self.clock()
-        return {
-            "session_id": session_id,
-            "ref": self.ref_for(session_id, content),
-            "sha256": hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest(),
-            "content": _storable(content),
-            "chars": len(content),
-            "created_at": iso(now),
-            "expires_at": iso(now + timedelta(days=ttl_days)),
-        }
+        return [
+            session_id,
+            self.ref_for(session_id, content),
+            hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest(),
+            self._storable(content),
+            len(content),
+            iso(now),
+            iso(now + timedelta(days=ttl_days)),
+        ]
 
     def _offload(self, session_id: str, content: str, ttl_days: float) -> None:
         # Stored once per session (content-addressed); storing again only extends the expiry.
         self.db.execute(
             "INSERT INTO offloads (session_id, ref, sha256, content, chars, created_at,"
-            " expires_at) VALUES (:session_id, :ref, :sha256, :content, :chars, :created_at,"
-            " :expires_at) ON CONFLICT (session_id, ref) DO UPDATE SET"
+            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, ref) DO UPDATE SET"
             " expires_at = excluded.expires_at",
             self._offload_row(session_id, content, ttl_days),
         )
@@ -91,7 +90,7 @@ class OffloadTables(StoreBase):
     def _delete_garbage(self) -> GCReport:
         now = iso(self.clock())
         dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
-        measure = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"
+        measure = f"SELECT COUNT(*), COALESCE(SUM({self._OCTETS}), 0) FROM offloads"
         with self._locked("gc"), self.db.atomic():
             expired, expired_bytes = self.db.execute(
                 f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]

@@ -39,8 +39,10 @@ class SessionTables(OffloadTables):
                 for original in originals:
                     self._offload(session_id, original, ttl_days)
                 self.db.execute(
-                    "INSERT OR REPLACE INTO substitutions (session_id, key, kind, ref, message,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO substitutions (session_id, key, kind, ref, message, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, key) DO UPDATE SET"
+                    " kind = excluded.kind, ref = excluded.ref, message = excluded.message,"
+                    " created_at = excluded.created_at",
                     [
                         session_id,
                         sub.key,
@@ -108,9 +110,14 @@ class SessionTables(OffloadTables):
 
     def _write_session(self, state: SessionState) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO sessions (session_id, user_id, generation,"
-            " last_generation, summary, body, prefix_len, covered, covered_digest, verbatim,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions (session_id, user_id, generation, last_generation, summary,"
+            " body, prefix_len, covered, covered_digest, verbatim, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+            " user_id = excluded.user_id, generation = excluded.generation,"
+            " last_generation = excluded.last_generation, summary = excluded.summary,"
+            " body = excluded.body, prefix_len = excluded.prefix_len,"
+            " covered = excluded.covered, covered_digest = excluded.covered_digest,"
+            " verbatim = excluded.verbatim, updated_at = excluded.updated_at",
             [
                 state.session_id,
                 state.user_id,
@@ -134,6 +141,7 @@ class SessionTables(OffloadTables):
             for table in ("substitutions", "sessions"):
                 self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
             self.db.execute(
-                "INSERT OR REPLACE INTO dropped_sessions (session_id, dropped_at) VALUES (?, ?)",
+                "INSERT INTO dropped_sessions (session_id, dropped_at) VALUES (?, ?)"
+                " ON CONFLICT (session_id) DO UPDATE SET dropped_at = excluded.dropped_at",
                 [session_id, iso(self.clock())],
             )

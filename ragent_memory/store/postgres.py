@@ -1,0 +1,194 @@
+"""The PostgreSQL store (DESIGN §10, many hosts): the same tables and contract as SQLite's, shared
+by every host that points ``store.url`` at one database.
+
+Connections come from a ``psycopg_pool`` pool, one per calling thread for the length of a store
+call. Every write transaction first takes one transaction-scoped advisory lock, so writers are
+serialised across hosts exactly as SQLite serialises them within a machine, and a read-check-
+write (a compaction's commit against the generation it started from) cannot interleave with
+another host's. The concern mixins run unchanged: their ``?`` placeholders become ``%s`` here.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from ..errors import StoreError
+from .audit import AuditTable
+from .base import Clock, iso, utc_now
+from .memories import MemoryTables
+from .pg_schema import MIGRATIONS
+from .sessions import SessionTables
+
+# The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
+WRITE_LOCK = 0x72_61_67_65_6E_74
+_PHRASE = re.compile(r'"((?:[^"]|"")*)"')
+
+
+@lru_cache(maxsize=512)
+def _pg_sql(sql: str) -> str:
+    """SQLite-style SQL for psycopg: ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def tsquery(fts5: str) -> tuple[str, list[str]]:
+    """A ``tsquery`` SQL expression and its parameters for an FTS5 query of quoted phrases
+    joined by ``OR`` (what ``longterm.fts_query`` writes): any phrase matches."""
+    phrases = [p.replace('""', '"') for p in _PHRASE.findall(fts5)] or [fts5]
+    return " || ".join(["phraseto_tsquery('simple', ?)"] * len(phrases)), phrases
+
+
+class _Connection:
+    """One pooled connection as the mixins use it: ``execute`` and ``atomic``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
+        return self.conn.execute(_pg_sql(sql), params)
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        is_outermost = not self.conn.info.transaction_status
+        with self.conn.transaction():
+            if is_outermost:
+                self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+            yield
+
+
+class _ThreadConnection:
+    """``store.db``: the connection the calling thread checked out in ``_locked``."""
+
+    def __get__(self, store: PostgresStore, owner: type | None = None) -> _Connection:
+        conn: _Connection | None = getattr(store._local, "conn", None)
+        if conn is None:
+            raise StoreError("store used outside a store call (no connection checked out)")
+        return conn
+
+
+class PostgresStore(SessionTables, MemoryTables, AuditTable):
+    """The PostgreSQL store. Thread-safe; use as a context manager or call :meth:`close`.
+
+    ``url`` must not hold a password; give it as ``password`` (read from the environment by
+    the settings). Error messages never contain it.
+    """
+
+    db = _ThreadConnection()
+    _OCTETS = "OCTET_LENGTH(content)"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        clock: Clock = utc_now,
+        pool_size: int = 8,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
+        self.path = url
+        self.clock = clock
+        self._password = password
+        self._local = threading.local()
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(connect_timeout_s)}
+        if password is not None:
+            kwargs["password"] = password
+        self._pool = psycopg_pool.ConnectionPool(
+            url, kwargs=kwargs, min_size=1, max_size=pool_size, open=False, name="ragent-memory"
+        )
+        self._timeout_s = connect_timeout_s
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+            with self._locked("open"):
+                self._migrate()
+                self._secret = self._load_secret()
+        except (psycopg.Error, StoreError) as err:
+            self._pool.close()
+            raise StoreError(f"cannot open store {url!r}: {self._scrub(err)}") from None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _scrub(self, err: BaseException) -> str:
+        text = str(err).strip() or type(err).__name__
+        return text.replace(self._password, "***") if self._password else text
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[_Connection]:
+        local = self._local
+        if getattr(local, "conn", None) is not None:  # a store call inside another
+            yield local.conn
+            return
+        try:
+            with self._pool.connection(timeout=self._timeout_s) as conn:
+                local.conn = _Connection(conn)
+                try:
+                    yield local.conn
+                finally:
+                    local.conn = None
+        except psycopg.Error as err:
+            raise StoreError(f"store {what} failed: {self._scrub(err)}") from None
+
+    def _migrate(self) -> None:
+        with self.db.atomic():  # the write lock: hosts starting together migrate once
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS _migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
+            for version, (name, sql) in enumerate(MIGRATIONS, start=1):
+                if name in done:
+                    continue
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        self.db.conn.execute(statement)
+                self.db.execute(
+                    "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    [version, name, iso(self.clock())],
+                )
+
+    def _load_secret(self) -> bytes:
+        self.db.execute(
+            "INSERT INTO meta (key, value) VALUES ('secret', ?) ON CONFLICT DO NOTHING",
+            [secrets.token_hex(32)],
+        )
+        (value,) = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()[0]
+        return bytes.fromhex(value)
+
+    def migrations(self) -> list[str]:
+        with self._locked("read"):
+            rows = self.db.execute("SELECT name FROM _migrations ORDER BY version").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ dialect
+
+    def _storable(self, text: str) -> str | bytes:
+        # BYTEA keeps any Python text, lone surrogates and NULs included.
+        return text.encode("utf-8", "surrogatepass")
+
+    def _search_summaries(
+        self, query: str, user_id: str, exclude_session: str, limit: int
+    ) -> list[Any]:
+        expression, params = tsquery(query)
+        rows: list[Any] = self.db.execute(
+            f"SELECT excerpt FROM memory_fts, ({expression}) AS q (query)"
+            " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
+            " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
+            [*params, user_id, exclude_session, limit],
+        ).fetchall()
+        return rows
