@@ -22,7 +22,7 @@ from .logs import get_logger
 from .longterm import index_terms, summary_chunks
 from .loops import map_loops
 from .settings import Settings
-from .store import SessionState, Store
+from .store import Backend, SessionState
 from .summarize import (
     Summarizer,
     SummaryRequest,
@@ -177,7 +177,7 @@ def run(
     job: Job,
     *,
     summarizer: Summarizer,
-    store: Store,
+    store: Backend,
     settings: Settings,
     emit: Callable[[str, dict[str, Any]], None],
 ) -> SessionState | None:
@@ -245,7 +245,7 @@ def fail(
     )
 
 
-def remember_summary(store: Store, user_id: str, state: SessionState) -> None:
+def remember_summary(store: Backend, user_id: str, state: SessionState) -> None:
     """Keep an applied summary as a ``summary`` memory of the user, indexed by its excerpts,
     so the user's other sessions can draw on it. A failure only logs: the compaction stands."""
     excerpts = [(index_terms(e), e) for e in summary_chunks(state.summary)]
@@ -260,7 +260,7 @@ def remember_summary(store: Store, user_id: str, state: SessionState) -> None:
         )
 
 
-def write_audit(store: Store, row: Mapping[str, Any]) -> None:
+def write_audit(store: Backend, row: Mapping[str, Any]) -> None:
     """Append an audit row; a failure is logged (``audit.write_failed``), never raised."""
     try:
         store.audit(dict(row))

@@ -54,7 +54,7 @@ from .session import (
 )
 from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from .store import GCReport, SessionState, Store, utc_now
+from .store import GCReport, SessionState, open_store, utc_now
 from .summarize import Summarizer, build_summarizer
 
 __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_count"]
@@ -138,7 +138,7 @@ class MemoryEngine:
     ) -> None:
         self.settings = settings or Settings()
         self.on_event = on_event
-        self.store = Store(self.settings.store.path, clock=clock)
+        self.store = open_store(self.settings.store, clock=clock)
         self.summarizer = summarizer or build_summarizer(self.settings, on_event=self._emit)
         # on_event stays about summaries (DESIGN §13): memory calls are logged, not emitted.
         self.extractor = extractor or build_extractor(self.settings)

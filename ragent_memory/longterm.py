@@ -40,7 +40,7 @@ from .summarize import VERBATIM_LABEL, neutralise, new_nonce, render_transcript
 if TYPE_CHECKING:
     from .llm import Completion, LLMClient
     from .records import PendingMessage
-    from .store import Store
+    from .store import Backend
 
 log = get_logger(__name__)
 
@@ -725,7 +725,7 @@ class ExtractionReport:
 
 
 def run_extraction(
-    store: Store, extractor: Extractor, user_id: str, *, settings: Settings
+    store: Backend, extractor: Extractor, user_id: str, *, settings: Settings
 ) -> ExtractionReport:
     """Learn from one batch of the user's pending messages and commit the result atomically.
 
@@ -827,7 +827,7 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
     return out
 
 
-def _count_failure(store: Store, user_id: str, ids: Sequence[int]) -> int:
+def _count_failure(store: Backend, user_id: str, ids: Sequence[int]) -> int:
     try:
         return store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
     except StoreError as err:

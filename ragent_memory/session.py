@@ -51,7 +51,7 @@ from .errors import RagentMemoryError, StoreError
 from .logs import get_logger
 from .reduce import reduce
 from .settings import Settings
-from .store import SessionState, Store, Substitution, substitution_key
+from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
 from .trim import find_candidates, trim, worth_it
 
@@ -278,7 +278,7 @@ class Services:
     """What a session borrows from its engine."""
 
     settings: Settings
-    store: Store
+    store: Backend
     summarizer: Summarizer
     submit: Submit
     emit: EventCallback

@@ -1,7 +1,14 @@
-"""Shared fixtures: settings on a real SQLite file, engines that always close."""
+"""Shared fixtures: settings on a real SQLite file (or a real PostgreSQL database), engines
+that always close.
+
+``backend`` picks the store: SQLite unless a module parametrises it
+(``pytest.mark.parametrize("backend", BACKENDS, indirect=True)``); the PostgreSQL server is
+started once per run and each test gets a fresh database in it.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -10,6 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+from pg_server import PASSWORD, PostgresUnavailable, postgres_server
 
 from ragent_memory import Settings, StoreSettings
 from ragent_memory.engine import MemoryEngine
@@ -26,10 +34,83 @@ def db_path(tmp_path: Path) -> str:
     return str(tmp_path / "memory.db")
 
 
+BACKENDS = ("sqlite", "postgres")
+PASSWORD_ENV = "RAGENT_TEST_PG_PASSWORD"
+_databases = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL server for this run (its base URL); fails, never skips, without one."""
+    try:
+        with postgres_server() as url:
+            yield url
+    except PostgresUnavailable as err:
+        pytest.fail(f"PostgreSQL is required for these tests: {err}", pytrace=False)
+
+
+def _admin(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, password=PASSWORD, autocommit=True)
+
+
 @pytest.fixture
-def make_settings(db_path: str) -> Callable[..., Settings]:
+def fresh_pg_url(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new, empty database; its password in the env var ``PASSWORD_ENV`` names."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    with _admin(f"{pg_server}/postgres") as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    return f"{pg_server}/{name}"
+
+
+@pytest.fixture(scope="session")
+def _shared_pg_url(pg_server: str) -> str:
+    """One database for the run, migrated once (creating one per test costs ~0.3 s)."""
+    from ragent_memory.store.postgres import PostgresStore
+
+    url = f"{pg_server}/shared_{os.getpid()}"
+    with _admin(f"{pg_server}/postgres") as conn:
+        conn.execute(f"CREATE DATABASE shared_{os.getpid()}")
+    PostgresStore(url, password=PASSWORD).close()
+    return url
+
+
+@pytest.fixture
+def pg_url(_shared_pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared database, emptied as a new store would find it (schema kept)."""
+    with _admin(_shared_pg_url) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                " AND tablename <> '_migrations'"
+            )
+        ]
+        for table in tables:  # DELETE: far cheaper than TRUNCATE on tables this small
+            conn.execute(f"DELETE FROM {table}")
+        conn.execute("INSERT INTO meta (key, value) VALUES ('memory_seq', '0')")
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    return _shared_pg_url
+
+
+@pytest.fixture(params=["sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_settings(backend: str, db_path: str, request: pytest.FixtureRequest) -> StoreSettings:
+    if backend == "sqlite":
+        return StoreSettings(path=db_path)
+    return StoreSettings(url=request.getfixturevalue("pg_url"), password_env=PASSWORD_ENV)
+
+
+@pytest.fixture
+def make_settings(store_settings: StoreSettings) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        overrides.setdefault("store", StoreSettings(path=db_path))
+        overrides.setdefault("store", store_settings)
         return Settings(**overrides)
 
     return make

@@ -112,7 +112,9 @@ def postgres_server() -> Iterator[str]:
     finally:
         if started:
             subprocess.run(
-                _as_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], user),
+                _as_user(
+                    [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], user
+                ),
                 capture_output=True,
                 timeout=60,
                 check=False,

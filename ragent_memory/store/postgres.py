@@ -186,7 +186,7 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
     ) -> list[Any]:
         expression, params = tsquery(query)
         rows: list[Any] = self.db.execute(
-            f"SELECT excerpt FROM memory_fts, ({expression}) AS q (query)"
+            f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
             " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
             " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
             [*params, user_id, exclude_session, limit],
