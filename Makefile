@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/ragent-memory demo
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

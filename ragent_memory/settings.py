@@ -139,10 +139,7 @@ class StoreSettings:
     path: str = attrs.field(
         default="ragent-memory.db", validator=_check("store.path", _non_empty_str, "a file path")
     )
-    url: str | None = attrs.field(
-        default=None,
-        validator=_check("store.url", lambda v: v is None or _is_pg_url(v), "postgresql://…"),
-    )
+    url: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_pg_url(v))
     password_env: str | None = attrs.field(
         default=None,
         validator=_check("store.password_env", _env_name, "an environment variable name"),
@@ -164,11 +161,6 @@ class StoreSettings:
             raise ConfigError(
                 "store", "give store.path (SQLite) or store.url (PostgreSQL), not both"
             )
-        if urlsplit(self.url).password is not None:
-            raise ConfigError(
-                "store.url",
-                "holds a password; put it in an environment variable named by store.password_env",
-            )
 
     def password(self) -> str | None:
         """The PostgreSQL password from ``password_env`` (None when no variable is named)."""
@@ -182,14 +174,22 @@ class StoreSettings:
         return value
 
 
-def _is_pg_url(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
+def _check_pg_url(value: Any) -> None:
+    """``store.url``: a ``postgresql://`` URL without a password (the error never echoes one)."""
+    if value is None:
+        return
     try:
-        parts = urlsplit(value)
+        parts = urlsplit(value) if isinstance(value, str) else None
+        has_password = parts is not None and parts.password is not None
     except ValueError:
-        return False
-    return parts.scheme in ("postgresql", "postgres") and bool(parts.hostname or parts.query)
+        parts, has_password = None, False
+    if parts is None or parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError("store.url", "expected a postgresql://host/database URL")
+    if has_password:
+        raise ConfigError(
+            "store.url",
+            "holds a password; put it in an environment variable named by store.password_env",
+        )
 
 
 def _http_url(value: Any) -> bool:

@@ -1,9 +1,9 @@
 """Shared fixtures: settings on a real SQLite file (or a real PostgreSQL database), engines
 that always close.
 
-``backend`` picks the store: SQLite unless a module parametrises it
-(``pytest.mark.parametrize("backend", BACKENDS, indirect=True)``); the PostgreSQL server is
-started once per run and each test gets a fresh database in it.
+``backend`` picks the store: SQLite, or both SQLite and PostgreSQL for the tests marked
+``both_backends`` that use a store. The PostgreSQL server is started once per run; each test
+finds its database empty.
 """
 
 from __future__ import annotations
@@ -95,9 +95,16 @@ def pg_url(_shared_pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return _shared_pg_url
 
 
-@pytest.fixture(params=["sqlite"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_backends"
+    ):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+    return str(getattr(request, "param", "sqlite"))
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ import pytest
 from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.engine import MemoryEngine, PreparedContext
 
+# The engine end to end on both stores (DESIGN §10: one contract, the same suite).
+pytestmark = pytest.mark.both_backends
+
 
 @pytest.mark.parametrize(
     ("messages", "index"),

@@ -24,6 +24,9 @@ from ragent_memory.recall import DEFAULT_LIMIT, FOOTER_MARK, find_refs, recall_t
 from ragent_memory.reduce import ARGUMENTS_KEY, RECALL_TOOL_NAME
 from ragent_memory.trim import PLACEHOLDERS
 
+# The engine end to end on both stores (DESIGN §10: one contract, the same suite).
+pytestmark = pytest.mark.both_backends
+
 ORIGINAL = "".join(f"{i:07d}|" for i in range(25_000))  # 200,000 chars, every slice unique
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import BACKENDS, PASSWORD_ENV
+from conftest import PASSWORD_ENV
 
 from ragent_memory.errors import StoreError
 from ragent_memory.longterm import fts_query, index_terms, search_terms
@@ -16,7 +16,7 @@ from ragent_memory.records import Draft, Plan, SessionState, Substitution
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import COMPACTION_COLUMNS, Backend, open_store, substitution_key
 
-pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+pytestmark = pytest.mark.both_backends
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -100,18 +100,22 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
         kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(connect_timeout_s)}
         if password is not None:
             kwargs["password"] = password
-        self._pool = psycopg_pool.ConnectionPool(
-            url, kwargs=kwargs, min_size=1, max_size=pool_size, open=False, name="ragent-memory"
-        )
         self._timeout_s = connect_timeout_s
         try:
-            self._pool.open(wait=True, timeout=connect_timeout_s)
-            with self._locked("open"):
-                self._migrate()
-                self._secret = self._load_secret()
-        except (psycopg.Error, StoreError) as err:
-            self._pool.close()
+            # One direct connection first: a refused login fails now, with the server's reason,
+            # instead of the pool retrying in the background until its timeout.
+            with psycopg.connect(url, **kwargs) as conn:
+                self._local.conn = _Connection(conn)
+                try:
+                    self._migrate()
+                    self._secret = self._load_secret()
+                finally:
+                    self._local.conn = None
+        except psycopg.Error as err:
             raise StoreError(f"cannot open store {url!r}: {self._scrub(err)}") from None
+        self._pool = psycopg_pool.ConnectionPool(
+            url, kwargs=kwargs, min_size=1, max_size=pool_size, open=True, name="ragent-memory"
+        )
 
     # ------------------------------------------------------------------ plumbing
 
