@@ -161,7 +161,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
     )
 
 
-def commit(store: Store, draft: Draft, previous: SessionState, audit: Mapping[str, Any]) -> None:
+def commit(store: Backend, draft: Draft, previous: SessionState, audit: Mapping[str, Any]) -> None:
     """Write the generation and its ``applied`` audit row in one transaction (DESIGN §10)."""
     if not store.commit_generation(draft.state, previous, dict(audit)):
         raise StaleCompaction(
@@ -225,7 +225,7 @@ def run(
 
 
 def fail(
-    store: Store, base: Mapping[str, Any], err: Exception, *, model: str, started: float
+    store: Backend, base: Mapping[str, Any], err: Exception, *, model: str, started: float
 ) -> None:
     """Log and audit a compaction that did not apply."""
     duration_ms = int((time.perf_counter() - started) * 1000)
