@@ -18,6 +18,7 @@ def audit_record(row: dict[str, Any], now: str) -> dict[str, Any]:
 
 
 def insert_audit(db: Any, record: dict[str, Any]) -> int:
+    """Insert inside a transaction: ``RETURNING`` leaves sqlite-utils' autocommit aside."""
     cursor = db.execute(
         f"INSERT INTO compactions ({', '.join(record)}) VALUES ({', '.join('?' * len(record))})"
         " RETURNING id",
@@ -30,7 +31,7 @@ class AuditTable(StoreBase):
     def audit(self, row: dict[str, Any]) -> int:
         """Append one row to ``compactions``; returns its id."""
         record = audit_record(row, iso(self.clock()))
-        with self._locked("audit write"):
+        with self._locked("audit write"), self.db.atomic():
             return insert_audit(self.db, record)
 
     def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
