@@ -145,7 +145,7 @@ class StoreSettings:
         validator=_check("store.password_env", _env_name, "an environment variable name"),
     )
     pool_size: int = attrs.field(
-        default=8, validator=_check("store.pool_size", lambda v: _is_int(v) and v >= 1, "≥ 1")
+        default=8, validator=_check("store.pool_size", lambda v: is_int(v) and v >= 1, "≥ 1")
     )
     lease_s: float = attrs.field(
         default=600.0,
