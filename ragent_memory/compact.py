@@ -61,14 +61,23 @@ class Plan:
 
 
 def plan(
-    view: Sequence[Message], sizes: Sequence[int], *, head: int, settings: Settings
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    head: int,
+    settings: Settings,
+    mid_turn: bool = False,
 ) -> Plan | str:
     """Where to cut, or why not (a skip reason). ``head`` is the first message after the
-    prefix and any current summary."""
+    prefix and any current summary.
+
+    ``mid_turn`` is the ceiling's compaction (DESIGN §4b step 2, the view is over B): the last
+    message may be a tool result, the cut may be the current turn's user message, and any
+    material is worth summarizing."""
     total = sum(sizes)
     if total <= settings.compact_trigger_chars:
         return "below_trigger"
-    if not view or view[-1].get("role") != "user":
+    if not view or (view[-1].get("role") != "user" and not mid_turn):
         return "last_not_user"  # tool loops still open: wait for the next user message
     kept = 0
     point = len(view)
@@ -83,7 +92,7 @@ def plan(
     material_chars = sum(sizes[head:cut])
     if material_chars == 0:
         return "empty_material"
-    if material_chars * 2 < total:
+    if material_chars * 2 < total and not mid_turn:
         return "not_worth_it"
     tail = view[cut:]
     if map_loops(tail).orphan_indexes:

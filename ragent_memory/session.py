@@ -45,7 +45,7 @@ from typing import Any
 
 import attrs
 
-from . import compact
+from . import ceiling, compact
 from .chars import Message, chars, validate_message
 from .errors import RagentMemoryError, StoreError
 from .logs import get_logger
@@ -307,6 +307,7 @@ class Session:
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
         self.returned_generation = state.generation
+        self.left_out = 0  # raw indexes below this, left out by the ceiling, were reported
         # (user_id, memory version, block text) of the last memory block built for this
         # session: rebuilt only when that user's memories change, so the prefix stays stable.
         self.memory: tuple[str, int, str] | None = None
@@ -349,7 +350,9 @@ class Session:
                 hint = None  # its indexes belong to the view before the summary
         self.returned_generation = self.state.generation
         self.tail = Tail.of(view, len(self.raw.messages), hint)
-        dropped_turns = self._ceiling(view, user_id)
+        view, dropped_turns, mid_turn = self._ceiling(view, user_id)
+        if mid_turn is not None:
+            compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
         recalled, recalled_chars = self._recall(view, user_id)
         return view, self._report(
             view,
@@ -387,7 +390,7 @@ class Session:
             user_id,
             [
                 i
-                for i in range(start, stop)
+                for i in range(max(start, self.left_out), stop)
                 if substitution_key(i - prefix_len, digests[i]) not in subs
             ],
         )
@@ -652,6 +655,12 @@ class Session:
                     chars=view.total,
                 )
             return decision
+        return self._submit(view, decision, user_id)
+
+    def _submit(self, view: View, decision: compact.Plan, user_id: str | None) -> str | None:
+        """Run one planned compaction on the engine's pool, waiting at most
+        ``compaction_timeout_s``; returns why it did not apply, or None."""
+        settings = self.settings
         raw = self.raw
         prefix_len = view.prefix_len
         start, stop = decision.head + view.offset, decision.cut + view.offset
@@ -695,12 +704,139 @@ class Session:
         self.verified_digest = state.covered_digest
         return None
 
-    def _ceiling(self, view: View, user_id: str | None) -> int:
-        """DESIGN §4b, after the gates: while ``view.total`` > B, the ladder (sticky
-        substitutions through ``_record``, a mid-turn compaction, the oldest whole turns left
-        out through ``_left``). Returns how many whole turns were left out. Not built yet:
-        the view is sent as the gates left it and ``over_budget`` says when it is over B."""
-        return 0
+    def _ceiling(self, view: View, user_id: str | None) -> tuple[View, int, str | None]:
+        """DESIGN §4b, after the gates: while ``view.total`` > B, the ladder of ``ceiling``.
+        Returns the view to send, how many whole turns it leaves out, and what a mid-turn
+        compaction did (None: not tried; "applied"; else why it did not apply)."""
+        budget = self.settings.context_window_chars
+        if view.total <= budget:
+            return view, 0, None
+        settings = self.settings
+        turn_start = ceiling.current_turn_start(view.messages, view.head)
+        evictions = ceiling.trim_all(
+            view.messages,
+            view.sizes,
+            head=view.head,
+            turn_start=turn_start,
+            excess=view.total - budget,
+            language=settings.language,
+            ref_for=self.ref_for,
+            originals=view.originals,
+            evicted=view.indexes("trim"),
+        )
+        self._stick(
+            view, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions], user_id
+        )
+        mid_turn = None
+        if view.total > budget and settings.summary_enabled and self.future is None:
+            decision = compact.plan(
+                view.messages, view.sizes, head=view.head, settings=settings, mid_turn=True
+            )
+            mid_turn = (
+                decision if isinstance(decision, str) else self._submit(view, decision, user_id)
+            )
+            if self.state.generation != self.returned_generation:
+                mid_turn = "applied"
+                view, _ = self._build()
+                self.returned_generation = self.state.generation
+                self.tail = Tail.of(view, len(self.raw.messages), None)
+                turn_start = ceiling.current_turn_start(view.messages, view.head)
+        if view.total > budget:
+            previews = ceiling.preview_turn(
+                view.messages,
+                view.sizes,
+                turn_start=turn_start,
+                excess=view.total - budget,
+                limit_chars=settings.oversized_tool_result_chars,
+                language=settings.language,
+                ref_for=self.ref_for,
+                originals=view.originals,
+                evicted=view.indexes("trim"),
+            )
+            self._stick(
+                view,
+                [(t.index, "truncate", t.refs[0], t.replacement, t.offloaded) for t in previews],
+                user_id,
+            )
+        dropped_turns = 0
+        if view.total > budget:
+            count, dropped_turns = ceiling.turns_to_leave_out(
+                view.messages,
+                view.sizes,
+                head=view.head,
+                turn_start=turn_start,
+                excess=view.total - budget,
+            )
+            view = self._leave_out(view, count, user_id)
+        if view.total > budget and view.head > view.prefix_len:
+            # Only the summary is left between the system prompt and the current turn:
+            # what is sent at last is the system prompt and the current turn (step 5).
+            head = view.head - 1
+            view = attrs.evolve(
+                view,
+                messages=view.messages[:head] + view.messages[head + 1 :],
+                sizes=view.sizes[:head] + view.sizes[head + 1 :],
+                head=head,
+                offset=view.offset + 1,
+                fresh=max(head, view.fresh - 1),
+                originals={i - 1: m for i, m in view.originals.items()},
+                kinds={i - 1: k for i, k in view.kinds.items()},
+            )
+        if view.total > budget:
+            log.warning(
+                "ceiling.over_budget",
+                session_id=self.session_id,
+                chars_out=view.total,
+                budget_chars=budget,
+                dropped_turns=dropped_turns,
+            )
+        return view, dropped_turns, mid_turn
+
+    def _stick(
+        self,
+        view: View,
+        changes: Sequence[tuple[int, str, str, Message, Sequence[str]]],
+        user_id: str | None,
+    ) -> None:
+        """Record the ceiling's placeholders and previews as sticky substitutions and show
+        them; the tail kept for the next turn shows them too, so the prefix stays stable."""
+        if not changes:
+            return
+        new: list[_New] = [
+            (index, Substitution(self._key(view, index), kind, ref, message), texts)
+            for index, kind, ref, message, texts in changes
+        ]
+        self._record(view, new, None, user_id)
+        self.tail = Tail.of(view, len(self.raw.messages), None)
+
+    def _leave_out(self, view: View, count: int, user_id: str | None) -> View:
+        """The view without its ``count`` messages after the prefix/summary; they are
+        reported as having left the view (once: ``left_out`` remembers how far)."""
+        if count <= 0:
+            return view
+        head, offset = view.head, view.offset
+        first, stop = head + offset, head + offset + count
+        digests, prefix_len = self.raw.digests, view.prefix_len
+        self._left(
+            user_id,
+            [
+                i
+                for i in range(max(first, self.left_out), stop)
+                if substitution_key(i - prefix_len, digests[i]) not in self.subs
+            ],
+        )
+        self.left_out = max(self.left_out, stop)
+        shift = {i: i - count for i in view.kinds if i >= head + count}
+        return attrs.evolve(
+            view,
+            messages=view.messages[:head] + view.messages[head + count :],
+            sizes=view.sizes[:head] + view.sizes[head + count :],
+            offset=offset + count,
+            fresh=max(head, view.fresh - count),
+            originals={shift[i]: m for i, m in view.originals.items() if i in shift},
+            kinds={shift[i]: k for i, k in view.kinds.items() if i in shift},
+            trim_hint=None,
+        )
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
         """DESIGN §9b, the last step: when the last message is the user's, excerpts of what

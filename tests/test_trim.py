@@ -289,7 +289,8 @@ def test_irregular_input_is_tolerated_and_warned_once(
     )
     with (
         structlog.testing.capture_logs() as logs,
-        MemoryEngine(make_settings(context_window_chars=8_000, summary_enabled=False)) as engine,
+        # B above the view's 12k: gate 1 alone (the ceiling would leave turn q1 out at 8k).
+        MemoryEngine(make_settings(context_window_chars=14_000, summary_enabled=False)) as engine,
     ):
         first = engine.prepare(view, session_id="s")
         engine.prepare([*view, user("q4")], session_id="s")

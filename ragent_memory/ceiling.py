@@ -1,0 +1,151 @@
+"""The ceiling (DESIGN §4b): B is a promise, not a hope.
+
+After the gates, while the view is over B, the session climbs a ladder and stops on the first
+rung that fits. This module holds the rungs that only look at the view, as pure functions
+returning what to change; the session applies them (sticky substitutions are recorded in the
+store, the mid-turn compaction runs on its pool):
+
+1. ``trim_all``: every tool result before the current turn becomes its placeholder, oldest
+   first, whatever its tool, ignoring the 20% rule and the 2-loop protection.
+2. (a mid-turn compaction, ``compact.plan(..., mid_turn=True)``)
+3. ``preview_turn``: the current turn's tool results and tool-call inputs become head/tail
+   previews, with the limit lowered just enough to fit, never below ``MIN_PREVIEW_CHARS``.
+4. ``turns_to_leave_out``: the oldest whole turns after the prefix/summary are left out of the
+   view (never the current turn; cuts only at user messages, so no tool loop is split).
+5. What is left is sent as is and the report says ``over_budget``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from .chars import Message, chars, text_of
+from .loops import last_user_index, map_loops
+from .reduce import Truncation, reduce
+from .trim import Eviction, placeholder
+
+MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
+
+
+def current_turn_start(view: Sequence[Message], head: int) -> int:
+    """View index where the current turn starts: the last user message after ``head``, or
+    ``head`` when there is none (then everything after the prefix is the current turn)."""
+    return max(last_user_index(view), head)
+
+
+def trim_all(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    head: int,
+    turn_start: int,
+    excess: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message],
+    evicted: frozenset[int] | set[int],
+) -> list[Eviction]:
+    """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
+    they free ``excess`` chars (all of them when that is not enough). Orphan results and
+    irregular loops (duplicate ids, unanswered calls) are left alone (DESIGN §3: never
+    evicted)."""
+    loops = map_loops(view[head:turn_start])
+    planned: list[Eviction] = []
+    freed = 0
+    for loop in loops.loops:
+        if not loop.is_complete:
+            continue
+        call = view[head + loop.call_index]
+        arguments = {
+            c["id"]: (c.get("function") or {}).get("arguments") or ""
+            for c in call.get("tool_calls") or ()
+        }
+        for relative in loop.result_indexes:
+            index = head + relative
+            if index in evicted:
+                continue
+            shown = view[index]
+            text = text_of(originals.get(index, shown))
+            ref = ref_for(text)
+            args = arguments.get(shown["tool_call_id"], "")
+            replacement = {**shown, "content": placeholder(language, len(text), args, ref)}
+            gain = sizes[index] - chars(replacement)
+            if gain <= 0:
+                continue
+            planned.append(Eviction(index, originals.get(index, shown), replacement, ref, text))
+            freed += gain
+            if freed >= excess:
+                return planned
+    return planned
+
+
+def preview_turn(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    turn_start: int,
+    excess: int,
+    limit_chars: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message],
+    evicted: frozenset[int] | set[int],
+) -> list[Truncation]:
+    """Step 3: previews of the current turn's tool results and tool-call inputs.
+
+    The limit starts at ``limit_chars`` (the oversized limit) and is lowered, by bisection,
+    to the highest value whose previews free ``excess`` chars; never below
+    ``MIN_PREVIEW_CHARS``. Previews are built from the caller's originals, and only those
+    smaller than what is shown now are returned."""
+    items = [
+        i
+        for i in range(turn_start, len(view))
+        if i not in evicted and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
+    ]
+    if not items:
+        return []
+    base = list(view)
+    for index in items:
+        base[index] = originals.get(index, view[index])
+
+    def plan(limit: int) -> tuple[int, list[Truncation]]:
+        result = reduce(
+            base, limit_chars=limit, language=language, ref_for=ref_for, candidates=items
+        )
+        kept = [t for t in result.truncations if chars(t.replacement) < sizes[t.index]]
+        return sum(sizes[t.index] - chars(t.replacement) for t in kept), kept
+
+    low, high = MIN_PREVIEW_CHARS, max(limit_chars, MIN_PREVIEW_CHARS)
+    freed, best = plan(low)
+    if freed < excess:
+        return best  # even the floor does not fit: the most it can free
+    while high - low > 16:  # previews are a few hundred chars apart at most this close
+        middle = (low + high) // 2
+        freed, found = plan(middle)
+        if freed >= excess:
+            low, best = middle, found
+        else:
+            high = middle
+    return best
+
+
+def turns_to_leave_out(
+    view: Sequence[Message], sizes: Sequence[int], *, head: int, turn_start: int, excess: int
+) -> tuple[int, int]:
+    """Step 4: how many messages from ``head`` on to leave out, and how many whole turns that
+    is, to free ``excess`` chars; cuts fall only on user messages (a turn's start), so a tool
+    loop is never split, and never inside the current turn."""
+    starts = [i for i in range(head + 1, turn_start) if view[i].get("role") == "user"]
+    starts.append(turn_start)
+    freed = 0
+    turns = 0
+    at = head
+    for cut in starts:
+        if cut <= at:
+            continue
+        freed += sum(sizes[at:cut])
+        turns += 1
+        at = cut
+        if freed >= excess:
+            break
+    return at - head, turns

@@ -1,0 +1,323 @@
+"""The ceiling (DESIGN §4b): the ladder's rungs as pure functions, then the engine keeping
+every prompt inside B — mid-turn tool loops, skipped and slow compactions — stickily."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import structlog
+from sessions import tool_loop
+
+from ragent_memory import Settings
+from ragent_memory.ceiling import (
+    MIN_PREVIEW_CHARS,
+    current_turn_start,
+    preview_turn,
+    trim_all,
+    turns_to_leave_out,
+)
+from ragent_memory.chars import Message, chars
+from ragent_memory.engine import MemoryEngine
+from ragent_memory.loops import map_loops
+from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+
+
+def ref_for(text: str) -> str:
+    return f"rm-{len(text)}"
+
+
+def turn(n: int, *results: int, name: str = "run_sql") -> list[Message]:
+    """A user message and one tool loop per result size."""
+    out: list[Message] = [{"role": "user", "content": f"question {n}"}]
+    for k, size in enumerate(results):
+        out += tool_loop(f"c{n}_{k}", "r" * size, name=name, arguments='{"q": "x"}')
+    return out
+
+
+def sizes_of(view: list[Message]) -> list[int]:
+    return [chars(m) for m in view]
+
+
+# ---------------------------------------------------------------------------- pure rungs
+
+
+def test_current_turn_starts_at_the_last_user_message() -> None:
+    """The current turn is the last user message on; none after the head → the head."""
+    view = [{"role": "system", "content": "s"}, *turn(1, 10), *turn(2, 10)]
+    assert 4 == current_turn_start(view, 1)
+    assert 1 == current_turn_start([{"role": "system", "content": "s"}, *tool_loop("c", "r")], 1)
+
+
+def test_trim_all_evicts_any_tool_oldest_first_until_it_fits() -> None:
+    """Step 1 ignores the tool name and the 2-loop protection, starts with the oldest result
+    and stops once the excess is freed; the current turn is never touched."""
+    view = [*turn(1, 3_000), *turn(2, 3_000), *turn(3, 3_000), *turn(4, 3_000)]
+    evictions = trim_all(
+        view,
+        sizes_of(view),
+        head=0,
+        turn_start=9,
+        excess=4_000,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=set(),
+    )
+    assert [2, 5] == [e.index for e in evictions]
+    assert all(
+        e.replacement["content"].startswith("[Earlier tool result omitted") for e in evictions
+    )
+    everything = trim_all(
+        view,
+        sizes_of(view),
+        head=0,
+        turn_start=9,
+        excess=10**9,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted={5},
+    )
+    assert [2, 8] == [e.index for e in everything]
+
+
+def test_preview_turn_lowers_the_limit_just_enough() -> None:
+    """Step 3 previews the current turn's results with the highest limit that fits, built
+    from the originals; the floor is MIN_PREVIEW_CHARS."""
+    view = turn(1, 20_000, 20_000)
+    sizes = sizes_of(view)
+    previews = preview_turn(
+        view,
+        sizes,
+        turn_start=0,
+        excess=30_000,
+        limit_chars=50_000,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=set(),
+    )
+    freed = sum(sizes[t.index] - chars(t.replacement) for t in previews)
+    assert freed >= 30_000
+    assert [2, 4] == [t.index for t in previews]
+    # Just enough: a limit a little higher would not have fitted.
+    assert freed - 30_000 < 2_000
+    floor = preview_turn(
+        view,
+        sizes,
+        turn_start=0,
+        excess=10**9,
+        limit_chars=50_000,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=set(),
+    )
+    shown = [len(t.replacement["content"]) for t in floor]
+    assert all(int(MIN_PREVIEW_CHARS * 0.3) <= n < MIN_PREVIEW_CHARS for n in shown)
+
+
+def test_preview_turn_previews_tool_call_inputs_too() -> None:
+    """A huge tool-call input of the current turn is previewed, its call id kept."""
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "a" * 9_000}}
+    view: list[Message] = [
+        {"role": "user", "content": "write"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    previews = preview_turn(
+        view,
+        sizes_of(view),
+        turn_start=0,
+        excess=5_000,
+        limit_chars=50_000,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=set(),
+    )
+    assert [1] == [t.index for t in previews]
+    assert "c1" == previews[0].replacement["tool_calls"][0]["id"]
+
+
+def test_turns_are_left_out_whole_and_never_the_current_one() -> None:
+    """Step 4 cuts only at user messages, oldest first, never into the current turn."""
+    view = [{"role": "system", "content": "s"}, *turn(1, 500), *turn(2, 500), *turn(3, 500)]
+    assert (3, 1) == turns_to_leave_out(view, sizes_of(view), head=1, turn_start=7, excess=100)
+    assert (6, 2) == turns_to_leave_out(view, sizes_of(view), head=1, turn_start=7, excess=600)
+    assert (6, 2) == turns_to_leave_out(view, sizes_of(view), head=1, turn_start=7, excess=10**9)
+    kept = view[:1] + view[7:]
+    assert not map_loops(kept).orphan_indexes
+
+
+# ---------------------------------------------------------------------------- the engine
+
+
+def assert_regular(messages: list[Message]) -> None:
+    loops = map_loops(messages)
+    assert not loops.orphan_indexes
+    assert all(loop.is_complete for loop in loops.loops)
+
+
+def long_tool_loop(results: int, size: int) -> list[Message]:
+    """One turn that keeps calling a non-evictable tool (the last message a tool result)."""
+    history: list[Message] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "audit every table"},
+    ]
+    for k in range(results):
+        history += tool_loop(f"c{k}", f"{k} " + "row " * (size // 4), name="run_sql")
+    return history
+
+
+def test_a_long_tool_loop_in_one_turn_stays_inside_b(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """Mid-turn, compaction must wait for the user — the ceiling does not: every call ≤ B,
+    the system prompt and the current request stay, no loop is broken."""
+    engine = make_engine(make_settings(context_window_chars=20_000))
+    history = long_tool_loop(36, 1_500)  # at their floors the 36 previews fit B
+    for end in range(4, len(history) + 1, 2):
+        prepared = engine.prepare(history[:end], session_id="s1")
+        assert prepared.report.chars_out <= 20_000, end
+        assert not prepared.report.over_budget
+        assert history[0] == prepared.messages[0]
+        assert any(m.get("content") == "audit every table" for m in prepared.messages)
+        assert_regular(prepared.messages)
+
+
+def test_ceiling_placeholders_are_sticky(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """What the ceiling rewrote stays rewritten: the next call's view starts with this
+    call's view, byte for byte, up to the messages it adds."""
+    engine = make_engine(make_settings(context_window_chars=20_000, summary_enabled=False))
+    history = [{"role": "system", "content": "s"}]
+    for n in range(12):
+        history += turn(n, 1_800)
+        history.append({"role": "assistant", "content": f"answer {n}"})
+    history.append({"role": "user", "content": "next"})
+    first = engine.prepare(history, session_id="s1")
+    assert first.report.chars_out <= 20_000
+    history += tool_loop("late", "z" * 1_000, name="run_sql")
+    second = engine.prepare(history, session_id="s1")
+    assert second.report.chars_out <= 20_000
+    assert first.messages == second.messages[: len(first.messages)]
+
+
+def test_irreducible_turn_is_sent_with_over_budget(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """System prompt + a current request alone over B: sent as is, over_budget, a warning."""
+    engine = make_engine(make_settings(context_window_chars=8_000))
+    history = [
+        {"role": "system", "content": "s" * 3_000},
+        *turn(1, 5_000),
+        {"role": "user", "content": "u" * 6_000},
+    ]
+    with structlog.testing.capture_logs() as logs:
+        prepared = engine.prepare(history, session_id="s1")
+    assert prepared.report.over_budget
+    assert [history[0], history[-1]] == prepared.messages
+    assert ["ceiling.over_budget"] == [e["event"] for e in logs if e["log_level"] == "warning"]
+
+
+def test_turns_left_out_are_handed_to_the_leave_hook_once(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Messages the ceiling leaves out reach on_leave, each raw index once."""
+    left: list[int] = []
+
+    def on_leave(session_id: str, user_id: str | None, items: list[tuple[int, Message]]) -> None:
+        left.extend(i for i, _ in items)
+
+    settings = make_settings(context_window_chars=8_000, summary_enabled=False)
+    with MemoryEngine(settings, on_leave=on_leave) as engine:
+        history: list[Message] = [{"role": "system", "content": "s"}]
+        dropped = 0
+        for n in range(10):
+            history += [
+                {"role": "user", "content": f"q{n} " + "u" * 1_500},
+                {"role": "assistant", "content": "a" * 1_000},
+            ]
+            report = engine.prepare(history, session_id="s1").report
+            assert report.chars_out <= 8_000
+            dropped = max(dropped, report.dropped_turns)
+    assert dropped >= 1
+    assert len(left) == len(set(left))
+    assert {1, 2} <= set(left)
+
+
+class Slow:
+    """The offline summarizer behind a gate the test opens."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.offline = OfflineSummarizer()
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        assert self.gate.wait(timeout=60)
+        return self.offline.summarize(request)
+
+    def close(self) -> None:
+        self.gate.set()
+
+
+def test_a_summarizer_slower_than_the_timeout_never_lets_a_turn_over_b(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """While a summary is late every turn stays ≤ B (the ladder's other rungs), and the late
+    summary is adopted once it arrives."""
+    summarizer = Slow()
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0.05)
+    reports: list[Any] = []
+    with MemoryEngine(settings, summarizer=summarizer) as engine:
+        history: list[Message] = [{"role": "system", "content": "s"}]
+        for n in range(40):
+            history += [
+                {"role": "user", "content": f"q{n} " + "u" * 400},
+                *tool_loop(f"c{n}", "r" * 600, name="run_sql"),
+                {"role": "assistant", "content": "a" * 400},
+            ]
+            history.append({"role": "user", "content": "go on"})
+            reports.append(engine.prepare(history, session_id="s1").report)
+            history.pop()
+        assert all(r.chars_out <= 20_000 for r in reports)
+        assert {"timeout", "in_progress"} <= {r.skipped_reason for r in reports}
+        assert all(r.generation == 0 for r in reports)
+        summarizer.gate.set()
+        assert engine.flush(timeout_s=60)
+        history.append({"role": "user", "content": "go on"})
+        late = engine.prepare(history, session_id="s1").report
+        applied = [
+            r["generation"] for r in engine.store.compactions("s1") if r["status"] == "applied"
+        ]
+    assert late.compacted
+    assert late.generation >= 1
+    assert 1 == applied[0]  # the late summary, adopted (a next one may follow at once)
+    assert late.chars_out <= 20_000
+
+
+@pytest.mark.parametrize("budget", [8_000, 20_000])
+def test_skipped_compactions_still_fit(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings], budget: int
+) -> None:
+    """A compaction skipped as not worth it (a huge current request) cannot push a turn
+    over B: the mid-turn rungs fit it."""
+    engine = make_engine(make_settings(context_window_chars=budget))
+    history: list[Message] = [{"role": "system", "content": "s"}]
+    for n in range(6):
+        history += [
+            {"role": "user", "content": f"q{n}"},
+            {"role": "assistant", "content": "a" * 600},
+        ]
+    history += turn(99, budget // 2, budget // 2)
+    prepared = engine.prepare(history, session_id="s1")
+    assert prepared.report.chars_out <= budget
+    assert_regular(prepared.messages)
