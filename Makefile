@@ -31,6 +31,7 @@ bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks.run
 	$(BIN)/python -m benchmarks.versus
 	$(BIN)/python -m benchmarks.locomo
+	$(BIN)/python -m benchmarks.proxy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx2
+import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -202,6 +203,35 @@ def _only_message(data: Any) -> Message | None:
     return None
 
 
+class _Histories:
+    """The last history handed to the engine per session (a bounded LRU).
+
+    Every request carries the whole history as fresh JSON, so every message is a new dict and
+    the engine would re-digest all of them. Messages equal to the ones at the same position
+    last time are swapped for those earlier objects (a C-level ``==`` per message), so the
+    engine's identity check recognises them and ``prepare`` only works on what is new.
+    """
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self._last: collections.OrderedDict[str, list[Message]] = collections.OrderedDict()
+        self._max = max_sessions
+
+    def adopt(self, session_id: str, messages: list[Any]) -> None:
+        """Swap equal messages of ``messages`` (a list the proxy owns) for earlier objects."""
+        last = self._last.get(session_id)
+        if last is None:
+            return
+        for index in range(min(len(last), len(messages))):
+            if messages[index] is not last[index] and messages[index] == last[index]:
+                messages[index] = last[index]
+
+    def remember(self, session_id: str, messages: list[Message]) -> None:
+        self._last[session_id] = messages
+        self._last.move_to_end(session_id)
+        while len(self._last) > self._max:
+            self._last.popitem(last=False)
+
+
 @attrs.define
 class _Turn:
     """One chat-completions request on its way through the proxy."""
@@ -214,15 +244,20 @@ class _Turn:
     report: TurnReport
     messages: list[Message]  # what the upstream gets: the prepared view (+ tool rounds)
     own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
+    started: float  # perf_counter() when the request arrived
     rounds: int = 0
-    started: float = attrs.field(factory=time.perf_counter)
+    upstream_s: float = 0.0  # time spent waiting for the upstream
+
+    def overhead_ms(self) -> float:
+        """What the proxy itself added so far: time since arrival, upstream waits excluded."""
+        return (time.perf_counter() - self.started - self.upstream_s) * 1000
 
     def payload(self, *, with_tools: bool) -> bytes:
         body = dict(self.body)
         body["messages"] = self.messages
         if with_tools and self.own:
             body["tools"] = [*(self.body.get("tools") or ()), *self.own.values()]
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        return orjson.dumps(body)
 
 
 class Proxy:
@@ -243,6 +278,7 @@ class Proxy:
         self._transport = transport
         self._client: httpx2.AsyncClient | None = None
         self._in_flight = 0
+        self._histories = _Histories()
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
 
@@ -304,7 +340,7 @@ class Proxy:
         self._in_flight += 1
         release = True
         try:
-            turn = await self._turn(request)
+            turn = await self._turn(request, time.perf_counter())
             if turn.body.get("stream") is True:
                 response = await self._stream(turn)
                 release = not isinstance(response, _Relay)  # the relay releases when done
@@ -326,10 +362,11 @@ class Proxy:
 
     # ------------------------------------------------------------------ a turn
 
-    async def _turn(self, request: Request) -> _Turn:
+    async def _turn(self, request: Request, started: float) -> _Turn:
         body = _parse(await self._read(request))
         session_id, user_id = identify(request.headers, body)
         history = body["messages"]
+        self._histories.adopt(session_id, history)
         try:
             prepared = await run_in_threadpool(
                 self.engine.prepare, history, session_id=session_id, user_id=user_id
@@ -345,6 +382,7 @@ class Proxy:
             report=prepared.report,
             messages=list(prepared.messages),
             own=self._offer(body, prepared.report),
+            started=started,
         )
 
     async def _read(self, request: Request) -> bytes:
@@ -413,10 +451,12 @@ class Proxy:
             generation=turn.report.generation,
             tool_rounds=turn.rounds,
             duration_ms=round((time.perf_counter() - turn.started) * 1000, 3),
+            proxy_ms=round(turn.overhead_ms(), 3),
         )
         if reply is None:
             return
         history = [*turn.history, reply]
+        self._histories.remember(turn.session_id, history)
         try:
             self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
         except RuntimeError:  # shutting down: the next request records these messages
@@ -437,6 +477,7 @@ class Proxy:
             content=turn.payload(with_tools=with_tools),
             headers=turn.headers,
         )
+        sent = time.perf_counter()
         try:
             return await self.client.send(request, stream=stream)
         except httpx2.TimeoutException as err:
@@ -447,6 +488,8 @@ class Proxy:
             raise _Reject(
                 502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
             ) from err
+        finally:
+            turn.upstream_s += time.perf_counter() - sent
 
     async def _complete(self, turn: _Turn) -> Response:
         """A non-streamed completion, with the proxy's own tool rounds inside."""
@@ -464,9 +507,11 @@ class Proxy:
             await self._continue(turn, message, mine)
         content = upstream.content
         if isinstance(data, dict) and _strip_own_calls(data, turn.own):
-            content = json.dumps(data, ensure_ascii=False).encode()
+            content = orjson.dumps(data)
         self._done(turn, _only_message(data), 200)
-        return _relay(upstream, report_headers(turn.report, turn.rounds), content=content)
+        headers = report_headers(turn.report, turn.rounds)
+        headers["X-Ragent-Proxy-Ms"] = f"{turn.overhead_ms():.3f}"
+        return _relay(upstream, headers, content=content)
 
     async def _stream(self, turn: _Turn) -> Response:
         """A streamed completion: see the module doc for how the proxy's tools are handled."""
@@ -688,8 +733,8 @@ class _Relay(Response):
 
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except ValueError as err:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
         raise _Reject(400, f"malformed body: not JSON ({err})") from err
     if not isinstance(body, dict):
         raise _Reject(400, "malformed body: expected a JSON object")
@@ -712,8 +757,8 @@ def _response_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 def _json_or_none(response: httpx2.Response) -> Any:
     try:
-        return json.loads(response.content)
-    except ValueError:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
         return None
 
 

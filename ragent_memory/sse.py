@@ -8,8 +8,9 @@ and rebuild the assistant message the client received (:class:`ReplyBuilder`), s
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 DONE = "[DONE]"
 _TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
@@ -67,15 +68,15 @@ def chunk_of(event: bytes) -> dict[str, Any] | None:
     if data is None or data.strip() == DONE:
         return None
     try:
-        chunk = json.loads(data)
-    except ValueError:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
     return chunk if isinstance(chunk, dict) else None
 
 
 def encode(chunk: dict[str, Any]) -> bytes:
     """One event carrying ``chunk``, as OpenAI-compatible servers write it."""
-    return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def deltas(chunk: dict[str, Any]) -> list[dict[str, Any]]:

@@ -103,3 +103,21 @@ def test_report_headers_name_every_field(make_engine: Callable[..., MemoryEngine
     assert "3" == headers["X-Ragent-Generation"]
     assert "2" == headers["X-Ragent-Tool-Rounds"]
     assert "X-Ragent-Skipped-Reason" not in headers
+
+
+def test_histories_hand_back_the_earlier_objects() -> None:
+    """Messages equal to last time's at the same position become last time's objects, so the
+    engine's identity check sees an append-only history; changed ones stay as they are."""
+    from ragent_memory.serve import _Histories
+
+    histories = _Histories(max_sessions=1)
+    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    histories.remember("s", first)
+    again = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "B"}, {}]
+    histories.adopt("s", again)
+    assert again[0] is first[0]
+    assert again[1] is not first[1]
+    histories.remember("t", [])  # evicts "s"
+    fresh = [{"role": "user", "content": "a"}]
+    histories.adopt("s", fresh)
+    assert fresh[0] is not first[0]
