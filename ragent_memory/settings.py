@@ -33,6 +33,7 @@ TRANSCRIPT_CLIP_TAIL_CHARS = 400
 NON_TEXT_PART_CHARS = 2_000
 
 LANGUAGES = ("en", "zh")
+DEFAULT_LEASE_S = 600.0  # a host's hold on a session's compaction (store.lease_s)
 
 
 def _clamp(value: float, low: int, high: int) -> int:
@@ -148,7 +149,7 @@ class StoreSettings:
         default=8, validator=_check("store.pool_size", lambda v: is_int(v) and v >= 1, "≥ 1")
     )
     lease_s: float = attrs.field(
-        default=600.0,
+        default=DEFAULT_LEASE_S,
         validator=_check("store.lease_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
 

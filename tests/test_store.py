@@ -323,6 +323,49 @@ def test_audit_refuses_unknown_columns_and_a_second_applied_generation(store: Ba
     store.audit({"session_id": "s1", "generation": 1, "status": "failed"})
 
 
+# ---------------------------------------------------------------------------- hosts
+
+
+def test_one_host_at_a_time_holds_a_compaction_lease(open_: Callable[[], Backend]) -> None:
+    """A second host is refused while the first holds the lease, and gets it once released."""
+    first, second = open_(), open_()
+    assert first.host_id != second.host_id
+    assert first.claim_compaction("s1")
+    assert not second.claim_compaction("s1")
+    assert first.claim_compaction("s1")  # renewing one's own lease
+    assert second.claim_compaction("s2")  # other sessions are independent
+    first.release_compaction("s1")
+    assert second.claim_compaction("s1")
+
+
+def test_a_dead_hosts_lease_expires(open_: Callable[[], Backend], clock: Clock) -> None:
+    """After lease_s another host may claim; the old holder's release then takes nothing."""
+    dead, alive = open_(), open_()
+    assert dead.claim_compaction("s1")
+    clock.now += timedelta(seconds=alive.lease_s - 1)
+    assert not alive.claim_compaction("s1")
+    clock.now += timedelta(seconds=1)
+    assert alive.claim_compaction("s1")
+    dead.release_compaction("s1")
+    assert not dead.claim_compaction("s1")
+
+
+def test_the_last_writer_of_a_session_is_known(open_: Callable[[], Backend]) -> None:
+    """Every session write records its host; the counter moves with each write."""
+    first, second = open_(), open_()
+    sub = Substitution(substitution_key(1, "d"), "trim", "rm-x", {"role": "tool", "content": "-"})
+    assert first.last_write("s1") is None
+    first.save_session(SessionState("s1"))
+    assert (first.host_id, 1) == second.last_write("s1")
+    second.save_substitutions("s1", [(sub, ["x"])], ttl_days=7)
+    assert (second.host_id, 2) == first.last_write("s1")
+    assert second.commit_generation(
+        SessionState("s1", generation=1, last_generation=1), SessionState("s1")
+    )
+    first.drop_session("s1")
+    assert (first.host_id, 4) == second.last_write("s1")
+
+
 # ---------------------------------------------------------------------------- the whole store
 
 

@@ -2,8 +2,10 @@
 
 Where each concern lives: ``contract`` (the typed protocols), ``sessions`` (summary state,
 substitutions, drop), ``offloads`` (recall originals, gc), ``memories`` (long-term memory and
-its search index), ``audit`` (``compactions``), ``schema`` (columns and migrations), ``sqlite``
-(the SQLite :class:`Store` composing them). Value types are in :mod:`ragent_memory.records`.
+its search index), ``audit`` (``compactions``), ``hosts`` (compaction leases, who wrote a
+session last), ``schema`` (columns and migrations). Two backends compose them: ``sqlite`` (the
+:class:`Store`) and ``postgres`` (``PostgresStore``, schema in ``pg_schema``); ``open_store``
+picks one from the settings. Value types are in :mod:`ragent_memory.records`.
 
 Tables:
 
@@ -26,7 +28,8 @@ Tables:
 - ``memory_cursors`` / ``memory_seen``: how far each session's history was read, and digests
   (no text) of the user messages already recorded, so ``after_turn`` is idempotent.
 - ``memory_versions``: per user, bumped on every memory change (cached blocks compare it).
-
+- ``compaction_leases`` / ``session_writes``: which host may compact a session now, and which
+  host wrote it last (many hosts, ``hosts.py``).
 """
 
 from ..errors import StoreError
@@ -40,7 +43,7 @@ from ..records import (
 )
 from ..settings import StoreSettings
 from .base import Clock, iso, utc_now
-from .contract import Audit, Backend, Memories, Offloads, Sessions
+from .contract import Audit, Backend, Hosts, Memories, Offloads, Sessions
 from .schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
 from .sqlite import Store
 
@@ -48,7 +51,7 @@ from .sqlite import Store
 def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
     """The store ``settings`` name: SQLite at ``store.path``, or PostgreSQL at ``store.url``."""
     if settings.url is None:
-        return Store(settings.path, clock=clock)
+        return Store(settings.path, clock=clock, lease_s=settings.lease_s)
     try:
         from .postgres import PostgresStore
     except ImportError as err:
@@ -56,7 +59,11 @@ def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
             f"store.url needs the PostgreSQL driver: pip install 'ragent-memory[postgres]' ({err})"
         ) from err
     return PostgresStore(
-        settings.url, password=settings.password(), clock=clock, pool_size=settings.pool_size
+        settings.url,
+        password=settings.password(),
+        clock=clock,
+        pool_size=settings.pool_size,
+        lease_s=settings.lease_s,
     )
 
 
@@ -69,6 +76,7 @@ __all__ = [
     "Clock",
     "Forgotten",
     "GCReport",
+    "Hosts",
     "Memories",
     "Offloads",
     "PendingMessage",

@@ -110,7 +110,20 @@ class Audit(Protocol):
     def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]: ...
 
 
-class Backend(Sessions, Offloads, Memories, Audit, Protocol):
+class Hosts(Protocol):
+    """Many hosts on one store: compaction leases and who wrote a session last (``hosts.py``).
+    Each store instance is one host, ``host_id``."""
+
+    host_id: str
+
+    def claim_compaction(self, session_id: str) -> bool: ...
+
+    def release_compaction(self, session_id: str) -> None: ...
+
+    def last_write(self, session_id: str) -> tuple[str, int] | None: ...
+
+
+class Backend(Sessions, Offloads, Memories, Audit, Hosts, Protocol):
     """A whole store: every concern, plus closing it."""
 
     path: str

@@ -122,4 +122,19 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         INSERT INTO meta (key, value) VALUES ('memory_seq', '0') ON CONFLICT DO NOTHING;
         """,
     ),
+    (
+        "002_hosts",
+        """
+        CREATE TABLE compaction_leases (
+            session_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        );
+        CREATE TABLE session_writes (
+            session_id TEXT PRIMARY KEY,
+            writer TEXT NOT NULL,
+            stamp INTEGER NOT NULL
+        );
+        """,
+    ),
 )

@@ -22,6 +22,7 @@ import psycopg
 import psycopg_pool
 
 from ..errors import StoreError
+from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
 from .base import Clock, iso, utc_now
 from .memories import MemoryTables
@@ -91,10 +92,12 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
         password: str | None = None,
         clock: Clock = utc_now,
         pool_size: int = 8,
+        lease_s: float = DEFAULT_LEASE_S,
         connect_timeout_s: float = 30.0,
     ) -> None:
         self.path = url
         self.clock = clock
+        self._start_host(lease_s)
         self._password = password
         self._local = threading.local()
         kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(connect_timeout_s)}

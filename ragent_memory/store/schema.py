@@ -148,6 +148,22 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         "004_substitution_key",
         "ALTER TABLE substitutions RENAME COLUMN digest TO key;",
     ),
+    (
+        # Many hosts (store/hosts.py): compaction leases, and who wrote a session last.
+        "005_hosts",
+        """
+        CREATE TABLE compaction_leases (
+            session_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        );
+        CREATE TABLE session_writes (
+            session_id TEXT PRIMARY KEY,
+            writer TEXT NOT NULL,
+            stamp INTEGER NOT NULL
+        );
+        """,
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

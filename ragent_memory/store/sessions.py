@@ -10,10 +10,11 @@ from typing import Any
 from ..records import SessionState, Substitution
 from .audit import audit_record, insert_audit
 from .base import _json_text, iso
+from .hosts import HostTables
 from .offloads import OffloadTables
 
 
-class SessionTables(OffloadTables):
+class SessionTables(OffloadTables, HostTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
         with self._locked("read"):
             rows = self.db.execute(
@@ -35,6 +36,7 @@ class SessionTables(OffloadTables):
         now = iso(self.clock())
         with self._locked("write"), self.db.atomic():
             self._revive(session_id)
+            self._mark_written(session_id)
             for sub, originals in items:
                 for original in originals:
                     self._offload(session_id, original, ttl_days)
@@ -109,6 +111,7 @@ class SessionTables(OffloadTables):
             return True
 
     def _write_session(self, state: SessionState) -> None:
+        self._mark_written(state.session_id)
         self.db.execute(
             "INSERT INTO sessions (session_id, user_id, generation, last_generation, summary,"
             " body, prefix_len, covered, covered_digest, verbatim, updated_at)"
@@ -138,6 +141,7 @@ class SessionTables(OffloadTables):
         starts fresh), its refs stop resolving at once, and :meth:`gc` deletes its offloads.
         Audit rows stay."""
         with self._locked("write"), self.db.atomic():
+            self._mark_written(session_id)
             for table in ("substitutions", "sessions"):
                 self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
             self.db.execute(

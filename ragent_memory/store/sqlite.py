@@ -16,6 +16,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import StoreError
+from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
 from .base import Clock, iso, utc_now
 from .memories import MemoryTables
@@ -66,9 +67,12 @@ class Store(SessionTables, MemoryTables, AuditTable):
     logged on every later turn.
     """
 
-    def __init__(self, path: str | Path, *, clock: Clock = utc_now) -> None:
+    def __init__(
+        self, path: str | Path, *, clock: Clock = utc_now, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
         self.path = str(path)
         self.clock = clock
+        self._start_host(lease_s)
         self._lock = threading.RLock()
         try:
             if self.path != ":memory:":
