@@ -213,8 +213,17 @@ class MemoryEngine:
             log.error("on_event.failed", callback_event=name, error=repr(err))
 
     def _session(self, session_id: str) -> Session:
+        written = self.store.last_write(session_id)
         with self._sessions_lock:
             session = self._sessions.get(session_id)
+            if (
+                session is not None
+                and written is not None
+                and written[0] != self.store.host_id
+                and written != session.last_write
+                and (session.future is None or session.future.done())
+            ):
+                session = None  # another host moved the session on: continue from the store
             if session is None:
                 # A dropped id used again starts a new life; a late compaction of the old
                 # life (still marked dropped until now) could not commit meanwhile.
@@ -222,6 +231,7 @@ class MemoryEngine:
                 state = self.store.load_session(session_id) or SessionState(session_id)
                 subs = self.store.substitutions(session_id)
                 session = Session(state, subs, self._services)
+                session.last_write = written
                 self._sessions[session_id] = session
             return session
 

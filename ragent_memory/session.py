@@ -285,6 +285,24 @@ class Services:
     on_leave: LeaveCallback | None = None
 
 
+def _release(store: Backend, session_id: str) -> None:
+    try:
+        store.release_compaction(session_id)
+    except StoreError as err:  # the lease expires on its own
+        log.error("compaction.release_failed", session_id=session_id, error=repr(err))
+
+
+def _leased(
+    store: Backend, session_id: str, run: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> Any:
+    """``run`` under the session's compaction lease, released before its result is seen (the
+    next host to get the session finds the lease free)."""
+    try:
+        return run(*args, **kwargs)
+    finally:
+        _release(store, session_id)
+
+
 # ------------------------------------------------------------------ the session
 
 
@@ -304,6 +322,7 @@ class Session:
         self.tail: Tail | None = None
         self.warned_irregular = False
         self.raw = RawCache()
+        self.last_write: tuple[str, int] | None = None  # the store's, when this was loaded
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
         self.returned_generation = state.generation
@@ -674,15 +693,28 @@ class Session:
             plan=decision,
             prefix_chars=sum(view.sizes[:prefix_len]),
         )
+        store = self.services.store
+        try:
+            # One compaction per session across hosts too (DESIGN §10): a lease in the store.
+            if not store.claim_compaction(self.session_id):
+                log.info("compaction.skipped", session_id=self.session_id, reason="leased")
+                return "in_progress"
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=self.session_id, error=repr(err))
+            return "failed"
         future = self.services.submit(
+            _leased,
+            store,
+            self.session_id,
             compact.run,
             job,
             summarizer=self.services.summarizer,
-            store=self.services.store,
+            store=store,
             settings=settings,
             emit=self.services.emit,
         )
         if future is None:
+            _release(store, self.session_id)
             return "closed"
         self.future = future
         if not wait([future], timeout=settings.compaction_timeout_s).done:
