@@ -303,6 +303,25 @@ def test_streamed_recall_round_trip(proxy: ProxyProcess, upstream: FakeOpenAI) -
     assert 2 == len(upstream.requests)
 
 
+def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """Once text has gone out, a later call of the proxy's tool in that streamed reply is cut
+    out of the events (and the finish reason no longer says tool_calls)."""
+    arguments = '{"ref": "rm-00000000000000000000"}'
+    events = sse_events(["Let me check."], tool_calls=[("recall_tool_result", arguments)])
+    upstream.enqueue(Answer.stream(events))
+    stream = client_for(proxy, "late-call").chat.completions.create(
+        model="m", messages=recall_history(), stream=True
+    )
+    chunks = [c for c in stream if c.choices]
+
+    assert "Let me check." == "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert all(c.choices[0].delta.tool_calls is None for c in chunks)
+    assert "stop" == chunks[-1].choices[0].finish_reason
+    assert 1 == len(upstream.requests)
+
+
 def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
     """With tool_choice "none" the proxy adds no tool; a proxy-tool call mixed with the
     app's own calls is cut out, so the app only sees tools it declared."""
