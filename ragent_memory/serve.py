@@ -418,21 +418,26 @@ class Proxy:
         """The tool messages answering the proxy's own calls (run in a worker thread)."""
         answers = []
         for call in calls:
+            name = call["function"].get("name")
             try:
                 args = json.loads(call["function"].get("arguments") or "{}")
             except ValueError:
                 args = None
-            if not isinstance(args, dict):
-                text = '[recall: arguments must be a JSON object such as {"ref": "rm-…"}]'
+            if isinstance(args, dict):
+                text = self._run_tool(turn, name, args)
             else:
-                text = self.engine.recall(
-                    turn.session_id,
-                    args.get("ref"),  # type: ignore[arg-type]  # recall refuses bad values
-                    args.get("offset", 0),
-                    args.get("limit", DEFAULT_LIMIT),
-                )
+                text = f"[{name}: the arguments must be a JSON object]"
             answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
         return answers
+
+    def _run_tool(self, turn: _Turn, name: str, args: dict[str, Any]) -> str:
+        """One call of a proxy tool; the engine refuses bad values with text, never raises."""
+        return self.engine.recall(
+            turn.session_id,
+            args.get("ref"),  # type: ignore[arg-type]  # recall refuses what is not a ref
+            args.get("offset", 0),
+            args.get("limit", DEFAULT_LIMIT),
+        )
 
     async def _continue(self, turn: _Turn, assistant: Message, calls: Sequence[Message]) -> None:
         """Answer the proxy's own calls and add the round to what the upstream sees next."""

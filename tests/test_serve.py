@@ -287,6 +287,26 @@ def test_recall_round_trip_happens_inside_the_proxy(
     assert answer["content"].startswith(ARCHIVE[:300])
 
 
+def test_bad_recall_arguments_get_a_readable_answer(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """A proxy-tool call with arguments that are not a JSON object is answered with a line
+    the model can read, and the model is asked again."""
+    call = {
+        "id": "call_bad",
+        "type": "function",
+        "function": {"name": "recall_tool_result", "arguments": "not json"},
+    }
+    upstream.enqueue(Answer.reply(None, "tool_calls", tool_calls=[call]))
+    upstream.reply("done")
+    reply = client_for(proxy, "bad-args").chat.completions.create(
+        model="m", messages=recall_history()
+    )
+    assert "done" == reply.choices[0].message.content
+    answer = upstream.requests[1].body["messages"][-1]
+    assert "[recall_tool_result: the arguments must be a JSON object]" == answer["content"]
+
+
 def test_streamed_recall_round_trip(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
     """Streaming too: the proxy reads the recall call, answers it and streams the next
     round; the app's stream holds text only."""
