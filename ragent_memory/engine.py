@@ -50,6 +50,7 @@ from .session import (
     Services,
     Session,
     TurnReport,
+    View,
     leading_system_count,
 )
 from .session import digest as message_digest
@@ -80,11 +81,36 @@ def accept(messages: Any) -> Sequence[Message]:
     return messages
 
 
-def hand_out(view: Sequence[Message], block: str) -> list[Message]:
+def _fresh(value: Any) -> Any:
+    """A copy of a JSON-like value down to its last dict and list (strings are shared)."""
+    if type(value) is dict:
+        return {k: _fresh(v) if type(v) in _NESTED else v for k, v in value.items()}
+    if type(value) is list:
+        return [_fresh(v) if type(v) in _NESTED else v for v in value]
+    return value
+
+
+_NESTED = (dict, list)
+
+
+def hand_out(view: View, block: str) -> list[Message]:
     """What the caller gets: the view with the memory block after the leading system
-    messages, every dict a fresh copy, so an app that decorates what it sends (cache_control,
-    a serializer popping keys) changes neither its own history nor the engine's caches."""
-    out = list(map(dict, view))
+    messages, each message a copy down to every content part and tool call, so an app that
+    decorates what it sends (cache_control on a part, a serializer popping keys) changes
+    neither its own history nor what later turns send.
+
+    A message whose values are all strings (most of them) is one C-level dict copy. A message
+    with parts or tool calls is copied once and that copy is handed out again while it still
+    equals the view's message (a C-level comparison, several times cheaper than a deep copy);
+    once the app changed it, the next turn hands out a fresh copy."""
+    out = list(map(dict, view.messages))
+    messages, handed = view.messages, view.handed
+    for index in view.deep:
+        source = messages[index]
+        copied = handed.get(index)
+        if copied is None or copied != source:
+            copied = handed[index] = _fresh(source)
+        out[index] = copied
     if block:
         at = leading_system_count(out)
         out.insert(at, memory_message(block))
@@ -238,9 +264,19 @@ class MemoryEngine:
     # ------------------------------------------------------------------ the turn
 
     def prepare(
-        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        session_id: str,
+        user_id: str | None = None,
+        verify: bool = False,
     ) -> PreparedContext:
-        """Fit ``messages`` into the budget. Never mutates them; raw history is never lost."""
+        """Fit ``messages`` into the budget. Never mutates them; raw history is never lost.
+
+        The usual app appends to one list: only what is new is read, plus an identity check
+        of what the view shows. ``verify=True`` also compares every earlier message by digest
+        (an edit inside a content part of a message the summary covers, say); without it such
+        an edit is caught when the next compaction is due (see README, "Speed")."""
         started = time.perf_counter()
         self._check_open()
         _check_id("session_id", session_id)
@@ -249,19 +285,24 @@ class MemoryEngine:
         messages = accept(messages)
         session = self._session(session_id)
         with session.lock:
-            view, report = session.run(messages, user_id)
+            view, report = session.run(messages, user_id, verify=verify)
             block = self._memory_block(session, user_id)
-            out = hand_out(view.messages, block)
+            out = hand_out(view, block)
         duration_ms = (time.perf_counter() - started) * 1000
         report = attrs.evolve(report, memory_chars=len(block), duration_ms=duration_ms)
         return PreparedContext(out, report)
 
     async def aprepare(
-        self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        session_id: str,
+        user_id: str | None = None,
+        verify: bool = False,
     ) -> PreparedContext:
         """``prepare`` off the event loop (compaction may wait on a model)."""
         return await asyncio.to_thread(
-            self.prepare, messages, session_id=session_id, user_id=user_id
+            self.prepare, messages, session_id=session_id, user_id=user_id, verify=verify
         )
 
     # ------------------------------------------------------------------ long-term memory

@@ -38,7 +38,7 @@ import json
 import operator
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
 from itertools import repeat
 from typing import Any
@@ -106,6 +106,7 @@ def chain_digest(digests: Sequence[str]) -> str:
 
 
 _get = dict.get
+ROLLING_CHECK = 64  # covered positions re-checked by identity per turn, in rotation
 
 
 def _false_positions(flags: list[bool]) -> list[int]:
@@ -121,55 +122,153 @@ def _false_positions(flags: list[bool]) -> list[int]:
 
 
 class RawCache:
-    """What the session knows about the caller's last history, by position."""
+    """What the session knows about the caller's history, by position: a cursor over an
+    append-only list.
+
+    The usual app appends to one list and passes the same dicts again. Each turn, ``sync``
+    checks by identity (the dict, its content and its tool_calls objects, at C speed) the
+    leading system messages, everything from ``hot`` on (the raw messages the view shows) and a
+    rotating window of the positions before ``hot`` (covered by the summary); new messages are
+    validated and measured. When a dict in the checked part was replaced, or the history got
+    shorter, everything is compared. ``recheck`` compares everything by identity (before a
+    compaction), ``recheck(deep=True)`` recomputes every digest and size (on request). Digests
+    are computed lazily, when a position's digest is first needed.
+    """
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self.contents: list[Any] = []  # each message's content object, to notice edits in place
         self.calls: list[Any] = []  # each message's tool_calls object
-        self.digests: list[str] = []
         self.sizes: list[int] = []
-        self.changed: list[int] = []  # positions new or changed by the last sync, ascending
+        self.digests: list[str | None] = []  # None: not computed yet
+        self.total = 0  # sum(sizes)
+        self.system_count = 0  # leading system messages
+        self.changed: list[int] = []  # positions found new or changed this turn, ascending
+        self._rolling = 0
 
-    def sync(self, messages: Sequence[Any]) -> None:
-        """Adopt ``messages`` as the new history.
+    def sync(self, messages: Sequence[Any], *, hot: int) -> None:
+        """Adopt ``messages`` as the new history (see the class docstring). On an invalid
+        message the cache is left as it was and InvalidMessagesError propagates."""
+        count, known = len(messages), len(self.messages)
+        limit = min(count, known)
+        changed = None
+        if count >= known:
+            prefix = min(self.system_count + 1, limit)
+            hot = max(prefix, min(hot, limit))
+            moved, edited = self._differences(messages, hot, limit)
+            if not moved:  # no dict replaced where the view shows them: nothing shifted
+                start = self._rolling if prefix <= self._rolling < hot else prefix
+                stop = min(start + ROLLING_CHECK, hot)
+                self._rolling = stop if stop < hot else prefix
+                changed = [
+                    *self._changed(messages, 0, prefix),
+                    *self._changed(messages, start, stop),
+                    *edited,
+                ]
+        if changed is None:  # rebuilt, inserted or removed messages: compare everything
+            changed = self._changed(messages, 0, limit)
+        self._adopt(messages, sorted(set(changed)), limit, count)
 
-        A position is unchanged when it holds the same dict, holding the same content and
-        tool-call objects, as on the last call; those comparisons run at C speed (``map``).
-        Only new or changed messages are validated, hashed and measured, wherever they are
-        (an app that rebuilds its system prompt every turn keeps the rest incremental). On an
-        invalid message the cache is left as it was and InvalidMessagesError propagates.
-        """
-        old = self.messages
-        count, limit = len(messages), min(len(messages), len(old))
-        moved = _false_positions(list(map(operator.is_, messages[:limit], old[:limit])))
-        for index in [*moved, *range(limit, count)]:
-            validate_message(messages[index], index)
-        contents = list(map(_get, messages, repeat("content")))
-        calls = list(map(_get, messages, repeat("tool_calls")))
-        edited = _false_positions(
-            list(
-                map(
-                    operator.and_,
-                    map(operator.is_, contents[:limit], self.contents[:limit]),
-                    map(operator.is_, calls[:limit], self.calls[:limit]),
+    def recheck(self, messages: Sequence[Any], *, deep: bool = False) -> list[int]:
+        """Compare every position with ``messages`` (as ``sync`` does where the view is;
+        with ``deep``, by digest and size too, which also sees an edit inside a content
+        part). Returns the changed positions."""
+        limit = min(len(messages), len(self.messages))
+        changed = self._changed(messages, 0, limit)
+        if deep:
+            seen = set(changed)
+            for index in range(limit):
+                if index in seen:
+                    continue
+                message = messages[index]
+                validate_message(message, index)
+                known = self.digests[index]
+                if chars(message) != self.sizes[index] or (
+                    known is not None and digest(message) != known
+                ):
+                    changed.append(index)
+        changed = sorted(set(changed))
+        self._adopt(messages, changed, limit, len(self.messages))
+        return changed
+
+    def _changed(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
+        moved, edited = self._differences(messages, start, stop)
+        return [*moved, *edited]
+
+    def _differences(
+        self, messages: Sequence[Any], start: int, stop: int
+    ) -> tuple[list[int], list[int]]:
+        """Positions in ``[start, stop)`` that changed: (replaced by a dict that is not equal,
+        edited in place: content or tool_calls not the ones seen before). Each comparison is
+        one C-level pass; the common answer, nothing, costs three list comparisons."""
+        if start >= stop:
+            return [], []
+        given = messages[start:stop]
+        own = self.messages[start:stop]
+        moved: list[int] = []
+        if given != own:  # identity first, then equality, element by element
+            moved = _false_positions(list(map(operator.eq, given, own)))
+            for index in moved:
+                validate_message(given[index], start + index)
+        contents = list(map(_get, given, repeat("content")))
+        calls = list(map(_get, given, repeat("tool_calls")))
+        edited: list[int] = []
+        if contents != self.contents[start:stop] or calls != self.calls[start:stop]:
+            edited = _false_positions(
+                list(
+                    map(
+                        operator.and_,
+                        map(operator.eq, contents, self.contents[start:stop]),
+                        map(operator.eq, calls, self.calls[start:stop]),
+                    )
                 )
             )
-        )
-        for index in edited:
+            for index in edited:
+                validate_message(given[index], start + index)
+        return [start + i for i in moved], [start + i for i in edited]
+
+    def _adopt(self, messages: Sequence[Any], changed: list[int], limit: int, count: int) -> None:
+        """Take the changed positions and the new ones ``[limit, count)``; everything is
+        validated and measured before anything is kept."""
+        for index in range(limit, count):
             validate_message(messages[index], index)
-        changed = sorted({*moved, *edited, *range(limit, count)})
-        digests = self.digests[:limit] + [""] * (count - limit)
-        sizes = self.sizes[:limit] + [0] * (count - limit)
         for index in changed:
-            digests[index] = digest(messages[index])
-            sizes[index] = chars(messages[index])
-        self.messages = list(messages)
-        self.contents, self.calls = contents, calls
-        self.digests, self.sizes, self.changed = digests, sizes, changed
+            validate_message(messages[index], index)
+        resized = [chars(messages[i]) for i in changed]
+        added = list(messages[limit:count])
+        added_sizes = list(map(chars, added))
+        own, sizes, digests = self.messages, self.sizes, self.digests
+        self.total -= sum(sizes[limit:])
+        del own[limit:], sizes[limit:], digests[limit:], self.contents[limit:], self.calls[limit:]
+        for index, size in zip(changed, resized, strict=True):
+            message = messages[index]
+            own[index] = message
+            self.contents[index] = message.get("content")
+            self.calls[index] = message.get("tool_calls")
+            self.total += size - sizes[index]
+            sizes[index] = size
+            digests[index] = None
+        own.extend(added)
+        sizes.extend(added_sizes)
+        digests.extend([None] * len(added))
+        self.contents.extend(map(_get, added, repeat("content")))
+        self.calls.extend(map(_get, added, repeat("tool_calls")))
+        self.total += sum(added_sizes)
+        self.system_count = leading_system_count(own)
+        self.changed = [*changed, *range(limit, count)]
+
+    def digest_at(self, index: int) -> str:
+        known = self.digests[index]
+        if known is None:
+            known = self.digests[index] = digest(self.messages[index])
+        return known
+
+    def chain(self, start: int, stop: int) -> str:
+        """``chain_digest`` of positions ``[start, stop)``."""
+        return chain_digest([self.digest_at(i) for i in range(start, stop)])
 
     def unchanged(self, start: int, end: int) -> bool:
-        """Every position in ``[start, end)`` exists and was unchanged by the last sync."""
+        """Every position in ``[start, end)`` exists and no change was found there this turn."""
         if end > len(self.messages):
             return False
         at = bisect.bisect_left(self.changed, start)
@@ -196,12 +295,20 @@ class TrimHint:
     recent_start: int
 
 
+def _is_flat(message: Message) -> bool:
+    """Nothing inside the message a caller could change in place but its own dict."""
+    return not message.get("tool_calls") and not isinstance(message.get("content"), list)
+
+
 @attrs.define
 class View:
     """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
+    The session keeps one per turn and the next turn extends it in place (``grow``) while the
+    history before its end is unchanged.
 
     Positions from ``head`` on map one to one onto the raw history (``index + offset``).
     ``show`` replaces a message by its substitution and remembers the caller's original.
+    ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
     """
 
     messages: list[Message]
@@ -209,21 +316,115 @@ class View:
     head: int  # view index of the first raw tail message
     offset: int  # raw index = view index + offset, from ``head`` on
     prefix_len: int  # leading system messages (substitution positions are counted after them)
-    fresh: int  # first index not carried over from the last turn's tail
+    generation: int  # the summary shown (0 = none)
+    fresh: int = 0  # first index not carried over from the last turn
     originals: dict[int, Message] = attrs.field(factory=dict)
     kinds: dict[int, str] = attrs.field(factory=dict)
-    trim_hint: TrimHint | None = None  # carried with last turn's tail, else unknown
+    trim_hint: TrimHint | None = None  # what the last trim learnt, while the view only grew
+    total: int = 0
+    raw_chars: int = 0
+    counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
+    deep: set[int] = attrs.field(factory=set)  # indexes of messages with nested parts
+    handed: dict[int, Message] = attrs.field(factory=dict)  # their last copy handed out
+
+    @classmethod
+    def of(
+        cls,
+        head_messages: list[Message],
+        head_sizes: list[int],
+        offset: int,
+        prefix_len: int,
+        generation: int,
+    ) -> View:
+        view = cls(
+            head_messages,
+            head_sizes,
+            len(head_messages),
+            offset,
+            prefix_len,
+            generation,
+            total=sum(head_sizes),
+        )
+        view.deep = {i for i, m in enumerate(head_messages) if not _is_flat(m)}
+        return view
+
+    @property
+    def end(self) -> int:
+        """Raw length the view was built from."""
+        return len(self.messages) + self.offset
 
     @property
     def carried(self) -> bool:
         """The view is last turn's, grown at its end."""
         return self.fresh > self.head
 
-    def show(self, index: int, message: Message, kind: str, size: int) -> None:
-        self.originals.setdefault(index, self.messages[index])
-        self.kinds[index] = kind
+    def grow(self, messages: Sequence[Message], sizes: Sequence[int]) -> None:
+        """Append raw messages (unsubstituted)."""
+        at = len(self.messages)
+        self.messages.extend(messages)
+        self.sizes.extend(sizes)
+        added = sum(sizes)
+        self.total += added
+        self.raw_chars += added
+        self.deep.update(at + i for i, m in enumerate(messages) if not _is_flat(m))
+
+    def replace_head(self, index: int, message: Message, size: int) -> None:
+        """A leading system message the caller rebuilt."""
+        self.total += size - self.sizes[index]
         self.messages[index] = message
         self.sizes[index] = size
+        self._mark(index, message)
+
+    def show(self, index: int, message: Message, kind: str, size: int) -> None:
+        self.originals.setdefault(index, self.messages[index])
+        previous = self.kinds.get(index)
+        if previous is not None:
+            self.counts[previous] -= 1
+        self.counts[kind] += 1
+        self.kinds[index] = kind
+        self.total += size - self.sizes[index]
+        self.messages[index] = message
+        self.sizes[index] = size
+        self._mark(index, message)
+
+    def _mark(self, index: int, message: Message) -> None:
+        if _is_flat(message):
+            self.deep.discard(index)
+        else:
+            self.deep.add(index)
+
+    def without(self, start: int, count: int, *, raw_chars: int) -> View:
+        """A new view without messages ``[start, start + count)`` (the session's own view is
+        left as it is); ``raw_chars``: what the removed raw messages measured as written."""
+        stop = start + count
+
+        def kept(indexes: Iterable[int]) -> Iterator[tuple[int, int]]:
+            """(old index, new index) of the indexes that stay."""
+            for index in indexes:
+                if index < start:
+                    yield index, index
+                elif index >= stop:
+                    yield index, index - count
+
+        originals = {new: self.originals[old] for old, new in kept(self.originals)}
+        kinds = {new: self.kinds[old] for old, new in kept(self.kinds)}
+        head = self.head - max(0, min(self.head, stop) - start)
+        sizes = self.sizes[:start] + self.sizes[stop:]
+        return View(
+            self.messages[:start] + self.messages[stop:],
+            sizes,
+            head,
+            self.offset + count,
+            self.prefix_len,
+            self.generation,
+            fresh=max(head, self.fresh - count),
+            originals=originals,
+            kinds=kinds,
+            total=sum(sizes),
+            raw_chars=self.raw_chars - raw_chars,
+            counts=Counter(kinds.values()),
+            deep={new for _, new in kept(self.deep)},
+        )
 
     def copy(self) -> View:
         return attrs.evolve(
@@ -232,42 +433,18 @@ class View:
             sizes=list(self.sizes),
             originals=dict(self.originals),
             kinds=dict(self.kinds),
+            counts=Counter(self.counts),
+            deep=set(self.deep),
+            handed={},
         )
 
     @property
-    def total(self) -> int:
-        return sum(self.sizes)
+    def head_chars(self) -> int:
+        """The prefix and the summary message."""
+        return sum(self.sizes[: self.head])
 
     def indexes(self, kind: str) -> set[int]:
         return {i for i, k in self.kinds.items() if k == kind}
-
-
-@attrs.frozen
-class Tail:
-    """The tail of the last view as shown, so the next turn only processes what is new."""
-
-    start: int  # raw index of the first tail message
-    head: int  # view index of the first tail message
-    end: int  # raw length the tail was built from
-    messages: list[Message]
-    sizes: list[int]
-    originals: dict[int, Message]
-    kinds: dict[int, str]
-    trim_hint: TrimHint | None
-
-    @classmethod
-    def of(cls, view: View, end: int, trim_hint: TrimHint | None) -> Tail:
-        head = view.head
-        return cls(
-            head + view.offset,
-            head,
-            end,
-            view.messages[head:],
-            view.sizes[head:],
-            dict(view.originals),
-            dict(view.kinds),
-            trim_hint,
-        )
 
 
 _New = tuple[int, Substitution, Sequence[str]]  # (view index, substitution, texts to offload)
@@ -283,6 +460,10 @@ class Services:
     submit: Submit
     emit: EventCallback
     on_leave: LeaveCallback | None = None
+
+
+def _position(key: str) -> int:
+    return int(key.partition(":")[0])
 
 
 def _release(store: Backend, session_id: str) -> None:
@@ -316,10 +497,11 @@ class Session:
         self.lock = threading.Lock()
         self.state = state
         self.subs = subs
+        self.sub_positions = {_position(key) for key in subs}  # positions after the prefix
         self.services = services
         self.settings = services.settings
         self._sizes: dict[str, tuple[Substitution, int]] = {}
-        self.tail: Tail | None = None
+        self.view: View | None = None  # last turn's, extended in place by the next
         self.warned_irregular = False
         self.raw = RawCache()
         self.last_write: tuple[str, int] | None = None  # the store's, when this was loaded
@@ -347,28 +529,37 @@ class Session:
     def _key(self, view: View, index: int) -> str:
         """The substitution key of the caller's message shown at view ``index``."""
         raw_index = index + view.offset
-        return substitution_key(raw_index - view.prefix_len, self.raw.digests[raw_index])
+        return substitution_key(raw_index - view.prefix_len, self.raw.digest_at(raw_index))
+
+    def _sub_at(self, raw_index: int, prefix_len: int) -> Substitution | None:
+        position = raw_index - prefix_len
+        if position not in self.sub_positions:
+            return None  # the common case: no digest needed
+        return self.subs.get(substitution_key(position, self.raw.digest_at(raw_index)))
 
     # -------------------------------------------------------------- the pipeline
 
-    def run(self, messages: Sequence[Message], user_id: str | None) -> tuple[View, TurnReport]:
+    def run(
+        self, messages: Sequence[Message], user_id: str | None, *, verify: bool = False
+    ) -> tuple[View, TurnReport]:
         """One turn: every step of the module docstring, in order. The caller holds ``lock``.
-        The view returned is the session's own: copy what you hand out."""
-        self.raw.sync(messages)
+        The view returned is the session's own (the next turn extends it): copy what you hand
+        out. ``verify`` compares the whole history by digest, not only what is in view."""
+        last, self.view = self.view, None  # a failure mid-turn leaves no half-updated view
+        self._sync(messages, last, verify=verify)
         self._adopt(user_id)
         self._verify(user_id)
-        view, chars_in = self._build()
+        view, chars_in = self._build(last)
         new, hint = self._trim(view, self._reduce(view))
-        hint = self._record(view, new, hint or view.trim_hint, user_id)
+        view.trim_hint = self._record(view, new, hint or view.trim_hint, user_id)
         compacted, skipped = False, None
         if self.settings.summary_enabled:
             skipped = self._compact(view, user_id)
             if self.state.generation != self.returned_generation:
                 compacted = True
-                view, _ = self._build()
-                hint = None  # its indexes belong to the view before the summary
+                view, _ = self._build(None)  # the hint's indexes belonged to the old view
         self.returned_generation = self.state.generation
-        self.tail = Tail.of(view, len(self.raw.messages), hint)
+        self.view = view  # what the next turn extends: the ceiling's substitutions included
         view, dropped_turns, mid_turn = self._ceiling(view, user_id)
         if mid_turn is not None:
             compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
@@ -382,6 +573,27 @@ class Session:
             recalled=recalled,
             recalled_chars=recalled_chars,
         )
+
+    def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
+        """Adopt the caller's history: by identity where the view shows it, everything on
+        request, and everything by identity when this turn may compact, so an edit of a
+        message the summary covers is caught before a new generation builds on it."""
+        state, raw = self.state, self.raw
+        hot = state.covered if state.generation else raw.system_count
+        raw.sync(messages, hot=hot)
+        if verify:
+            raw.recheck(messages, deep=True)
+        elif self._may_compact(last):
+            raw.recheck(messages)
+
+    def _may_compact(self, last: View | None) -> bool:
+        raw = self.raw
+        if not (self.settings.summary_enabled and self.state.generation and self.future is None):
+            return False  # no summary to protect, or none can start this turn
+        if last is None or not raw.messages or raw.messages[-1].get("role") != "user":
+            return False
+        grown = sum(raw.sizes[last.end :]) if last.end <= len(raw.sizes) else 0
+        return last.total + grown > self.settings.compact_trigger_chars
 
     def _adopt(self, user_id: str | None) -> None:
         """Apply a compaction that finished after its caller stopped waiting."""
@@ -403,14 +615,14 @@ class Session:
         previous = self.state
         self.state = state
         start = previous.covered if previous.generation else state.prefix_len
-        digests, subs, prefix_len = self.raw.digests, self.subs, state.prefix_len
-        stop = min(state.covered, len(digests))
+        stop = min(state.covered, len(self.raw.messages))
+        prefix_len = state.prefix_len
         self._left(
             user_id,
             [
                 i
                 for i in range(max(start, self.left_out), stop)
-                if substitution_key(i - prefix_len, digests[i]) not in subs
+                if self._sub_at(i, prefix_len) is None
             ],
         )
 
@@ -430,7 +642,7 @@ class Session:
         if (
             self.verified_digest == state.covered_digest
             and raw.unchanged(state.prefix_len, state.covered)
-            and leading_system_count(raw.messages[: state.prefix_len + 1]) == state.prefix_len
+            and raw.system_count == state.prefix_len
         ):
             return  # identity fast path: the covered messages are the very dicts verified before
         reason = None
@@ -438,7 +650,7 @@ class Session:
             reason = "history_shorter"
         elif leading_system_count(raw.messages[: state.covered]) != state.prefix_len:
             reason = "prefix_changed"
-        elif chain_digest(raw.digests[state.prefix_len : state.covered]) != state.covered_digest:
+        elif raw.chain(state.prefix_len, state.covered) != state.covered_digest:
             reason = "history_edited"
         if reason is None:
             self.verified_digest = state.covered_digest
@@ -473,54 +685,40 @@ class Session:
         self.verified_digest = ""
         self.returned_generation = 0
 
-    def _build(self) -> tuple[View, int]:
+    def _build(self, last: View | None) -> tuple[View, int]:
         """The view before the gates with sticky substitutions shown, and its total before
-        any substitution (``chars_in``)."""
-        raw = self.raw
-        state = self.state
-        prefix_len = leading_system_count(raw.messages)
-        messages: list[Message] = list(raw.messages[:prefix_len])
-        sizes = raw.sizes[:prefix_len]
-        start = prefix_len
-        if state.generation:
-            summary = compact.summary_message(state.summary, self.settings.language)
-            messages.append(summary)
-            sizes.append(chars(summary))
-            start = state.covered
-        head = len(messages)
-        chars_in = sum(sizes) + sum(raw.sizes[start:])
-        # Reuse last turn's tail as shown, when the history before its end is unchanged.
-        tail = self.tail
-        begin = start
-        originals: dict[int, Message] = {}
-        kinds: dict[int, str] = {}
-        hint = None
+        any substitution (``chars_in``). Last turn's view is extended in place when the
+        history before its end is unchanged (only rebuilt leading system messages replaced)."""
+        raw, state = self.raw, self.state
+        prefix_len = raw.system_count
+        start = state.covered if state.generation else prefix_len
+        head = prefix_len + (1 if state.generation else 0)
         if (
-            tail is not None
-            and (tail.start, tail.head) == (start, head)
-            and raw.unchanged(start, tail.end)
+            last is not None
+            and (last.prefix_len, last.head, last.generation)
+            == (prefix_len, head, state.generation)
+            and last.head + last.offset == start
+            and raw.unchanged(start, last.end)
         ):
-            messages.extend(tail.messages)
-            sizes.extend(tail.sizes)
-            originals, kinds, hint = dict(tail.originals), dict(tail.kinds), tail.trim_hint
-            begin = tail.end
-        fresh = len(messages)
-        messages.extend(raw.messages[begin:])
-        sizes.extend(raw.sizes[begin:])
-        view = View(
-            messages,
-            sizes,
-            head,
-            start - head,
-            prefix_len,
-            fresh,
-            originals=originals,
-            kinds=kinds,
-            trim_hint=hint,
-        )
-        subs = self.subs
-        for raw_index, message_digest in enumerate(raw.digests[begin:], start=begin):
-            sub = subs.get(substitution_key(raw_index - prefix_len, message_digest))
+            view, begin = last, last.end
+            for index in raw.changed:
+                if index >= prefix_len:
+                    break
+                view.replace_head(index, raw.messages[index], raw.sizes[index])
+        else:
+            messages = raw.messages[:prefix_len]
+            sizes = raw.sizes[:prefix_len]
+            if state.generation:
+                summary = compact.summary_message(state.summary, self.settings.language)
+                messages.append(summary)
+                sizes.append(chars(summary))
+            view = View.of(messages, sizes, start - head, prefix_len, state.generation)
+            begin = start
+        view.fresh = len(view.messages)
+        view.grow(raw.messages[begin:], raw.sizes[begin:])
+        chars_in = view.head_chars + view.raw_chars
+        for raw_index in range(begin, len(raw.messages)):
+            sub = self._sub_at(raw_index, prefix_len)
             if sub is not None:
                 view.show(raw_index - view.offset, sub.message, sub.kind, self.size_of(sub))
         return view, chars_in
@@ -554,14 +752,17 @@ class Session:
         """Gate 1 over the view as it would be with ``new`` shown. Returns the substitutions
         to record (a trimmed result replaces its pending preview) and what this trim learnt
         for later turns (None: nothing new)."""
-        tentative = view.copy()
-        for index, sub, _ in new:
-            tentative.show(index, sub.message, sub.kind, self.size_of(sub))
-        if tentative.total <= self.settings.trim_trigger_chars:
+        pending = {index: sub for index, sub, _ in new}
+        total = view.total + sum(self.size_of(s) - view.sizes[i] for i, s in pending.items())
+        if total <= self.settings.trim_trigger_chars:
             return new, None
-        moved = self._still_not_worth_it(tentative)
-        if moved is not None:
-            return new, moved  # the common turn: only the recent stretch was looked at
+        if view.trim_hint is not None:
+            moved = self._still_not_worth_it(view, pending, total, view.trim_hint)
+            if moved is not None:
+                return new, moved  # the common turn: only the recent stretch was looked at
+        tentative = view.copy()
+        for index, sub in pending.items():
+            tentative.show(index, sub.message, sub.kind, self.size_of(sub))
         result = trim(
             tentative.messages,
             trigger_chars=self.settings.trim_trigger_chars,
@@ -597,7 +798,9 @@ class Session:
             for e in result.evictions
         ], hint
 
-    def _still_not_worth_it(self, tentative: View) -> TrimHint | None:
+    def _still_not_worth_it(
+        self, view: View, pending: Mapping[int, Substitution], total: int, hint: TrimHint
+    ) -> TrimHint | None:
         """Decide the 20% rule from the recent stretch alone, when possible; returns the hint
         moved forward when the trim is skipped, None when the whole view must be looked at.
 
@@ -607,21 +810,32 @@ class Session:
         together they stay under 20%, the trim would change nothing and is skipped without
         scanning the whole view.
         """
-        hint = tentative.trim_hint
-        if hint is None:
-            return None
         start = hint.recent_start
+        messages, sizes = view.messages[start:], view.sizes[start:]
+        originals: dict[int, Message] = {}
+        evicted: set[int] = set()
+        for at in range(len(messages)):
+            index = start + at
+            kind = view.kinds.get(index)
+            if kind is not None:
+                originals[at] = view.originals[index]
+                evicted.update((at,) if kind == "trim" else ())
+            sub = pending.get(index)
+            if sub is not None:
+                originals.setdefault(at, messages[at])
+                messages[at], sizes[at] = sub.message, self.size_of(sub)
+                evicted.update((at,) if sub.kind == "trim" else ())
         found = find_candidates(
-            tentative.messages[start:],
+            messages,
             evictable_tools=self.settings.evictable_tools,
             language=self.settings.language,
             ref_for=self.ref_for,
-            sizes=tentative.sizes[start:],
-            originals={i - start: m for i, m in tentative.originals.items() if i >= start},
-            evicted={i - start for i in tentative.indexes("trim") if i >= start},
+            sizes=sizes,
+            originals=originals,
+            evicted=evicted,
         )
         reclaimable = hint.reclaimable_chars + found.reclaim_chars
-        if worth_it(reclaimable, tentative.total):
+        if worth_it(reclaimable, total):
             return None
         return TrimHint(reclaimable, start + found.recent_start)
 
@@ -645,6 +859,7 @@ class Session:
             return None
         for index, sub, _ in new:
             self.subs[sub.key] = sub
+            self.sub_positions.add(index + view.offset - view.prefix_len)
             view.show(index, sub.message, sub.kind, self.size_of(sub))
             if sub.kind == "truncate":
                 log.info(
@@ -689,7 +904,7 @@ class Session:
             material=tuple((i, raw.messages[i]) for i in range(start, stop)),
             prefix_len=prefix_len,
             new_covered=stop,
-            covered_digest=chain_digest(raw.digests[prefix_len:stop]),
+            covered_digest=raw.chain(prefix_len, stop),
             plan=decision,
             prefix_chars=sum(view.sizes[:prefix_len]),
         )
@@ -769,9 +984,9 @@ class Session:
             )
             if self.state.generation != self.returned_generation:
                 mid_turn = "applied"
-                view, _ = self._build()
+                view, _ = self._build(None)
                 self.returned_generation = self.state.generation
-                self.tail = Tail.of(view, len(self.raw.messages), None)
+                self.view = view
                 turn_start = ceiling.current_turn_start(view.messages, view.head)
         if view.total > budget:
             previews = ceiling.preview_turn(
@@ -803,17 +1018,7 @@ class Session:
         if view.total > budget and view.head > view.prefix_len:
             # Only the summary is left between the system prompt and the current turn:
             # what is sent at last is the system prompt and the current turn (step 5).
-            head = view.head - 1
-            view = attrs.evolve(
-                view,
-                messages=view.messages[:head] + view.messages[head + 1 :],
-                sizes=view.sizes[:head] + view.sizes[head + 1 :],
-                head=head,
-                offset=view.offset + 1,
-                fresh=max(head, view.fresh - 1),
-                originals={i - 1: m for i, m in view.originals.items()},
-                kinds={i - 1: k for i, k in view.kinds.items()},
-            )
+            view = view.without(view.head - 1, 1, raw_chars=0)
         if view.total > budget:
             log.warning(
                 "ceiling.over_budget",
@@ -831,7 +1036,8 @@ class Session:
         user_id: str | None,
     ) -> None:
         """Record the ceiling's placeholders and previews as sticky substitutions and show
-        them; the tail kept for the next turn shows them too, so the prefix stays stable."""
+        them in the session's view, so the next turn shows them too (a stable prefix); the
+        trim hint no longer holds."""
         if not changes:
             return
         new: list[_New] = [
@@ -839,36 +1045,25 @@ class Session:
             for index, kind, ref, message, texts in changes
         ]
         self._record(view, new, None, user_id)
-        self.tail = Tail.of(view, len(self.raw.messages), None)
+        view.trim_hint = None
 
     def _leave_out(self, view: View, count: int, user_id: str | None) -> View:
         """The view without its ``count`` messages after the prefix/summary; they are
         reported as having left the view (once: ``left_out`` remembers how far)."""
         if count <= 0:
             return view
-        head, offset = view.head, view.offset
-        first, stop = head + offset, head + offset + count
-        digests, prefix_len = self.raw.digests, view.prefix_len
+        first = view.head + view.offset
+        stop = first + count
         self._left(
             user_id,
             [
                 i
                 for i in range(max(first, self.left_out), stop)
-                if substitution_key(i - prefix_len, digests[i]) not in self.subs
+                if self._sub_at(i, view.prefix_len) is None
             ],
         )
         self.left_out = max(self.left_out, stop)
-        shift = {i: i - count for i in view.kinds if i >= head + count}
-        return attrs.evolve(
-            view,
-            messages=view.messages[:head] + view.messages[head + count :],
-            sizes=view.sizes[:head] + view.sizes[head + count :],
-            offset=offset + count,
-            fresh=max(head, view.fresh - count),
-            originals={shift[i]: m for i, m in view.originals.items() if i in shift},
-            kinds={shift[i]: k for i, k in view.kinds.items() if i in shift},
-            trim_hint=None,
-        )
+        return view.without(view.head, count, raw_chars=sum(self.raw.sizes[first:stop]))
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
         """DESIGN §9b, the last step: when the last message is the user's, excerpts of what
@@ -893,18 +1088,15 @@ class Session:
         recalled: int,
         recalled_chars: int,
     ) -> TurnReport:
-        raw_sizes = self.raw.sizes
-        shown = Counter(view.kinds.values())
-        head = view.head
         total = view.total
         return TurnReport(
-            chars_raw=sum(raw_sizes),
+            chars_raw=self.raw.total,
             chars_in=chars_in,
             chars_out=total,
-            trimmed=shown["trim"],
-            truncated=shown["truncate"],
+            trimmed=view.counts["trim"],
+            truncated=view.counts["truncate"],
             # The tail differs from the caller's messages only where something is substituted.
-            reclaimed_chars=sum(raw_sizes[head + view.offset :]) - sum(view.sizes[head:]),
+            reclaimed_chars=view.raw_chars - (total - view.head_chars),
             compacted=compacted,
             skipped_reason=skipped,
             generation=self.state.generation,

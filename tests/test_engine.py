@@ -179,7 +179,7 @@ def test_deterministic_across_stores(tmp_path: Path) -> None:
 def test_incremental_paths_change_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
-    """The carried tail and the trim-skip hint give exactly the output of a full rebuild,
+    """The view carried from turn to turn and the trim-skip hint give exactly the output of a full rebuild,
     turn by turn, over a long session with previews, trims and compactions."""
     import re
 
@@ -201,7 +201,8 @@ def test_incremental_paths_change_nothing(
         return outputs
 
     fast = replay("fast")
-    monkeypatch.setattr(session_module.Tail, "of", classmethod(lambda cls, *args: None))
+    never_kept = property(lambda _s: None, lambda _s, _v: None)  # every turn rebuilds its view
+    monkeypatch.setattr(session_module.Session, "view", never_kept, raising=False)
     monkeypatch.setattr(session_module.Session, "_still_not_worth_it", lambda *a: None)
     slow = replay("slow")
     assert slow == fast
@@ -210,27 +211,35 @@ def test_incremental_paths_change_nothing(
 def test_fresh_system_prompt_each_turn_stays_incremental(
     make_engine: Callable[..., MemoryEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An app that rebuilds only its system message every turn re-hashes just that message
-    and the new ones, not the whole history."""
+    """An app that rebuilds only its system message every turn measures just that message
+    and the new ones, and hashes none of the history (digests are computed when needed)."""
     from ragent_memory import session as session_module
 
     hashed: list[int] = []
-    real = session_module.digest
+    measured: list[int] = []
+    real_digest, real_chars = session_module.digest, session_module.chars
 
-    def counting(message: dict[str, Any]) -> str:
+    def counting_digest(message: dict[str, Any]) -> str:
         hashed.append(1)
-        return real(message)
+        return real_digest(message)
 
-    monkeypatch.setattr(session_module, "digest", counting)
+    def counting_chars(message: dict[str, Any]) -> int:
+        measured.append(1)
+        return real_chars(message)
+
+    monkeypatch.setattr(session_module, "digest", counting_digest)
+    monkeypatch.setattr(session_module, "chars", counting_chars)
     engine = make_engine()
     history: list[dict[str, Any]] = []
     for i in range(50):
         history += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]
     engine.prepare([{"role": "system", "content": "t=0"}, *history], session_id="s")
     hashed.clear()
+    measured.clear()
     history.append({"role": "user", "content": "next"})
     prepared = engine.prepare([{"role": "system", "content": "t=1"}, *history], session_id="s")
-    assert 2 == len(hashed)  # the new system message (position 0) and the new user message
+    assert 2 == len(measured)  # the new system message (position 0) and the new user message
+    assert [] == hashed
     assert "t=1" == prepared.messages[0]["content"]
 
 
