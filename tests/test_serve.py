@@ -17,7 +17,7 @@ import openai
 import pytest
 from fake_openai import Answer, FakeOpenAI, sse_events
 from serve_process import ProxyProcess
-from sessions import tool_loop
+from sessions import run_cli, tool_loop
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars
@@ -385,7 +385,7 @@ def test_300_turn_session_stays_in_budget_and_matches_prepare(
 ) -> None:
     """Every upstream request of a 300-turn session is what ``prepare`` makes of the app's
     history (checked against an engine replaying it), stays within B, and the session
-    compacts, audited in the proxy's store."""
+    compacts, audited in the proxy's store (which `ragent-memory audit` reads as any other)."""
     turn_of: list[int] = []
     upstream.default = lambda body: chat_reply(len(turn_of))
     client = client_for(proxy, "long")
@@ -424,6 +424,8 @@ def test_300_turn_session_stays_in_budget_and_matches_prepare(
     ).fetchone()[0]
     db.close()
     assert applied >= 5
+    audit = run_cli("audit", "--db", proxy_store(proxy), "--session", "long", "--json")
+    assert applied == sum(row["status"] == "applied" for row in json.loads(audit.stdout))
 
 
 def unref(messages: list[dict[str, Any]]) -> str:
@@ -462,6 +464,8 @@ def test_two_users_facts_stay_apart(workdir: Path, upstream: FakeOpenAI) -> None
             talk(client_for(first, f"{user}-1", user), lines)
         first.stop()
         assert "Application shutdown complete" in first.log
+    listed = run_cli("memory", "list", "--user", "alice", "--db", str(workdir / "users.db"))
+    assert "Lisbon" in listed.stdout and "Oslo" not in listed.stdout
 
     upstream.reset()
     with ProxyProcess(config, upstream.base_url, cwd=workdir) as second:
@@ -554,8 +558,6 @@ def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
 
 def test_serve_without_upstream_is_a_one_line_error(workdir: Path) -> None:
     """`serve` with no upstream anywhere exits 2 with one line."""
-    from sessions import run_cli
-
     config = workdir / "none.yaml"
     config.write_text("context_window_chars: 20000\n")
     result = run_cli("serve", "--config", str(config), cwd=workdir)
