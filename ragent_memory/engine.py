@@ -25,8 +25,10 @@ from typing import Any, Self
 import attrs
 
 from . import compact
+from .alternation import alternate
 from .chars import Message, text_of, validate_message, validate_messages
 from .errors import EngineClosedError, InvalidMessagesError, StoreError
+from .inputs import Inputs
 from .logs import get_logger
 from .longterm import (
     EXCERPT_CANDIDATES,
@@ -69,16 +71,6 @@ _ENGINE_HEADERS = (*HEADERS.values(), *compact.SUMMARY_HEADERS.values())
 def _check_id(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
-
-
-def accept(messages: Any) -> Sequence[Message]:
-    """Input normalisation, before anything else looks at the caller's messages: a list or
-    tuple of message dicts (each message is validated by the session as it is first seen)."""
-    if not isinstance(messages, list | tuple):
-        raise InvalidMessagesError(
-            None, f"expected a list of messages, got {type(messages).__name__}"
-        )
-    return messages
 
 
 def _fresh(value: Any) -> Any:
@@ -165,6 +157,7 @@ class MemoryEngine:
         self.settings = settings or Settings()
         self.on_event = on_event
         self.store = open_store(self.settings.store, clock=clock)
+        self._inputs = Inputs()  # SDK objects and the developer role become chat dicts
         self.summarizer = summarizer or build_summarizer(self.settings, on_event=self._emit)
         # on_event stays about summaries (DESIGN §13): memory calls are logged, not emitted.
         self.extractor = extractor or build_extractor(self.settings)
@@ -282,12 +275,14 @@ class MemoryEngine:
         _check_id("session_id", session_id)
         if user_id is not None:
             _check_id("user_id", user_id)
-        messages = accept(messages)
+        messages = self._inputs.accept(messages)
         session = self._session(session_id)
         with session.lock:
             view, report = session.run(messages, user_id, verify=verify)
             block = self._memory_block(session, user_id)
             out = hand_out(view, block)
+            if self.settings.strict_alternation:  # engine-inserted run: block + summary
+                out = alternate(out, range(view.prefix_len, view.head + bool(block)))
         duration_ms = (time.perf_counter() - started) * 1000
         report = attrs.evolve(report, memory_chars=len(block), duration_ms=duration_ms)
         return PreparedContext(out, report)
@@ -356,7 +351,7 @@ class MemoryEngine:
         """
         self._check_open()
         _check_id("session_id", session_id)
-        messages = accept(messages)
+        messages = self._inputs.accept(messages)
         if user_id is None or not self.settings.long_term_enabled:
             validate_messages(messages)
             return

@@ -312,6 +312,10 @@ class Settings:
         default=7,
         validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
+    strict_alternation: bool = attrs.field(
+        default=False,
+        validator=_check("strict_alternation", lambda v: v is True or v is False, "true or false"),
+    )
     llm: LLMSettings | None = attrs.field(
         default=None,
         converter=_llm_section,
