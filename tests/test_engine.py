@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+from test_compact import build_history
 
-from ragent_memory import InvalidMessagesError, Settings
+from ragent_memory import EngineClosedError, InvalidMessagesError, Settings, StoreSettings
 from ragent_memory.engine import MemoryEngine, PreparedContext
 
 # The engine end to end on both stores (DESIGN §10: one contract, the same suite).
@@ -110,7 +113,7 @@ def test_from_yaml_and_context_manager(tmp_path: Path) -> None:
     with MemoryEngine.from_yaml(config) as engine:
         assert 25_000 == engine.settings.trim_trigger_chars
         engine.prepare([{"role": "user", "content": "x"}], session_id="s")
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(EngineClosedError):
         engine.prepare([{"role": "user", "content": "x"}], session_id="s")
 
 
@@ -122,12 +125,26 @@ def test_memory_store_path(tmp_path: Path) -> None:
         assert 1 == len(engine.prepare([{"role": "user", "content": "x"}], session_id="s").messages)
 
 
-def test_aprepare(make_engine: Callable[..., MemoryEngine]) -> None:
-    """The asyncio variant returns the same result."""
-    engine = make_engine()
-    messages = [{"role": "user", "content": "hello"}]
-    prepared = asyncio.run(engine.aprepare(messages, session_id="s"))
-    assert messages == prepared.messages
+def test_aprepare(tmp_path: Path) -> None:
+    """The asyncio variant returns what prepare returns, on a history where the gates fire
+    (two stores, so the recall refs differ and are set aside)."""
+    history = build_history(60)
+    history.append({"role": "user", "content": "go"})
+    results = []
+    for name in ("sync", "async"):
+        settings = Settings(
+            context_window_chars=20_000, store=StoreSettings(path=str(tmp_path / f"{name}.db"))
+        )
+        with MemoryEngine(settings) as engine:
+            if name == "sync":
+                prepared = engine.prepare(history, session_id="s")
+            else:
+                prepared = asyncio.run(engine.aprepare(history, session_id="s"))
+        report = attrs.evolve(prepared.report, duration_ms=0.0)
+        results.append((re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)), report))
+    (sync_messages, sync_report), (async_messages, async_report) = results
+    assert (True, 1) == (async_report.compacted, async_report.generation)
+    assert (sync_messages, sync_report) == (async_messages, async_report)
 
 
 def test_many_threads_many_sessions(make_engine: Callable[..., MemoryEngine]) -> None:
@@ -146,11 +163,12 @@ def test_many_threads_many_sessions(make_engine: Callable[..., MemoryEngine]) ->
         except BaseException as err:  # collected and re-raised on the main thread
             errors.append(err)
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    threads = [threading.Thread(target=work, args=(n,), daemon=True) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
+    assert [] == [t.name for t in threads if t.is_alive()]
     assert [] == errors
 
 
@@ -364,7 +382,8 @@ def test_mutating_prepared_messages_changes_nothing_else(
     history.append({"role": "user", "content": "q"})
     snapshot = copy.deepcopy(history)
     first = engine.prepare(history, session_id="s")
+    expected = copy.deepcopy(first.messages)
     for message in first.messages:
         message["content"] = "CLOBBERED"
     assert snapshot == history
-    assert first.messages != engine.prepare(history, session_id="s").messages
+    assert expected == engine.prepare(history, session_id="s").messages
