@@ -72,7 +72,7 @@ def trim_all(
             gain = sizes[index] - chars(replacement)
             if gain <= 0:
                 continue
-            planned.append(Eviction(index, originals.get(index, shown), replacement, ref, text))
+            planned.append(Eviction(index, replacement, ref, text))
             freed += gain
             if freed >= excess:
                 return planned

@@ -19,10 +19,6 @@ class ToolLoop:
     tool_names: Mapping[str, str]  # call id -> tool name
     is_complete: bool  # every call answered exactly once, no duplicate ids
 
-    @property
-    def end_index(self) -> int:
-        return max((self.call_index, *self.result_indexes))
-
 
 @attrs.frozen
 class LoopMap:

@@ -46,7 +46,6 @@ def preview(text: str, *, limit_chars: int, language: str, ref: str) -> str:
 @attrs.frozen
 class Truncation:
     index: int  # position in the view
-    original: Message
     replacement: Message
     refs: tuple[str, ...]
     offloaded: tuple[str, ...]  # the original texts behind ``refs``, in order
@@ -84,21 +83,18 @@ def reduce(
     limit_chars: int,
     language: str,
     ref_for: Callable[[str], str],
-    skip: Collection[int] = (),
     candidates: Collection[int] | None = None,
 ) -> ReduceResult:
     """Truncate oversized tool results and tool-call arguments in ``view``.
 
-    ``skip``: view indexes already substituted. ``candidates``: if given, only these indexes
-    are examined (the engine passes the messages that are new since the last turn).
+    ``candidates``: if given, only these indexes are examined (the engine passes the messages
+    that are new since the last turn).
     """
     indexes = range(len(view)) if candidates is None else sorted(candidates)
     recall_ids: set[str] | None = None
     out = list(view)
     done: list[Truncation] = []
     for index in indexes:
-        if index in skip:
-            continue
         message = view[index]
         role = message.get("role")
         if role == "tool":
@@ -111,7 +107,7 @@ def reduce(
                 continue
             ref = ref_for(text)
             shown = preview(text, limit_chars=limit_chars, language=language, ref=ref)
-            done.append(Truncation(index, message, _with_text(message, shown), (ref,), (text,)))
+            done.append(Truncation(index, _with_text(message, shown), (ref,), (text,)))
         elif role == "assistant" and message.get("tool_calls"):
             calls, refs, texts = [], [], []
             for call in message["tool_calls"]:
@@ -128,7 +124,7 @@ def reduce(
                 texts.append(arguments)
             if refs:
                 replacement = {**message, "tool_calls": calls}
-                done.append(Truncation(index, message, replacement, tuple(refs), tuple(texts)))
+                done.append(Truncation(index, replacement, tuple(refs), tuple(texts)))
     for truncation in done:
         out[truncation.index] = truncation.replacement
     return ReduceResult(out, tuple(done))

@@ -35,7 +35,6 @@ def placeholder(language: str, original_chars: int, arguments: str, ref: str) ->
 @attrs.frozen
 class Eviction:
     index: int  # position in the view
-    original: Message  # the caller's message (never a preview)
     replacement: Message
     ref: str
     text: str  # the original result text, offloaded under ``ref``
@@ -131,7 +130,7 @@ def find_candidates(
             gain = sizes[index] - chars(replacement)
             if gain <= 0:
                 continue
-            planned.append(Eviction(index, original, replacement, ref, text))
+            planned.append(Eviction(index, replacement, ref, text))
             reclaim += gain
     return Candidates(
         tuple(planned), reclaim, recent_start(view, loop_map.loops), loop_map.irregular
