@@ -20,7 +20,7 @@ from .logs import EVENT_ATTR, ROOT
 from .settings import Settings, StoreSettings, load_settings
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -163,14 +163,8 @@ def audit(
     summaries: bool,
 ) -> None:
     """Print the compaction log (the compactions table)."""
-    from .store import Store
-
     with user_errors():
-        settings = _settings(config, db)
-        path = settings.store.path
-        if path != ":memory:" and not Path(path).is_file():
-            raise click.ClickException(f"no store at {path}")
-        store = Store(path)
+        store = _existing_store(config, db)
         try:
             rows = store.compactions(session_id)
         finally:
@@ -261,15 +255,8 @@ def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
     """Delete expired offloads and what is left of dropped sessions; report what was freed."""
     import attrs
 
-    from .errors import StoreError
-    from .store import Store
-
     with user_errors():
-        settings = _settings(config, db)
-        path = settings.store.path
-        if path == ":memory:" or not Path(path).is_file():
-            raise StoreError(f"no store at {path}")  # never create an empty store by accident
-        store = Store(path)
+        store = _existing_store(config, db)
         try:
             report = store.gc(vacuum=vacuum)
         finally:
@@ -292,15 +279,42 @@ def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
         )
 
 
-def _existing_store(config: str | None, db: str | None) -> Store:
-    """The store of the config (or ``--db``); never creates an empty one by accident."""
+def _existing_store(config: str | None, db: str | None) -> Backend:
+    """The store of the config (or ``--db``); never creates an empty SQLite file by accident."""
+    from .errors import StoreError
+    from .store import open_store
+
+    settings = _settings(config, db).store
+    if settings.url is None and (settings.path == ":memory:" or not Path(settings.path).is_file()):
+        raise StoreError(f"no store at {settings.path}")
+    return open_store(settings)
+
+
+@cli.command()
+@click.option("--from", "source", required=True, type=click.Path(), help="SQLite store file.")
+@click.option("--to", "target", required=True, help="postgresql://user@host/database")
+@click.option(
+    "--password-env",
+    help="Environment variable holding the PostgreSQL password (else libpq's PGPASSWORD).",
+)
+def migrate(source: str, target: str, password_env: str | None) -> None:
+    """Copy a SQLite store into an empty PostgreSQL database (DESIGN §10, many hosts)."""
     from .errors import StoreError
     from .store import Store
+    from .store.copy import copy_store
+    from .store.postgres import PostgresStore
 
-    path = _settings(config, db).store.path
-    if path == ":memory:" or not Path(path).is_file():
-        raise StoreError(f"no store at {path}")
-    return Store(path)
+    with user_errors():
+        if not Path(source).is_file():
+            raise StoreError(f"no store at {source}")
+        settings = StoreSettings(url=target, password_env=password_env)  # checks both
+        with (
+            Store(source) as sqlite,
+            PostgresStore(target, password=settings.password()) as postgres,
+        ):
+            counts = copy_store(sqlite, postgres)
+    copied = ", ".join(f"{table} {n}" for table, n in counts.items() if n)
+    click.echo(f"copied {sum(counts.values()):,} rows into {target}: {copied or 'nothing'}")
 
 
 def _user(user_id: str | None) -> str:

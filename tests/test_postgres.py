@@ -16,6 +16,7 @@ import pytest
 from conftest import PASSWORD_ENV
 from host_worker import history, host_settings, play
 from pg_server import PASSWORD
+from sessions import run_cli, user
 
 from ragent_memory import ConfigError, MemoryEngine, Settings, StoreError, StoreSettings
 from ragent_memory.offline import OfflineSummarizer
@@ -248,3 +249,48 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+# ---------------------------------------------------------------------------- migrate
+
+
+def test_migrate_copies_a_sqlite_store_into_postgresql(pg_url: str, db_path: str) -> None:
+    """`ragent-memory migrate` (a real subprocess) copies everything: the audit, sessions,
+    substitutions, offloads behind the same refs, memories; a session then continues on
+    PostgreSQL exactly as on SQLite. A second copy into the same database is refused."""
+    facts = [user("My name is Anna."), user("I live in Lisbon."), user("I prefer tea.")]
+    with MemoryEngine(host_settings(StoreSettings(path=db_path))) as engine:
+        for turn in range(8):
+            play(engine, "m1", turn)
+        engine.prepare(history("m1", 8)[:-3], session_id="m1", user_id="u1")
+        engine.after_turn(facts, session_id="m2", user_id="u1")
+        assert engine.flush(timeout_s=60)
+
+    done = run_cli("migrate", "--from", db_path, "--to", pg_url, "--password-env", PASSWORD_ENV)
+    assert 0 == done.returncode, done.stderr
+    assert "copied" in done.stdout and "compactions" in done.stdout
+
+    with Store(db_path) as sqlite, pg_store(pg_url) as postgres:
+        subs = sqlite.substitutions("m1")
+        assert subs and subs == postgres.substitutions("m1")
+        for sub in subs.values():
+            assert sqlite.read_offload("m1", sub.ref) == postgres.read_offload("m1", sub.ref)
+        assert sqlite.compactions() and sqlite.compactions() == postgres.compactions()
+        assert sqlite.load_session("m1") == postgres.load_session("m1")
+        assert sqlite.facts("u1") and sqlite.facts("u1") == postgres.facts("u1")
+        assert sqlite.memory_rows("u1") == postgres.memory_rows("u1")
+        assert sqlite.memory_version("u1") == postgres.memory_version("u1")
+
+    continued = []
+    for store in (
+        StoreSettings(path=db_path),
+        StoreSettings(url=pg_url, password_env=PASSWORD_ENV),
+    ):
+        with MemoryEngine(host_settings(store)) as engine:
+            continued.append(engine.prepare(history("m1", 11)[:-3], session_id="m1", user_id="u1"))
+    assert continued[0].messages == continued[1].messages
+    assert continued[0].report.generation == continued[1].report.generation
+
+    again = run_cli("migrate", "--from", db_path, "--to", pg_url, "--password-env", PASSWORD_ENV)
+    assert 2 == again.returncode
+    assert "not empty" in again.stderr

@@ -1,0 +1,98 @@
+"""``ragent-memory migrate``: copy a SQLite store into an empty PostgreSQL one, in one
+transaction, keeping ids, the secret (so every recall ref already handed out still resolves)
+and the memory counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import StoreError
+from .postgres import PostgresStore
+from .sqlite import Store
+
+# Copied in this order; columns as the SQLite store has them. Leases and last writers are
+# per running host and start afresh.
+TABLES = (
+    "meta",
+    "compactions",
+    "sessions",
+    "substitutions",
+    "offloads",
+    "dropped_sessions",
+    "memories",
+    "memory_fts",
+    "memory_pending",
+    "memory_cursors",
+    "memory_seen",
+    "memory_versions",
+)
+SKIPPED = frozenset({"_migrations", "sqlite_sequence", "compaction_leases", "session_writes"})
+IDENTITIES = ("compactions", "memories", "memory_pending")  # their id sequences move on
+_SELECT = {"memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts"}
+_BATCH = 500
+
+
+def _tables(source: Store) -> set[str]:
+    rows = source.db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+    # FTS5 keeps its index in shadow tables named after it (memory_fts_data, …).
+    virtual = {str(n) for n, sql in rows if str(sql).upper().startswith("CREATE VIRTUAL TABLE")}
+    return {str(n) for n, _ in rows if not any(str(n).startswith(f"{v}_") for v in virtual)}
+
+
+def copy_store(source: Store, target: PostgresStore) -> dict[str, int]:
+    """Copy every table of ``source`` into ``target``; returns the rows copied per table.
+    Raises ``StoreError`` (and copies nothing) when the target already holds data or the
+    source has a table this version does not know."""
+    with source._locked("read"):
+        unknown = sorted(_tables(source) - set(TABLES) - SKIPPED)
+        if unknown:
+            raise StoreError(f"cannot copy {source.path!r}: unknown tables {', '.join(unknown)}")
+        data = {}
+        for table in TABLES:
+            cursor = source.db.execute(_SELECT.get(table, f"SELECT * FROM {table}"))
+            data[table] = ([d[0] for d in cursor.description], cursor.fetchall())
+    counts: dict[str, int] = {}
+    with target._locked("migrate"), target.db.atomic():
+        for table in ("sessions", "compactions", "memories", "offloads"):
+            (count,) = target.db.execute(f"SELECT COUNT(*) FROM {table}").fetchall()[0]
+            if count:
+                raise StoreError(f"cannot copy into {target.path!r}: its {table} are not empty")
+        for table in TABLES:
+            columns, rows = data[table]
+            counts[table] = len(rows)
+            _insert(target, table, columns, rows)
+        for table in IDENTITIES:
+            target.db.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
+                f" COALESCE(MAX(id), 0) + 1, false) FROM {table}"
+            )
+    return counts
+
+
+def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[Any]) -> None:
+    if table == "meta":  # the target made its own secret and counter: the source's win
+        for key, value in rows:
+            target.db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [key, value],
+            )
+        return
+    values = [list(row) for row in rows]
+    if table == "offloads":
+        at = columns.index("content")
+        for row in values:
+            text = row[at]
+            row[at] = text if isinstance(text, bytes) else target._storable(text)
+    later: list[tuple[Any, Any]] = []
+    if table == "memories":  # a row may point at a later one: link them after inserting all
+        at, key = columns.index("superseded_by"), columns.index("id")
+        later = [(row[at], row[key]) for row in values if row[at] is not None]
+        for row in values:
+            row[at] = None
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('%s' for _ in columns)})"
+    with target.db.conn.cursor() as cursor:
+        for start in range(0, len(values), _BATCH):
+            cursor.executemany(sql, values[start : start + _BATCH])
+        if later:
+            cursor.executemany("UPDATE memories SET superseded_by = %s WHERE id = %s", later)
