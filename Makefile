@@ -32,6 +32,7 @@ bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks.versus
 	$(BIN)/python -m benchmarks.locomo
 	$(BIN)/python -m benchmarks.proxy
+	$(BIN)/python -m benchmarks.pg
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
