@@ -193,6 +193,14 @@ def _strip_own_calls(data: dict[str, Any], own: Mapping[str, Any]) -> bool:
     return stripped
 
 
+def _first_message(data: Any) -> Message | None:
+    """The assistant message of choice 0 (the one the app keeps, as SDKs do)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    return message if isinstance(message, dict) else None
+
+
 def _only_message(data: Any) -> Message | None:
     """The assistant message of a one-choice completion."""
     choices = data.get("choices") if isinstance(data, dict) else None
@@ -503,9 +511,11 @@ class Proxy:
             upstream = await self._send(turn, with_tools=turn.rounds < last_round, stream=False)
             data = _json_or_none(upstream) if upstream.status_code == 200 else None
             message = _only_message(data)
-            if message is None:  # an error or an odd reply: relay it as it is
-                self._done(turn, None, upstream.status_code)
-                return _relay(upstream, report_headers(turn.report, turn.rounds))
+            if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
+                if not isinstance(data, dict):
+                    self._done(turn, None, upstream.status_code)
+                    return _relay(upstream, report_headers(turn.report, turn.rounds))
+                break
             mine, theirs = _split_calls(message, turn.own)
             if not mine or theirs or turn.rounds >= last_round:
                 break
@@ -513,7 +523,7 @@ class Proxy:
         content = upstream.content
         if isinstance(data, dict) and _strip_own_calls(data, turn.own):
             content = orjson.dumps(data)
-        self._done(turn, _only_message(data), 200)
+        self._done(turn, _first_message(data), 200)
         headers = report_headers(turn.report, turn.rounds)
         headers["X-Ragent-Proxy-Ms"] = f"{turn.overhead_ms():.3f}"
         return _relay(upstream, headers, content=content)

@@ -372,6 +372,31 @@ def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeO
     assert "tools" not in upstream.requests[1].body
 
 
+def test_several_choices_never_show_proxy_calls(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """With n > 1 the proxy runs no tool rounds, but still cuts its own calls from each choice."""
+    recall = {
+        "id": "c9",
+        "type": "function",
+        "function": {"name": "recall_tool_result", "arguments": '{"ref": "rm-x"}'},
+    }
+    choices = [
+        {"index": 0, "message": {"role": "assistant", "content": "one"}, "finish_reason": "stop"},
+        {
+            "index": 1,
+            "message": {"role": "assistant", "content": None, "tool_calls": [recall]},
+            "finish_reason": "tool_calls",
+        },
+    ]
+    upstream.enqueue(Answer(payload={"choices": choices}))
+    reply = client_for(proxy, "n2").chat.completions.create(
+        model="m", messages=recall_history(), n=2
+    )
+    assert ["one", ""] == [c.message.content for c in reply.choices]
+    assert reply.choices[1].message.tool_calls is None
+    assert "stop" == reply.choices[1].finish_reason
+    assert 1 == len(upstream.requests)
+
+
 # ---------------------------------------------------------------------- long sessions
 
 
