@@ -49,7 +49,7 @@ def pg_server() -> Iterator[str]:
         pytest.fail(f"PostgreSQL is required for these tests: {err}", pytrace=False)
 
 
-def _admin(url: str) -> Any:
+def admin(url: str) -> Any:
     import psycopg
 
     return psycopg.connect(url, password=PASSWORD, autocommit=True)
@@ -59,7 +59,7 @@ def _admin(url: str) -> Any:
 def fresh_pg_url(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new, empty database; its password in the env var ``PASSWORD_ENV`` names."""
     name = f"t{os.getpid()}_{next(_databases)}"
-    with _admin(f"{pg_server}/postgres") as conn:
+    with admin(f"{pg_server}/postgres") as conn:
         conn.execute(f"CREATE DATABASE {name}")
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
     return f"{pg_server}/{name}"
@@ -71,7 +71,7 @@ def _shared_pg_url(pg_server: str) -> str:
     from ragent_memory.store.postgres import PostgresStore
 
     url = f"{pg_server}/shared_{os.getpid()}"
-    with _admin(f"{pg_server}/postgres") as conn:
+    with admin(f"{pg_server}/postgres") as conn:
         conn.execute(f"CREATE DATABASE shared_{os.getpid()}")
     PostgresStore(url, password=PASSWORD).close()
     return url
@@ -80,7 +80,7 @@ def _shared_pg_url(pg_server: str) -> str:
 @pytest.fixture
 def pg_url(_shared_pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The shared database, emptied as a new store would find it (schema kept)."""
-    with _admin(_shared_pg_url) as conn:
+    with admin(_shared_pg_url) as conn:
         tables = [
             r[0]
             for r in conn.execute(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PASSWORD_ENV
+from conftest import PASSWORD_ENV, admin
 from host_worker import history, host_settings, play
 from pg_server import PASSWORD
 from sessions import run_cli, user
@@ -294,3 +294,12 @@ def test_migrate_copies_a_sqlite_store_into_postgresql(pg_url: str, db_path: str
     again = run_cli("migrate", "--from", db_path, "--to", pg_url, "--password-env", PASSWORD_ENV)
     assert 2 == again.returncode
     assert "not empty" in again.stderr
+
+
+def test_a_database_missing_a_table_is_refused_at_start(fresh_pg_url: str) -> None:
+    """Migrations recorded but a table dropped: opening names what is missing."""
+    pg_store(fresh_pg_url).close()
+    with admin(fresh_pg_url) as conn:
+        conn.execute("DROP TABLE offloads")
+    with pytest.raises(StoreError, match="tables offloads are missing"):
+        pg_store(fresh_pg_url)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import StoreError
+from .schema import tables_created
 
 Clock = Callable[[], datetime]
 
@@ -48,6 +49,7 @@ class StoreBase:
     """The connection, its lock and the clock; each concern's tables are a mixin over this."""
 
     db: Any  # sqlite_utils.Database, or the PostgreSQL connection of the calling thread
+    path: str
     clock: Clock
     _lock: threading.RLock
     _secret: bytes
@@ -62,6 +64,41 @@ class StoreBase:
                 yield self.db
             except sqlite3.Error as err:
                 raise StoreError(f"store {what} failed: {err}") from err
+
+    def _apply_migrations(self, migrations: tuple[tuple[str, str], ...]) -> None:
+        """Apply the migrations ``_migrations`` does not record yet, each with its record in
+        one transaction. Each is checked again under the write lock: two processes (or hosts)
+        opening a new store at once apply it once."""
+        with self.db.atomic():
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS _migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
+        for version, (name, sql) in enumerate(migrations, start=1):
+            if name in done:
+                continue
+            with self.db.atomic():
+                if self.db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                    continue
+                for statement in sql.split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(
+                    "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    [version, name, iso(self.clock())],
+                )
+
+    def _check_tables(self, migrations: tuple[tuple[str, str], ...], listing: str) -> None:
+        """Refuse a store whose migrations are recorded but whose tables (``listing``: SQL
+        naming them) are not all there, instead of failing on every later call."""
+        present = {row[0] for row in self.db.execute(listing).fetchall()}
+        missing = sorted(tables_created(migrations) - present)
+        if missing:
+            raise StoreError(
+                f"cannot open store {self.path!r}: its migrations are recorded but tables "
+                f"{', '.join(missing)} are missing (a damaged or foreign database)"
+            )
 
     def _storable(self, text: str) -> str | bytes:
         """An offload's text as its ``content`` column keeps it."""

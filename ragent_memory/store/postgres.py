@@ -24,7 +24,7 @@ import psycopg_pool
 from ..errors import StoreError
 from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
-from .base import Clock, iso, utc_now
+from .base import Clock, utc_now
 from .memories import MemoryTables
 from .pg_schema import MIGRATIONS
 from .sessions import SessionTables
@@ -111,6 +111,10 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
                 self._local.conn = _Connection(conn)
                 try:
                     self._migrate()
+                    self._check_tables(
+                        MIGRATIONS,
+                        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
+                    )
                     self._secret = self._load_secret()
                 finally:
                     self._local.conn = None
@@ -143,22 +147,7 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
             raise StoreError(f"store {what} failed: {self._scrub(err)}") from None
 
     def _migrate(self) -> None:
-        with self.db.atomic():  # the write lock: hosts starting together migrate once
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS _migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-            done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
-            for version, (name, sql) in enumerate(MIGRATIONS, start=1):
-                if name in done:
-                    continue
-                for statement in sql.split(";"):
-                    if statement.strip():
-                        self.db.conn.execute(statement)
-                self.db.execute(
-                    "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    [version, name, iso(self.clock())],
-                )
+        self._apply_migrations(MIGRATIONS)
 
     def _load_secret(self) -> bytes:
         self.db.execute(

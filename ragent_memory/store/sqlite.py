@@ -18,9 +18,9 @@ import sqlite_utils
 from ..errors import StoreError
 from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
-from .base import Clock, iso, utc_now
+from .base import Clock, utc_now
 from .memories import MemoryTables
-from .schema import MIGRATIONS, tables_created
+from .schema import MIGRATIONS
 from .sessions import SessionTables
 
 BUSY_TIMEOUT_S = 30.0
@@ -107,36 +107,10 @@ class Store(SessionTables, MemoryTables, AuditTable):
             raise StoreError(f"cannot open store {self.path!r}: {err}") from err
 
     def _migrate(self) -> None:
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS _migrations "
-            "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-        )
-        done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
-        for version, (name, sql) in enumerate(MIGRATIONS, start=1):
-            if name in done:
-                continue
-            with self.db.atomic():
-                # Checked again under the write lock: two processes opening a new file at
-                # once must not both apply a migration.
-                if self.db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
-                    continue
-                for statement in sql.split(";"):
-                    if statement.strip():
-                        self.db.execute(statement)
-                self.db.table("_migrations").insert(
-                    {"version": version, "name": name, "applied_at": iso(self.clock())}
-                )
+        self._apply_migrations(MIGRATIONS)
 
     def _check_schema(self) -> None:
-        present = {
-            row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        missing = sorted(tables_created(MIGRATIONS) - present)
-        if missing:
-            raise StoreError(
-                f"cannot open store {self.path!r}: its migrations are recorded but tables "
-                f"{', '.join(missing)} are missing (a damaged or foreign database)"
-            )
+        self._check_tables(MIGRATIONS, "SELECT name FROM sqlite_master WHERE type = 'table'")
 
     def _check_writable(self) -> None:
         """Fail now on a store every later write would fail on (a read-only file or
