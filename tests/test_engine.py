@@ -15,7 +15,7 @@ import pytest
 from test_compact import build_history
 
 from ragent_memory import EngineClosedError, InvalidMessagesError, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine, PreparedContext
+from ragent_memory.engine import MemoryEngine, PreparedContext, TurnReport
 
 # The engine end to end on both stores (DESIGN §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
@@ -125,26 +125,28 @@ def test_memory_store_path(tmp_path: Path) -> None:
         assert 1 == len(engine.prepare([{"role": "user", "content": "x"}], session_id="s").messages)
 
 
+def prepared_on_a_new_store(
+    path: Path, history: list[dict[str, Any]], *, run_async: bool = False
+) -> tuple[str, TurnReport]:
+    """``history`` prepared by a fresh engine at B = 20,000 on the store at ``path``: the
+    messages with their recall refs (unguessable per store) set aside, and the report."""
+    settings = Settings(context_window_chars=20_000, store=StoreSettings(path=str(path)))
+    with MemoryEngine(settings) as engine:
+        if run_async:
+            prepared = asyncio.run(engine.aprepare(history, session_id="s"))
+        else:
+            prepared = engine.prepare(history, session_id="s")
+    messages = re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages))
+    return messages, attrs.evolve(prepared.report, duration_ms=0.0)
+
+
 def test_aprepare(tmp_path: Path) -> None:
-    """The asyncio variant returns what prepare returns, on a history where the gates fire
-    (two stores, so the recall refs differ and are set aside)."""
-    history = build_history(60)
-    history.append({"role": "user", "content": "go"})
-    results = []
-    for name in ("sync", "async"):
-        settings = Settings(
-            context_window_chars=20_000, store=StoreSettings(path=str(tmp_path / f"{name}.db"))
-        )
-        with MemoryEngine(settings) as engine:
-            if name == "sync":
-                prepared = engine.prepare(history, session_id="s")
-            else:
-                prepared = asyncio.run(engine.aprepare(history, session_id="s"))
-        report = attrs.evolve(prepared.report, duration_ms=0.0)
-        results.append((re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)), report))
-    (sync_messages, sync_report), (async_messages, async_report) = results
-    assert (True, 1) == (async_report.compacted, async_report.generation)
-    assert (sync_messages, sync_report) == (async_messages, async_report)
+    """The asyncio variant returns what prepare returns, on a history where the gates fire."""
+    history = [*build_history(60), {"role": "user", "content": "go"}]
+    expected = prepared_on_a_new_store(tmp_path / "sync.db", history)
+    actual = prepared_on_a_new_store(tmp_path / "async.db", history, run_async=True)
+    assert (True, 1) == (actual[1].compacted, actual[1].generation)
+    assert expected == actual
 
 
 def test_many_threads_many_sessions(make_engine: Callable[..., MemoryEngine]) -> None:
@@ -174,23 +176,10 @@ def test_many_threads_many_sessions(make_engine: Callable[..., MemoryEngine]) ->
 
 def test_deterministic_across_stores(tmp_path: Path) -> None:
     """With the offline summarizer the same history gives the same messages (refs aside)."""
-    import re
-
-    from test_compact import build_history
-
-    history = build_history(60)
-    history.append({"role": "user", "content": "go"})
-    outputs = []
-    for name in ("a", "b"):
-        from ragent_memory import StoreSettings
-
-        settings = Settings(
-            context_window_chars=20_000, store=StoreSettings(path=str(tmp_path / f"{name}.db"))
-        )
-        with MemoryEngine(settings) as engine:
-            prepared = engine.prepare(history, session_id="s")
-        outputs.append(re.sub(r"rm-[0-9a-f]+", "REF", repr(prepared.messages)))
-    assert outputs[0] == outputs[1]
+    history = [*build_history(60), {"role": "user", "content": "go"}]
+    first, _ = prepared_on_a_new_store(tmp_path / "a.db", history)
+    second, _ = prepared_on_a_new_store(tmp_path / "b.db", history)
+    assert first == second
 
 
 @pytest.mark.parametrize("budget", [8_000, 30_000, 120_000])
