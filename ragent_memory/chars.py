@@ -57,14 +57,48 @@ def clip(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
+MAX_DEPTH = 64  # nesting deeper than this in a message is refused (JSON encoders recurse)
+MAX_INT_BITS = 13_000  # ~3,900 digits: Python refuses to print ints over 4,300 digits
+
+
+def _unencodable(value: Any, depth: int = 0, path: frozenset[int] = frozenset()) -> str:
+    """Why ``value`` cannot be digested as JSON ("" when it can): a cycle, nesting over
+    MAX_DEPTH, an int too long to print, or a key that is not a string. Walks containers
+    only, so a long text costs nothing."""
+    if isinstance(value, int):
+        return "an integer too long to print" if value.bit_length() > MAX_INT_BITS else ""
+    if not isinstance(value, dict | list | tuple):
+        return ""
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    if id(value) in path:
+        return "it contains itself (a cycle)"
+    path = path | {id(value)}
+    children: Iterable[Any] = value
+    if isinstance(value, dict):
+        bad = [key for key in value if not isinstance(key, str)]
+        if bad:
+            return f"key {bad[0]!r} is not a string"
+        children = value.values()
+    for child in children:
+        if isinstance(child, dict | list | tuple | int):
+            problem = _unencodable(child, depth + 1, path)
+            if problem:
+                return problem
+    return ""
+
+
 def validate_message(message: Any, index: int) -> None:
     """Raise InvalidMessagesError naming ``index`` when ``message`` is not a chat message."""
-    if not isinstance(message, Mapping):
+    if not isinstance(message, dict):
         raise InvalidMessagesError(index, f"expected a dict, got {type(message).__name__}")
+    problem = _unencodable(message)
+    if problem:
+        raise InvalidMessagesError(index, problem)
     role = message.get("role")
     if role is None:
         raise InvalidMessagesError(index, "missing 'role'")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise InvalidMessagesError(index, f"unknown role {role!r}")
     content = message.get("content")
     if isinstance(content, list):

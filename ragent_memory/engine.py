@@ -371,7 +371,7 @@ class MemoryEngine:
         start = 0
         if 0 < seen <= len(messages):  # the usual append-only app: read only what is new
             validate_message(messages[seen - 1], seen - 1)
-            if message_digest(messages[seen - 1]) == last_digest:
+            if message_digest(messages[seen - 1], seen - 1) == last_digest:
                 start = seen
         validate_messages(messages, start)
         items = []
@@ -379,13 +379,13 @@ class MemoryEngine:
             message = messages[index]
             text = text_of(message).strip() if message.get("role") == "user" else ""
             if text and not text.startswith(_ENGINE_HEADERS):  # never learn from our own blocks
-                items.append((index, message_digest(message), utf8(text)))
+                items.append((index, message_digest(message, index), utf8(text)))
         return self.store.record_user_messages(
             user_id,
             session_id,
             items,
             seen=len(messages),
-            last_digest=message_digest(messages[-1]) if messages else "",
+            last_digest=message_digest(messages[-1], len(messages) - 1) if messages else "",
         )
 
     async def aafter_turn(

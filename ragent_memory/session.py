@@ -47,7 +47,7 @@ import attrs
 
 from . import ceiling, compact
 from .chars import Message, chars, validate_message
-from .errors import RagentMemoryError, StoreError
+from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import get_logger
 from .reduce import reduce
 from .settings import Settings
@@ -94,9 +94,14 @@ class PreparedContext:
 # ------------------------------------------------------------------ digests and the raw cache
 
 
-def digest(message: Mapping[str, Any]) -> str:
-    """A content digest of one message (stable across processes)."""
-    encoded = json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
+def digest(message: Mapping[str, Any], index: int | None = None) -> str:
+    """A content digest of one message (stable across processes). A message that cannot be
+    encoded is an InvalidMessagesError naming ``index`` (validation refuses such messages
+    first; this is the backstop)."""
+    try:
+        encoded = json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError) as err:
+        raise InvalidMessagesError(index, f"cannot be encoded: {err}") from None
     return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
@@ -260,7 +265,7 @@ class RawCache:
     def digest_at(self, index: int) -> str:
         known = self.digests[index]
         if known is None:
-            known = self.digests[index] = digest(self.messages[index])
+            known = self.digests[index] = digest(self.messages[index], index)
         return known
 
     def chain(self, start: int, stop: int) -> str:

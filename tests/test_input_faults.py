@@ -1,0 +1,88 @@
+"""Every wrong input a caller can pass is an InvalidMessagesError naming the index or the
+field (issue 8 item 5), from prepare and after_turn alike."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ragent_memory.engine import MemoryEngine
+from ragent_memory.errors import InvalidMessagesError
+
+
+def cyclic() -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "user", "content": "x"}
+    message["self"] = message
+    return message
+
+
+def deep() -> list[Any]:
+    nested: list[Any] = []
+    for _ in range(5_000):
+        nested = [nested]
+    return nested
+
+
+OK = {"role": "user", "content": "fine"}
+
+BAD_MESSAGES = [
+    ("role is a list", [{"role": []}], 0, "role"),
+    ("role is a dict", [OK, {"role": {}}], 1, "role"),
+    ("a key that is not a string", [{"role": "user", "content": "x", 1: 2}], 0, "key 1"),
+    ("a mapping proxy", [types.MappingProxyType({"role": "user", "content": "x"})], 0, "dict"),
+    ("a cycle", [OK, cyclic()], 1, "cycle"),
+    ("an int over 4,300 digits", [{"role": "user", "content": "x", "n": 10**5000}], 0, "integer"),
+    ("nesting too deep", [{"role": "user", "content": "x", "d": deep()}], 0, "nested"),
+]
+
+
+@pytest.mark.parametrize(
+    ("messages", "index", "names"),
+    [case[1:] for case in BAD_MESSAGES],
+    ids=[c[0] for c in BAD_MESSAGES],
+)
+@pytest.mark.parametrize("call", ["prepare", "after_turn"])
+def test_wrong_messages_raise_invalid_messages_naming_the_index(
+    make_engine: Callable[..., MemoryEngine],
+    messages: list[Any],
+    index: int,
+    names: str,
+    call: str,
+) -> None:
+    """Messages TypeError, ValueError or RecursionError used to escape from."""
+    engine = make_engine()
+    with pytest.raises(InvalidMessagesError) as caught:
+        getattr(engine, call)(messages, session_id="s1", user_id="u1")
+    assert index == caught.value.index
+    assert names in str(caught.value)
+
+
+@pytest.mark.parametrize("user_id", [2**63, 5, ["a"], b"x", ""])
+@pytest.mark.parametrize("call", ["prepare", "after_turn"])
+def test_a_wrong_user_id_is_refused_the_same_by_prepare_and_after_turn(
+    make_engine: Callable[..., MemoryEngine], user_id: Any, call: str
+) -> None:
+    """user_id is checked in prepare exactly as in after_turn."""
+    engine = make_engine()
+    with pytest.raises(InvalidMessagesError, match="user_id"):
+        getattr(engine, call)([OK], session_id="s1", user_id=user_id)
+
+
+def test_a_refused_history_leaves_the_session_usable(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """After a refused call, the same session goes on with a good history."""
+    engine = make_engine()
+    with pytest.raises(InvalidMessagesError):
+        engine.prepare([OK, cyclic()], session_id="s1")
+    assert [OK] == engine.prepare([OK], session_id="s1").messages
+
+
+def test_a_part_shared_twice_is_no_cycle(make_engine: Callable[..., MemoryEngine]) -> None:
+    """The same dict used twice in a message (not inside itself) is accepted."""
+    part = {"type": "text", "text": "same"}
+    message = {"role": "user", "content": [part, part]}
+    assert 2 == len(make_engine().prepare([message], session_id="s1").messages[0]["content"])
