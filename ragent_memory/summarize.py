@@ -63,8 +63,32 @@ FENCE_TAGS = ("transcript", "previous_summary", "conversation_summary", "user_me
 # A fence-like tag, any case and spacing. When its ``>`` is not on the same line within 200
 # chars only the opener is replaced: that alone stops it acting as a tag, and no stretch of
 # material is swallowed.
+# Characters a model or a tool result can slip into a tag or before a quote mark; they render
+# as nothing, so ``<tran\u200bscript>`` reads as a fence tag to a model.
+INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
+_GAP = f"[{INVISIBLE}]*"
+
+
+def _lookalike(name: str) -> str:
+    """A pattern for ``name`` in any case, in ASCII or full-width letters, with invisible
+    characters anywhere between them."""
+
+    def char(c: str) -> str:
+        if c == "_":
+            return "[_＿]"
+        return f"[{c}{c.upper()}{chr(ord(c) + 0xFEE0)}{chr(ord(c.upper()) + 0xFEE0)}]"
+
+    return _GAP.join(char(c) for c in name)
+
+
+_OPEN = r"(?:<|＜|﹤|&lt;|&#0*60;|&#x0*3c;)"
+_CLOSE = r"(?:>|＞|﹥|&gt;|&#0*62;|&#x0*3e;)"
 _TAG_RE = re.compile(
-    r"<\s*/?\s*(?:" + "|".join(FENCE_TAGS) + r")\b(?:[^<>\n]{0,200}>)?", re.IGNORECASE
+    _OPEN
+    + rf"[\s{INVISIBLE}]*(?:/|／)?[\s{INVISIBLE}]*(?:"
+    + "|".join(_lookalike(tag) for tag in FENCE_TAGS)
+    + rf")(?!\w)(?:[^<>＜＞\n]{{0,200}}{_CLOSE})?",
+    re.IGNORECASE,
 )
 
 
@@ -315,11 +339,18 @@ def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, langua
     return label + "\n" + "\n".join(chosen[i] for i in sorted(chosen))
 
 
-_QUOTE_MARKS = re.compile(r"^([ \t]*(?:[-*+][ \t]+)?)(?:>[ \t]?)+")
+# Quote marks after any indent (ideographic spaces and invisible characters included) and an
+# optional list marker (``-``, ``*``, ``+``, ``1.``, ``1)``): ``>`` and its full-width forms.
+_QUOTE_MARKS = re.compile(
+    rf"^([\s{INVISIBLE}]*(?:(?:[-*+•]|\d{{1,9}}[.)])[\s{INVISIBLE}]+)?)(?:[>＞﹥][\s{INVISIBLE}]*)+"
+)
+_HIDE_INVISIBLE = str.maketrans("", "", INVISIBLE)
 
 
 def _is_title(line: str, title: str) -> bool:
-    """``line`` is ``title`` give or take case, spacing and a trailing colon."""
+    """``line`` is ``title`` give or take case, spacing, invisible characters and a trailing
+    colon."""
+    line = line.translate(_HIDE_INVISIBLE)
     return " ".join(line.rstrip(" \t:：").split()).casefold() == title.casefold()
 
 
@@ -328,17 +359,26 @@ def _unquote_requests(body: str, language: str) -> str:
     under ``## User requests``: only the engine's block may quote the user there."""
     title = SECTIONS[language][0]
     out: list[str] = []
+    requests: list[str] = []  # every User requests section's lines, merged into the first
+    at: int | None = None  # where the first one's lines go
     in_requests = False
     for line in body.splitlines():
+        line = line.lstrip(INVISIBLE)  # an invisible prefix must not hide a title
         if line.startswith("## "):
             in_requests = _is_title(line, title)
-            out.append(title if in_requests else line)
+            if not in_requests:
+                out.append(line)
+            elif at is None:
+                out.append(title)
+                at = len(out)
         elif not in_requests:
             out.append(line)
-        elif line.strip() != VERBATIM_LABEL[language]:
+        elif line.translate(_HIDE_INVISIBLE).strip() != VERBATIM_LABEL[language]:
             unquoted = _QUOTE_MARKS.sub(r"\1", line)
             if unquoted.strip() or not line.strip():
-                out.append(unquoted)
+                requests.append(unquoted)
+    if at is not None:
+        out[at:at] = requests
     return "\n".join(out)
 
 
