@@ -340,7 +340,9 @@ class LLMClient:
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
         try:
-            text = _reply_text(reply)
+            # A server may echo the key inside a valid reply: scrub it before anything keeps
+            # the text (summaries, facts, the audit, logs).
+            text = _scrub(_reply_text(reply), request.secrets)
             return request.validate(text) if request.validate is not None else text
         except _BadReply as err:
             return _Failure("BadReply", str(err), True)

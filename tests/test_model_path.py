@@ -432,3 +432,26 @@ def test_api_key_reaches_the_server_and_nowhere_else(
     }
     assert {} == {where: True for where, text in places.items() if SECRET in text}
     assert "[redacted]" in rows(db_path)[1]["error"]
+
+
+def test_an_api_key_echoed_inside_a_valid_reply_is_never_kept(
+    monkeypatch: pytest.MonkeyPatch,
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """A server that echoes the key in a summary the validator accepts: the key is scrubbed
+    from the reply before the summary, the audit row, the summary memory or a log keeps it."""
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    echoed = BODY.replace("- written by the model", f"- the key is {SECRET}", 2)
+    server.default = lambda _body: echoed
+    engine = engine_for(settings(llm(server.base_url, api_key_env=KEY_ENV)))
+    with structlog.testing.capture_logs() as logs:
+        prepared = engine.prepare(history(), session_id="s1", user_id="u1")
+        engine.flush()
+    assert prepared.report.compacted
+    db_bytes = b"".join(p.read_bytes() for p in Path(db_path).parent.glob("memory.db*"))
+    assert SECRET.encode() not in db_bytes
+    assert SECRET not in repr(logs) + repr(prepared.messages)
+    assert "[redacted]" in rows(db_path)[0]["summary"]
