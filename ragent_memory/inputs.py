@@ -31,13 +31,18 @@ def to_message(item: Any) -> Any:
     ``developer`` role as ``system``. Anything else is returned unchanged (validation names it)."""
     if not isinstance(item, Mapping) and callable(getattr(item, "model_dump", None)):
         item = item.model_dump(exclude_none=True)
-    if isinstance(item, Mapping) and item.get("role") in ALIASES:
+    if isinstance(item, Mapping) and _is_alias(item.get("role")):
         item = {**item, "role": ALIASES[item["role"]]}
     return item
 
 
+def _is_alias(role: Any) -> bool:
+    # Only a string can be an alias; an unhashable role is left for validation to name.
+    return isinstance(role, str) and role in ALIASES
+
+
 def needs_conversion(item: Any) -> bool:
-    return type(item) is not dict or item.get("role") in ALIASES
+    return type(item) is not dict or _is_alias(item.get("role"))
 
 
 class Inputs:
