@@ -190,6 +190,7 @@ def test_a_long_tool_loop_in_one_turn_stays_inside_b(
         assert_regular(prepared.messages)
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_ceiling_placeholders_are_sticky(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
@@ -269,6 +270,7 @@ class Slow:
         self.gate.set()
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_a_summarizer_slower_than_the_timeout_never_lets_a_turn_over_b(
     make_settings: Callable[..., Settings],
 ) -> None:

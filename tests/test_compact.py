@@ -126,6 +126,7 @@ def test_long_rag_session(make_settings: Callable[..., Settings], db_path: str) 
         assert len(summary) <= settings.summary_max_chars
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_restart_resumes_without_summarizing(make_settings: Callable[..., Settings]) -> None:
     """A second engine on the same store continues at the same generation, no new call."""
     settings = make_settings(context_window_chars=20_000)
@@ -223,6 +224,7 @@ def test_failing_summarizer_audits_and_returns_trimmed_view(
     assert rows and all(r[0] == "failed" and "endpoint down" in r[1] and r[2] == 3 for r in rows)
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_timeout_returns_trimmed_view_and_applies_late(
     make_settings: Callable[..., Settings],
 ) -> None:
@@ -304,6 +306,7 @@ def test_summary_disabled_only_trims(make_settings: Callable[..., Settings], db_
     assert [] == sqlite3.connect(db_path).execute("SELECT * FROM compactions").fetchall()
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_one_compaction_per_session_under_threads(make_settings: Callable[..., Settings]) -> None:
     """Many threads preparing one session never run two compactions for the same cut."""
     summarizer = CountingSummarizer()
@@ -329,6 +332,7 @@ def test_one_compaction_per_session_under_threads(make_settings: Callable[..., S
     assert 1 == summarizer.calls
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_sessions_are_isolated(make_settings: Callable[..., Settings]) -> None:
     """Two sessions on one engine keep separate summaries and generations."""
     settings = make_settings(context_window_chars=20_000)
@@ -445,6 +449,7 @@ def test_report_after_compaction(make_settings: Callable[..., Settings]) -> None
     assert "not a new instruction" in summary["content"]
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_store_failure_during_invalidation_is_not_raised(
     make_settings: Callable[..., Settings],
 ) -> None:
@@ -525,6 +530,7 @@ def test_offline_summary_keeps_constraint_todo_and_tools(
         assert tool in summary
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_unexpected_summarizer_error_is_audited(make_settings: Callable[..., Settings]) -> None:
     """Any exception from a summarizer is audited as failed and never reaches the caller,
     not even through flush()."""
@@ -543,6 +549,7 @@ def test_unexpected_summarizer_error_is_audited(make_settings: Callable[..., Set
     assert [("failed", "KeyError")] == [(r["status"], r["reason"]) for r in rows]
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_dropped_session_is_not_resurrected_by_a_late_compaction(
     make_settings: Callable[..., Settings],
 ) -> None:

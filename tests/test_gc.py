@@ -106,6 +106,7 @@ def test_nothing_expires_before_the_ttl(engine: MemoryEngine, clock: Clock) -> N
     assert recalls(engine, "s", ref, A)
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_offload_ttl_days_is_honoured(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings], clock: Clock
 ) -> None:
@@ -172,6 +173,7 @@ def test_gc_reports_expired_and_dropped_separately(engine: MemoryEngine, clock: 
     assert expected == engine.gc()
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_a_dropped_session_stays_dropped_across_restarts(
     make_settings: Callable[..., Settings], clock: Clock
 ) -> None:

@@ -20,6 +20,7 @@ def _due(turns: int = 60) -> list[dict[str, Any]]:
     return [*build_history(turns), {"role": "user", "content": "go on"}]
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_flush_times_out_then_finishes(make_settings: Callable[..., Settings]) -> None:
     """flush(timeout_s) says False while a compaction is still running and True once it has
     finished; the next prepare adopts the summary."""
@@ -96,6 +97,7 @@ def test_every_public_call_is_listed(make_engine: Callable[..., MemoryEngine]) -
     assert sorted(CALLS) == sorted(_calls(make_engine()))
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 @pytest.mark.parametrize("name", CALLS)
 def test_every_call_after_close_raises_one_error(
     make_engine: Callable[..., MemoryEngine], name: str
@@ -118,6 +120,7 @@ def test_close_is_idempotent_and_flush_after_close_is_true(
     assert True is engine.flush(timeout_s=0)
 
 
+@pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_messages_leaving_the_view_are_reported_once(
     make_settings: Callable[..., Settings],
 ) -> None:
