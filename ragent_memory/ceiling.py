@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .chars import Message, chars, text_of
+from .chars import Message, chars
 from .loops import last_user_index, map_loops
 from .reduce import Truncation, reduce
-from .trim import Eviction, placeholder
+from .trim import Eviction, evict
 
 MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
 
@@ -65,15 +65,13 @@ def trim_all(
             if index in evicted:
                 continue
             shown = view[index]
-            text = text_of(originals.get(index, shown))
-            ref = ref_for(text)
             args = arguments.get(shown["tool_call_id"], "")
-            replacement = {**shown, "content": placeholder(language, len(text), args, ref)}
-            gain = sizes[index] - chars(replacement)
-            if gain <= 0:
+            original = originals.get(index, shown)
+            eviction = evict(shown, index, original, args, sizes[index], language, ref_for)
+            if eviction is None:
                 continue
-            planned.append(Eviction(index, replacement, ref, text))
-            freed += gain
+            planned.append(eviction)
+            freed += sizes[index] - chars(eviction.replacement)
             if freed >= excess:
                 return planned
     return planned

@@ -91,6 +91,25 @@ class Candidates:
     irregular: Mapping[str, int]
 
 
+def evict(
+    shown: Message,
+    index: int,
+    original: Message,
+    arguments: str,
+    shown_chars: int,
+    language: str,
+    ref_for: Callable[[str], str],
+) -> Eviction | None:
+    """The placeholder eviction of the tool result at view ``index`` (``shown`` as the view
+    has it, ``original`` the caller's), or None when the placeholder would not be shorter."""
+    text = text_of(original)
+    ref = ref_for(text)
+    replacement = {**shown, "content": placeholder(language, len(text), arguments, ref)}
+    if shown_chars - chars(replacement) <= 0:
+        return None
+    return Eviction(index, replacement, ref, text)
+
+
 def find_candidates(
     view: Sequence[Message],
     *,
@@ -122,16 +141,20 @@ def find_candidates(
             call_id = shown["tool_call_id"]
             if loop.tool_names.get(call_id) not in evictable_tools:
                 continue
-            original = originals.get(index, shown)
-            text = text_of(original)
-            ref = ref_for(text)
             arguments = (calls[call_id].get("function") or {}).get("arguments") or ""
-            replacement = {**shown, "content": placeholder(language, len(text), arguments, ref)}
-            gain = sizes[index] - chars(replacement)
-            if gain <= 0:
+            eviction = evict(
+                shown,
+                index,
+                originals.get(index, shown),
+                arguments,
+                sizes[index],
+                language,
+                ref_for,
+            )
+            if eviction is None:
                 continue
-            planned.append(Eviction(index, replacement, ref, text))
-            reclaim += gain
+            planned.append(eviction)
+            reclaim += sizes[index] - chars(eviction.replacement)
     return Candidates(
         tuple(planned), reclaim, recent_start(view, loop_map.loops), loop_map.irregular
     )
