@@ -23,6 +23,7 @@ from ragent_memory.chars import Message, chars
 from ragent_memory.engine import MemoryEngine
 from ragent_memory.loops import map_loops
 from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.reduce import Truncation
 from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 
@@ -42,6 +43,38 @@ def sizes_of(view: list[Message]) -> list[int]:
     return [chars(m) for m in view]
 
 
+def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[int]:
+    """Step 1 over ``view`` (turn 4 current): the view indexes it evicts."""
+    found = trim_all(
+        view,
+        sizes_of(view),
+        head=0,
+        turn_start=9,
+        excess=excess,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=evicted,
+    )
+    assert all(e.replacement["content"].startswith("[Earlier tool result omitted") for e in found)
+    return [e.index for e in found]
+
+
+def previews(view: list[Message], *, excess: int) -> list[Truncation]:
+    """Step 3 over ``view`` (all of it the current turn), from the 50,000 oversized limit."""
+    return preview_turn(
+        view,
+        sizes_of(view),
+        turn_start=0,
+        excess=excess,
+        limit_chars=50_000,
+        language="en",
+        ref_for=ref_for,
+        originals={},
+        evicted=set(),
+    )
+
+
 # ---------------------------------------------------------------------------- pure rungs
 
 
@@ -56,33 +89,8 @@ def test_trim_all_evicts_any_tool_oldest_first_until_it_fits() -> None:
     """Step 1 ignores the tool name and the 2-loop protection, starts with the oldest result
     and stops once the excess is freed; the current turn is never touched."""
     view = [*turn(1, 3_000), *turn(2, 3_000), *turn(3, 3_000), *turn(4, 3_000)]
-    evictions = trim_all(
-        view,
-        sizes_of(view),
-        head=0,
-        turn_start=9,
-        excess=4_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
-    )
-    assert [2, 5] == [e.index for e in evictions]
-    assert all(
-        e.replacement["content"].startswith("[Earlier tool result omitted") for e in evictions
-    )
-    everything = trim_all(
-        view,
-        sizes_of(view),
-        head=0,
-        turn_start=9,
-        excess=10**9,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted={5},
-    )
-    assert [2, 8] == [e.index for e in everything]
+    assert [2, 5] == evictions(view, excess=4_000, evicted=set())
+    assert [2, 8] == evictions(view, excess=10**9, evicted={5})
 
 
 def test_preview_turn_lowers_the_limit_just_enough() -> None:
@@ -90,34 +98,13 @@ def test_preview_turn_lowers_the_limit_just_enough() -> None:
     from the originals; the floor is MIN_PREVIEW_CHARS."""
     view = turn(1, 20_000, 20_000)
     sizes = sizes_of(view)
-    previews = preview_turn(
-        view,
-        sizes,
-        turn_start=0,
-        excess=30_000,
-        limit_chars=50_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
-    )
-    freed = sum(sizes[t.index] - chars(t.replacement) for t in previews)
+    fitted = previews(view, excess=30_000)
+    freed = sum(sizes[t.index] - chars(t.replacement) for t in fitted)
     assert freed >= 30_000
-    assert [2, 4] == [t.index for t in previews]
+    assert [2, 4] == [t.index for t in fitted]
     # Just enough: a limit a little higher would not have fitted.
     assert freed - 30_000 < 2_000
-    floor = preview_turn(
-        view,
-        sizes,
-        turn_start=0,
-        excess=10**9,
-        limit_chars=50_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
-    )
-    shown = [len(t.replacement["content"]) for t in floor]
+    shown = [len(t.replacement["content"]) for t in previews(view, excess=10**9)]
     assert all(int(MIN_PREVIEW_CHARS * 0.3) <= n < MIN_PREVIEW_CHARS for n in shown)
 
 
@@ -129,19 +116,9 @@ def test_preview_turn_previews_tool_call_inputs_too() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "ok"},
     ]
-    previews = preview_turn(
-        view,
-        sizes_of(view),
-        turn_start=0,
-        excess=5_000,
-        limit_chars=50_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
-    )
-    assert [1] == [t.index for t in previews]
-    assert "c1" == previews[0].replacement["tool_calls"][0]["id"]
+    found = previews(view, excess=5_000)
+    assert [1] == [t.index for t in found]
+    assert "c1" == found[0].replacement["tool_calls"][0]["id"]
 
 
 def test_turns_are_left_out_whole_and_never_the_current_one() -> None:
