@@ -410,13 +410,13 @@ class Proxy:
 
     def _offer(self, body: Mapping[str, Any], report: TurnReport) -> dict[str, dict[str, Any]]:
         """The proxy's own tools for this request: the recall tool when the view shows a
-        placeholder or preview to read back. None when the app pins ``tool_choice`` or
+        placeholder, preview or recalled excerpt to read back. None when the app pins ``tool_choice`` or
         uses the legacy ``functions``, and never one the app declares itself."""
         choice = body.get("tool_choice")
         if choice == "none" or isinstance(choice, dict) or "functions" in body:
             return {}
         own: dict[str, dict[str, Any]] = {}
-        if report.trimmed or report.truncated:
+        if report.trimmed or report.truncated or report.recalled:  # the view names refs
             own[RECALL_TOOL_NAME] = self.engine.recall_tool()
         for name in _declared_tools(body) & own.keys():
             del own[name]
