@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -178,7 +179,7 @@ class MemoryEngine:
             emit=self._emit,
             on_leave=on_leave,
         )
-        self._sessions: dict[str, Session] = {}
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._sessions_lock = threading.Lock()
         self._closed = False
 
@@ -252,7 +253,18 @@ class MemoryEngine:
                 session = Session(state, subs, self._services)
                 session.last_write = written
                 self._sessions[session_id] = session
+            self._sessions.move_to_end(session_id)
+            session.users += 1
             return session
+
+    def _release(self, session: Session) -> None:
+        """A call is done with ``session``; evict idle sessions over the cache size."""
+        with self._sessions_lock:
+            session.users -= 1
+            excess = len(self._sessions) - self.settings.session_cache_size
+            for session_id in list(self._sessions)[: max(excess, 0)]:
+                if self._sessions[session_id].is_idle():
+                    del self._sessions[session_id]
 
     # ------------------------------------------------------------------ the turn
 
@@ -277,12 +289,15 @@ class MemoryEngine:
             _check_id("user_id", user_id)
         messages = self._inputs.accept(messages)
         session = self._session(session_id)
-        with session.lock:
-            view, report = session.run(messages, user_id, verify=verify)
-            block = self._memory_block(session, user_id)
-            out = hand_out(view, block)
-            if self.settings.strict_alternation:  # engine-inserted run: block + summary
-                out = alternate(out, range(view.prefix_len, view.head + bool(block)))
+        try:
+            with session.lock:
+                view, report = session.run(messages, user_id, verify=verify)
+                block = self._memory_block(session, user_id)
+                out = hand_out(view, block)
+                if self.settings.strict_alternation:  # engine-inserted run: block + summary
+                    out = alternate(out, range(view.prefix_len, view.head + bool(block)))
+        finally:
+            self._release(session)
         duration_ms = (time.perf_counter() - started) * 1000
         report = attrs.evolve(report, memory_chars=len(block), duration_ms=duration_ms)
         return PreparedContext(out, report)

@@ -193,7 +193,9 @@ class RawCache:
                 ):
                     changed.append(index)
         changed = sorted(set(changed))
+        found_before = self.changed
         self._adopt(messages, changed, limit, len(self.messages))
+        self.changed = sorted({*found_before, *changed})
         return changed
 
     def _changed(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
@@ -509,6 +511,7 @@ class Session:
         self.view: View | None = None  # last turn's, extended in place by the next
         self.warned_irregular = False
         self.raw = RawCache()
+        self.users = 0  # calls holding this session (guarded by the engine's sessions lock)
         self.last_write: tuple[str, int] | None = None  # the store's, when this was loaded
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
@@ -521,6 +524,16 @@ class Session:
     @property
     def session_id(self) -> str:
         return self.state.session_id
+
+    def is_idle(self) -> bool:
+        """Nobody holds the session and no compaction of it is in flight: dropping it from
+        memory loses nothing the store does not keep."""
+        if self.users or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return self.future is None
+        finally:
+            self.lock.release()
 
     def size_of(self, sub: Substitution) -> int:
         cached = self._sizes.get(sub.key)

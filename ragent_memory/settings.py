@@ -308,6 +308,12 @@ class Settings:
             "compaction_workers", lambda v: is_int(v) and 1 <= v <= 64, "an integer 1..64"
         ),
     )
+    session_cache_size: int = attrs.field(
+        default=1000,
+        validator=_check(
+            "session_cache_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"
+        ),
+    )
     offload_ttl_days: float = attrs.field(
         default=7,
         validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from test_compact import CountingSummarizer, build_history
 
@@ -143,3 +144,40 @@ def test_messages_leaving_the_view_are_reported_once(
     assert all(history[i] is message for i, message in left)
     assert state is not None
     assert set(range(state.prefix_len, state.covered)) <= set(indexes)
+
+
+def test_session_cache_is_bounded_and_an_evicted_session_continues_byte_identically(
+    make_settings: Callable[..., Settings], tmp_path: Any
+) -> None:
+    """With session_cache_size 2 and three sessions taking turns, at most two stay in memory;
+    the one evicted before each of its turns sends exactly what an engine that kept it sends
+    (trims, previews and summaries included)."""
+    import re
+
+    from ragent_memory import StoreSettings
+    from ragent_memory.demo import simulate_session
+
+    def normalised(messages: list[dict[str, Any]]) -> str:
+        return re.sub(r"rm-[0-9a-f]+", "REF", repr(messages))
+
+    small = make_settings(context_window_chars=12_000, session_cache_size=2)
+    roomy = make_settings(
+        context_window_chars=12_000, store=StoreSettings(path=str(tmp_path / "roomy.db"))
+    )
+    histories: dict[str, list[dict[str, Any]]] = {"a": [], "b": [], "c": []}
+    kept: list[dict[str, Any]] = []
+    with MemoryEngine(small) as engine, MemoryEngine(roomy) as reference:
+        for turn in simulate_session(60, seed=3):
+            for session_id, history in histories.items():
+                history.append(turn[0])
+                sent = engine.prepare(history, session_id=session_id)
+                assert len(engine._sessions) <= 2
+                if session_id == "a":
+                    expected = reference.prepare(history, session_id="a")
+                    assert normalised(expected.messages) == normalised(sent.messages)
+                    assert attrs.evolve(expected.report, duration_ms=0) == attrs.evolve(
+                        sent.report, duration_ms=0
+                    )
+                    kept.append(attrs.asdict(sent.report))
+                history.extend(turn[1:])
+    assert any(r["trimmed"] for r in kept) and any(r["generation"] for r in kept)
