@@ -310,9 +310,7 @@ class Settings:
     )
     session_cache_size: int = attrs.field(
         default=1000,
-        validator=_check(
-            "session_cache_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"
-        ),
+        validator=_check("session_cache_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     )
     offload_ttl_days: float = attrs.field(
         default=7,
