@@ -257,6 +257,33 @@ def _char_counter(messages: Any, **_: Any) -> int:
     return sum(chars(m) for m in convert_to_openai_messages(list(messages)))
 
 
+def _peer_options(budget: int, meter: Meter) -> dict[str, Any]:
+    """What both peers are configured with: the shared summarizer, triggers, char counter."""
+    from langchain_core.messages import convert_to_openai_messages
+
+    return {
+        "summarizer": lambda messages: meter.text(convert_to_openai_messages(messages)),
+        "trigger": ("tokens", int(0.8 * budget)),
+        "keep": ("tokens", int(0.2 * budget)),
+        "token_counter": _char_counter,
+        "trim_tokens_to_summarize": PEER_SUMMARY_INPUT_CHARS,
+    }
+
+
+class _Model:
+    """The model call at the end of a peer's middleware: records what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def __call__(self, request: Any) -> Any:
+        from langchain.agents.middleware.types import ModelResponse
+        from langchain_core.messages import AIMessage
+
+        self.sent = request.messages
+        return ModelResponse(result=[AIMessage("ok")])
+
+
 def run_langchain(
     turns: Turns, budget: int, meter: Meter, *, full: bool
 ) -> tuple[Run, dict] | None:
@@ -266,37 +293,20 @@ def run_langchain(
             ContextEditingMiddleware,
             SummarizationMiddleware,
         )
-        from langchain.agents.middleware.types import ModelRequest, ModelResponse
+        from langchain.agents.middleware.types import ModelRequest
         from langchain_core.language_models.fake_chat_models import FakeListChatModel
-        from langchain_core.messages import (
-            AIMessage,
-            convert_to_messages,
-            convert_to_openai_messages,
-        )
+        from langchain_core.messages import convert_to_messages, convert_to_openai_messages
     except ImportError:
         return None
     model = FakeListChatModel(responses=["ok"])
-    summarization = SummarizationMiddleware(
-        model=model,
-        summarizer=lambda messages: meter.text(convert_to_openai_messages(messages)),
-        trigger=("tokens", int(0.8 * budget)),
-        keep=("tokens", int(0.2 * budget)),
-        token_counter=_char_counter,
-        trim_tokens_to_summarize=PEER_SUMMARY_INPUT_CHARS,
-    )
+    summarization = SummarizationMiddleware(model=model, **_peer_options(budget, meter))
     editing = ContextEditingMiddleware(
         edits=[ClearToolUsesEdit(trigger=int(0.5 * budget), keep=2)], token_counter=_char_counter
     )
     state: list[Any] = convert_to_messages(
         [{"role": "system", "content": "You are a support agent."}]
     )
-    run, stability = Run(), Stability()
-    captured: list[Any] = []
-
-    def handler(request: Any) -> Any:
-        captured.append(request.messages)
-        return ModelResponse(result=[AIMessage("ok")])
-
+    run, stability, handler = Run(), Stability(), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         state.append(converted[0])
@@ -306,9 +316,8 @@ def run_langchain(
             state = list(update["messages"][1:])
         sent = state
         if full:
-            captured.clear()
             editing.wrap_model_call(ModelRequest(model=model, messages=list(state)), handler)
-            sent = captured[-1]
+            sent = handler.sent
         cpu_ms = (time.process_time() - started) * 1000
         stability.add(convert_to_openai_messages(sent), update is not None)
         run.record(cpu_ms, update is not None)
@@ -320,40 +329,25 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
     try:
         from deepagents.backends import FilesystemBackend
         from deepagents.middleware.summarization import SummarizationMiddleware
-        from langchain.agents.middleware.types import ModelRequest, ModelResponse
+        from langchain.agents.middleware.types import ModelRequest
         from langchain_core.language_models.fake_chat_models import FakeListChatModel
-        from langchain_core.messages import (
-            AIMessage,
-            convert_to_messages,
-            convert_to_openai_messages,
-        )
+        from langchain_core.messages import convert_to_messages, convert_to_openai_messages
     except ImportError:
         return None
     model = FakeListChatModel(responses=["ok"])
     middleware = SummarizationMiddleware(
         model=model,
         backend=FilesystemBackend(root_dir=str(tmp), virtual_mode=True),
-        summarizer=lambda messages: meter.text(convert_to_openai_messages(messages)),
-        trigger=("tokens", int(0.8 * budget)),
-        keep=("tokens", int(0.2 * budget)),
-        token_counter=_char_counter,
-        trim_tokens_to_summarize=PEER_SUMMARY_INPUT_CHARS,
+        **_peer_options(budget, meter),
     )
     messages_state: list[Any] = convert_to_messages(
         [{"role": "system", "content": "You are a support agent."}]
     )
     extra_state: dict[str, Any] = {}
-    run, stability = Run(), Stability()
-    captured: list[Any] = []
-
-    def handler(request: Any) -> Any:
-        captured.append(request.messages)
-        return ModelResponse(result=[AIMessage("ok")])
-
+    run, stability, handler = Run(), Stability(), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         messages_state.append(converted[0])
-        captured.clear()
         state = {"messages": messages_state, **extra_state}
         request = ModelRequest(model=model, messages=list(messages_state), state=state)  # type: ignore[arg-type]
         started = time.process_time()
@@ -362,7 +356,7 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
         update = getattr(getattr(response, "command", None), "update", None) or {}
         compacted = "_summarization_event" in update
         extra_state.update({k: v for k, v in update.items() if k != "messages"})
-        stability.add(convert_to_openai_messages(captured[-1]), compacted)
+        stability.add(convert_to_openai_messages(handler.sent), compacted)
         run.record(cpu_ms, compacted)
         messages_state.extend(converted[1:])
     return run, {"stability": stability.result()}

@@ -287,11 +287,13 @@ class MemoryEngine:
         _check_id("session_id", session_id)
         if user_id is not None:
             _check_id("user_id", user_id)
-        messages = self._inputs.accept(messages)
         session = self._session(session_id)
         try:
             with session.lock:
+                given = messages
+                messages = self._inputs.accept(given, plain=0 if verify else session.plain)
                 view, report = session.run(messages, user_id, verify=verify)
+                session.plain = len(messages) if messages is given else 0
                 block = self._memory_block(session, user_id)
                 out = hand_out(view, block)
                 if self.settings.strict_alternation:  # engine-inserted run: block + summary

@@ -55,12 +55,15 @@ class Inputs:
         # id(original) → (original, converted); holding the original keeps its id unique.
         self._seen: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
 
-    def accept(self, messages: Any) -> Sequence[Message]:
+    def accept(self, messages: Any, *, plain: int = 0) -> Sequence[Message]:
+        """``messages`` as chat dicts (the caller's own list when nothing needs converting).
+        ``plain``: how many leading messages the caller already passed as plain chat dicts
+        (the session's cursor checks those by identity), so only the rest is looked at."""
         if not isinstance(messages, list | tuple):
             raise InvalidMessagesError(
                 None, f"expected a list of messages, got {type(messages).__name__}"
             )
-        if not any(map(needs_conversion, messages)):
+        if not any(map(needs_conversion, messages[plain:])):
             return messages
         return [self._convert(m) if needs_conversion(m) else m for m in messages]
 

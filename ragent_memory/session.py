@@ -512,6 +512,7 @@ class Session:
         self.warned_irregular = False
         self.raw = RawCache()
         self.users = 0  # calls holding this session (guarded by the engine's sessions lock)
+        self.plain = 0  # leading messages the caller last passed as plain chat dicts
         self.last_write: tuple[str, int] | None = None  # the store's, when this was loaded
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.future: Future[SessionState | None] | None = None
