@@ -30,7 +30,7 @@ from .alternation import alternate
 from .chars import Message, text_of, validate_message, validate_messages
 from .errors import EngineClosedError, InvalidMessagesError, StoreError
 from .inputs import Inputs
-from .logs import get_logger
+from .logs import EventCallback, get_logger
 from .longterm import (
     EXCERPT_CANDIDATES,
     HEADERS,
@@ -47,7 +47,6 @@ from .longterm import (
 )
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from .session import (
-    EventCallback,
     LeaveCallback,
     PreparedContext,
     Services,

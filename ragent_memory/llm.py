@@ -34,14 +34,13 @@ from openai.types.chat import ChatCompletion
 
 from .chars import clip
 from .errors import LLMError, SummaryError
-from .logs import get_logger
+from .logs import EventCallback, get_logger
 from .settings import EndpointSettings, LLMSettings
 
 __all__ = ["CircuitBreaker", "Completion", "EventCallback", "LLMClient", "retry_delay_s"]
 
 log = get_logger(__name__)
 
-EventCallback = Callable[[str, dict[str, Any]], None]
 
 BACKOFF_BASE_S: Final = 0.5
 BACKOFF_CAP_S: Final = 10.0

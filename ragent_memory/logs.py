@@ -12,13 +12,16 @@ turns the event into one ``event key=value …`` line with the fields attached t
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
 
 ROOT = "ragent_memory"
 EVENT_ATTR = "ragent_event"
+
+# An app's ``on_event(name, payload)`` callback (DESIGN §13): summaries' progress, not logs.
+EventCallback = Callable[[str, dict[str, Any]], None]
 
 logging.getLogger(ROOT).addHandler(logging.NullHandler())
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import attrs
 
 from .errors import ExtractionError, LLMError, StoreError
-from .logs import get_logger
+from .logs import EventCallback, get_logger
 from .records import Draft as Draft
 from .records import Fact as Fact
 from .records import Plan as Plan
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-EventCallback = Callable[[str, dict[str, Any]], None]
 
 MAX_BATCH_MESSAGES: Final = 32  # pending user messages read by one extraction
 MAX_ATTEMPTS: Final = 3  # a batch failing this often is dropped

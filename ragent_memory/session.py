@@ -48,7 +48,7 @@ import attrs
 from . import ceiling, compact
 from .chars import Message, chars, validate_message
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
-from .logs import get_logger
+from .logs import EventCallback, get_logger
 from .reduce import reduce
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
@@ -57,7 +57,6 @@ from .trim import find_candidates, trim, worth_it
 
 log = get_logger(__name__)
 
-EventCallback = Callable[[str, dict[str, Any]], None]
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view
 LeaveCallback = Callable[[str, "str | None", list[tuple[int, Message]]], None]
 # Submits a compaction to the engine's pool; None when the engine takes no more work.

@@ -21,7 +21,7 @@ import attrs
 
 from .chars import Message, text_of
 from .errors import LLMError, SummaryError
-from .logs import get_logger
+from .logs import EventCallback, get_logger
 from .settings import (
     TRANSCRIPT_CLIP_HEAD_CHARS,
     TRANSCRIPT_CLIP_OVER_CHARS,
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-EventCallback = Callable[[str, dict[str, Any]], None]
 
 SECTIONS = {
     "en": (
