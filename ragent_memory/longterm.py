@@ -34,8 +34,8 @@ from .logs import EventCallback, get_logger
 from .records import Draft as Draft
 from .records import Fact as Fact
 from .records import Plan as Plan
-from .settings import MEMORY_ITEM_MAX_CHARS, TRANSCRIPT_CLIP_OVER_CHARS, Settings
-from .summarize import VERBATIM_LABEL, neutralise, new_nonce, render_transcript
+from .settings import MEMORY_ITEM_MAX_CHARS, TRANSCRIPT_CLIP_OVER_CHARS, LLMSettings, Settings
+from .summarize import VERBATIM_LABEL, neutralise, new_nonce, render_transcript, with_model
 
 if TYPE_CHECKING:
     from .llm import Completion, LLMClient
@@ -689,17 +689,12 @@ def build_extractor(
     """The offline extractor, or a model extractor when ``llm`` is configured."""
     from .offline_facts import OfflineExtractor
 
-    offline = OfflineExtractor()
-    if settings.llm is None:
-        return offline
-    from .llm import LLMClient
+    def model(client: LLMClient, llm: LLMSettings, offline: Extractor | None) -> Extractor:
+        max_tokens = settings.memory_max_chars + 256  # ~1 token per char at worst (CJK)
+        return ModelExtractor(client, model=llm.model, max_tokens=max_tokens, offline=offline)
 
-    return ModelExtractor(
-        LLMClient(settings.llm, on_event=on_event, sleep=sleep or time.sleep),
-        model=settings.llm.model,
-        max_tokens=settings.memory_max_chars + 256,  # ~1 token per char at worst (CJK)
-        offline=offline if settings.llm.offline_fallback else None,
-    )
+    offline: Extractor = OfflineExtractor()
+    return with_model(settings, offline, model, on_event=on_event, sleep=sleep)
 
 
 # ---------------------------------------------------------------------------- one batch

@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
@@ -26,6 +26,7 @@ from .settings import (
     TRANSCRIPT_CLIP_HEAD_CHARS,
     TRANSCRIPT_CLIP_OVER_CHARS,
     TRANSCRIPT_CLIP_TAIL_CHARS,
+    LLMSettings,
     Settings,
 )
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from .llm import LLMClient
 
 log = get_logger(__name__)
+
+M = TypeVar("M")  # a summarizer or an extractor
 
 
 SECTIONS = {
@@ -543,27 +546,43 @@ class ModelSummarizer:
         self.client.close()
 
 
+def with_model(
+    settings: Settings,
+    offline: M,
+    model: Callable[[LLMClient, LLMSettings, M | None], M],
+    *,
+    on_event: EventCallback | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> M:
+    """``offline`` when no ``llm`` is configured; otherwise ``model(client, llm, fallback)``
+    with a client for the configured endpoints and ``offline`` as the last-resort fallback
+    (unless ``llm.offline_fallback`` is off). ``sleep`` replaces ``time.sleep`` between
+    retries (tests record the waits instead)."""
+    if settings.llm is None:
+        return offline
+    from .llm import LLMClient
+
+    client = LLMClient(settings.llm, on_event=on_event, sleep=sleep or time.sleep)
+    return model(client, settings.llm, offline if settings.llm.offline_fallback else None)
+
+
 def build_summarizer(
     settings: Settings,
     *,
     on_event: EventCallback | None = None,
     sleep: Callable[[float], None] | None = None,
 ) -> Summarizer:
-    """The offline summarizer, or a model summarizer when ``llm`` is configured.
-
-    ``sleep`` replaces ``time.sleep`` between retries (tests record the waits instead).
-    """
+    """The offline summarizer, or a model summarizer when ``llm`` is configured."""
     from .offline import OfflineSummarizer
 
-    offline = OfflineSummarizer()
-    if settings.llm is None:
-        return offline
-    from .llm import LLMClient
+    def model(client: LLMClient, llm: LLMSettings, offline: Summarizer | None) -> Summarizer:
+        return ModelSummarizer(
+            client,
+            model=llm.model,
+            max_input_chars=llm.max_input_chars,
+            offline=offline,
+            on_event=on_event,
+        )
 
-    return ModelSummarizer(
-        LLMClient(settings.llm, on_event=on_event, sleep=sleep or time.sleep),
-        model=settings.llm.model,
-        max_input_chars=settings.llm.max_input_chars,
-        offline=offline if settings.llm.offline_fallback else None,
-        on_event=on_event,
-    )
+    offline: Summarizer = OfflineSummarizer()
+    return with_model(settings, offline, model, on_event=on_event, sleep=sleep)
