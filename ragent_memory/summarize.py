@@ -329,10 +329,7 @@ def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, langua
             if room < 40:
                 continue
             head = room * 2 // 3
-            tail = room - head
-            text = entry["text"]
-            omitted = len(text) - head - tail
-            clipped = _quote(f"{text[:head]}…({omitted} chars omitted)…{text[-tail:]}")
+            clipped = _quote(clip_middle(entry["text"], over=room, head=head, tail=room - head))
             if len(clipped) + 1 <= remaining:
                 chosen[entry["i"]] = clipped
                 remaining -= len(clipped) + 1
