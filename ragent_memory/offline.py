@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .chars import text_of
+from .chars import clip, text_of
 from .summarize import EMPTY, SECTIONS, SummaryOutcome, SummaryRequest, validate_summary
 
 NAME = "offline-extractive"
@@ -40,9 +40,9 @@ _NEXT = re.compile(
 )
 
 
-def _clip(text: str, limit: int = ITEM_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _item(text: str, limit: int = ITEM_CHARS) -> str:
+    """``text`` as one summary item: whitespace collapsed, clipped to ``limit``."""
+    return clip(" ".join(text.split()), limit)
 
 
 def _sentences(text: str) -> list[str]:
@@ -105,7 +105,7 @@ def _statements(role: str, text: str) -> list[str]:
     out = []
     for sentence in _sentences(text):
         if salience(sentence) >= 2.0:
-            out.append(_clip(f"({role}) {sentence}", 200))
+            out.append(_item(f"({role}) {sentence}", 200))
     return out
 
 
@@ -135,32 +135,32 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         if role == "user" and text:
             asked = [s for s in _sentences(text) if _REQUEST.search(s)]
             if asked:
-                requests.append(_clip(" ".join(asked), 160))
+                requests.append(_item(" ".join(asked), 160))
         elif role == "assistant":
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
                 calls[call.get("id", "")] = (
                     function.get("name") or "tool",
-                    _clip(function.get("arguments") or "", 100),
+                    _item(function.get("arguments") or "", 100),
                 )
             if text:
-                progress.append(_clip(text, 320))
+                progress.append(_item(text, 320))
                 for sentence in _sentences(text):
                     if _FAILURE.search(sentence):
-                        dead_ends.append(_clip(sentence))
+                        dead_ends.append(_item(sentence))
                     elif _DONE.search(sentence):
-                        done.append(_clip(sentence))
+                        done.append(_item(sentence))
                     elif _NEXT.search(sentence):
-                        next_steps.append(_clip(sentence))
+                        next_steps.append(_item(sentence))
         elif role == "tool":
             name, arguments = calls.get(message.get("tool_call_id", ""), ("tool", ""))
-            finding = _clip(_first_sentence(text), 120)
+            finding = _item(_first_sentence(text), 120)
             count = usage.pop(name, (0, ""))[0] + 1
             usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
             if salience(finding) >= 2.0:
                 findings.append(f"({name}) {finding}")
             if _FAILURE.search(text[:400]):
-                dead_ends.append(_clip(f"{name} {arguments}: {finding}"))
+                dead_ends.append(_item(f"{name} {arguments}: {finding}"))
     newest_request = requests[-1:] if requests else []
     todo = requests[-1:]  # the latest request; earlier ones are listed as user requests
     next_step = next_steps[-1:] or newest_request
