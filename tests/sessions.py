@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,25 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "config" / "ragent-memory.yaml"  # the documented default config
+
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
+def chat(*said: str) -> list[dict[str, Any]]:
+    """A history: the system prompt, then each user message followed by a short answer."""
+    history: list[dict[str, Any]] = [SYSTEM]
+    for text in said:
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}]
+    return history
+
+
+def query(db_path: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows straight from the SQLite file."""
+    with sqlite3.connect(db_path) as db:
+        found = db.execute(sql, params).fetchall()
+    db.close()
+    return found
 
 
 def user(text: str) -> dict[str, Any]:

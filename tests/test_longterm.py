@@ -8,7 +8,6 @@ import copy
 import json
 import random
 import re
-import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 import structlog
-from sessions import rag_turn, run_cli
+from sessions import SYSTEM, chat, query, rag_turn, run_cli
 
 from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.engine import MemoryEngine
@@ -49,27 +48,9 @@ from ragent_memory.offline_facts import (
 )
 from ragent_memory.store import Store
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-
-
-def chat(*said: str) -> list[dict[str, Any]]:
-    """A history: the system prompt, then each user message followed by a short answer."""
-    history: list[dict[str, Any]] = [SYSTEM]
-    for text in said:
-        history += [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}]
-    return history
-
 
 def facts_of(engine: MemoryEngine, user_id: str = "u1") -> list[str]:
     return [f.content for f in engine.memories(user_id)]
-
-
-def query(db_path: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Rows straight from the SQLite file."""
-    with sqlite3.connect(db_path) as db:
-        found = db.execute(sql, params).fetchall()
-    db.close()
-    return found
 
 
 def pending_attempts(db_path: str, user_id: str = "u1") -> list[int]:

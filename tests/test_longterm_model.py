@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import structlog
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
+from sessions import chat, query
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine import MemoryEngine
@@ -21,26 +21,12 @@ MODEL = "memory-model"
 SAID = ("My name is Anna.", "I live in Lisbon.", "I like tea.")
 
 
-def chat(*said: str) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
-    for text in said:
-        history += [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}]
-    return history
-
-
 def operations(*items: dict[str, Any]) -> str:
     return json.dumps({"operations": list(items)})
 
 
 def add(content: str) -> dict[str, Any]:
     return {"op": "ADD", "content": content}
-
-
-def query(db_path: str, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db_path) as db:
-        found = db.execute(sql).fetchall()
-    db.close()
-    return found
 
 
 def prompt_of(server: FakeOpenAI, index: int) -> tuple[str, str]:
