@@ -458,6 +458,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
+    out = RESULTS / ("versus-quick.json" if args.quick else "versus.json")
     for name, budget, turns in workloads(args.quick):
         language = "zh" if name.endswith("_zh") else "en"
         history_chars = sum(chars(m) for t in turns for m in t)
@@ -475,6 +476,7 @@ def main() -> None:
                 row["ratio_to_ragent_p50"] = row["p50_ms"] / ours_p50
         results["workloads"][name] = {"budget": budget, "history_chars": history_chars, **rows}
         print_table(name, budget, rows)
+        write(results, out)  # after every workload: a run cut short keeps what it measured
     with tempfile.TemporaryDirectory() as tmp:
         turns = simulate_session(2_000 // (4 if args.quick else 1))
         slow = slow_model(turns, 200_000, Path(tmp) / "slow.db", 5.0 if args.quick else 30.0)
@@ -485,10 +487,13 @@ def main() -> None:
         f"{slow['turns']} turns; {slow['turns_over_b']} turns over B; summary adopted once "
         f"landed: {slow['adopted_after_landing']}"
     )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("versus-quick.json" if args.quick else "versus.json")
-    out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write(results, out)
     print(f"\nwritten: {out}")
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
 
 
 def print_table(name: str, budget: int, rows: dict[str, Any]) -> None:
