@@ -116,6 +116,9 @@ class Job:
     covered_digest: str
     plan: Plan
     prefix_chars: int
+    # For a compaction the ceiling runs mid-turn: the turn's chars_out once the ceiling's later
+    # rungs have finished it, from the summary message's chars (None: the view as applied).
+    settle: Callable[[int], int] | None = None
 
     @property
     def material_chars(self) -> int:
@@ -164,10 +167,15 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
         model=outcome.model,
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
-        chars_after=job.prefix_chars
-        + chars(summary_message(summary, language))
-        + job.plan.kept_chars,
+        chars_after=chars_after(job, chars(summary_message(summary, language))),
     )
+
+
+def chars_after(job: Job, summary_chars: int) -> int:
+    """The chars_out of the turn that applies this compaction."""
+    if job.settle is not None:
+        return job.settle(summary_chars)
+    return job.prefix_chars + summary_chars + job.plan.kept_chars
 
 
 def commit(store: Backend, draft: Draft, previous: SessionState, audit: Mapping[str, Any]) -> None:

@@ -909,7 +909,13 @@ class Session:
             return decision
         return self._submit(view, decision, user_id)
 
-    def _submit(self, view: View, decision: compact.Plan, user_id: str | None) -> str | None:
+    def _submit(
+        self,
+        view: View,
+        decision: compact.Plan,
+        user_id: str | None,
+        settle: Callable[[int], int] | None = None,
+    ) -> str | None:
         """Run one planned compaction on the engine's pool, waiting at most
         ``compaction_timeout_s``; returns why it did not apply, or None."""
         settings = self.settings
@@ -925,6 +931,7 @@ class Session:
             covered_digest=raw.chain(prefix_len, stop),
             plan=decision,
             prefix_chars=sum(view.sizes[:prefix_len]),
+            settle=settle,
         )
         store = self.services.store
         try:
@@ -998,7 +1005,9 @@ class Session:
                 view.messages, view.sizes, head=view.head, settings=settings, mid_turn=True
             )
             mid_turn = (
-                decision if isinstance(decision, str) else self._submit(view, decision, user_id)
+                decision
+                if isinstance(decision, str)
+                else self._submit(view, decision, user_id, self._settle(view, decision))
             )
             if self.state.generation != self.returned_generation:
                 mid_turn = "applied"
@@ -1046,6 +1055,51 @@ class Session:
                 dropped_turns=dropped_turns,
             )
         return view, dropped_turns, mid_turn
+
+    def _settle(self, view: View, decision: compact.Plan) -> Callable[[int], int]:
+        """What the rest of the ladder will leave of this turn once the mid-turn compaction
+        ``decision`` applies, as a function of the summary message's chars: the audit row,
+        committed with the generation, records the turn's real chars_out. Mirrors rungs 3-5
+        of ``_ceiling`` over a copy of the kept tail (the ladder's rungs are pure)."""
+        budget = self.settings.context_window_chars
+        cut = decision.cut
+        messages, sizes = view.messages[cut:], view.sizes[cut:]
+        originals = {i - cut: m for i, m in view.originals.items() if i >= cut}
+        evicted = {i - cut for i in view.indexes("trim") if i >= cut}
+        prefix_chars = sum(view.sizes[: view.prefix_len])
+        limit, language, ref_for = (
+            self.settings.oversized_tool_result_chars,
+            self.settings.language,
+            self.ref_for,
+        )
+
+        def settle(summary_chars: int) -> int:
+            shown = list(sizes)
+            total = prefix_chars + summary_chars + sum(shown)
+            if total <= budget:
+                return total
+            turn_start = ceiling.current_turn_start(messages, 0)
+            for t in ceiling.preview_turn(
+                messages,
+                shown,
+                turn_start=turn_start,
+                excess=total - budget,
+                limit_chars=limit,
+                language=language,
+                ref_for=ref_for,
+                originals=originals,
+                evicted=evicted,
+            ):
+                shown[t.index] = chars(t.replacement)
+            total = prefix_chars + summary_chars + sum(shown)
+            if total > budget:
+                count, _ = ceiling.turns_to_leave_out(
+                    messages, shown, head=0, turn_start=turn_start, excess=total - budget
+                )
+                total -= sum(shown[:count])
+            return total - summary_chars if total > budget else total
+
+        return settle
 
     def _stick(
         self,

@@ -166,6 +166,11 @@ def test_generated_histories_keep_every_invariant(tmp_path: Path) -> None:
                 pristine.extend(copy.deepcopy(history[len(pristine) :]))
                 prepared = engine.prepare(history, session_id=f"h{number}")
                 check(history, prepared.messages, prepared.report, budget, stats)
+                if prepared.report.compacted:  # the audit says what this turn sent
+                    rows = engine.store.compactions(f"h{number}")
+                    applied = [r for r in rows if r["status"] == "applied"][-1]
+                    assert prepared.report.chars_out == applied["chars_after"]
+                    stats["compactions"] += 1
             assert pristine == history[: len(pristine)], "the caller's messages were mutated"
             engine.drop_session(f"h{number}")
     finally:
