@@ -252,6 +252,19 @@ def original_of(raw: dict[str, Any], kind: str) -> str:
     return str(call["function"]["arguments"])
 
 
+def raw_of(history: list[dict[str, Any]], shown: dict[str, Any]) -> dict[str, Any]:
+    """The caller's message ``shown`` stands for, by its call ids (positions move when the
+    ceiling leaves old turns out of the view)."""
+    if shown.get("role") == "tool":
+        return next(
+            m
+            for m in history
+            if m.get("role") == "tool" and m.get("tool_call_id") == shown["tool_call_id"]
+        )
+    ids = [c["id"] for c in shown["tool_calls"]]
+    return next(m for m in history if [c["id"] for c in m.get("tool_calls") or ()] == ids)
+
+
 def recall_whole(engine: MemoryEngine, session_id: str, ref: str) -> str:
     piece, mark, _ = engine.recall(session_id, ref, 0, 10**9).rpartition(FOOTER_MARK)
     assert FOOTER_MARK == mark
@@ -316,7 +329,8 @@ def test_every_ref_in_a_prepared_view_recalls_the_raw_message(
     with MemoryEngine(settings) as engine:
         prepared = engine.prepare(history, session_id="s")
         for index, ref, kind in shown_refs(prepared.messages):
-            assert original_of(history[index], kind) == recall_whole(engine, "s", ref)
+            raw = raw_of(history, prepared.messages[index])
+            assert original_of(raw, kind) == recall_whole(engine, "s", ref)
             if kind != "result":
                 shown = prepared.messages[index]["tool_calls"][0]["function"]["arguments"]
                 assert [ARGUMENTS_KEY] == list(json.loads(shown))
