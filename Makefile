@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/ragent-memory demo
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents,bench]'
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench

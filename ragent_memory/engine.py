@@ -59,6 +59,7 @@ from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
 from .store import GCReport, SessionState, open_store, utc_now
 from .summarize import Summarizer, build_summarizer
+from .tools import as_int
 
 __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_count"]
 
@@ -455,7 +456,14 @@ class MemoryEngine:
         """The OpenAI tool schema the model calls to read back an offloaded result."""
         return recall_tool_schema()
 
-    def recall(self, session_id: str, ref: str, offset: int = 0, limit: int = DEFAULT_LIMIT) -> str:
+    def recall(
+        self,
+        session_id: str,
+        ref: str,
+        offset: int = 0,
+        limit: int = DEFAULT_LIMIT,
+        **_unknown: Any,  # a model's extra arguments (``reason``…) are ignored
+    ) -> str:
         """``original[offset:offset + limit]`` of an offloaded original, then a footer saying
         how many chars remain. Whatever the model passed, the answer is text it can read (never
         an exception, never another session's data): an unknown, expired, dropped or
@@ -469,7 +477,7 @@ class MemoryEngine:
             except StoreError as err:
                 log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))
                 return "[recall: the store could not be read just now; try again later]"
-        return recall_slice(original, ref, offset, limit)
+        return recall_slice(original, ref, as_int(offset), as_int(limit))
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop

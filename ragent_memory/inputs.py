@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .chars import Message
@@ -49,7 +49,12 @@ class Inputs:
     """The engine's input boundary: a list of messages in, chat dicts out, the caller's objects
     never touched."""
 
-    def __init__(self, max_remembered: int = MAX_REMEMBERED) -> None:
+    def __init__(
+        self,
+        convert: Callable[[Any], Any] = to_message,
+        max_remembered: int = MAX_REMEMBERED,
+    ) -> None:
+        self._convert_one = convert  # a framework adapter passes its own message converter
         self._max = max_remembered
         self._lock = threading.Lock()
         # id(original) → (original, converted); holding the original keeps its id unique.
@@ -74,7 +79,7 @@ class Inputs:
             if hit is not None and hit[0] is item:
                 self._seen.move_to_end(key)
                 return hit[1]
-        converted = to_message(item)
+        converted = self._convert_one(item)
         if converted is item:  # not a message at all: left for validation to name
             return item
         with self._lock:

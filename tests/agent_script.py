@@ -1,0 +1,75 @@
+"""A scripted tool-calling model shared by the framework adapter tests: what it does depends
+only on the chat dicts it is shown, so each framework's fake model wraps the same policy."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ragent_memory import chars
+from ragent_memory.longterm import HEADERS
+
+REF = re.compile(r"recall: (rm-[0-9a-f]{20})")
+TOPICS = ("refund policy", "shipping times", "warranty terms", "invoice format", "api limits")
+FACT = "My name is Ada Lovelace and I live in Lisbon."
+RECALL_EVERY = 10  # every 10th turn asks the model to read an earlier result back
+
+
+def question(turn: int) -> str:
+    topic = TOPICS[turn % len(TOPICS)]
+    text = f"Turn {turn}: what do the docs say about {topic}?"
+    if turn == 1:
+        text = f"{FACT} {text}"
+    if turn % RECALL_EVERY == 0 and turn:
+        text += " Also re-read one earlier result in full."
+    return text
+
+
+def search_result(query: str, turn: int) -> str:
+    """What the app's search_knowledge tool returns: 1.5–2.5k chars, unique per turn."""
+    lines = 30 + (turn * 7) % 20
+    return " ".join(
+        f"Doc {turn}-{k}: the {query} section says item {k} applies." for k in range(lines)
+    )
+
+
+def call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}]}  # fmt: skip
+
+
+def is_memory_block(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, str) and any(content.startswith(h) for h in HEADERS.values())
+
+
+def sent_chars(messages: list[dict[str, Any]]) -> int:
+    """What the engine's budget covers: the model's input without the memory block."""
+    return sum(chars(m) for m in messages if not is_memory_block(m))
+
+
+def reply(messages: list[dict[str, Any]], n_call: int) -> dict[str, Any]:
+    """The model's next message for this input (a tool call, or an answer after a result)."""
+    last = messages[-1]
+    if last["role"] != "user":
+        return {"role": "assistant", "content": f"Answer {n_call}: item applies."}
+    content = last["content"]  # recalled excerpts may come first, as a leading text part
+    text = content if isinstance(content, str) else content[-1]["text"]
+    turn = int(re.search(r"Turn (\d+)", text).group(1))  # type: ignore[union-attr]
+    if "re-read one earlier result" in text:
+        for message in messages:
+            found = REF.search(str(message.get("content") or ""))
+            if message["role"] == "tool" and found:
+                # An extra argument and a number as a string: models do that.
+                args = {"ref": found.group(1), "limit": "300", "reason": "verify"}
+                return call(f"r{turn}-{message['tool_call_id']}", "recall_tool_result", args)
+    topic = TOPICS[turn % len(TOPICS)]
+    return call(f"c{turn}", "search_knowledge", {"query": topic, "turn": turn})
+
+
+def original_of_recall(call_id: str) -> str:
+    """The search result a recall call (``r{turn}-c{source}``) read back."""
+    source = int(call_id.split("-c")[1])
+    return search_result(TOPICS[source % len(TOPICS)], source)

@@ -1,0 +1,118 @@
+"""LangChain ``create_agent`` with ``RagentMemoryMiddleware`` and a scripted chat model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from agent_script import (
+    FACT,
+    original_of_recall,
+    question,
+    reply,
+    search_result,
+    sent_chars,
+)
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from pydantic import Field
+
+from ragent_memory import MemoryEngine, Settings
+from ragent_memory.integrations.langchain import (
+    RagentMemoryMiddleware,
+    from_langchain,
+    to_langchain,
+)
+
+B = 20_000
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Answers by ``agent_script.reply``; records every input it was given (as chat dicts)."""
+
+    seen: list[list[dict[str, Any]]] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        shown = [from_langchain(m) for m in messages]
+        self.seen.append(shown)
+        (message,) = to_langchain([reply(shown, len(self.seen))])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+@tool
+def search_knowledge(query: str, turn: int) -> str:
+    """Search the knowledge base."""
+    return search_result(query, turn)
+
+
+def _run(agent: Any, thread: str, turns: range, history: list[Any]) -> list[Any]:
+    config = {"configurable": {"thread_id": thread, "user_id": "u1"}}
+    for turn in turns:
+        state = agent.invoke({"messages": [*history, HumanMessage(question(turn))]}, config)
+        history = state["messages"]
+    return history
+
+
+@pytest.mark.slow
+def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Inputs ≤ B on every call, recall round-trips, a fact of thread t1 shows in thread t2."""
+    model = ScriptedChatModel()
+    with MemoryEngine(make_settings(context_window_chars=B)) as engine:
+        middleware = RagentMemoryMiddleware(engine)
+        assert {"recall_tool_result"} <= {t.name for t in middleware.tools}
+        agent = create_agent(
+            model, tools=[search_knowledge], system_prompt="You answer from the docs.",
+            middleware=[middleware],
+        )  # fmt: skip
+        history = _run(agent, "t1", range(200), [])
+        engine.flush()
+        _run(agent, "t2", range(200, 201), [])
+        compacted = [r for r in engine.store.compactions("t1") if "applied" == r["status"]]
+    assert len(compacted) >= 5
+    assert 200 * 2 < len(model.seen)
+    assert [] == [n for n, shown in enumerate(model.seen) if sent_chars(shown) > B]
+    assert max(sent_chars(shown) for shown in model.seen) > B // 2  # the budget was used
+    assert FACT not in str(history[0])  # the raw history stays the agent's own
+    recalls = [m for m in history if isinstance(m, ToolMessage) and m.tool_call_id[0] == "r"]
+    assert len(recalls) >= 15
+    for message in recalls:
+        assert str(message.content).startswith(original_of_recall(message.tool_call_id)[:300])
+    first_call_of_t2 = model.seen[-2]  # system, memory block, the question
+    assert 3 == len(first_call_of_t2)
+    assert "Ada Lovelace" in first_call_of_t2[1]["content"]
+
+
+def test_missing_thread_id_is_a_clear_error(make_settings: Callable[..., Settings]) -> None:
+    """Without ``configurable.thread_id`` the middleware says what it needs."""
+    with MemoryEngine(make_settings()) as engine:
+        agent = create_agent(
+            ScriptedChatModel(), tools=[search_knowledge],
+            middleware=[RagentMemoryMiddleware(engine)],
+        )  # fmt: skip
+        with pytest.raises(ValueError, match="thread_id"):
+            agent.invoke({"messages": [HumanMessage(question(0))]})
+
+
+def test_tool_arguments_from_the_model_are_untrusted(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Unknown keys are ignored and a missing ref gets a one-line refusal, not an exception."""
+    with MemoryEngine(make_settings()) as engine:
+        (recall,) = [t for t in RagentMemoryMiddleware(engine).tools if t.name.startswith("recall")]
+        config = {"configurable": {"thread_id": "t1"}}
+        answer = recall.invoke({"ref": "rm-0123456789abcdef0123", "why": "x"}, config)
+        assert answer.startswith("[recall: ref") and "\n" not in answer
+        assert answer == recall.invoke({"ref": "rm-0123456789abcdef0123"}, config)
