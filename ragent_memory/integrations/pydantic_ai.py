@@ -1,0 +1,236 @@
+"""pydantic-ai: ``history_processor(engine, session_id, user_id=None)`` for ``pydantic_ai.Agent``.
+
+::
+
+    agent = Agent(model, capabilities=[ProcessHistory(history_processor(engine, "s1", "u1"))],
+                  toolsets=[memory_toolset(engine, "s1", "u1")])
+
+pydantic-ai replaces the run's history with what a history processor returns, so the processor
+keeps the raw history itself: each call it takes the messages appended since the view it last
+returned, runs ``prepare`` over the whole raw history and returns the prepared view as
+``ModelMessage`` objects (``processor.raw_history`` is the raw one). The user's new messages
+go to ``after_turn``. ``memory_toolset`` registers the recall tool (and ``search_memory`` when
+the engine has it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_ai import Tool
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ModelResponsePart,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.toolsets import FunctionToolset
+
+from ..engine import MemoryEngine
+from ..tools import call_tool, memory_tools
+
+__all__ = [
+    "HistoryProcessor",
+    "from_pydantic_ai",
+    "history_processor",
+    "memory_toolset",
+    "to_pydantic_ai",
+]
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    return [
+        {"type": "text", "text": item if isinstance(item, str) else repr(item)} for item in content
+    ]
+
+
+def _request_dicts(message: ModelRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, SystemPromptPart):
+            out.append({"role": "system", "content": part.content})
+        elif isinstance(part, UserPromptPart):
+            out.append({"role": "user", "content": _user_content(part.content)})
+        elif isinstance(part, ToolReturnPart):
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": part.tool_call_id,
+                    "name": part.tool_name,
+                    "content": part.model_response_str(),
+                }
+            )
+        elif isinstance(part, RetryPromptPart):
+            if part.tool_name is None:
+                out.append({"role": "user", "content": part.model_response()})
+            else:
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": part.tool_call_id,
+                        "name": part.tool_name,
+                        "content": part.model_response(),
+                    }
+                )
+    return out
+
+
+def _response_dict(message: ModelResponse) -> dict[str, Any]:
+    text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
+    calls = [
+        {
+            "id": p.tool_call_id,
+            "type": "function",
+            "function": {"name": p.tool_name, "arguments": p.args_as_json_str()},
+        }
+        for p in message.parts
+        if isinstance(p, ToolCallPart)
+    ]
+    out: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def from_pydantic_ai(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
+    """pydantic-ai messages as OpenAI chat dicts (one per part of a request)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            out += _request_dicts(message)
+        else:
+            out.append(_response_dict(message))
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str) or content is None:
+        return content or ""
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def to_pydantic_ai(
+    messages: Sequence[dict[str, Any]], instructions: str | None = None
+) -> list[ModelMessage]:
+    """OpenAI chat dicts as pydantic-ai messages: consecutive system/user/tool dicts form one
+    ``ModelRequest`` (carrying ``instructions``), each assistant dict a ``ModelResponse``."""
+    out: list[ModelMessage] = []
+    names: dict[str, str] = {}
+    parts: list[ModelRequestPart] = []
+    for message in messages:
+        role = message["role"]
+        if role == "assistant":
+            if parts:
+                out.append(ModelRequest(parts=parts, instructions=instructions))
+                parts = []
+            reply: list[ModelResponsePart] = []
+            if message.get("content"):
+                reply.append(TextPart(content=_text(message["content"])))
+            for call in message.get("tool_calls") or []:
+                function = call["function"]
+                names[call["id"]] = function["name"]
+                reply.append(
+                    ToolCallPart(
+                        tool_name=function["name"],
+                        args=function.get("arguments") or "{}",
+                        tool_call_id=call["id"],
+                    )
+                )
+            out.append(ModelResponse(parts=reply))
+        elif role == "system":
+            parts.append(SystemPromptPart(content=_text(message["content"])))
+        elif role == "tool":
+            call_id = message["tool_call_id"]
+            name = names.get(call_id) or message.get("name") or "tool"
+            parts.append(
+                ToolReturnPart(
+                    tool_name=name, content=_text(message["content"]), tool_call_id=call_id
+                )
+            )
+        else:
+            content = message["content"]
+            parts.append(
+                UserPromptPart(content=content if isinstance(content, str) else _text(content))
+            )
+    if parts:
+        out.append(ModelRequest(parts=parts, instructions=instructions))
+    return out
+
+
+class HistoryProcessor:
+    """The processor ``history_processor`` returns; ``raw_history`` is the run's raw history."""
+
+    def __init__(self, engine: MemoryEngine, session_id: str, user_id: str | None) -> None:
+        self.engine, self.session_id, self.user_id = engine, session_id, user_id
+        self.raw_history: list[ModelMessage] = []
+        self._shown: list[ModelMessage] = []
+        self._lock = threading.Lock()
+
+    def _raw(self, messages: list[ModelMessage]) -> list[ModelMessage]:
+        """The raw history behind ``messages``: the view returned last time, then what is new."""
+        n = len(self._shown)
+        if (
+            n
+            and len(messages) >= n
+            and all(a is b for a, b in zip(messages, self._shown, strict=False))
+        ):
+            return [*self.raw_history, *messages[n:]]
+        return list(messages)
+
+    def __call__(self, messages: list[ModelMessage]) -> list[ModelMessage]:
+        with self._lock:
+            raw = self._raw(messages)
+            history = from_pydantic_ai(raw)
+            prepared = self.engine.prepare(
+                history, session_id=self.session_id, user_id=self.user_id
+            )
+            if self.user_id is not None:
+                self.engine.after_turn(history, session_id=self.session_id, user_id=self.user_id)
+            instructions = next(
+                (
+                    m.instructions
+                    for m in reversed(raw)
+                    if isinstance(m, ModelRequest) and m.instructions
+                ),
+                None,
+            )
+            shown = to_pydantic_ai(prepared.messages, instructions)
+            self.raw_history, self._shown = raw, shown
+            return list(shown)
+
+
+def history_processor(
+    engine: MemoryEngine, session_id: str, user_id: str | None = None
+) -> HistoryProcessor:
+    """A pydantic-ai history processor keeping every model request inside the engine's budget."""
+    return HistoryProcessor(engine, session_id, user_id)
+
+
+def memory_toolset(
+    engine: MemoryEngine, session_id: str, user_id: str | None = None
+) -> FunctionToolset[Any]:
+    """The engine's tools (recall, and search when available) for ``Agent(toolsets=[...])``."""
+
+    def tool(schema: dict[str, Any]) -> Tool[Any]:
+        function = schema["function"]
+        name = function["name"]
+
+        def run(**arguments: Any) -> str:
+            return call_tool(engine, name, arguments, session_id=session_id, user_id=user_id)
+
+        return Tool.from_schema(
+            run, name=name, description=function["description"], json_schema=function["parameters"]
+        )
+
+    return FunctionToolset([tool(schema) for schema in memory_tools(engine)])
