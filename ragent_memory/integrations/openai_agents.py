@@ -1,0 +1,193 @@
+"""OpenAI Agents SDK: ``RagentSession(engine, session_id, user_id=None)``.
+
+::
+
+    session = RagentSession(engine, "s1", "u1")
+    agent = Agent(name="support", instructions="…", tools=[*my_tools, *session.tools()])
+    result = await Runner.run(agent, "question", session=session, run_config=session.run_config())
+
+The session keeps the raw items (``session.items``) and hands ``engine.prepare``'s view to the
+SDK: ``get_items()`` returns the prepared history, and the ``call_model_input_filter`` of
+``run_config()`` prepares every model call of a run (tool loops included), so the model never
+sees more than the budget. ``add_items`` feeds ``after_turn``; ``tools()`` are the engine's recall
+(and search) tools as SDK function tools. Items the chat format has no place for (reasoning,
+hosted tool calls) stay in the raw history but are not shown to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from agents import FunctionTool, RunConfig, RunContextWrapper
+from agents.memory import SessionABC
+from agents.run_config import CallModelData, ModelInputData
+
+from ..engine import MemoryEngine
+from ..tools import call_tool, memory_tools
+
+__all__ = ["RagentSession", "from_items", "to_items"]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str) or content is None:
+        return content or ""
+    return "".join(
+        part.get("text", "") if isinstance(part, dict) else str(getattr(part, "text", ""))
+        for part in content
+    )
+
+
+def _plain(item: Any) -> dict[str, Any]:
+    return item if isinstance(item, dict) else dict(item.model_dump(exclude_none=True))
+
+
+def from_items(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Responses-API input items as chat dicts (function calls in a row form one message)."""
+    out: list[dict[str, Any]] = []
+    for raw in items:
+        item = _plain(raw)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append({"role": role, "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+    return out
+
+
+def to_items(messages: Sequence[dict[str, Any]]) -> list[Any]:
+    """Chat dicts as Responses-API input items."""
+    out: list[Any] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": _text(message["content"]),
+                }
+            )
+            continue
+        if message.get("content"):
+            out.append({"role": role, "content": _text(message["content"])})
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            out.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function.get("arguments") or "{}",
+                }
+            )
+    return out
+
+
+class RagentSession(SessionABC):
+    """An Agents SDK session whose model input is always ``engine.prepare``'s view."""
+
+    def __init__(self, engine: MemoryEngine, session_id: str, user_id: str | None = None) -> None:
+        self.engine, self.session_id, self.user_id = engine, session_id, user_id
+        self.items: list[Any] = []  # the raw history, as the SDK handed it over
+        self._lock = asyncio.Lock()
+        # The view get_items() last returned, and the raw items it was prepared from.
+        self._shown: list[dict[str, Any]] = []
+        self._shown_raw: list[Any] = []
+
+    def _prepare(self, raw: Sequence[Any], instructions: str | None) -> list[dict[str, Any]]:
+        history = from_items(raw)
+        if instructions:
+            history.insert(0, {"role": "system", "content": instructions})
+        prepared = self.engine.prepare(history, session_id=self.session_id, user_id=self.user_id)
+        return prepared.messages
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        if limit is not None:  # the SDK peeking at what it stored: the raw tail
+            return list(self.items[-limit:]) if limit > 0 else []
+        async with self._lock:
+            raw = list(self.items)
+        shown = to_items(await asyncio.to_thread(self._prepare, raw, None))
+        self._shown, self._shown_raw = from_items(shown), raw
+        return shown
+
+    async def add_items(self, items: list[Any]) -> None:
+        async with self._lock:
+            self.items.extend(items)
+            raw = list(self.items)
+        if self.user_id is not None:
+            await self.engine.aafter_turn(
+                from_items(raw), session_id=self.session_id, user_id=self.user_id
+            )
+
+    async def pop_item(self) -> Any | None:
+        async with self._lock:
+            return self.items.pop() if self.items else None
+
+    async def clear_session(self) -> None:
+        async with self._lock:
+            self.items.clear()
+        self.engine.drop_session(self.session_id)
+
+    async def filter_model_input(self, data: CallModelData[Any]) -> ModelInputData:
+        """``RunConfig.call_model_input_filter``: the run's input (the prepared history plus
+        this run's items) becomes the prepared view of the raw history plus this run's items."""
+        given = list(data.model_data.input)
+        converted = from_items(given)
+        n = len(self._shown)
+        if converted[:n] == self._shown:  # the history get_items() gave, then this run's items
+            raw = [*self._shown_raw, *to_items(converted[n:])]
+        else:  # not this session's history: prepare what was given
+            raw = given
+        instructions = data.model_data.instructions
+        messages = await asyncio.to_thread(self._prepare, raw, instructions)
+        if instructions and messages and messages[0]["role"] == "system":
+            instructions, messages = _text(messages[0]["content"]), messages[1:]
+        return ModelInputData(input=to_items(messages), instructions=instructions)
+
+    def run_config(self, **kwargs: Any) -> RunConfig:
+        """A ``RunConfig`` (with ``kwargs``) whose model input filter is this session's."""
+        return RunConfig(call_model_input_filter=self.filter_model_input, **kwargs)
+
+    def tools(self) -> list[FunctionTool]:
+        """The engine's tools (recall, and search when available) as SDK function tools."""
+
+        def tool(schema: dict[str, Any]) -> FunctionTool:
+            function = schema["function"]
+            name = function["name"]
+
+            async def invoke(_context: RunContextWrapper[Any], arguments: str) -> str:
+                return await asyncio.to_thread(
+                    call_tool,
+                    self.engine,
+                    name,
+                    arguments,
+                    session_id=self.session_id,
+                    user_id=self.user_id,
+                )
+
+            return FunctionTool(
+                name=name,
+                description=function["description"],
+                params_json_schema=function["parameters"],
+                on_invoke_tool=invoke,
+                strict_json_schema=False,
+            )
+
+        return [tool(schema) for schema in memory_tools(self.engine)]

@@ -1,0 +1,135 @@
+"""OpenAI Agents SDK agent with ``RagentSession`` and a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from agent_script import original_of_recall, question, reply, search_result, sent_chars
+from agents import Agent, Model, ModelResponse, Runner, Usage, function_tool
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from ragent_memory import MemoryEngine, Settings
+from ragent_memory.integrations.openai_agents import RagentSession, from_items, to_items
+
+B = 20_000
+
+
+class Scripted(Model):
+    """``agent_script.reply`` over what the SDK sends; records every input as chat dicts."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[dict[str, Any]]] = []
+
+    async def get_response(
+        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        items = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        shown = from_items(items)
+        if system_instructions:
+            shown.insert(0, {"role": "system", "content": system_instructions})
+        self.seen.append(shown)
+        answer = reply(shown, len(self.seen))
+        output: list[Any] = [
+            ResponseFunctionToolCall(
+                type="function_call", call_id=c["id"], name=c["function"]["name"],
+                arguments=c["function"]["arguments"],
+            )
+            for c in answer.get("tool_calls") or []
+        ]  # fmt: skip
+        if answer.get("content"):
+            text = ResponseOutputText(type="output_text", text=answer["content"], annotations=[])
+            output.append(
+                ResponseOutputMessage(
+                    id=f"m{len(self.seen)}",
+                    type="message",
+                    role="assistant",
+                    status="completed",
+                    content=[text],
+                )
+            )
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool
+def search_knowledge(query: str, turn: int) -> str:
+    """Search the knowledge base."""
+    return search_result(query, turn)
+
+
+@pytest.mark.slow
+def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Inputs ≤ B on every call, recall round-trips, a fact of session s1 shows in session s2."""
+    model = Scripted()
+    with MemoryEngine(make_settings(context_window_chars=B)) as engine:
+        session, other = RagentSession(engine, "s1", "u1"), RagentSession(engine, "s2", "u1")
+        agent = Agent(
+            name="support", instructions="You answer from the docs.", model=model,
+            tools=[search_knowledge, *session.tools()],
+        )  # fmt: skip
+
+        async def drive() -> None:
+            for turn in range(200):
+                await Runner.run(
+                    agent, question(turn), session=session, run_config=session.run_config()
+                )
+            engine.flush()
+            await Runner.run(
+                agent,
+                question(200),
+                session=other,
+                run_config=other.run_config(tracing_disabled=True),
+            )
+
+        asyncio.run(drive())
+        compacted = [r for r in engine.store.compactions("s1") if "applied" == r["status"]]
+    assert len(compacted) >= 5
+    assert 200 * 2 < len(model.seen)
+    assert [] == [n for n, shown in enumerate(model.seen) if sent_chars(shown) > B]
+    assert max(sent_chars(shown) for shown in model.seen) > B // 2
+    raw = from_items(session.items)
+    assert [question(t) for t in range(200)] == [m["content"] for m in raw if "user" == m["role"]]
+    recalls = [m for m in raw if "tool" == m["role"] and m["tool_call_id"].startswith("r")]
+    assert len(recalls) >= 15
+    for message in recalls:
+        assert message["content"].startswith(original_of_recall(message["tool_call_id"])[:300])
+    first_call_of_s2 = model.seen[-2]  # instructions, memory block, the question
+    assert "Ada Lovelace" in str(first_call_of_s2[1]["content"])
+
+
+def test_items_round_trip_through_chat_dicts() -> None:
+    """Chat dicts → Responses items → chat dicts keeps roles, calls and results."""
+    dicts = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "s", "arguments": "{}"}},
+                {"id": "c2", "type": "function", "function": {"name": "s", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+        {"role": "tool", "tool_call_id": "c2", "content": "r2"},
+        {"role": "assistant", "content": "done"},
+    ]
+    assert dicts == from_items(to_items(dicts))
+
+
+def test_recall_tool_refuses_bad_arguments(make_settings: Callable[..., Settings]) -> None:
+    """Arguments that are not a JSON object get a one-line refusal, not an exception."""
+    with MemoryEngine(make_settings()) as engine:
+        (recall, *_) = RagentSession(engine, "s1").tools()
+        answer = asyncio.run(recall.on_invoke_tool(None, "not json"))  # type: ignore[arg-type]
+        assert answer.startswith("[recall_tool_result: arguments must be a JSON object")
