@@ -82,7 +82,10 @@ def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
         async def drive() -> None:
             for turn in range(200):
                 await Runner.run(
-                    agent, question(turn), session=session, run_config=session.run_config()
+                    agent,
+                    question(turn),
+                    session=session,
+                    run_config=session.run_config(tracing_disabled=True),
                 )
             engine.flush()
             await Runner.run(
