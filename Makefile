@@ -20,7 +20,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest -q
 
-demo: $(STAMP)
+$(VENV)/.chart: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[chart]'
+	touch $(VENV)/.chart
+
+demo: $(VENV)/.chart
 	$(BIN)/ragent-memory demo
 
 $(VENV)/.bench: $(STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -78,6 +79,12 @@ def _settings(config: str | None, db: str | None = None) -> Settings:
     return settings
 
 
+def _json_wanted(as_json: bool) -> bool:
+    """``--json`` after the subcommand, or the group's ``--json`` before it."""
+    root = click.get_current_context().find_root()
+    return as_json or bool(root.params.get("as_json"))
+
+
 def _table(rows: list[list[str]], headers: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -87,7 +94,9 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--json", "as_json", is_flag=True, help="Log as JSON lines on stderr.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON: log lines on stderr, and tables as JSON."
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log engine events (info level).")
 @click.version_option(package_name="ragent-memory")
 def cli(as_json: bool, verbose: bool) -> None:
@@ -124,7 +133,7 @@ def inspect(config: str | None, as_json: bool) -> None:
     with user_errors():
         settings = _settings(config)
     derived = settings.derived()
-    if as_json:
+    if _json_wanted(as_json):
         click.echo(json.dumps(derived, indent=2))
         return
     labels = {
@@ -169,7 +178,7 @@ def audit(
             rows = store.compactions(session_id)
         finally:
             store.close()
-    if as_json:
+    if _json_wanted(as_json):
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
     if as_jsonl:
@@ -206,7 +215,12 @@ def audit(
 @cli.command()
 @click.argument("file", type=click.Path())
 @click.option("--config", type=click.Path(), help="YAML config.")
-@click.option("--db", type=click.Path(), help="SQLite store (overrides the config).")
+@click.option(
+    "--db",
+    type=click.Path(),
+    help="SQLite store to keep the session in (default: store.path of --config, else a "
+    "fresh temporary store, printed).",
+)
 @click.option("--session", "session_id", default="cli", show_default=True, help="Session id.")
 @click.option("--user", "user_id", default=None, help="User id.")
 @click.option("--out", type=click.Path(), help="Write the result JSON here (default stdout).")
@@ -222,9 +236,15 @@ def compact(
     from .engine import MemoryEngine
     from .transcript import read_transcript, replay
 
-    with user_errors():
+    with user_errors(), tempfile.TemporaryDirectory(prefix="ragent-compact-") as scratch:
         messages = read_transcript(file)
+        if db is None and config is None:  # never ./ragent-memory.db by surprise
+            db = str(Path(scratch) / "compact.db")
+            click.echo(f"store: {db} (temporary; pass --db to keep it)", err=True)
         settings = _settings(config, db)
+        path = settings.store.path
+        if not settings.store.url and path != ":memory:" and not Path(path).parent.is_dir():
+            raise click.ClickException(f"{path}: directory {Path(path).parent} does not exist")
         with MemoryEngine(settings) as engine:
             result = replay(engine, messages, session_id=session_id, user_id=user_id)
         text = json.dumps(result, ensure_ascii=False, indent=2)
@@ -262,7 +282,7 @@ def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
         finally:
             store.close()
     sizes = ("file_bytes_before", "file_bytes_after")
-    if as_json:
+    if _json_wanted(as_json):
         fields = attrs.asdict(report)
         click.echo(
             json.dumps(fields if vacuum else {k: fields[k] for k in fields if k not in sizes})
@@ -351,7 +371,7 @@ def memory_list(
         {k: r[k] for k in ("id", "content", "status", "superseded_by", "created_at", "updated_at")}
         for r in rows
     ]
-    if as_json:
+    if _json_wanted(as_json):
         click.echo(json.dumps(facts, ensure_ascii=False, indent=2))
         return
     if not facts:
@@ -385,12 +405,25 @@ def memory_forget(user_id: str | None, db: str | None, config: str | None) -> No
 @click.option("--config", type=click.Path(), help="YAML config (default: the built-in demo).")
 @click.option("--turns", default=200, show_default=True, type=click.IntRange(1, 5000))
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path())
-def demo(config: str | None, turns: int, out_dir: str) -> None:
+@click.option("--db", type=click.Path(), help="SQLite store (default: OUT/demo.db, started fresh).")
+@click.option(
+    "--chart", type=click.Path(), help="PNG of context size per turn (default: OUT/context.png)."
+)
+def demo(config: str | None, turns: int, out_dir: str, db: str | None, chart: str | None) -> None:
     """Run a simulated RAG-agent session through the engine, offline, and report each gate."""
     from .demo import run_demo
 
     with user_errors():
-        run_demo(config=config, turns=turns, out_dir=Path(out_dir))
+        for path in (db, chart):
+            if path is not None and not Path(path).parent.is_dir():
+                raise click.ClickException(f"{path}: directory {Path(path).parent} does not exist")
+        run_demo(
+            config=config,
+            turns=turns,
+            out_dir=Path(out_dir),
+            db_path=Path(db) if db else None,
+            chart_path=Path(chart) if chart else None,
+        )
 
 
 @cli.command()

@@ -177,9 +177,16 @@ def _recall_loop(
     return None
 
 
-def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
+def run_demo(
+    *,
+    config: str | None,
+    turns: int,
+    out_dir: Path,
+    db_path: Path | None = None,
+    chart_path: Path | None = None,
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    db_path = out_dir / "demo.db"
+    db_path = db_path or out_dir / "demo.db"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     settings = load_settings(config) if config else Settings(context_window_chars=60_000)
@@ -213,7 +220,7 @@ def run_demo(*, config: str | None, turns: int, out_dir: Path) -> None:
         )
     _print_summary(settings, reports, audit_rows, db_path, recalled)
     _print_memory(facts, fresh.report.memory_chars)
-    _chart(reports, settings, out_dir)
+    _chart(reports, settings, chart_path or out_dir / "context.png")
 
 
 def _print_summary(
@@ -289,25 +296,32 @@ def _print_recall(loop: RecallLoop) -> None:
         click.echo(f"                     {_line('[recall: ' + footer)}")
 
 
-def _chart(reports: list[TurnReport], settings: Settings, out_dir: Path) -> None:
+def _chart(reports: list[TurnReport], settings: Settings, path: Path) -> None:
+    """Context size per turn: raw history, what was sent, the gates, B and each compaction."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        click.echo("  (install matplotlib for a chart of context size per turn)")
+        click.echo("  (pip install 'ragent-memory[chart]' for a chart of context size per turn)")
         return
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.plot([r.chars_raw for r in reports], label="raw history", color="#bbbbbb")
-    ax.plot([r.chars_out for r in reports], label="context sent", color="#1f77b4")
-    for frac, name in ((0.5, "trim 50%"), (0.8, "compact 80%")):
-        ax.axhline(frac * settings.context_window_chars, linestyle="--", linewidth=0.8, label=name)
+    budget = settings.context_window_chars
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot([r.chars_raw for r in reports], label="raw history", color="#9e9e9e")
+    ax.plot([r.chars_out for r in reports], label="context sent", color="#1f77b4", linewidth=1.6)
+    lines = ((1.0, "budget B", "#d62728", "-"), (0.8, "compact 80%", "#ff7f0e", "--"),
+             (0.5, "trim 50%", "#2ca02c", "--"))  # fmt: skip
+    for frac, name, colour, style in lines:
+        ax.axhline(frac * budget, color=colour, linestyle=style, linewidth=1, label=name)
+    turns = [n for n, r in enumerate(reports) if r.compacted]
+    ax.scatter(turns, [reports[n].chars_out for n in turns], marker="v", color="#9467bd",
+               zorder=3, label=f"compaction ({len(turns)})")  # fmt: skip
     ax.set_yscale("log")
+    ax.set_title(f"ragent_memory demo: context per turn, B = {budget:,} chars")
     ax.set_xlabel("turn")
     ax.set_ylabel("chars")
-    ax.legend()
-    path = out_dir / "context.png"
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

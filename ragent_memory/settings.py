@@ -441,6 +441,14 @@ def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     return settings
 
 
+def _where(err: yaml.YAMLError) -> str:
+    """Where and what, in one line (PyYAML's own message spans lines and names no file)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or "not valid YAML"
+    at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return f"{at}: {problem}"
+
+
 def load_settings(path: str | Path) -> Settings:
     """Read ``config/ragent-memory.yaml`` (or any path). An empty file gives the defaults."""
     path = Path(path)
@@ -451,5 +459,5 @@ def load_settings(path: str | Path) -> Settings:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError("", f"{path}: invalid YAML: {err}") from err
+        raise ConfigError("", f"{path}: invalid YAML{_where(err)}") from None
     return settings_from_dict(data or {})

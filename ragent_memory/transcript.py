@@ -14,7 +14,12 @@ from .errors import InvalidMessagesError
 def read_transcript(path: str | Path) -> list[dict[str, Any]]:
     """Messages from a JSON array, a ``{"messages": [...]}`` object, or JSON Lines."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidMessagesError(
+            None, f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x})"
+        ) from None
     stripped = text.lstrip()
     if not stripped:
         raise InvalidMessagesError(None, f"{path}: the file is empty")
