@@ -71,8 +71,6 @@ def test_user_errors_are_one_line_naming_the_file(
 ) -> None:
     """Exit 2, one line on stderr naming the file, nothing created."""
     (tmp_path / "latin1.json").write_bytes(b"[{\xe9]")  # Latin-1, not UTF-8
-        '[{"role": "user", "content": "café"}]'.encode("latin-1")[:2] + "é]".encode("latin-1")
-    )
     (tmp_path / "bad.yaml").write_text("context_window_chars: [1\n")
     fill = {"t": str(transcript), "d": str(tmp_path)}
     done = run_cli(*(a.format(**fill) for a in args), cwd=tmp_path)
