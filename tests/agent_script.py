@@ -73,3 +73,23 @@ def original_of_recall(call_id: str) -> str:
     """The search result a recall call (``r{turn}-c{source}``) read back."""
     source = int(call_id.split("-c")[1])
     return search_result(TOPICS[source % len(TOPICS)], source)
+
+
+def check_agent_run(
+    seen: list[list[dict[str, Any]]], raw: list[dict[str, Any]], compactions: int, budget: int
+) -> None:
+    """What every adapter's 200-turn run must show: each model input within the budget (and
+    the budget used), the raw history whole, recalls that read the originals back, and the
+    other session's first call carrying the fact learned in the first."""
+    assert compactions >= 5
+    assert 200 * 2 < len(seen)
+    assert [] == [n for n, shown in enumerate(seen) if sent_chars(shown) > budget]
+    assert max(sent_chars(shown) for shown in seen) > budget // 2
+    users = [m["content"] for m in raw if m["role"] == "user"]
+    assert [question(turn) for turn in range(200)] == users
+    recalls = [m for m in raw if m["role"] == "tool" and m["tool_call_id"].startswith("r")]
+    assert len(recalls) >= 15
+    for message in recalls:
+        assert str(message["content"]).startswith(original_of_recall(message["tool_call_id"])[:300])
+    first_call_of_other = seen[-2]  # system, memory block, the question
+    assert "Ada Lovelace" in str(first_call_of_other[1]["content"])

@@ -6,17 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from agent_script import (
-    FACT,
-    original_of_recall,
-    question,
-    reply,
-    search_result,
-    sent_chars,
-)
+from agent_script import check_agent_run, question, reply, search_result
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from pydantic import Field
@@ -81,18 +74,8 @@ def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
         engine.flush()
         _run(agent, "t2", range(200, 201), [])
         compacted = [r for r in engine.store.compactions("t1") if "applied" == r["status"]]
-    assert len(compacted) >= 5
-    assert 200 * 2 < len(model.seen)
-    assert [] == [n for n, shown in enumerate(model.seen) if sent_chars(shown) > B]
-    assert max(sent_chars(shown) for shown in model.seen) > B // 2  # the budget was used
-    assert FACT not in str(history[0])  # the raw history stays the agent's own
-    recalls = [m for m in history if isinstance(m, ToolMessage) and m.tool_call_id[0] == "r"]
-    assert len(recalls) >= 15
-    for message in recalls:
-        assert str(message.content).startswith(original_of_recall(message.tool_call_id)[:300])
-    first_call_of_t2 = model.seen[-2]  # system, memory block, the question
-    assert 3 == len(first_call_of_t2)
-    assert "Ada Lovelace" in first_call_of_t2[1]["content"]
+    raw = [from_langchain(m) for m in history]
+    check_agent_run(model.seen, raw, len(compacted), B)
 
 
 def test_missing_thread_id_is_a_clear_error(make_settings: Callable[..., Settings]) -> None:

@@ -178,13 +178,13 @@ def test_refs_are_bound_to_their_session_and_store(
     ("offset", "limit", "expected"),
     [
         (-1, 10, "[recall: offset must be an integer ≥ 0, got -1]"),
-        ("3", 10, "[recall: offset must be an integer ≥ 0, got '3']"),
+        ("three", 10, "[recall: offset must be an integer ≥ 0, got 'three']"),
         (1.5, 10, "[recall: offset must be an integer ≥ 0, got 1.5]"),
         (True, 10, "[recall: offset must be an integer ≥ 0, got True]"),
         (None, 10, "[recall: offset must be an integer ≥ 0, got None]"),
         (0, 0, "[recall: limit must be an integer ≥ 1, got 0]"),
         (0, -5, "[recall: limit must be an integer ≥ 1, got -5]"),
-        (0, "10", "[recall: limit must be an integer ≥ 1, got '10']"),
+        (0, "ten", "[recall: limit must be an integer ≥ 1, got 'ten']"),
         (
             200_000,
             10,
