@@ -25,6 +25,10 @@ from .reduce import Truncation, reduce
 from .trim import Eviction, evict
 
 MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
+# Step 1 frees this share of B beyond the excess (when there is that much to trim): a long tool
+# loop that keeps the view at B would otherwise trim one more result on every call, and each
+# such trim changes the prefix that provider prompt caches key on.
+TRIM_HEADROOM = 0.1
 
 
 def current_turn_start(view: Sequence[Message], head: int) -> int:

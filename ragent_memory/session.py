@@ -990,7 +990,7 @@ class Session:
             view.sizes,
             head=view.head,
             turn_start=turn_start,
-            excess=view.total - budget,
+            excess=view.total - budget + int(budget * ceiling.TRIM_HEADROOM),
             language=settings.language,
             ref_for=self.ref_for,
             originals=view.originals,
@@ -999,6 +999,12 @@ class Session:
         self._stick(
             view, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions], user_id
         )
+        if evictions:
+            # Rung 1's placeholders are sticky, so the next turn's gate 1 sees a smaller total
+            # and may now pass the 20% rule. Run gate 1 on that view here, as the next turn
+            # would: the same history then gives the same prepared messages (idempotent).
+            new, hint = self._trim(view, [])
+            view.trim_hint = self._record(view, new, hint, user_id)
         mid_turn = None
         if view.total > budget and settings.summary_enabled and self.future is None:
             decision = compact.plan(

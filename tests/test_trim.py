@@ -236,8 +236,10 @@ def test_prepare_is_sticky_idempotent_and_pure(
         if isinstance(old.get("content"), str) and old["content"].startswith("[Earlier tool"):
             assert old == new  # sticky
     was_over = first.report.chars_in > budget // 2  # the first call already met the trigger
-    if (view and view[-1]["role"] == "user" and was_over) or (
-        second.report.trimmed == first.report.trimmed
+    pushed_past_budget = first.report.chars_out + len("next") > budget  # the ceiling acts
+    if not pushed_past_budget and (
+        (view and view[-1]["role"] == "user" and was_over)
+        or second.report.trimmed == first.report.trimmed
     ):
         # When the first call already ended on a user message over the trigger, the new one
         # moves no loop out of protection and only makes 20% harder to reach, so nothing new
