@@ -1,24 +1,37 @@
-"""Retention on LoCoMo: how much of a long conversation survives in the prepared context.
+"""Retention on LoCoMo: is what a question needs in the context the model receives?
 
-Each LoCoMo conversation (speaker A as the user, speaker B as the assistant, the session date
-in front of each session's first message) is replayed through the engine turn by turn with the
-offline summarizer. At the end we ask, for every question of categories 1–4 (5 has no answer
-in the conversation), whether what is needed to answer it is still in the context:
+Each LoCoMo conversation (speaker A as the user, speaker B as the assistant; each session's
+date in front of its first message, the way a chat app stamps a session) is driven through the
+engine turn by turn with the offline summarizer: ``prepare`` on each user message, ``after_turn``
+after each turn. Then every QA item of categories 1–4 (5 has no answer in the conversation) is
+asked as the final user message, and the item counts when every content word of the gold
+answer is in the prepared messages (the question's own text excluded). Same tokenizer and stop
+list for every arm; the questions are used for nothing but that final message.
 
-- evidence: the share of the question's evidence utterances whose content words are (≥ 80%)
-  present in the context;
-- answer: whether every content word of the gold answer is present in the context.
+Arms, at each budget B:
+- ``full``: the whole conversation (the ceiling);
+- ``truncation``: the newest messages that fit B chars;
+- ``window``: the newest messages that fit as many chars as the engine (recall on) sent for
+  that question;
+- ``engine_no_recall`` / ``engine``: the engine with ``recall_enabled`` false / true;
+- ``sessions_no_recall`` / ``sessions``: one engine session per LoCoMo session for the same
+  user, each question asked in a fresh session of that user (long-term memory and recall are
+  all that can carry the answer).
 
-The baseline is a sliding window given exactly as many characters as the engine's final
-context (the last messages that fit), measured in the same run. Data: ../shared/bench-data.
+Data: ../shared/bench-data/locomo (six conversations). ``python -m benchmarks.locomo``; the
+results go to ``benchmarks/results/locomo.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import re
 import tempfile
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +40,32 @@ import structlog
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars, text_of
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "bench-data" / "locomo"
+ROOT = Path(__file__).resolve().parent.parent
+# ../shared/bench-data beside the checkout (or beside its parent, for a git worktree), or
+# LOCOMO_DIR.
+DATA = next(
+    (
+        p
+        for p in (
+            Path(os.environ.get("LOCOMO_DIR", "/nonexistent")),
+            ROOT.parent / "shared" / "bench-data" / "locomo",
+            ROOT.parent.parent / "shared" / "bench-data" / "locomo",
+        )
+        if p.is_dir()
+    ),
+    ROOT.parent / "shared" / "bench-data" / "locomo",
+)
+RESULTS = Path(__file__).resolve().parent / "results" / "locomo.json"
+BUDGETS = (20_000, 40_000)
+ARMS = (
+    "full",
+    "truncation",
+    "window",
+    "engine_no_recall",
+    "engine",
+    "sessions_no_recall",
+    "sessions",
+)
 STOP = frozenset(
     [
         "a",
@@ -88,34 +126,37 @@ STOP = frozenset(
 )
 WORD = re.compile(r"[a-z0-9]+")
 
+Message = dict[str, Any]
+
 
 def words(text: str) -> set[str]:
     return {w for w in WORD.findall(text.lower()) if w not in STOP}
 
 
-def conversation(data: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The messages, and the text of every dialogue id."""
+def session_numbers(data: dict[str, Any]) -> list[int]:
+    return sorted(int(k.split("_")[1]) for k in data if re.fullmatch(r"session_\d+", k) and data[k])
+
+
+def session_messages(data: dict[str, Any], number: int) -> list[Message]:
+    """One LoCoMo session as chat messages, its date stamped on the first."""
     user = data["speaker_a"]
-    numbers = sorted(
-        int(k.split("_")[1]) for k in data if re.fullmatch(r"session_\d+", k) and data[k]
-    )
-    messages: list[dict[str, Any]] = []
-    texts: dict[str, str] = {}
-    for number in numbers:
-        when = data.get(f"session_{number}_date_time", "")
-        for k, turn in enumerate(data[f"session_{number}"]):
-            text = turn["text"]
-            if turn.get("blip_caption"):
-                text += f" [shares a photo: {turn['blip_caption']}]"
-            texts[turn["dia_id"]] = text
-            prefix = f"[session {number} · {when}] " if k == 0 else ""
-            role = "user" if turn["speaker"] == user else "assistant"
-            messages.append({"role": role, "content": f"{prefix}{turn['speaker']}: {text}"})
-    messages.append({"role": "user", "content": "(end of conversation)"})
-    return messages, texts
+    when = data.get(f"session_{number}_date_time", "")
+    out = []
+    for k, turn in enumerate(data[f"session_{number}"]):
+        text = turn["text"]
+        if turn.get("blip_caption"):
+            text += f" [shares a photo: {turn['blip_caption']}]"
+        prefix = f"[{when}] " if k == 0 and when else ""
+        role = "user" if turn["speaker"] == user else "assistant"
+        out.append({"role": role, "content": f"{prefix}{turn['speaker']}: {text}"})
+    return out
 
 
-def window(messages: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+def questions(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [q for q in data["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
+
+
+def newest(messages: Sequence[Message], size: int) -> list[Message]:
     kept, total = [], 0
     for message in reversed(messages):
         total += chars(message)
@@ -125,82 +166,161 @@ def window(messages: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     return kept[::-1]
 
 
-def score(
-    context: list[dict[str, Any]], qa: list[dict[str, Any]], texts: dict[str, str]
-) -> tuple[float, float]:
-    present = words("\n".join(text_of(m) for m in context))
-    evidence, answers = [], []
-    for item in qa:
-        needed = [words(texts[d]) for d in item["evidence"] if d in texts]
-        if needed:
-            evidence.append(
-                sum(len(w & present) >= 0.8 * len(w) for w in needed if w) / len(needed)
-            )
-        gold = words(str(item["answer"]))
-        if gold:
-            answers.append(float(gold <= present))
-    return sum(evidence) / len(evidence), sum(answers) / len(answers)
+def context_text(messages: Iterable[Message], question: str) -> str:
+    """Everything the model receives except the question's own words."""
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts += [p.get("text", "") for p in content if p.get("text") != question]
+        elif content != question:
+            parts.append(text_of(message))
+    return "\n".join(parts)
 
 
-def run_one(path: Path, budget: int, tmp: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text())
-    messages, texts = conversation(data)
-    qa = [q for q in data["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
-    settings = Settings(
-        context_window_chars=budget, store=StoreSettings(path=str(tmp / f"{path.stem}-{budget}.db"))
+def is_kept(context: str, answer: Any) -> bool | None:
+    gold = words(str(answer))
+    return gold <= words(context) if gold else None
+
+
+def drive(
+    engine: MemoryEngine, messages: Sequence[Message], *, session_id: str, user_id: str
+) -> None:
+    """What a deployed agent does: prepare on each user message, after_turn after each turn."""
+    for index, message in enumerate(messages):
+        if message["role"] == "user":
+            if index:
+                engine.after_turn(messages[:index], session_id=session_id, user_id=user_id)
+            engine.prepare(messages[: index + 1], session_id=session_id, user_id=user_id)
+    engine.after_turn(messages, session_id=session_id, user_id=user_id)
+    engine.flush()
+
+
+def engine_settings(budget: int, path: Path, *, recall: bool) -> Settings:
+    return Settings(
+        context_window_chars=budget, recall_enabled=recall, store=StoreSettings(path=str(path))
     )
-    prepared = None
-    with MemoryEngine(settings) as engine:
-        for index, message in enumerate(messages):
-            if message["role"] == "user":
-                prepared = engine.prepare(messages[: index + 1], session_id=path.stem)
-    assert prepared is not None
-    size = prepared.report.chars_out
-    engine_scores = score(prepared.messages, qa, texts)
-    window_scores = score(window(messages, size), qa, texts)
-    return {
-        "conv": path.stem,
-        "budget": budget,
-        "history": sum(chars(m) for m in messages),
-        "context": size,
-        "generation": prepared.report.generation,
-        "engine": engine_scores,
-        "window": window_scores,
-        "questions": len(qa),
-    }
 
 
-def main() -> None:
+class Tally:
+    def __init__(self) -> None:
+        self.kept: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        self.sent: dict[str, list[int]] = {arm: [] for arm in ARMS}
+
+    def add(self, arm: str, context: str, answer: Any) -> None:
+        kept = is_kept(context, answer)
+        if kept is not None:
+            self.kept[arm].append(float(kept))
+            self.sent[arm].append(len(context))
+
+    def row(self) -> dict[str, Any]:
+        return {
+            arm: {
+                "answers": round(sum(v) / len(v), 4) if v else None,
+                "questions": len(v),
+                "mean_chars": round(sum(self.sent[arm]) / len(v)) if v else None,
+            }
+            for arm, v in self.kept.items()
+        }
+
+
+def per_question(data: dict[str, Any], budget: int, tmp: Path, tally: Tally, name: str) -> None:
+    messages = [m for n in session_numbers(data) for m in session_messages(data, n)]
+    qa = questions(data)
+    for q in qa:
+        tally.add("full", context_text(messages, ""), q["answer"])
+        tally.add("truncation", context_text(newest(messages, budget), ""), q["answer"])
+    for recall in (False, True):
+        arm = "engine" if recall else "engine_no_recall"
+        path = tmp / f"{name}-{budget}-{arm}.db"
+        with MemoryEngine(engine_settings(budget, path, recall=recall)) as engine:
+            drive(engine, messages, session_id=name, user_id=name)
+            for q in qa:
+                asked = [*messages, {"role": "user", "content": q["question"]}]
+                prepared = engine.prepare(asked, session_id=name, user_id=name)
+                context = context_text(prepared.messages, q["question"])
+                tally.add(arm, context, q["answer"])
+                if recall:
+                    window = newest(messages, len(context))
+                    tally.add("window", context_text(window, ""), q["answer"])
+
+
+def sessions(data: dict[str, Any], budget: int, tmp: Path, tally: Tally, name: str) -> None:
+    qa = questions(data)
+    for recall in (False, True):
+        arm = "sessions" if recall else "sessions_no_recall"
+        path = tmp / f"{name}-{budget}-{arm}.db"
+        with MemoryEngine(engine_settings(budget, path, recall=recall)) as engine:
+            for number in session_numbers(data):
+                drive(
+                    engine,
+                    session_messages(data, number),
+                    session_id=f"{name}-s{number}",
+                    user_id=name,
+                )
+            for k, q in enumerate(qa):
+                asked = [{"role": "user", "content": q["question"]}]
+                prepared = engine.prepare(asked, session_id=f"{name}-q{k}", user_id=name)
+                tally.add(arm, context_text(prepared.messages, q["question"]), q["answer"])
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| B | " + " | ".join(ARMS) + " |",
+        "| --- | " + " | ".join("---" for _ in ARMS) + " |",
+    ]
+    for budget, row in results["mean"].items():
+        cells = [f"{row[arm]['answers']:.3f}" for arm in ARMS]
+        lines.append(f"| {int(budget):,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--conv", action="append", help="only these conversations (conv-26…)")
+    parser.add_argument("--budget", type=int, action="append", help="only these budgets")
+    parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
+    args = parser.parse_args(argv)
+    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     files = sorted(DATA.glob("conv-*.json"))
+    if args.conv:
+        files = [f for f in files if f.stem in args.conv]
     if not files:
         print(f"LoCoMo data not found under {DATA}; skipping the retention benchmark")
         return
-    print("LoCoMo retention (categories 1–4): engine vs a sliding window of the same size\n")
-    header = (
-        f"{'conv':<8} {'B':>7} {'history':>8} {'context':>8} {'gen':>4} "
-        f"{'evidence eng/win':>17} {'answer eng/win':>15}"
-    )
-    print(header)
-    totals = {"engine": [0.0, 0.0], "window": [0.0, 0.0]}
-    rows = 0
+    budgets = tuple(args.budget or BUDGETS)
+    started = time.perf_counter()
+    results: dict[str, Any] = {"conversations": [f.stem for f in files], "per_conv": {}, "mean": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for budget in (16_000, 32_000):
+        for budget in budgets:
+            overall = Tally()
             for path in files:
-                r = run_one(path, budget, Path(tmp))
-                e, w = r["engine"], r["window"]
+                data = json.loads(path.read_text())
+                tally = Tally()
+                per_question(data, budget, Path(tmp), tally, path.stem)
+                sessions(data, budget, Path(tmp), tally, path.stem)
+                for arm in ARMS:
+                    overall.kept[arm] += tally.kept[arm]
+                    overall.sent[arm] += tally.sent[arm]
+                row = tally.row()
+                results["per_conv"].setdefault(str(budget), {})[path.stem] = row
                 print(
-                    f"{r['conv']:<8} {budget:>7,} {r['history']:>8,} {r['context']:>8,} "
-                    f"{r['generation']:>4} {e[0]:>8.2f}/{w[0]:<8.2f} {e[1]:>7.2f}/{w[1]:<7.2f}"
+                    f"B={budget:>6,} {path.stem}: "
+                    + "  ".join(f"{arm} {row[arm]['answers']:.2f}" for arm in ARMS),
+                    flush=True,
                 )
-                for name in totals:
-                    totals[name][0] += r[name][0]
-                    totals[name][1] += r[name][1]
-                rows += 1
-    e_ev, e_an = (v / rows for v in totals["engine"])
-    w_ev, w_an = (v / rows for v in totals["window"])
-    print(f"\nmean evidence retained: engine {e_ev:.2f} vs window {w_ev:.2f} (× {e_ev / w_ev:.2f})")
-    print(f"mean answers retained:  engine {e_an:.2f} vs window {w_an:.2f} (× {e_an / w_an:.2f})")
+            results["mean"][str(budget)] = overall.row()
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    print("\nLoCoMo, answers kept (every content word of the gold answer in the context):\n")
+    print(table(results))
+    for budget, row in results["mean"].items():
+        sizes = ", ".join(f"{arm} {row[arm]['mean_chars']:,}" for arm in ARMS)
+        print(f"mean context chars at B={int(budget):,}: {sizes}")
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwritten: {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import attrs
 from .chars import Message, chars
 from .errors import RagentMemoryError, StoreError
 from .logs import get_logger
-from .longterm import index_terms, summary_chunks
+from .longterm import summary_chunks
 from .loops import map_loops
 from .settings import Settings
 from .store import Backend, SessionState
@@ -30,6 +30,7 @@ from .summarize import (
     render_verbatim,
     update_verbatim,
 )
+from .terms import index_terms
 
 log = get_logger(__name__)
 

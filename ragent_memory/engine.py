@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Self
 
@@ -39,13 +40,13 @@ from .longterm import (
     Fact,
     build_extractor,
     fit_block,
-    fts_query,
     memory_message,
     run_extraction,
-    search_terms,
     utf8,
 )
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
+from .search import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
+from .search import HEADERS as RECALL_HEADERS
 from .session import (
     LeaveCallback,
     PreparedContext,
@@ -57,8 +58,9 @@ from .session import (
 )
 from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from .store import GCReport, SessionState, open_store, utc_now
+from .store import GCReport, RecallIndex, SessionState, open_store, utc_now
 from .summarize import Summarizer, build_summarizer
+from .terms import fts_query, search_terms
 from .tools import as_int
 
 __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_count"]
@@ -66,7 +68,11 @@ __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_coun
 log = get_logger(__name__)
 
 MEMORY_WORKERS = 2  # background fact extractions at once (one per user at most)
-_ENGINE_HEADERS = (*HEADERS.values(), *compact.SUMMARY_HEADERS.values())
+_ENGINE_HEADERS = (
+    *HEADERS.values(),
+    *compact.SUMMARY_HEADERS.values(),
+    *RECALL_HEADERS.values(),
+)
 
 
 def _check_id(name: str, value: Any) -> None:
@@ -142,6 +148,14 @@ class _Background:
         return not wait(futures, timeout=timeout_s).not_done
 
 
+def _both(recaller: Recaller, on_leave: LeaveCallback) -> LeaveCallback:
+    def leave(session_id: str, user_id: str | None, items: list[tuple[int, Message]]) -> None:
+        recaller.on_leave(session_id, user_id, items)
+        on_leave(session_id, user_id, items)
+
+    return leave
+
+
 class MemoryEngine:
     """The memory engine. One instance serves many threads and sessions."""
 
@@ -171,13 +185,21 @@ class MemoryEngine:
         self._background = _Background()
         self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
         self._extractions_lock = threading.Lock()
+        self._recaller: Recaller | None = None
+        leave = on_leave
+        if self.settings.recall_enabled and isinstance(self.store, RecallIndex):
+            self._recaller = Recaller(self.store, self.settings, engine_headers=_ENGINE_HEADERS)
+            leave = self._recaller.on_leave if on_leave is None else _both(self._recaller, on_leave)
+        elif self.settings.recall_enabled:
+            log.warning("recall.unsupported", store=type(self.store).__name__)
         self._services = Services(
             settings=self.settings,
             store=self.store,
             summarizer=self.summarizer,
             submit=self._submit_compaction,
             emit=self._emit,
-            on_leave=on_leave,
+            on_leave=leave,
+            recaller=self._recaller,
         )
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._sessions_lock = threading.Lock()
@@ -203,6 +225,8 @@ class MemoryEngine:
         self._closed = True
         self._memory_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
+        if self._recaller is not None:
+            self._recaller.close()
         self.summarizer.close()
         self.extractor.close()
         self.store.close()
@@ -216,7 +240,14 @@ class MemoryEngine:
         all (None: until they finish). True when all finished; False on timeout (the work goes
         on and a later ``prepare`` adopts a late summary). Background work audits and logs its
         own failures."""
+        started = time.monotonic()
         finished = self._background.wait(timeout_s)
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+        try:
+            if self._recaller is not None:
+                self._recaller.flush(left)
+        except FutureTimeout:
+            finished = False
         if not finished:
             log.warning("flush.timeout", timeout_s=timeout_s)
         return finished
@@ -371,15 +402,24 @@ class MemoryEngine:
         messages = self._inputs.accept(messages)
         if user_id is None or not self.settings.long_term_enabled:
             validate_messages(messages)
+            self._index(messages, session_id, user_id)
             return
         _check_id("user_id", user_id)
         try:
             pending = self._record_user_messages(user_id, session_id, messages)
         except StoreError as err:
             log.error("memory.record_failed", user_id=user_id, error=repr(err))
+            self._index(messages, session_id, user_id)
             return
+        self._index(messages, session_id, user_id)
         if pending >= EXTRACTION_MIN_PENDING:
             self._schedule_extraction(user_id)
+
+    def _index(self, messages: Sequence[Message], session_id: str, user_id: str | None) -> None:
+        """The session's text into the recall index, off the caller's thread (§9b), so
+        sessions that never compact are searchable from the user's later sessions."""
+        if self._recaller is not None:
+            self._recaller.after_turn(messages, session_id=session_id, user_id=user_id)
 
     def _record_user_messages(
         self, user_id: str, session_id: str, messages: Sequence[Message]
@@ -479,6 +519,28 @@ class MemoryEngine:
                 return "[recall: the store could not be read just now; try again later]"
         return recall_slice(original, ref, as_int(offset), as_int(limit))
 
+    def search_tool(self) -> dict[str, Any]:
+        """The OpenAI tool schema of ``search_memory(query, limit=5)`` (DESIGN §9b)."""
+        return search_tool_schema()
+
+    def search(
+        self,
+        session_id: str,
+        query: str,
+        user_id: str | None = None,
+        limit: int = DEFAULT_SEARCH_LIMIT,
+    ) -> str:
+        """Excerpts of earlier conversation matching ``query``, as text the model reads: this
+        session's messages and, with ``user_id``, that user's other sessions (never another
+        user's). A bad query or limit gets a clear refusal, never an exception."""
+        self._check_open()
+        _check_id("session_id", session_id)
+        if user_id is not None:
+            _check_id("user_id", user_id)
+        if self._recaller is None:
+            return "[search_memory: recall is switched off for this engine]"
+        return self._recaller.search(session_id, query, user_id, limit)
+
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop
         resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the
@@ -493,6 +555,8 @@ class MemoryEngine:
             # stale); flush() still waits for it.
             if future is not None and wait([future], self.settings.compaction_timeout_s)[1]:
                 log.warning("drop_session.compaction_still_running", session_id=session_id)
+        if self._recaller is not None:  # no late index rows after the drop
+            self._recaller.forget_session(session_id)
         with self._sessions_lock:  # no prepare may reload the session halfway through
             self._sessions.pop(session_id, None)
             self.store.drop_session(session_id)

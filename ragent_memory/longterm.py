@@ -11,7 +11,7 @@ right after the leading system messages. Pure where possible:
   that stop), else the batch is ``Rejected``.
 - ``render_block`` / ``fit_block``: the injected text, facts first, then excerpts of the
   user's summaries from other sessions while room is left (DeepFlux).
-- ``summary_chunks`` / ``index_terms`` / ``search_terms``: the FTS5 side of those excerpts.
+- ``summary_chunks``: the excerpts a summary is searched by (their FTS5 terms: ``terms``).
 - Extractors behind one protocol: ``ModelExtractor`` (a nonce-fenced prompt through
   ``llm.LLMClient``, as in DESIGN §6) and the offline one in ``offline_facts``.
 - ``run_extraction``: one batch of pending user messages against the store.
@@ -50,7 +50,6 @@ MAX_ATTEMPTS: Final = 3  # a batch failing this often is dropped
 EXCERPT_MAX_CHARS: Final = 300
 EXCERPT_CANDIDATES: Final = 8
 MIN_EXCERPT_ROOM: Final = 80  # below this, the block has no room worth an FTS query
-MAX_QUERY_TERMS: Final = 32
 _NEW: Final = 1 << 53  # new drafts sort after every stored fact (by id)
 
 # ---------------------------------------------------------------------------- facts and operations
@@ -380,46 +379,6 @@ def memory_message(text: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- search
-
-_CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
-_PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
-_IS_CJK = re.compile(_CJK)
-_ENGLISH_STOPWORDS = (
-    "a an and are as at be but by can could did do does for from had has have how i if in is it"
-    " its me my no not of on or our please so than that the their them then there these they"
-    " this to too us was we were what when where which who why will with would you your"
-)
-_STOPWORDS: Final = frozenset(_ENGLISH_STOPWORDS.split())
-
-
-def index_terms(text: str) -> str:
-    """``text`` as indexed: CJK characters spaced apart, so FTS5's unicode61 tokenizer sees
-    each as a token (it would take a whole run of them for one word)."""
-    return _IS_CJK.sub(lambda m: f" {m.group(0)} ", text)
-
-
-def search_terms(text: str) -> list[str]:
-    """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams.
-    Nothing of FTS5's query syntax survives, so user text can never make a query fail."""
-    terms: list[str] = []
-    for piece in _PIECE.findall(text.casefold()):
-        if _IS_CJK.match(piece):
-            grams = (
-                [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
-            )
-        elif len(piece) >= 2 and piece not in _STOPWORDS:
-            grams = [piece]
-        else:
-            grams = []
-        for gram in grams:
-            if gram not in terms:
-                terms.append(gram)
-    return terms[:MAX_QUERY_TERMS]
-
-
-def fts_query(terms: Sequence[str]) -> str:
-    """An FTS5 query matching any of ``terms`` (each a quoted phrase)."""
-    return " OR ".join('"' + " ".join(index_terms(t).split()) + '"' for t in terms)
 
 
 def summary_chunks(summary: str) -> list[str]:

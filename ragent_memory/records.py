@@ -27,6 +27,20 @@ class SessionState:
     verbatim: tuple[dict[str, Any], ...] = ()
 
 
+@attrs.frozen
+class IndexedMessage:
+    """One message of the recall index (DESIGN §9b)."""
+
+    session_id: str
+    position: int  # index in the session's history
+    role: str
+    content: str
+    dated: str = ""  # the date stamp in force where it was said ("" for none)
+    digest: str = ""
+    id: int = 0  # the row id (order of indexing); 0 before it is stored
+    score: float = 0.0  # BM25 of a search hit (lower is better); 0 otherwise
+
+
 def substitution_key(position: int, digest: str) -> str:
     return f"{position}:{digest}"
 

@@ -46,10 +46,11 @@ from typing import Any
 import attrs
 
 from . import ceiling, compact
-from .chars import Message, chars, validate_message
+from .chars import Message, chars, text_of, validate_message
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import EventCallback, get_logger
 from .reduce import reduce
+from .search import Recaller, place
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
@@ -466,6 +467,7 @@ class Services:
     submit: Submit
     emit: EventCallback
     on_leave: LeaveCallback | None = None
+    recaller: Recaller | None = None
 
 
 def _position(key: str) -> int:
@@ -1145,9 +1147,31 @@ class Session:
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
         """DESIGN §9b, the last step: when the last message is the user's, excerpts of what
-        ``hidden`` says is out of view go in a leading text part of the final user message.
-        Returns (excerpts shown, their chars). Not built yet: nothing is recalled."""
-        return 0, 0
+        ``hidden`` says is out of view go in a leading text part of the final user message
+        (a new dict), within ``recall_max_chars`` and never past the compaction trigger.
+        Returns (excerpts shown, their chars)."""
+        recaller, settings, raw = self.services.recaller, self.settings, self.raw.messages
+        if recaller is None or not settings.recall_enabled or not raw or not view.messages:
+            return 0, 0
+        if raw[-1].get("role") != "user" or view.messages[-1].get("role") != "user":
+            return 0, 0
+        room = min(settings.recall_max_chars, settings.compact_trigger_chars - view.total)
+        if room <= 0:
+            return 0, 0
+        covered, shown = self.hidden(view)
+        found = recaller.block(
+            self.session_id,
+            user_id,
+            text_of(raw[-1]),
+            visible_from=covered.stop,
+            shown=shown,
+            max_chars=room,
+            known_text=self.state.summary,
+        )
+        if not found.text:
+            return 0, 0
+        view.messages[-1] = place(view.messages[-1], found.text)
+        return found.excerpts, len(found.text)
 
     def hidden(self, view: View) -> tuple[range, frozenset[int]]:
         """Raw indexes the view no longer shows as written: those covered by the summary,

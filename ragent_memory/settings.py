@@ -320,6 +320,15 @@ class Settings:
         default=False,
         validator=_check("strict_alternation", lambda v: v is True or v is False, "true or false"),
     )
+    recall_enabled: bool = attrs.field(
+        default=True,
+        validator=_check("recall_enabled", lambda v: v is True or v is False, "true or false"),
+    )
+    preserved_tools: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_to_tuple,
+        validator=_check("preserved_tools", _tool_names, "a list of tool names"),
+    )
     llm: LLMSettings | None = attrs.field(
         default=None,
         converter=_llm_section,
@@ -364,6 +373,11 @@ class Settings:
         return _clamp(0.05 * self.context_window_chars, 4_000, 50_000)
 
     @property
+    def recall_max_chars(self) -> int:
+        """The recall block's cap (DESIGN §9b): clamp(0.2 × B, 1,000, 40,000)."""
+        return _clamp(0.2 * self.context_window_chars, 1_000, 40_000)
+
+    @property
     def verbatim_max_chars(self) -> int:
         """Room for the user's own words under ``## User requests`` (30% of the summary)."""
         return int(0.3 * self.summary_max_chars)
@@ -379,6 +393,7 @@ class Settings:
             "memory_max_chars",
             "memory_consolidate_chars",
             "oversized_tool_result_chars",
+            "recall_max_chars",
         )
         return {name: getattr(self, name) for name in names}
 

@@ -108,3 +108,17 @@ def rag_turn(turn: int, rng: random.Random) -> list[dict[str, Any]]:
             "I will check the next question.",
         },
     ]
+
+
+def without_recall(message: dict[str, Any]) -> dict[str, Any]:
+    """The message as the user wrote it: a recall block (DESIGN §9b), when the engine put one
+    in front of the final user message, taken off (the user's own content follows it)."""
+    content = message.get("content")
+    if not isinstance(content, list) or not content:
+        return message
+    first = content[0]
+    if not (isinstance(first, dict) and str(first.get("text", "")).startswith("[Excerpts of")):
+        return message
+    rest = content[1:]
+    own = rest[0]["text"] if len(rest) == 1 and rest[0].get("type") == "text" else rest
+    return {**message, "content": own}

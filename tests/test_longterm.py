@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import structlog
-from sessions import SYSTEM, chat, query, rag_turn, run_cli
+from sessions import SYSTEM, chat, query, rag_turn, run_cli, without_recall
 
 from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.engine import MemoryEngine
@@ -35,10 +35,8 @@ from ragent_memory.longterm import (
     Retract,
     Supersede,
     fit_block,
-    fts_query,
     parse_operations,
     plan_batch,
-    search_terms,
 )
 from ragent_memory.offline_facts import (
     OfflineExtractor,
@@ -47,6 +45,7 @@ from ragent_memory.offline_facts import (
     extract_operations,
 )
 from ragent_memory.store import Store
+from ragent_memory.terms import fts_query, search_terms
 
 
 def facts_of(engine: MemoryEngine, user_id: str = "u1") -> list[str]:
@@ -552,10 +551,12 @@ def test_block_is_outside_the_gates(make_settings: Callable[..., Settings]) -> N
     assert 0 < mine.trimmed and 0 < mine.memory_chars and 0 == plain.memory_chars
     fields = ("chars_raw", "chars_in", "chars_out", "trimmed", "reclaimed_chars", "generation")
     assert [getattr(plain, f) for f in fields] == [getattr(mine, f) for f in fields]
-    refs = re.compile(r"rm-[0-9a-f]{20}")  # recall refs are per session
-    assert refs.sub("rm-", json.dumps(anonymous.messages)) == refs.sub(
-        "rm-", json.dumps([m for i, m in enumerate(remembered.messages) if i != 1])
+    refs = re.compile(r"rm-[0-9a-f]{20}")  # recall refs (and recall excerpts) are per session
+    shown = [m for i, m in enumerate(remembered.messages) if i != 1]
+    assert refs.sub("rm-", json.dumps(anonymous.messages[:-1])) == refs.sub(
+        "rm-", json.dumps(shown[:-1])
     )
+    assert without_recall(anonymous.messages[-1]) == without_recall(shown[-1])
 
 
 def test_no_block_for_another_user_or_without_user(remembered: MemoryEngine) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 from fake_openai import CHAT_PATH, Answer, FakeOpenAI, fake_openai  # noqa: F401
+from sessions import without_recall
 
 from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, StoreSettings
 from ragent_memory.engine import MemoryEngine
@@ -92,7 +93,7 @@ def fences(content: str) -> tuple[str, dict[str, int]]:
 
 
 def assert_valid_context(prepared: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
-    assert messages[-1] == prepared[-1]
+    assert messages[-1] == without_recall(prepared[-1])
     loops = map_loops(prepared)
     assert not loops.orphan_indexes
     assert all(loop.is_complete for loop in loops.loops)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessions import rag_turn, tool_loop
+from sessions import rag_turn, tool_loop, without_recall
 from strategies import conversations
 
 from ragent_memory import RagentMemoryError, Settings, StoreError, StoreSettings
@@ -234,10 +234,11 @@ def test_recall_on_a_closed_engine_raises(engine: MemoryEngine) -> None:
 
 
 def shown_refs(view: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
-    """(index, ref, kind) for every ref the model can see in tool results and call inputs."""
+    """(index, ref, kind) for every ref the model can see in tool results and call inputs
+    (the recall block's own refs, to excerpts of other messages, aside)."""
     out = []
     for index, message in enumerate(view):
-        for ref in find_refs(text_of(message)):
+        for ref in find_refs(text_of(without_recall(message))):
             out.append((index, ref, "result"))
         for call in message.get("tool_calls") or ():
             for ref in find_refs(call["function"]["arguments"]):

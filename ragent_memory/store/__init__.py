@@ -30,6 +30,7 @@ Tables:
 - ``memory_versions``: per user, bumped on every memory change (cached blocks compare it).
 - ``compaction_leases`` / ``session_writes``: which host may compact a session now, and which
   host wrote it last (many hosts, ``hosts.py``).
+- ``recall_messages`` / ``recall_fts``: the recall index (DESIGN §9b), see ``recall_index``.
 """
 
 from ..errors import StoreError
@@ -43,7 +44,7 @@ from ..records import (
 )
 from ..settings import StoreSettings
 from .base import Clock, iso, utc_now
-from .contract import Audit, Backend, Hosts, Memories, Offloads, Sessions
+from .contract import Audit, Backend, Hosts, Memories, Offloads, RecallIndex, Sessions
 from .schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
 from .sqlite import Store
 
@@ -80,6 +81,7 @@ __all__ = [
     "Memories",
     "Offloads",
     "PendingMessage",
+    "RecallIndex",
     "SessionState",
     "Sessions",
     "Store",

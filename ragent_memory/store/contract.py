@@ -8,12 +8,13 @@ too). The value types it speaks in live in :mod:`ragent_memory.records`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..records import (
     Fact,
     Forgotten,
     GCReport,
+    IndexedMessage,
     PendingMessage,
     Plan,
     SessionState,
@@ -100,6 +101,33 @@ class Memories(Protocol):
     ) -> list[str]: ...
 
     def forget(self, user_id: str) -> Forgotten: ...
+
+
+@runtime_checkable
+class RecallIndex(Protocol):
+    """The recall index, DESIGN §9b (``recall_index.py``; SQLite so far: a backend without
+    it runs with recall off)."""
+
+    def index_messages(
+        self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
+    ) -> int: ...
+
+    def last_indexed(self, session_id: str) -> IndexedMessage | None: ...
+
+    def search_index(
+        self,
+        query: str,
+        *,
+        session_id: str,
+        user_id: str | None,
+        visible_from: int,
+        shown: Sequence[int] = (),
+        limit: int,
+    ) -> list[IndexedMessage]: ...
+
+    def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]: ...
+
+    def offload(self, session_id: str, content: str, *, ttl_days: float) -> str: ...
 
 
 class Audit(Protocol):

@@ -164,6 +164,27 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         );
         """,
     ),
+    (
+        "006_recall_index",
+        """
+        CREATE TABLE recall_messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user_id TEXT,
+            session_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            dated TEXT NOT NULL DEFAULT '',
+            digest TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (session_id, position, digest)
+        );
+        CREATE INDEX recall_messages_user ON recall_messages (user_id);
+        CREATE VIRTUAL TABLE recall_fts USING fts5 (
+            terms, scope, tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        """,
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

@@ -1,0 +1,162 @@
+"""The recall index (DESIGN §9b): every message that left a view, or that ``after_turn`` saw,
+searchable by its user and session with FTS5 (BM25).
+
+``recall_messages`` holds one row per message (session, user, position in the history, role,
+text, the date stamp in force, a content digest); ``recall_fts`` (rowid = that row's id) holds
+its search terms (``terms.index_terms``, Porter-stemmed) and a scope: hashed tokens of its
+session and user, so a search reads only the caller's own doclists and the SQL filter on the
+joined row is exact. PostgreSQL: a ``tsvector`` over the same terms, the scope as a column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import sqlite_utils
+
+from ..records import IndexedMessage
+from .base import iso
+from .offloads import OffloadTables
+
+_COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
+
+
+def scope_token(kind: str, value: str) -> str:
+    """The FTS token standing for a user (``kind`` "u") or a session ("s")."""
+    return kind + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
+    """Delete the index rows whose ``column`` (``user_id`` or ``session_id``) is ``value``;
+    the caller holds the lock and the transaction."""
+    where = {"user_id": "user_id = ?", "session_id": "session_id = ?"}[column]
+    db.execute(
+        f"DELETE FROM recall_fts WHERE rowid IN (SELECT id FROM recall_messages WHERE {where})",
+        [value],
+    )
+    db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
+
+
+def _indexed(row: Sequence[Any]) -> IndexedMessage:
+    return IndexedMessage(
+        session_id=row[1],
+        position=int(row[2]),
+        role=row[3],
+        content=row[4],
+        dated=row[5],
+        digest=row[6],
+        id=int(row[0]),
+    )
+
+
+class RecallIndexTables(OffloadTables):
+    def index_messages(
+        self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
+    ) -> int:
+        """Add messages to the index (``terms[i]`` is what ``rows[i]`` is searched by); one
+        already indexed at that position with that digest is skipped. Returns how many were
+        added."""
+        now = iso(self.clock())
+        added = 0
+        with self._locked("index write"), self.db.atomic():
+            for row, text in zip(rows, terms, strict=True):
+                cursor = self.db.execute(
+                    "INSERT OR IGNORE INTO recall_messages (user_id, session_id, position, role,"
+                    " content, dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        user_id,
+                        row.session_id,
+                        row.position,
+                        row.role,
+                        row.content,
+                        row.dated,
+                        row.digest,
+                        now,
+                    ],
+                )
+                if cursor.rowcount != 1:
+                    continue
+                scope = scope_token("s", row.session_id)
+                if user_id is not None:
+                    scope += " " + scope_token("u", user_id)
+                self.db.execute(
+                    "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
+                    [cursor.lastrowid, text, scope],
+                )
+                added += 1
+        return added
+
+    def last_indexed(self, session_id: str) -> IndexedMessage | None:
+        """The session's indexed message at the highest position, or None."""
+        with self._locked("read"):
+            row = self.db.execute(
+                f"SELECT {_COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+                " ORDER BY m.position DESC, m.id DESC LIMIT 1",
+                [session_id],
+            ).fetchone()
+        return _indexed(row) if row else None
+
+    def search_index(
+        self,
+        query: str,
+        *,
+        session_id: str,
+        user_id: str | None,
+        visible_from: int,
+        shown: Sequence[int] = (),
+        limit: int,
+    ) -> list[IndexedMessage]:
+        """The best matches (BM25, lower scores first) of the FTS5 ``query`` among messages
+        the caller may see and the view does not show: with ``user_id``, that user's sessions
+        (and this session's messages indexed without a user); without it, this session only.
+        This session's messages from position ``visible_from`` on are in the view, except
+        those in ``shown`` (shown as a placeholder or a preview)."""
+        session_scope = f'scope : "{scope_token("s", session_id)}"'
+        if user_id is None:
+            scope, owner = session_scope, "m.session_id = :session"
+        else:
+            scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
+            owner = "(m.user_id = :user OR (m.session_id = :session AND m.user_id IS NULL))"
+        sql = (
+            f"SELECT {_COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
+            " FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid"
+            f" WHERE recall_fts MATCH :match AND {owner}"
+            " AND NOT (m.session_id = :session AND m.position >= :visible"
+            " AND m.position NOT IN (SELECT value FROM json_each(:shown)))"
+            " ORDER BY score, m.id DESC LIMIT :limit"
+        )
+        params = {
+            "match": f"{scope} AND terms : ({query})",
+            "session": session_id,
+            "user": user_id,
+            "visible": visible_from,
+            "shown": json.dumps(sorted(shown)),
+            "limit": limit,
+        }
+        with self._locked("search"):
+            rows = self.db.execute(sql, params).fetchall()
+        return [attrs.evolve(_indexed(r[:-1]), score=float(r[-1])) for r in rows]
+
+    def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
+        """The session's indexed messages at these positions (the newest row of each)."""
+        if not positions:
+            return []
+        with self._locked("read"):
+            rows = self.db.execute(
+                f"SELECT {_COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+                " AND m.position IN (SELECT value FROM json_each(?)) ORDER BY m.position, m.id",
+                [session_id, json.dumps(sorted(set(positions)))],
+            ).fetchall()
+        return list({m.position: m for m in map(_indexed, rows)}.values())
+
+    def offload(self, session_id: str, content: str, *, ttl_days: float) -> str:
+        """Keep ``content`` readable from ``session_id`` by its recall ref; returns the ref
+        (an excerpt clipped in a recall block points at its full text this way)."""
+        with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
+            self._offload(session_id, content, ttl_days)
+        return self.ref_for(session_id, content)

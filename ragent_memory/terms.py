@@ -1,0 +1,85 @@
+"""Text as full-text search sees it (SQLite FTS5): index terms, query terms, date stamps.
+
+Shared by the memory block's summary excerpts (DESIGN §9) and the recall index (§9b); a
+bottom-layer module that imports nothing of the package.
+
+- ``index_terms``: CJK characters spaced apart, so FTS5's ``unicode61`` tokenizer sees each as
+  a token (it would take a whole run of them for one word). A query then matches Chinese by
+  character bigrams written as two-token phrases.
+- ``search_terms`` / ``fts_query``: plain terms from user text (no stopwords, CJK bigrams)
+  joined as quoted phrases, so nothing of FTS5's query syntax survives from user text.
+- ``date_stamp``: the date a message is stamped with (a date near its start, the way chat
+  apps prefix a session), carried to the later messages of the session as their time context.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final
+
+MAX_QUERY_TERMS: Final = 32
+
+_CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
+_IS_CJK = re.compile(_CJK)
+_ENGLISH_STOPWORDS = (
+    "a an and are as at be but by can could did do does for from had has have how i if in is it"
+    " its me my no not of on or our please so than that the their them then there these they"
+    " this to too us was we were what when where which who why will with would you your"
+)
+STOPWORDS: Final = frozenset(_ENGLISH_STOPWORDS.split())
+
+
+def index_terms(text: str) -> str:
+    """``text`` as indexed: CJK characters spaced apart (one token each)."""
+    return _IS_CJK.sub(lambda m: f" {m.group(0)} ", text)
+
+
+def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
+    """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
+    each once, in order, at most ``limit``."""
+    terms: list[str] = []
+    for piece in _PIECE.findall(text.casefold()):
+        if _IS_CJK.match(piece):
+            grams = (
+                [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
+            )
+        elif len(piece) >= 2 and piece not in STOPWORDS:
+            grams = [piece]
+        else:
+            grams = []
+        for gram in grams:
+            if gram not in terms:
+                terms.append(gram)
+    return terms[:limit]
+
+
+def fts_query(terms: Sequence[str]) -> str:
+    """An FTS5 query matching any of ``terms`` (each a quoted phrase)."""
+    return " OR ".join('"' + " ".join(index_terms(t).split()) + '"' for t in terms)
+
+
+# ---------------------------------------------------------------------------- date stamps
+
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+_DATE = re.compile(
+    rf"\b\d{{1,2}}(?:st|nd|rd|th)?\s+{_MONTH}\.?,?\s+\d{{4}}\b"  # 8 May, 2023
+    rf"|\b{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}\b"  # May 8, 2023
+    r"|\b\d{4}-\d{2}-\d{2}\b"  # 2023-05-08
+    r"|\d{4}\s*年\s*\d{1,2}\s*月(?:\s*\d{1,2}\s*[日号])?",  # 2023年5月8日
+    re.IGNORECASE,
+)
+STAMP_WINDOW_CHARS: Final = 80  # a date this near the start stamps the message
+
+
+def date_stamp(text: str) -> str:
+    """The date ``text`` is stamped with ("" for none): a date within its first 80 chars.
+
+    A date further in ("my exam is on 3 June 2024") is content, not the message's time.
+    """
+    match = _DATE.search(text[:STAMP_WINDOW_CHARS])
+    return " ".join(match.group(0).split()) if match else ""

@@ -1,0 +1,206 @@
+"""Recall through the engine (DESIGN §9b): the block in prepare, search_memory, isolation,
+cache safety and the settings that switch it."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from typing import Any
+
+from sessions import rag_turn, without_recall
+
+from ragent_memory import Settings
+from ragent_memory.engine import MemoryEngine
+from ragent_memory.recall import find_refs
+from ragent_memory.search import HEADERS
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+
+
+def chat(turns: int, *, seed: int = 1, planted: dict[int, str] | None = None) -> list[dict]:
+    """A long chat: user/assistant pairs of filler, with planted user statements."""
+    rng = random.Random(seed)
+    topics = ["weather", "traffic", "lunch", "the game", "a movie", "the news", "work", "tea"]
+    out: list[dict[str, Any]] = []
+    for t in range(turns):
+        said = (planted or {}).get(t) or f"Turn {t}: some chat about {rng.choice(topics)}. " * 3
+        out += [
+            {"role": "user", "content": said},
+            {"role": "assistant", "content": f"Reply {t}: sure, " + "that sounds fine. " * 4},
+        ]
+    return out
+
+
+class ForgetfulSummarizer:
+    """A model that keeps nothing: valid sections, no facts (what a weak model does)."""
+
+    name = "forgetful"
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        return SummaryOutcome("## User requests\nnone\n## To-do\nnone\n## Next step\nnone", "f", 1)
+
+    def close(self) -> None:
+        return None
+
+
+def block_of(message: dict[str, Any]) -> str:
+    content = message["content"]
+    if isinstance(content, list) and content[0]["text"].startswith(HEADERS["en"]):
+        return str(content[0]["text"])
+    return ""
+
+
+def test_compacted_fact_comes_back_when_asked(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A fact covered by a compaction is recalled at the end of the final user message, the
+    report counts it, and the block stays within recall_max_chars and the trigger."""
+    settings = make_settings(context_window_chars=8_000)
+    engine = make_engine(settings, summarizer=ForgetfulSummarizer())
+    history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+    asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
+    prepared = engine.prepare(asked, session_id="s")
+    report = prepared.report
+    assert report.generation >= 1
+    block = block_of(prepared.messages[-1])
+    assert "4471" in block
+    assert (report.recalled_chars, asked[-1]) == (len(block), without_recall(prepared.messages[-1]))
+    assert report.recalled >= 1
+    assert len(block) <= settings.recall_max_chars
+    assert report.chars_out + len(block) <= settings.compact_trigger_chars
+    assert "4471" not in "".join(str(m["content"]) for m in prepared.messages[:-1])
+
+
+def test_clipped_excerpt_ref_reads_back_the_whole_message(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """An excerpt clipped to fit names a recall ref that reads back the full message."""
+    engine = make_engine(
+        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
+    )
+    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
+    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+    block = block_of(engine.prepare(asked, session_id="s").messages[-1])
+    (ref,) = find_refs(block)
+    assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+
+
+def test_no_block_when_disabled_or_last_is_not_user(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """recall_enabled: false shows nothing; neither does a turn ending in a tool result."""
+    history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
+    asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
+    off = make_engine(make_settings(context_window_chars=8_000, recall_enabled=False))
+    prepared = off.prepare(asked, session_id="s")
+    assert (0, 0, asked[-1]) == (
+        prepared.report.recalled,
+        prepared.report.recalled_chars,
+        prepared.messages[-1],
+    )
+    on = make_engine(make_settings(context_window_chars=8_000, store=off.settings.store))
+    rng = random.Random(2)
+    tooled = [*asked, *rag_turn(0, rng)[1:3]]  # an assistant call and its result: mid-turn
+    assert "tool" == tooled[-1]["role"]
+    assert 0 == on.prepare(tooled, session_id="t").report.recalled
+
+
+def test_caller_messages_never_mutated(make_engine: Callable[..., MemoryEngine]) -> None:
+    """The block goes into a new dict; the caller's history is unchanged."""
+    engine = make_engine(Settings(context_window_chars=8_000, store=make_engine().settings.store))
+    history = chat(60, planted={1: "The vault code is 8812."})
+    history.append({"role": "user", "content": "vault code?"})
+    before = copy.deepcopy(history)
+    prepared = engine.prepare(history, session_id="s")
+    assert before == history
+    assert "8812" in block_of(prepared.messages[-1])
+
+
+def test_prefix_byte_identical_between_turns_without_gates(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """On every turn without a trim or compaction, the messages before the previous call's
+    final user message are byte-identical to that call's: the block never breaks caches."""
+    engine = make_engine(make_settings(context_window_chars=8_000))
+    history: list[dict[str, Any]] = []
+    previous: list[dict[str, Any]] | None = None
+    previous_generation = previous_trimmed = -1
+    checked = 0
+    for turn, message in enumerate(chat(120, seed=5)):
+        history.append(message)
+        if message["role"] != "user":
+            continue
+        engine.after_turn(history[:-1], session_id="s")
+        prepared = engine.prepare(
+            [*history, {"role": "user", "content": f"chat {turn}?"}], session_id="s"
+        )
+        report = prepared.report
+        is_quiet = (report.generation, report.trimmed) == (previous_generation, previous_trimmed)
+        if previous is not None and is_quiet and not report.compacted:
+            assert previous[:-1] == prepared.messages[: len(previous) - 1]
+            checked += 1
+        previous = prepared.messages
+        previous_generation, previous_trimmed = report.generation, report.trimmed
+    assert checked > 50
+
+
+def test_chinese_fact_recalled_in_another_session(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A fact said in Chinese in session A is recalled by a Chinese question in session B."""
+    engine = make_engine(make_settings(context_window_chars=8_000, language="zh"))
+    first = [
+        {"role": "user", "content": "我对花生过敏，吃了会很严重。"},
+        {"role": "assistant", "content": "好的，我记住了。"},
+    ]
+    engine.after_turn(first, session_id="A", user_id="u1")
+    engine.flush()
+    asked = [{"role": "user", "content": "我对什么东西过敏？"}]
+    prepared = engine.prepare(asked, session_id="B", user_id="u1")
+    assert "花生" in block_of_zh(prepared.messages[-1])
+    assert "花生" in engine.search("B", "过敏", user_id="u1")
+
+
+def block_of_zh(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return str(content[0]["text"]) if isinstance(content, list) else ""
+
+
+def test_search_is_bound_to_the_user(make_engine: Callable[..., MemoryEngine]) -> None:
+    """search() sees the caller's sessions, never another user's; bad input gets a refusal."""
+    engine = make_engine()
+    engine.after_turn(
+        [{"role": "user", "content": "My passport number is P-1111."}], session_id="a", user_id="u1"
+    )
+    engine.after_turn(
+        [{"role": "user", "content": "My passport number is P-2222."}], session_id="b", user_id="u2"
+    )
+    engine.flush()
+    mine = engine.search("c", "passport number", user_id="u1")
+    assert "P-1111" in mine and "P-2222" not in mine
+    assert "P-2222" not in engine.search("c", "passport number")
+    assert engine.search("c", "  ", user_id="u1").startswith("[search_memory:")
+    assert engine.search("c", "passport", user_id="u1", limit=0).startswith("[search_memory:")
+    assert "search_memory" == engine.search_tool()["function"]["name"]
+
+
+def test_drop_session_and_forget_erase_recall(make_engine: Callable[..., MemoryEngine]) -> None:
+    """A dropped session and a forgotten user are gone from search."""
+    engine = make_engine()
+    engine.after_turn(
+        [{"role": "user", "content": "Zebra code Z-1."}], session_id="a", user_id="u1"
+    )
+    engine.after_turn(
+        [{"role": "user", "content": "Zebra code Z-2."}], session_id="b", user_id="u1"
+    )
+    engine.flush()
+    engine.drop_session("a")
+    found = engine.search("c", "zebra code", user_id="u1")
+    assert "Z-2" in found and "Z-1" not in found
+    engine.forget("u1")
+    assert "Z-2" not in engine.search("c", "zebra code", user_id="u1")
