@@ -45,7 +45,7 @@ from .longterm import (
     utf8,
 )
 from .recall import DEFAULT_LIMIT, recall_slice, recall_tool_schema
-from .search import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
+from .search import DEFAULT_SEARCH_LIMIT, Recaller, place, search_tool_schema
 from .search import HEADERS as RECALL_HEADERS
 from .session import (
     LeaveCallback,
@@ -327,6 +327,8 @@ class MemoryEngine:
                 session.plain = len(messages) if messages is given else 0
                 block = self._memory_block(session, user_id)
                 out = hand_out(view, block)
+                if session.recall_block:  # on the copy: the view never holds it (§9b)
+                    out[-1] = place(out[-1], session.recall_block)
                 if self.settings.strict_alternation:  # engine-inserted run: block + summary
                     out = alternate(out, range(view.prefix_len, view.head + bool(block)))
         finally:

@@ -50,7 +50,7 @@ from .chars import Message, chars, text_of, validate_message
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import EventCallback, get_logger
 from .reduce import reduce
-from .search import Recaller, place
+from .search import Recaller
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
@@ -521,6 +521,7 @@ class Session:
         self.left_out = 0  # raw indexes below this, left out by the ceiling, were reported
         # (user_id, memory version, block text) of the last memory block built for this
         # session: rebuilt only when that user's memories change, so the prefix stays stable.
+        self.recall_block = ""  # this turn's recall block (§9b), "" for none
         self.memory: tuple[str, int, str] | None = None
 
     @property
@@ -1148,8 +1149,10 @@ class Session:
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
         """DESIGN §9b, the last step: when the last message is the user's, excerpts of what
         ``hidden`` says is out of view go in a leading text part of the final user message
-        (a new dict), within ``recall_max_chars`` and never past the compaction trigger.
+        (``recall_block``, which the engine puts on its copy: the view itself, kept from turn to
+        turn, never holds it), within ``recall_max_chars`` and never past the compaction trigger.
         Returns (excerpts shown, their chars)."""
+        self.recall_block = ""
         recaller, settings, raw = self.services.recaller, self.settings, self.raw.messages
         if recaller is None or not settings.recall_enabled or not raw or not view.messages:
             return 0, 0
@@ -1168,9 +1171,7 @@ class Session:
             max_chars=room,
             known_text=self.state.summary,
         )
-        if not found.text:
-            return 0, 0
-        view.messages[-1] = place(view.messages[-1], found.text)
+        self.recall_block = found.text
         return found.excerpts, len(found.text)
 
     def hidden(self, view: View) -> tuple[range, frozenset[int]]:

@@ -143,6 +143,7 @@ def test_prefix_byte_identical_between_turns_without_gates(
         is_quiet = (report.generation, report.trimmed) == (previous_generation, previous_trimmed)
         if previous is not None and is_quiet and not report.compacted:
             assert previous[:-1] == prepared.messages[: len(previous) - 1]
+            assert without_recall(previous[-1]) == prepared.messages[len(previous) - 1]
             checked += 1
         previous = prepared.messages
         previous_generation, previous_trimmed = report.generation, report.trimmed
