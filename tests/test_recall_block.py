@@ -130,16 +130,15 @@ def test_prefix_byte_identical_between_turns_without_gates(
     history: list[dict[str, Any]] = []
     previous: list[dict[str, Any]] | None = None
     previous_generation = previous_trimmed = -1
-    checked = 0
-    for turn, message in enumerate(chat(120, seed=5)):
+    checked = recalled = 0
+    for message in chat(120, seed=5):
         history.append(message)
         if message["role"] != "user":
             continue
         engine.after_turn(history[:-1], session_id="s")
-        prepared = engine.prepare(
-            [*history, {"role": "user", "content": f"chat {turn}?"}], session_id="s"
-        )
+        prepared = engine.prepare(history, session_id="s")
         report = prepared.report
+        recalled += report.recalled > 0
         is_quiet = (report.generation, report.trimmed) == (previous_generation, previous_trimmed)
         if previous is not None and is_quiet and not report.compacted:
             assert previous[:-1] == prepared.messages[: len(previous) - 1]
@@ -147,7 +146,7 @@ def test_prefix_byte_identical_between_turns_without_gates(
             checked += 1
         previous = prepared.messages
         previous_generation, previous_trimmed = report.generation, report.trimmed
-    assert checked > 50
+    assert checked > 30 and recalled > 30
 
 
 def test_chinese_fact_recalled_in_another_session(
