@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sessions import without_recall
 
 from ragent_memory import Settings, StoreSettings
 from ragent_memory.chars import Message
@@ -128,8 +129,9 @@ def check(
         assert len(rest) == len(current), "over B with more than the current turn left"
     else:
         assert report.chars_out <= budget, "over B without over_budget"
+    shown = [without_recall(m) for m in out]  # chars_out leaves the recall block out
     assert report.chars_out == sum(
-        len(m.get("content") or "") if isinstance(m.get("content"), str) else 0 for m in out
+        len(m.get("content") or "") if isinstance(m.get("content"), str) else 0 for m in shown
     ) + sum(
         len(c["function"]["name"]) + len(c["function"]["arguments"] or "")
         for m in out
@@ -340,7 +342,10 @@ def test_eight_threads_give_the_sequential_results(
 ) -> None:
     """8 threads × 50 sessions on one engine: every prepared context equals the one a
     sequential run gives."""
-    settings = make_settings(context_window_chars=10_000, long_term_enabled=False)
+    # Recall off: whether its index writes keep thread runs identical is not pinned yet (open).
+    settings = make_settings(
+        context_window_chars=10_000, long_term_enabled=False, recall_enabled=False
+    )
     sequential: dict[tuple[int, int], str] = {}
     with MemoryEngine(settings) as engine:
         drive(engine, list(range(50)), sequential)
@@ -348,6 +353,7 @@ def test_eight_threads_give_the_sequential_results(
     other = Settings(
         context_window_chars=10_000,
         long_term_enabled=False,
+        recall_enabled=False,
         store=StoreSettings(path=str(tmp_path / "threads.db")),
     )
     with MemoryEngine(other) as engine:

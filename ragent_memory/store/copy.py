@@ -26,7 +26,18 @@ TABLES = (
     "memory_seen",
     "memory_versions",
 )
-SKIPPED = frozenset({"_migrations", "sqlite_sequence", "compaction_leases", "session_writes"})
+# The recall index (recall_messages, recall_fts) is SQLite's so far: PostgreSQL runs with recall
+# off, so it is not copied.
+SKIPPED = frozenset(
+    {
+        "_migrations",
+        "sqlite_sequence",
+        "compaction_leases",
+        "session_writes",
+        "recall_messages",
+        "recall_fts",
+    }
+)
 IDENTITIES = ("compactions", "memories", "memory_pending")  # their id sequences move on
 _SELECT = {"memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts"}
 _BATCH = 500
