@@ -185,6 +185,7 @@ class MemoryEngine:
         self._background = _Background()
         self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
         self._extractions_lock = threading.Lock()
+        self._pending_users: set[str] = set()  # users with messages recorded by this engine
         self._recaller: Recaller | None = None
         leave = on_leave
         if self.settings.recall_enabled and isinstance(self.store, RecallIndex):
@@ -235,17 +236,31 @@ class MemoryEngine:
         if self._closed:
             raise EngineClosedError("engine is closed")
 
-    def flush(self, timeout_s: float | None = None) -> bool:
+    def flush(self, timeout_s: float | None = None, *, extract_pending: bool = False) -> bool:
         """Wait for every compaction and fact extraction in flight, at most ``timeout_s`` in
         all (None: until they finish). True when all finished; False on timeout (the work goes
         on and a later ``prepare`` adopts a late summary). Background work audits and logs its
-        own failures."""
+        own failures.
+
+        ``extract_pending``: then also learn from the messages still pending (fewer than the
+        3 that start an extraction) for every user this engine recorded, so a last "I moved
+        to Porto" is applied before shutdown."""
         started = time.monotonic()
+
+        def left() -> float | None:
+            return None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+
         finished = self._background.wait(timeout_s)
-        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
+        if finished and extract_pending:
+            with self._extractions_lock:
+                users = sorted(self._pending_users)
+                self._pending_users.clear()
+            for user_id in users:
+                self._schedule_extraction(user_id)
+            finished = self._background.wait(left())
         try:
             if self._recaller is not None:
-                self._recaller.flush(left)
+                self._recaller.flush(left())
         except FutureTimeout:
             finished = False
         if not finished:
@@ -413,6 +428,8 @@ class MemoryEngine:
             log.error("memory.record_failed", user_id=user_id, error=repr(err))
             self._index(messages, session_id, user_id)
             return
+        with self._extractions_lock:
+            self._pending_users.add(user_id)
         self._index(messages, session_id, user_id)
         if pending >= EXTRACTION_MIN_PENDING:
             self._schedule_extraction(user_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import random
 import re
 import threading
@@ -34,6 +35,8 @@ from ragent_memory.longterm import (
     Rejected,
     Retract,
     Supersede,
+    build_consolidation_prompt,
+    build_extraction_prompt,
     fit_block,
     parse_operations,
     plan_batch,
@@ -46,6 +49,8 @@ from ragent_memory.offline_facts import (
 )
 from ragent_memory.store import Store
 from ragent_memory.terms import fts_query, search_terms
+
+SAID_THREE = ("My name is Anna.", "I live in Lisbon.", "I like tea.")
 
 
 def facts_of(engine: MemoryEngine, user_id: str = "u1") -> list[str]:
@@ -216,23 +221,63 @@ def test_offline_consolidation_folds_duplicates_and_joins_a_slot() -> None:
 FACTS = (Fact(11, "Lives in Berlin"), Fact(12, "Likes jazz"))
 
 
-def test_operations_parse_with_prompt_numbers() -> None:
-    """Numbers in a reply are the prompt's; a fenced reply parses; unknown numbers degrade."""
+def test_operations_parse_with_prompt_numbers(caplog: pytest.LogCaptureFixture) -> None:
+    """Numbers in a reply are the prompt's; a fenced reply parses; an operation on a number
+    not shown is rejected and logged, never turned into an ADD."""
     reply = """```json
 {"operations": [{"op": "ADD", "content": "Speaks  Portuguese"},
   {"op": "supersede", "id": 1, "content": "Lives in Porto"},
   {"op": "RETRACT", "id": "2"}, {"op": "NOOP"},
   {"op": "SUPERSEDE", "id": 9, "content": "Has a dog"}, {"op": "RETRACT", "id": 7}]}
 ```"""
-    parsed = parse_operations(reply, FACTS)
-    assert 1 == parsed.rejected
+    with caplog.at_level(logging.WARNING, logger="ragent_memory.longterm"):
+        parsed = parse_operations(reply, FACTS)
+    assert 2 == parsed.rejected
     assert [
         Add("Speaks Portuguese"),
         Supersede(11, "Lives in Porto"),
         Retract(12),
         Noop(),
-        Add("Has a dog"),
     ] == list(parsed.operations)
+    unknown = [r.getMessage() for r in caplog.records if "memory.unknown_fact" in r.getMessage()]
+    assert 2 == len(unknown)
+    assert "id=9" in unknown[0] and "id=7" in unknown[1]
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ({"op": "ADD", "content": "lives in  BERLIN."}, Noop()),  # equal to an active fact
+        ({"op": "SUPERSEDE", "id": 2, "content": "Likes jazz"}, Noop()),
+        ({"op": "ADD", "content": "Lives in Lyon"}, Add("Lives in Lyon")),
+        ({"op": "SUPERSEDE", "id": 1, "content": "Lives in Lyon"}, Supersede(11, "Lives in Lyon")),
+    ],
+)
+def test_a_fact_equal_to_an_active_one_is_a_noop(item: dict[str, Any], expected: object) -> None:
+    parsed = parse_operations(json.dumps({"operations": [item]}), FACTS)
+    assert (expected,) == parsed.operations
+    assert 0 == parsed.rejected
+
+
+@pytest.mark.parametrize("content", ["...", "…", " - ", '""'])
+def test_a_copied_placeholder_is_rejected(content: str) -> None:
+    """A small model copying an example's "..." must not store it as a fact."""
+    reply = json.dumps({"operations": [{"op": "ADD", "content": content}]})
+    parsed = parse_operations(reply, FACTS)
+    assert ((), 1) == (parsed.operations, parsed.rejected)
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_prompts_hold_no_copyable_placeholder(language: str) -> None:
+    """Each example item in the prompts is invalid JSON as written (<...> where a value goes),
+    so a model that copies it fails the batch instead of storing a placeholder."""
+    extract = build_extraction_prompt(FACTS, ["hi"], nonce="n0nce", language=language)
+    drafts = [Draft(1, "Lives in Berlin", 1)]
+    merge = build_consolidation_prompt(drafts, target_chars=10, nonce="n0nce", language=language)
+    for prompt in (extract, merge):
+        system = prompt[0]["content"]
+        assert '"..."' not in system and "…" not in system
+        assert "<" in system
 
 
 @pytest.mark.parametrize(
@@ -382,6 +427,26 @@ def test_three_pending_trigger_one_extraction(
     engine.flush()
     assert 1 == extractor.calls
     assert ["Is called Anna", "Lives in Lisbon", "Likes surfing"] == facts_of(engine)
+    assert [] == pending_attempts(db_path)
+
+
+def test_flush_extract_pending_applies_fewer_than_three(
+    make_engine: Callable[..., MemoryEngine], db_path: str
+) -> None:
+    """A last message short of a batch waits on plain ``flush`` and applies on
+    ``flush(extract_pending=True)``; users the engine never saw are untouched."""
+    engine = make_engine()
+    engine.after_turn(chat(*SAID_THREE), session_id="s1", user_id="u1")
+    engine.flush()
+    history = chat(*SAID_THREE, "Thanks!", "I moved to Porto.")
+    engine.after_turn(history, session_id="s1", user_id="u1")
+    engine.after_turn(chat("I live in Oslo."), session_id="s2", user_id="u2")
+    assert engine.flush()
+    assert "Lives in Porto" not in facts_of(engine)
+    assert [0, 0] == pending_attempts(db_path)  # "Thanks!" and the move wait
+    assert engine.flush(extract_pending=True)
+    assert "Lives in Porto" in facts_of(engine) and "Lives in Lisbon" not in facts_of(engine)
+    assert ["Lives in Oslo"] == [f.content for f in engine.memories("u2")]
     assert [] == pending_attempts(db_path)
 
 
@@ -784,3 +849,27 @@ def test_cli_memory_user_errors(args: list[str], fragment: str, tmp_path: Path) 
     """Memory commands exit 2 with one line on user errors."""
     result = run_cli(*args, cwd=tmp_path)
     assert (2, [f"error: {fragment}"]) == (result.returncode, result.stderr.strip().splitlines())
+
+
+class WordyExtractor(CountingExtractor):
+    """Adds sixteen distinct 450-char facts: more than the largest block (6,000) holds."""
+
+    def extract(self, request: ExtractionRequest) -> Extraction:
+        facts = tuple(Add(f"Fact {n}: " + f"{n:x}" * 440) for n in range(16))
+        return Extraction(facts, 0, self.name, 0)
+
+
+def test_a_batch_that_cannot_fit_is_rejected_and_logged(
+    make_engine: Callable[..., MemoryEngine], db_path: str
+) -> None:
+    """Over the cap after consolidation and eviction: nothing stored, ``memory.rejected``
+    logged under that literal name, the batch kept pending with its attempt counted."""
+    engine = make_engine(extractor=WordyExtractor())
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(chat(*SAID_THREE), session_id="s1", user_id="u1")
+        engine.flush()
+    assert [] == facts_of(engine)
+    [rejected] = [e for e in logs if e["event"] == "memory.rejected"]
+    assert (3, 0) == (rejected["messages"], rejected["dropped"])
+    assert not [e for e in logs if e["event"] in ("memory.failed", "memory.extracted")]
+    assert [1, 1, 1] == pending_attempts(db_path)

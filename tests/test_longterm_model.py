@@ -231,3 +231,41 @@ def test_a_batch_fits_the_models_input(
         user.count("[user] Message"),
         len(query(db_path, "SELECT id FROM memory_pending")),
     )
+
+
+def test_model_unknown_ids_are_rejected_and_duplicates_are_noops(
+    fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine], db_path: str
+) -> None:
+    """A SUPERSEDE or RETRACT of a number the prompt did not show is rejected with a log line
+    (never an ADD), and an ADD equal to an active fact changes nothing."""
+    fake_openai.reply(operations(add("Is called Anna"), add("Lives in Lisbon")))
+    fake_openai.reply(
+        operations(
+            {"op": "SUPERSEDE", "id": 7, "content": "Lives in Porto"},
+            {"op": "RETRACT", "id": 9},
+            add("lives in  Lisbon."),
+            {"op": "SUPERSEDE", "id": 1, "content": "Is called Anna"},
+        )
+    )
+    engine = engine_at(fake_openai.base_url)
+    history = chat(*SAID)
+    engine.after_turn(history, session_id="s1", user_id="u1")
+    engine.flush()
+    history += chat("I moved to Porto.", "Lisbon is still home.", "Thanks!")[1:]
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(history, session_id="s1", user_id="u1")
+        engine.flush()
+
+    assert 2 == len(fake_openai.requests)
+    assert [("Is called Anna", "active"), ("Lives in Lisbon", "active")] == query(
+        db_path, "SELECT content, status FROM memories ORDER BY id"
+    )
+    unknown = [(e["op"], e["id"]) for e in logs if e["event"] == "memory.unknown_fact"]
+    assert [("SUPERSEDE", 7), ("RETRACT", 9)] == unknown
+    [extracted] = [e for e in logs if e["event"] == "memory.extracted"]
+    assert (0, 0, 0, 2) == (
+        extracted["added"],
+        extracted["superseded"],
+        extracted["retracted"],
+        extracted["rejected"],
+    )
