@@ -64,6 +64,11 @@ SLOTS: Final = {
         Slot("likes", {"en": "Likes {x}", "zh": "喜欢{x}"}, opposite="dislikes"),
         Slot("dislikes", {"en": "Does not like {x}", "zh": "不喜欢{x}"}, opposite="likes"),
         Slot("speaks", {"en": "Speaks {x}", "zh": "会说{x}"}),
+        Slot("plays", {"en": "Plays {x}"}),
+        Slot("doing", {"en": "Has been {x}", "zh": "最近在{x}"}),  # before "Has {x}"
+        Slot("has", {"en": "Has {x}", "zh": "养了{x}"}),
+        Slot("family", {"en": "Their {x}", "zh": "自己的{x}"}),
+        Slot("plans", {"en": "Plans to {x}", "zh": "打算{x}"}),
         Slot("always", {"en": "Always {x}"}, opposite="never"),
         Slot("never", {"en": "Never {x}"}, opposite="always"),
         Slot("identity", {"en": "Is {x}", "zh": "是{x}"}),  # last: "Is called …" is a name
@@ -147,6 +152,52 @@ def _zh(slot: str, regex: str, *, is_retraction: bool = False) -> Pattern:
 _CAPITALISED_NAME = re.compile(r"^[A-Z][\w'’.-]*(?:\s+[A-Z][\w'’.-]*){0,3}$")
 _SHORT_NAME = re.compile(r"^\S+(?:\s+\S+){0,3}$")
 _I_AM = r"(?:i'm|i am|im)"
+_I_HAVE = r"(?:i've|i have|ive)"
+_LATELY = r"(?:now |currently |still |recently |just )?"
+_RELATIVES = (
+    r"(?:kids?|children|child|sons?|daughters?|wife|husband|partner|boyfriend|girlfriend"
+    r"|mom|mum|mother|dad|father|parents|sisters?|brothers?|family"
+    r"|dogs?|cats?|puppy|kitten|pets?|parrot|rabbit|hamster|horse)"
+)
+_PETS_AND_KIDS = (
+    r"(?:a|an|one|two|three|four|five|\d+) (?:[\w-]+ ){0,2}?"
+    r"(?:dogs?|cats?|puppy|puppies|kittens?|birds?|parrots?|fish|hamsters?|rabbits?|horses?"
+    r"|turtles?|kids?|children|sons?|daughters?|boys?|girls?)\b"
+)
+# A value that is only a pronoun or a placeholder says nothing on its own ("Likes it").
+_BARE: Final = frozenset(
+    [
+        "it",
+        "that",
+        "this",
+        "them",
+        "those",
+        "these",
+        "him",
+        "her",
+        "they",
+        "he",
+        "she",
+        "one",
+        "so",
+        "much",
+        "there",
+        "here",
+        "stuff",
+        "things",
+        "something",
+        "everything",
+        "anything",
+        "它",
+        "这",
+        "那",
+        "这个",
+        "那个",
+        "他",
+        "她",
+        "他们",
+    ]
+)
 _ADVERB = r"(?:really |just |also |absolutely |genuinely |still )?"
 
 PATTERNS: Final = (
@@ -172,12 +223,22 @@ PATTERNS: Final = (
     _en("name", r"(?:call me|people call me) (?P<x>.+)", check=_CAPITALISED_NAME.match),
     _en(
         "lives",
-        r"(?:i (?:now |currently )?live in|i'm (?:living|based) in|i am (?:living|based) in"
-        r"|i(?:'ve| have)? (?:just |recently )?moved to) (?P<x>.+)",
+        r"(?:i (?:now |currently )?live in|i'm (?:now )?(?:living|based) in"
+        r"|i am (?:now )?(?:living|based) in|i(?:'ve| have) been living in"
+        r"|(?:i|i've|i have) (?:just |recently |finally )?(?:moved|relocated) to) (?P<x>.+)",
     ),
-    _en("employer", r"(?:i (?:work|am working)|i'm working) (?:at|for) (?P<x>.+)"),
-    _en("employer", rf"{_I_AM} employed (?:at|by) (?P<x>.+)"),
-    _en("occupation", r"(?:i (?:work|am working)|i'm working) as (?P<x>.+)"),
+    _en(
+        "employer",
+        rf"(?:i {_LATELY}(?:work|am working)|i'm {_LATELY}working|{_I_HAVE} been working"
+        rf"|i {_LATELY}(?:started|began) (?:working|a (?:new )?job)) (?:at|for) (?P<x>.+)",
+    ),
+    _en("employer", rf"{_I_AM} {_LATELY}employed (?:at|by) (?P<x>.+)"),
+    _en("employer", rf"i {_LATELY}(?:got|took|landed) a (?:new )?job (?:at|with) (?P<x>.+)"),
+    _en(
+        "occupation",
+        rf"(?:i {_LATELY}(?:work|am working)|i'm {_LATELY}working|{_I_HAVE} been working)"
+        r" as (?P<x>.+)",
+    ),
     _en("allergic", rf"{_I_AM} (?:very |severely |really |highly )?allergic to (?P<x>.+)"),
     _en(
         "identity",
@@ -192,12 +253,24 @@ PATTERNS: Final = (
     _en("dislikes", rf"i {_ADVERB}(?:don't|do not|dont) (?:really )?(?:like|enjoy) (?P<x>.+)"),
     _en("dislikes", rf"i {_ADVERB}(?:hate|dislike|detest|can't stand|cannot stand) (?P<x>.+)"),
     _en("likes", rf"i {_ADVERB}(?:like|love|enjoy|adore) (?P<x>.+)"),
+    _en("likes", r"my (?:hobby is|hobbies are|hobbies include) (?P<x>.+)"),
+    _en("likes", rf"{_I_AM} {_ADVERB}(?:into|passionate about|a fan of) (?P<x>.+)"),
     _en("favourite", r"my favou?rite (?P<thing>[a-z][\w -]{0,30}?) is (?P<x>.+)"),
+    _en("family", rf"my (?P<x>{_RELATIVES}\b.+)"),
+    _en("has", rf"(?:i (?:have|own)|{_I_HAVE} got) (?P<x>{_PETS_AND_KIDS}.*)"),
+    _en("plans", r"(?:i plan|i'm planning|i am planning|i intend|i hope) to (?P<x>.+)"),
+    _en("doing", rf"{_I_HAVE} been (?:really )?(?P<x>[a-z]+ing\b.+)"),
+    _en("plays", rf"i {_ADVERB}play (?P<x>.+)"),
     _en("speaks", r"i (?:can )?speak (?P<x>.+)"),
     _en("always", r"(?:please )?(?P<w>always|never) (?P<x>.+?) for me$"),
     _zh("name", r"(?:我叫|我的名字是|我的名字叫|叫我)(?P<x>(?![了你他她它过])\S{1,20})"),
     _zh("lives", r"(?:我(?:现在|目前)?住在|我(?:已经|刚)?搬到了?|我(?:现在)?定居在)(?P<x>.+)"),
-    _zh("employer", r"我(?:现在|目前)?在(?P<x>.{1,30}?)(?:工作|上班|任职)"),
+    _zh("employer", r"我(?:现在|目前|最近|已经)?(?:开始)?在(?P<x>.{1,30}?)(?:工作|上班|任职)"),
+    _zh("doing", r"我(?:最近|这段时间)(?:一直)?在(?P<x>.+)"),
+    _zh("plans", r"我(?:打算|计划|准备)(?P<x>.+)"),
+    _zh("has", r"我(?:养了|养着)(?P<x>.+)"),
+    _zh("family", r"我的(?P<x>(?:孩子|儿子|女儿|妻子|老婆|丈夫|老公|父母|妈妈|爸爸|狗|猫)\S+)"),
+    _zh("likes", r"我的爱好是(?P<x>.+)"),
     _zh("allergic", r"我对(?P<x>.{1,30}?)过敏"),
     _zh("prefers", r"我(?:更喜欢|偏好|倾向于|比较喜欢)(?P<x>.+)"),
     _zh("dislikes", r"我(?:很|真的|特别|非常|也)?(?:不喜欢|讨厌|不爱)(?P<x>.+)"),
@@ -232,7 +305,10 @@ _CUT_EN = re.compile(
     re.IGNORECASE,
 )
 _TRAILING_EN = re.compile(
-    r"\s+(?:too|as well|a lot|very much|so much|any ?more|now|these days|by the way|actually)$",
+    r"\s+(?:too|as well|a lot|very much|so much|any ?more|now|these days|by the way|actually"
+    r"|recently|lately|last (?:week|month|year|summer|winter|spring|autumn|fall)"
+    r"|(?:a few|two|three|several) (?:days|weeks|months|years) ago|a while ago"
+    r"|for (?:a few |many |several |\d+ |two |three )?(?:days|weeks|months|years))$",
     re.IGNORECASE,
 )
 _CUT_ZH = re.compile(r"(?:因为|但是|所以|不过|而且|可是).*$")
@@ -308,6 +384,8 @@ def candidates(text: str) -> list[Candidate]:
             value = _value(groups["x"], pattern.language)
             if value is None or (pattern.check is not None and not pattern.check(value)):
                 continue
+            if value.casefold() in _BARE:
+                break  # "I like it": the clause states nothing durable
             slot = SLOTS[(groups.get("w") or pattern.slot).casefold()]
             thing = " ".join((groups.get("thing") or "").split())
             content = slot.render(pattern.language, value, thing)

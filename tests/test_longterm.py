@@ -46,6 +46,7 @@ from ragent_memory.offline_facts import (
     candidates,
     consolidate_drafts,
     extract_operations,
+    read_fact,
 )
 from ragent_memory.store import Store
 from ragent_memory.terms import fts_query, search_terms
@@ -154,6 +155,71 @@ def test_offline_extraction_en(message: str, expected: list[str]) -> None:
 def test_offline_extraction_zh(message: str, expected: list[str]) -> None:
     """First-person Chinese statements become facts in Chinese."""
     assert expected == [c.content for c in candidates(message)]
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("I now work at Google.", ["Works at Google"]),
+        ("I just started working at Acme.", ["Works at Acme"]),
+        ("I got a new job at Zalando", ["Works at Zalando"]),
+        ("I moved to Porto last month.", ["Lives in Porto"]),
+        ("I've been living in Oslo for years.", ["Lives in Oslo"]),
+        ("I've been learning Spanish.", ["Has been learning Spanish"]),
+        (
+            "My name is Anna and I've been working as a nurse.",
+            ["Is called Anna", "Works as a nurse"],
+        ),
+        ("My kids love soccer.", ["Their kids love soccer"]),
+        ("My daughter goes to my old school.", ["Their daughter goes to their old school"]),
+        ("I have a dog named Rex.", ["Has a dog named Rex"]),
+        ("I've got two cats.", ["Has two cats"]),
+        ("My hobbies are reading and chess.", ["Likes reading and chess"]),
+        ("I'm really into rock climbing.", ["Likes rock climbing"]),
+        ("I play the guitar.", ["Plays the guitar"]),
+        ("I'm planning to run a marathon next year.", ["Plans to run a marathon next year"]),
+        ("我现在在谷歌工作", ["在谷歌工作"]),
+        ("我最近在学西班牙语", ["最近在学西班牙语"]),
+        ("我打算明年去日本", ["打算明年去日本"]),
+        ("我养了一只猫", ["养了一只猫"]),
+        ("我的孩子喜欢足球", ["自己的孩子喜欢足球"]),
+        ("我的爱好是画画", ["喜欢画画"]),
+    ],
+)
+def test_offline_patterns_catch_how_people_talk(message: str, expected: list[str]) -> None:
+    """Everyday phrasings (issue 9): a new job or home, ongoing activities, kids, pets,
+    hobbies and plans, first person turned into third."""
+    assert expected == [c.content for c in candidates(message)]
+
+
+def test_new_slots_read_back_and_join_only_their_own() -> None:
+    """Stored wordings read back to their slot, so consolidation joins pets with pets and
+    never an activity ("Has been …") with a possession ("Has …")."""
+    said = ["I have a dog.", "I've got two cats.", "I've been learning Spanish."]
+    contents = [c.content for m in said for c in candidates(m)]
+    drafts = [Draft(n, c, n) for n, c in enumerate(contents, start=1)]
+    merges = consolidate_drafts(drafts, target_chars=0, language="en")
+    assert [Merge("Has a dog, two cats", (1, 2))] == merges
+    reading = read_fact("Has been learning Spanish")
+    assert reading is not None and "doing" == reading.slot
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "I like it.",
+        "I love that!",
+        "I really enjoy it too",
+        "I hate this.",
+        "I have a question about billing.",
+        "I'm going to the store.",
+        "我喜欢它",
+        "我不喜欢这个",
+    ],
+)
+def test_a_bare_pronoun_is_not_a_fact(message: str) -> None:
+    """ "Likes it" says nothing once the conversation is gone."""
+    assert [] == candidates(message)
 
 
 @pytest.mark.parametrize(
