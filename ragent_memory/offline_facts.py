@@ -18,12 +18,10 @@ from typing import Final
 
 import attrs
 
-from .longterm import (
+from .memory_ops import (
     Add,
-    Draft,
     Extraction,
     ExtractionRequest,
-    Fact,
     Merge,
     Operation,
     Retract,
@@ -31,6 +29,7 @@ from .longterm import (
     block_chars,
     normalised,
 )
+from .records import Draft, Fact
 from .settings import MEMORY_ITEM_MAX_CHARS
 
 NAME: Final = "offline-patterns"
