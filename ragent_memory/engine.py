@@ -58,7 +58,7 @@ from .session import (
 )
 from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from .store import GCReport, RecallIndex, SessionState, open_store, utc_now
+from .store import GCReport, SessionState, open_store, utc_now
 from .summarize import Summarizer, build_summarizer
 from .terms import fts_query, search_terms
 from .tools import as_int
@@ -188,11 +188,9 @@ class MemoryEngine:
         self._pending_users: set[str] = set()  # users with messages recorded by this engine
         self._recaller: Recaller | None = None
         leave = on_leave
-        if self.settings.recall_enabled and isinstance(self.store, RecallIndex):
+        if self.settings.recall_enabled:  # both backends keep the index (DESIGN §9b)
             self._recaller = Recaller(self.store, self.settings, engine_headers=_ENGINE_HEADERS)
             leave = self._recaller.on_leave if on_leave is None else _both(self._recaller, on_leave)
-        elif self.settings.recall_enabled:
-            log.warning("recall.unsupported", store=type(self.store).__name__)
         self._services = Services(
             settings=self.settings,
             store=self.store,

@@ -33,7 +33,8 @@ CONTEXT_WINDOW_CHARS = 12_000
 def host_settings(store: StoreSettings, **overrides: Any) -> Settings:
     """The settings every host and the single-process reference run with."""
     overrides.setdefault("compaction_timeout_s", 120)
-    # The recall index is SQLite's so far: compare the backends on what both do.
+    # Recall off: its index is written off the caller's thread, so what a recall block shows
+    # at a given turn depends on timing, in one process as across hosts.
     overrides.setdefault("recall_enabled", False)
     return Settings(context_window_chars=CONTEXT_WINDOW_CHARS, store=store, **overrides)
 

@@ -257,9 +257,11 @@ class Clock:
 def test_migrate_copies_a_sqlite_store_into_postgresql(pg_url: str, db_path: str) -> None:
     """`ragent-memory migrate` (a real subprocess) copies everything: the audit, sessions,
     substitutions, offloads behind the same refs, memories; a session then continues on
-    PostgreSQL exactly as on SQLite. A second copy into the same database is refused."""
+    PostgreSQL exactly as on SQLite, and its recall index answers the same search. A second
+    copy into the same database is refused."""
     facts = [user("My name is Anna."), user("I live in Lisbon."), user("I prefer tea.")]
-    with MemoryEngine(host_settings(StoreSettings(path=db_path))) as engine:
+    sqlite_settings = StoreSettings(path=db_path)
+    with MemoryEngine(host_settings(sqlite_settings, recall_enabled=True)) as engine:
         for turn in range(8):
             play(engine, "m1", turn)
         engine.prepare(history("m1", 8)[:-3], session_id="m1", user_id="u1")
@@ -290,6 +292,12 @@ def test_migrate_copies_a_sqlite_store_into_postgresql(pg_url: str, db_path: str
             continued.append(engine.prepare(history("m1", 11)[:-3], session_id="m1", user_id="u1"))
     assert continued[0].messages == continued[1].messages
     assert continued[0].report.generation == continued[1].report.generation
+
+    found = []
+    for store in (sqlite_settings, StoreSettings(url=pg_url, password_env=PASSWORD_ENV)):
+        with MemoryEngine(host_settings(store, recall_enabled=True)) as engine:
+            found.append(engine.search("m3", "where do I live", user_id="u1"))
+    assert "Lisbon" in found[0] and found[0] == found[1]
 
     again = run_cli("migrate", "--from", db_path, "--to", pg_url, "--password-env", PASSWORD_ENV)
     assert 2 == again.returncode

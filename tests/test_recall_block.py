@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from sessions import rag_turn, without_recall
 
 from ragent_memory import Settings
@@ -15,6 +16,9 @@ from ragent_memory.engine import MemoryEngine
 from ragent_memory.recall import find_refs
 from ragent_memory.search import HEADERS
 from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+
+# The recall block end to end on both stores (FTS5 and tsvector).
+pytestmark = pytest.mark.both_backends
 
 
 def chat(turns: int, *, seed: int = 1, planted: dict[int, str] | None = None) -> list[dict]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +20,24 @@ from ragent_memory.search import (
     recall,
     search_tool_schema,
 )
-from ragent_memory.store import Store
+from ragent_memory.settings import StoreSettings
+from ragent_memory.store import Backend, Store, open_store
 from ragent_memory.terms import date_stamp
+
+# The index and its search on both stores (FTS5 and tsvector).
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "r.db") as opened:
+def store(store_settings: StoreSettings) -> Iterator[Backend]:
+    with open_store(store_settings) as opened:
         yield opened
+
+
+def rows(store: Backend, sql: str) -> list[tuple[Any, ...]]:
+    """What ``sql`` reads, on either backend."""
+    with store._locked("read") as db:  # type: ignore[attr-defined]
+        return [tuple(r) for r in db.execute(sql).fetchall()]
 
 
 def chat(*texts: str) -> list[dict[str, Any]]:
@@ -157,7 +166,7 @@ def test_forget_and_drop_erase_index_rows(store: Store) -> None:
     assert "Kept zebra" in find(store, "zebra", session_id="s9", user_id="u1")
     assert "Dropped" not in find(store, "zebra", session_id="s2", user_id="u1")
     assert "" == find(store, "zebra", session_id="s3", user_id="u2")
-    assert 1 == store.db.execute("SELECT COUNT(*) FROM recall_fts").fetchone()[0]
+    assert [(1,)] == rows(store, "SELECT COUNT(*) FROM recall_fts")
 
 
 def test_indexer_resumes_after_restart_without_duplicates(store: Store) -> None:
@@ -166,8 +175,8 @@ def test_indexer_resumes_after_restart_without_duplicates(store: Store) -> None:
     messages = chat("alpha one", "beta two", "gamma three")
     index(store, messages, "s1", "u1")
     index(store, [*messages, *chat("delta four")], "s1", "u1")
-    rows = store.db.execute("SELECT position, content FROM recall_messages ORDER BY id").fetchall()
-    assert [(0, "alpha one"), (1, "beta two"), (2, "gamma three"), (3, "delta four")] == rows
+    indexed = rows(store, "SELECT position, content FROM recall_messages ORDER BY id")
+    assert [(0, "alpha one"), (1, "beta two"), (2, "gamma three"), (3, "delta four")] == indexed
     edited = [*messages[:2], {"role": "user", "content": "gamma edited"}]
     index(store, edited, "s1", "u1")
     assert "gamma edited" in find(store, "gamma", session_id="s1")
@@ -192,7 +201,7 @@ def test_indexer_schedules_only_what_is_new(store: Store) -> None:
     indexer.flush(10)
     indexer.close()
     assert {"new"} == set(reads)
-    assert 51 == store.db.execute("SELECT COUNT(*) FROM recall_messages").fetchone()[0]
+    assert [(51,)] == rows(store, "SELECT COUNT(*) FROM recall_messages")
 
 
 def test_place_puts_the_block_first_and_mutates_nothing() -> None:

@@ -1,14 +1,14 @@
 """The store contract: what the engine, compaction and long-term memory ask of a store.
 
 One protocol per concern, each small enough to read at a glance, and ``Backend`` for all of
-them: the SQLite :class:`~ragent_memory.store.Store` implements it (a PostgreSQL backend can
-too). The value types it speaks in live in :mod:`ragent_memory.records`.
+them: the SQLite :class:`~ragent_memory.store.Store` and the PostgreSQL ``PostgresStore``
+implement it. The value types it speaks in live in :mod:`ragent_memory.records`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from ..records import (
     Fact,
@@ -103,10 +103,9 @@ class Memories(Protocol):
     def forget(self, user_id: str) -> Forgotten: ...
 
 
-@runtime_checkable
 class RecallIndex(Protocol):
-    """The recall index, DESIGN §9b (``recall_index.py``; SQLite so far: a backend without
-    it runs with recall off)."""
+    """The recall index, DESIGN §9b (``recall_index.py``; PostgreSQL ranks its own search in
+    ``postgres.py``)."""
 
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
@@ -151,7 +150,7 @@ class Hosts(Protocol):
     def last_write(self, session_id: str) -> tuple[str, int] | None: ...
 
 
-class Backend(Sessions, Offloads, Memories, Audit, Hosts, Protocol):
+class Backend(Sessions, Offloads, Memories, RecallIndex, Audit, Hosts, Protocol):
     """A whole store: every concern, plus closing it."""
 
     path: str

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import StoreError
-from .postgres import PostgresStore
+from .postgres import PostgresStore, pg_text
 from .sqlite import Store
 
 # Copied in this order; columns as the SQLite store has them. Leases and last writers are
@@ -25,21 +25,20 @@ TABLES = (
     "memory_cursors",
     "memory_seen",
     "memory_versions",
+    "recall_messages",
+    "recall_fts",
 )
-# The recall index (recall_messages, recall_fts) is SQLite's so far: PostgreSQL runs with recall
-# off, so it is not copied.
-SKIPPED = frozenset(
-    {
-        "_migrations",
-        "sqlite_sequence",
-        "compaction_leases",
-        "session_writes",
-        "recall_messages",
-        "recall_fts",
-    }
-)
-IDENTITIES = ("compactions", "memories", "memory_pending")  # their id sequences move on
-_SELECT = {"memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts"}
+SKIPPED = frozenset({"_migrations", "sqlite_sequence", "compaction_leases", "session_writes"})
+IDENTITIES = (
+    "compactions",
+    "memories",
+    "memory_pending",
+    "recall_messages",
+)  # their id sequences move on
+_SELECT = {
+    "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",
+    "recall_fts": "SELECT rowid, terms, scope FROM recall_fts",
+}
 _BATCH = 500
 
 
@@ -89,7 +88,7 @@ def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[An
                 [key, value],
             )
         return
-    values = [list(row) for row in rows]
+    values = [[pg_text(value) for value in row] for row in rows]
     if table == "offloads":
         at = columns.index("content")
         for row in values:

@@ -13,21 +13,22 @@ from __future__ import annotations
 import re
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
+import attrs
 import psycopg
 import psycopg_pool
 
 from ..errors import StoreError
+from ..records import IndexedMessage
 from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
 from .base import Clock, utc_now
-from .memories import MemoryTables
 from .pg_schema import MIGRATIONS
-from .sessions import SessionTables
+from .recall_index import COLUMNS, IndexedTables, indexed
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74
@@ -40,11 +41,17 @@ def _pg_sql(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
-def tsquery(fts5: str) -> tuple[str, list[str]]:
+def tsquery(fts5: str, config: str = "simple") -> tuple[str, list[str]]:
     """A ``tsquery`` SQL expression and its parameters for an FTS5 query of quoted phrases
-    joined by ``OR`` (what ``longterm.fts_query`` writes): any phrase matches."""
+    joined by ``OR`` (what ``terms.fts_query`` writes): any phrase matches."""
     phrases = [p.replace('""', '"') for p in _PHRASE.findall(fts5)] or [fts5]
-    return " || ".join(["phraseto_tsquery('simple', ?)"] * len(phrases)), phrases
+    return " || ".join([f"phraseto_tsquery('{config}', ?)"] * len(phrases)), phrases
+
+
+def pg_text(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL: it becomes U+FFFD (originals that must come back
+    exactly, the offloads, are BYTEA and never pass here as text)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 class _Connection:
@@ -54,7 +61,7 @@ class _Connection:
         self.conn = conn
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
-        return self.conn.execute(_pg_sql(sql), params)
+        return self.conn.execute(_pg_sql(sql), [pg_text(p) for p in params])
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -75,7 +82,7 @@ class _ThreadConnection:
         return conn
 
 
-class PostgresStore(SessionTables, MemoryTables, AuditTable):
+class PostgresStore(IndexedTables, AuditTable):
     """The PostgreSQL store. Thread-safe; use as a context manager or call :meth:`close`.
 
     ``url`` must not hold a password; give it as ``password`` (read from the environment by
@@ -188,3 +195,33 @@ class PostgresStore(SessionTables, MemoryTables, AuditTable):
             [*params, user_id, exclude_session, limit],
         ).fetchall()
         return rows
+
+    def search_index(
+        self,
+        query: str,
+        *,
+        session_id: str,
+        user_id: str | None,
+        visible_from: int,
+        shown: Sequence[int] = (),
+        limit: int,
+    ) -> list[IndexedMessage]:
+        """As the SQLite index (``RecallIndexTables.search_index``), ranked by ``ts_rank``
+        (``score`` is its negative: lower is better there too)."""
+        expression, phrases = tsquery(query, "english")
+        if user_id is None:
+            owner, owners = "m.session_id = ?", [session_id]
+        else:
+            owner = "(m.user_id = ? OR (m.session_id = ? AND m.user_id IS NULL))"
+            owners = [user_id, session_id]
+        shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
+        with self._locked("search"):
+            rows = self.db.execute(
+                f"SELECT {COLUMNS}, ts_rank(f.tsv, q.query) AS rank"
+                " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
+                f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
+                f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
+                " ORDER BY rank DESC, m.id DESC LIMIT ?",
+                [*phrases, *owners, session_id, visible_from, *shown, limit],
+            ).fetchall()
+        return [attrs.evolve(indexed(r[:-1]), score=-float(r[-1])) for r in rows]

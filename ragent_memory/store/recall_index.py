@@ -18,11 +18,13 @@ from typing import Any
 import attrs
 import sqlite_utils
 
-from ..records import IndexedMessage
+from ..records import Forgotten, IndexedMessage
 from .base import iso
+from .memories import MemoryTables
 from .offloads import OffloadTables
+from .sessions import SessionTables
 
-_COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
+COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
 
 
 def scope_token(kind: str, value: str) -> str:
@@ -41,7 +43,7 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
 
 
-def _indexed(row: Sequence[Any]) -> IndexedMessage:
+def indexed(row: Sequence[Any]) -> IndexedMessage:
     return IndexedMessage(
         session_id=row[1],
         position=int(row[2]),
@@ -64,9 +66,10 @@ class RecallIndexTables(OffloadTables):
         added = 0
         with self._locked("index write"), self.db.atomic():
             for row, text in zip(rows, terms, strict=True):
-                cursor = self.db.execute(
-                    "INSERT OR IGNORE INTO recall_messages (user_id, session_id, position, role,"
-                    " content, dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                inserted = self.db.execute(
+                    "INSERT INTO recall_messages (user_id, session_id, position, role, content,"
+                    " dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT DO NOTHING RETURNING id",
                     [
                         user_id,
                         row.session_id,
@@ -77,15 +80,15 @@ class RecallIndexTables(OffloadTables):
                         row.digest,
                         now,
                     ],
-                )
-                if cursor.rowcount != 1:
+                ).fetchall()
+                if not inserted:
                     continue
                 scope = scope_token("s", row.session_id)
                 if user_id is not None:
                     scope += " " + scope_token("u", user_id)
                 self.db.execute(
                     "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
-                    [cursor.lastrowid, text, scope],
+                    [inserted[0][0], text, scope],
                 )
                 added += 1
         return added
@@ -94,11 +97,11 @@ class RecallIndexTables(OffloadTables):
         """The session's indexed message at the highest position, or None."""
         with self._locked("read"):
             row = self.db.execute(
-                f"SELECT {_COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
                 " ORDER BY m.position DESC, m.id DESC LIMIT 1",
                 [session_id],
             ).fetchone()
-        return _indexed(row) if row else None
+        return indexed(row) if row else None
 
     def search_index(
         self,
@@ -122,7 +125,7 @@ class RecallIndexTables(OffloadTables):
             scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
             owner = "(m.user_id = :user OR (m.session_id = :session AND m.user_id IS NULL))"
         sql = (
-            f"SELECT {_COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
+            f"SELECT {COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
             " FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid"
             f" WHERE recall_fts MATCH :match AND {owner}"
             " AND NOT (m.session_id = :session AND m.position >= :visible"
@@ -139,19 +142,20 @@ class RecallIndexTables(OffloadTables):
         }
         with self._locked("search"):
             rows = self.db.execute(sql, params).fetchall()
-        return [attrs.evolve(_indexed(r[:-1]), score=float(r[-1])) for r in rows]
+        return [attrs.evolve(indexed(r[:-1]), score=float(r[-1])) for r in rows]
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
         """The session's indexed messages at these positions (the newest row of each)."""
         if not positions:
             return []
         with self._locked("read"):
+            wanted = sorted(set(positions))
             rows = self.db.execute(
-                f"SELECT {_COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
-                " AND m.position IN (SELECT value FROM json_each(?)) ORDER BY m.position, m.id",
-                [session_id, json.dumps(sorted(set(positions)))],
+                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+                f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
+                [session_id, *wanted],
             ).fetchall()
-        return list({m.position: m for m in map(_indexed, rows)}.values())
+        return list({m.position: m for m in map(indexed, rows)}.values())
 
     def offload(self, session_id: str, content: str, *, ttl_days: float) -> str:
         """Keep ``content`` readable from ``session_id`` by its recall ref; returns the ref
@@ -160,3 +164,21 @@ class RecallIndexTables(OffloadTables):
             self._revive(session_id)
             self._offload(session_id, content, ttl_days)
         return self.ref_for(session_id, content)
+
+
+class IndexedTables(SessionTables, MemoryTables, RecallIndexTables):
+    """Sessions and memories whose drop and forget erase their recall index rows too, in the
+    same transaction (both backends compose this)."""
+
+    def drop_session(self, session_id: str) -> None:
+        """As :meth:`SessionTables.drop_session`, and the session's recall index rows go."""
+        with self._locked("write"), self.db.atomic():
+            SessionTables.drop_session(self, session_id)
+            unindex(self.db, "session_id", session_id)
+
+    def forget(self, user_id: str) -> Forgotten:
+        """As :meth:`MemoryTables.forget`, and the user's recall index rows go."""
+        with self._locked("forget"), self.db.atomic():
+            forgotten = MemoryTables.forget(self, user_id)
+            unindex(self.db, "user_id", user_id)
+        return forgotten

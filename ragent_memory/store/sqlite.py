@@ -16,14 +16,11 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import StoreError
-from ..records import Forgotten
 from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
 from .base import Clock, utc_now
-from .memories import MemoryTables
-from .recall_index import RecallIndexTables, unindex
+from .recall_index import IndexedTables
 from .schema import MIGRATIONS
-from .sessions import SessionTables
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -60,7 +57,7 @@ class _Probe(Exception):
     """Rolls back the write probe of :meth:`Store._check_writable`."""
 
 
-class Store(SessionTables, MemoryTables, AuditTable, RecallIndexTables):
+class Store(IndexedTables, AuditTable):
     """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`.
 
     Opening checks the store can do what every turn needs: its directory exists or can be
@@ -162,21 +159,6 @@ class Store(SessionTables, MemoryTables, AuditTable, RecallIndexTables):
             )
             row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
         return bytes.fromhex(row[0])
-
-    def drop_session(self, session_id: str) -> None:
-        """As :meth:`SessionTables.drop_session`, and the session's recall index rows go in
-        the same transaction."""
-        with self._locked("write"), self.db.atomic():
-            SessionTables.drop_session(self, session_id)
-            unindex(self.db, "session_id", session_id)
-
-    def forget(self, user_id: str) -> Forgotten:
-        """As :meth:`MemoryTables.forget`, and the user's recall index rows go in the same
-        transaction."""
-        with self._locked("forget"), self.db.atomic():
-            forgotten = MemoryTables.forget(self, user_id)
-            unindex(self.db, "user_id", user_id)
-        return forgotten
 
     def migrations(self) -> list[str]:
         with self._locked("read"):
