@@ -1,14 +1,18 @@
 """The offline summarizer: deterministic, extractive, no network (the embedded default).
 
-It writes the same seven sections as a model would, merges with the previous summary (newer
-items first, so new wins), and shortens from the end (Done → Dead ends → Tools and findings)
-until the body fits. Same input, same output: no clocks, no randomness.
+It writes the same seven sections as a model would and merges with the previous summary
+(newer items first, so new wins; findings interleave newer and older, each by salience).
+Greetings and small talk weigh nothing; a finding from a dated session keeps its date. The
+body is shortened Done → Dead ends first, then space follows the material: the section
+holding the most chars per item it was given yields. Same input, same output: no clocks,
+no randomness.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from itertools import zip_longest
 from typing import Any
 
 from .chars import clip, text_of
@@ -83,11 +87,38 @@ _WORDS = re.compile(r"[^\W\d_]+", re.UNICODE)
 _FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|my|we|our|me)\b|我|我们")
 
 
+# Words of greetings and small talk: a sentence made of these (and names) weighs nothing.
+_SMALL_TALK_WORDS = """hey hi hello hiya yo thanks thank thx you your so much wow haha hahaha lol great awesome
+    nice cool glad good see to hear that it is was this really too bye goodbye take care love
+    amazing sounds sound oh yeah yes yep sure ok okay totally agree same me i i'm am how are
+    doing what about catch up talk soon later and the a of for be been have has had all well
+    fun happy for congrats congratulations wonderful lovely indeed glad day night morning
+    evening again always here there just yay absolutely definitely appreciate it's that's
+    you're we're keep going proud super fantastic incredible tell more let's let us we"""
+_SMALL_TALK = frozenset(_SMALL_TALK_WORDS.split())
+
+
+def is_small_talk(sentence: str) -> bool:
+    """A greeting or pleasantry: only small-talk words and names, no number."""
+    text = _META.sub("", sentence, count=1)
+    if _NUMBER.search(text):
+        return False
+    words = [w for w in re.findall(r"[^\W\d_]+(?:'[a-z]+)?", text) if w != "I"]
+    content = [
+        w
+        for k, w in enumerate(words)
+        if w.lower() not in _SMALL_TALK and not (k and w[:1].isupper())  # a name after word 1
+    ]
+    return bool(words) and not content and not any("\u4e00" <= c <= "\u9fff" for c in text)
+
+
 def salience(item: str) -> float:
     """How much an item is worth keeping: numbers, dates, names and first-person facts score,
-    chit-chat does not. Deterministic, computed from the text alone (so items carried over
-    from an earlier generation are ranked the same way)."""
+    greetings and small talk weigh nothing. Deterministic, computed from the text alone (so
+    items carried over from an earlier generation are ranked the same way)."""
     item = _META.sub("", item, count=1)
+    if is_small_talk(item):
+        return 0.0
     words = _WORDS.findall(item)
     if len(words) < 3 and not (_NUMBER.search(item) and len(words) >= 2):
         return 0.0  # "Q9?", "ok 2": a number alone is no fact
@@ -100,12 +131,30 @@ def salience(item: str) -> float:
     return score / (1.0 + len(item) / 200)
 
 
-def _statements(role: str, text: str) -> list[str]:
-    """Salient sentences of a chat message, as findings."""
+# A session stamp in front of a message: "[session 3 · 8 May, 2023] ", "[7:30 pm on 21 May, 2023] ".
+_STAMP = re.compile(r"^\s*\[(?:session \d+\s*·\s*)?([^\]]{1,80})\]\s*")
+_DATE = re.compile(
+    r"\b(?:1[89]|20)\d\d\b|\b\d{1,2}[:/.-]\d{1,2}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct"
+    r"|nov|dec)[a-z]*\b|\d+\s*[年月日号]",
+    re.IGNORECASE,
+)
+
+
+def date_stamp(text: str) -> str:
+    """The date/time a message is stamped with ("8 May, 2023"), or ""."""
+    match = _STAMP.match(text)
+    if match is None or not _DATE.search(match.group(1)):
+        return ""
+    return match.group(1).strip()
+
+
+def _statements(role: str, text: str, when: str) -> list[str]:
+    """Salient sentences of a chat message, as findings; each keeps the date of its session."""
     out = []
-    for sentence in _sentences(text):
+    for sentence in _sentences(_STAMP.sub("", text, count=1) if when else text):
         if salience(sentence) >= 2.0:
-            out.append(_item(f"({role}) {sentence}", 200))
+            dated = f"[{when}] {sentence}" if when else sentence
+            out.append(_item(f"({role}) {dated}", 200 + len(when)))
     return out
 
 
@@ -127,13 +176,15 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     next_steps: list[str] = []
     findings: list[str] = []
     calls: dict[str, tuple[str, str]] = {}
+    when = ""  # the date of the session being read: applies to its later sentences
     for message in material:
         role = message.get("role")
         text = text_of(message).strip()
         if role in ("user", "assistant") and text:
-            findings.extend(_statements(str(role), text))
+            when = date_stamp(text) or when
+            findings.extend(_statements(str(role), text, when))
         if role == "user" and text:
-            asked = [s for s in _sentences(text) if _REQUEST.search(s)]
+            asked = [s for s in _sentences(text) if _REQUEST.search(s) and not is_small_talk(s)]
             if asked:
                 requests.append(_item(" ".join(asked), 160))
         elif role == "assistant":
@@ -192,6 +243,7 @@ def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     and the record of which tools were used goes last."""
     usage: dict[str, tuple[int, str]] = {}
     others: list[str] = []
+    earlier_others = [item for item in earlier if _USAGE.match(item) is None]
     for item in [*fresh, *earlier]:  # newer first: its "latest" wins
         match = _USAGE.match(item)
         if match is None:
@@ -201,7 +253,20 @@ def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
         known = usage.get(name)
         usage[name] = (count + known[0], known[1]) if known else (count, latest)
     lines = [_usage_line(name, count, latest) for name, (count, latest) in usage.items()]
-    return lines + sorted(_merge(others, (), len(others)), key=salience, reverse=True)
+    return lines + _interleave([i for i in fresh if _USAGE.match(i) is None], earlier_others)
+
+
+def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """Newer and older findings, each most salient first, taken in turn: when the section is
+    cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
+    a = sorted(_merge(fresh, (), len(fresh)), key=salience, reverse=True)
+    b = sorted(_merge(earlier, (), len(earlier)), key=salience, reverse=True)
+    out: list[str] = []
+    for pair in zip_longest(a, b):
+        for item in pair:
+            if item is not None and item not in out:
+                out.append(item)
+    return out
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:
@@ -228,8 +293,28 @@ def summarize_offline(
         else:
             merged = _merge(fresh, earlier, MAX_ITEMS[index])
         items.append(merged[: MAX_ITEMS[index]])
+    held = [len(fresh) + len(earlier) for fresh, earlier in zip(new, old, strict=True)]
+    return _shrink(items, held, language, max_chars)
+
+
+def _shrink(items: list[list[str]], held: Sequence[int], language: str, max_chars: int) -> str:
+    """Cut the body to ``max_chars``: Done and Dead ends go first, then the space is shared by
+    what the material holds: the section using the most chars per item it was given yields
+    its last item (a chat with many findings and few to-dos keeps findings)."""
     body = render(items, language)
-    for index in SHRINK_ORDER:
+    for index in SHRINK_ORDER[:2]:
+        while len(body) > max_chars and items[index]:
+            items[index].pop()
+            body = render(items, language)
+    rest = [i for i in SHRINK_ORDER[2:] if i not in (2, 3)]  # next step and progress: last
+    while len(body) > max_chars and any(items[i] for i in rest):
+        index = max(
+            (i for i in rest if items[i]),
+            key=lambda i: (sum(map(len, items[i])) / max(1, held[i]), -rest.index(i)),
+        )
+        items[index].pop()
+        body = render(items, language)
+    for index in (3, 2):
         while len(body) > max_chars and items[index]:
             items[index].pop()
             body = render(items, language)

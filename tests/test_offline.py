@@ -102,3 +102,68 @@ def test_salient_findings_survive_later_generations() -> None:
         ]
         body = summarize_offline(chatter, body, "en", 1500)
     assert any("Lisbon" in item for item in parse_sections(body, "en")[4])
+
+
+def test_small_talk_weighs_nothing() -> None:
+    """Greetings and pleasantries score 0 and make neither findings nor to-dos."""
+    from ragent_memory.offline import is_small_talk, salience
+
+    for chatter in ("Hey Mel! Good to see you!", "Thanks so much, that's awesome!", "Bye!"):
+        assert is_small_talk(chatter) and salience(chatter) == 0.0
+    assert not is_small_talk("Painting is fun.")
+    assert not is_small_talk("I adopted 2 cats.")
+    chat = [{"role": "user", "content": "Hi Mel! Let's catch up soon, thanks so much!"}]
+    items = parse_sections(summarize_offline(chat, "", "en", 3000), "en")
+    assert items[1] == [] and items[4] == []
+
+
+def test_event_keeps_its_session_date() -> None:
+    """A date in a session's first message applies to that session's later sentences."""
+    chat = [
+        {"role": "user", "content": "[7:30 pm on 21 November, 2023] Caroline: Hey Mel!"},
+        {"role": "assistant", "content": "Melanie: I ran a charity race for Oxfam last Sunday."},
+        {"role": "user", "content": "[session 2 · 8 May, 2024] Caroline: Hi!"},
+        {"role": "user", "content": "I moved to Lisbon with my 2 kids."},
+    ]
+    findings = parse_sections(summarize_offline(chat, "", "en", 3000), "en")[4]
+    race = [f for f in findings if "Oxfam" in f]
+    lisbon = [f for f in findings if "Lisbon" in f]
+    assert race == [
+        "(assistant) [7:30 pm on 21 November, 2023] Melanie: I ran a charity race "
+        "for Oxfam last Sunday."
+    ]
+    assert lisbon == ["(user) [8 May, 2024] I moved to Lisbon with my 2 kids."]
+
+
+def test_chat_space_goes_to_findings() -> None:
+    """Under a tight target a chat keeps its many findings rather than its few to-dos."""
+    chat = [
+        {
+            "role": "user",
+            "content": f"I need you to remember the blue folder {i}, the snacks for"
+            " the kids, the dog food and the tickets for the long trip next week, please.",
+        }
+        for i in range(6)
+    ]
+    for i in range(30):
+        chat.append({"role": "assistant", "content": f"Mel: I painted {i} sunsets at Lake Tahoe."})
+    body = summarize_offline(chat, "", "en", 1500)
+    items = parse_sections(body, "en")
+    assert len(body) <= 1500
+    assert len(items[4]) >= 3 * (len(items[0]) + len(items[1]))
+
+
+def test_older_findings_merged_not_pushed_out() -> None:
+    """A generation full of new salient findings keeps the best of the older ones too."""
+    old = [
+        {"role": "user", "content": f"I met Dr Rossi {i} times in Rome in 2019."} for i in range(10)
+    ]
+    body = summarize_offline(old, "", "en", 2000)
+    new = [
+        {"role": "user", "content": f"I flew 3000 km to Oslo on 12 June 2024 with Karl {i}."}
+        for i in range(40)
+    ]
+    body = summarize_offline(new, body, "en", 2000)
+    findings = parse_sections(body, "en")[4]
+    assert any("Rossi" in f for f in findings) and any("Oslo" in f for f in findings)
+    assert sum("Rossi" in f for f in findings) * 3 >= sum("Oslo" in f for f in findings)
