@@ -21,6 +21,7 @@ from .errors import RagentMemoryError, StoreError
 from .logs import get_logger
 from .longterm import summary_chunks
 from .loops import map_loops
+from .preserved import render_preserved, update_preserved
 from .settings import Settings
 from .store import Backend, SessionState
 from .summarize import (
@@ -145,11 +146,15 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
     language = settings.language
     verbatim = update_verbatim(previous.verbatim, job.material)
     block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
-    body_budget = settings.summary_max_chars - len(block) - 2
+    preserved = update_preserved(previous.preserved, job.material, settings.preserved_tools)
+    kept = render_preserved(preserved, budget=settings.preserved_max_chars, language=language)
+    room = settings.summary_max_chars - (len(kept) + 2 if kept else 0)
     outcome = summarizer.summarize(
-        SummaryRequest(material_of(job), previous.body, language, body_budget)
+        SummaryRequest(material_of(job), previous.body, language, room - len(block) - 2)
     )
-    body, summary = fit_summary(outcome.body, block, language, settings.summary_max_chars)
+    body, summary = fit_summary(outcome.body, block, language, room)
+    if kept:
+        summary = f"{summary}\n\n{kept}"  # after the summary, never summarized
     state = SessionState(
         session_id=previous.session_id,
         user_id=job.user_id,
@@ -161,6 +166,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
         covered=job.new_covered,
         covered_digest=job.covered_digest,
         verbatim=verbatim,
+        preserved=preserved,
     )
     sent = outcome.material_chars
     return Draft(

@@ -25,6 +25,7 @@ class SessionState:
     covered: int = 0
     covered_digest: str = ""
     verbatim: tuple[dict[str, Any], ...] = ()
+    preserved: tuple[dict[str, Any], ...] = ()  # latest result of each preserved tool
 
 
 @attrs.frozen

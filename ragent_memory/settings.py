@@ -288,6 +288,11 @@ class Settings:
         converter=_to_tuple,
         validator=_check("evictable_tools", _tool_names, "a list of tool names"),
     )
+    preserved_tools: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_to_tuple,
+        validator=_check("preserved_tools", _tool_names, "a list of tool names"),
+    )
     language: str = attrs.field(
         default="en", validator=_check("language", lambda v: v in LANGUAGES, "'en' or 'zh'")
     )
@@ -382,6 +387,11 @@ class Settings:
         """Room for the user's own words under ``## User requests`` (30% of the summary)."""
         return int(0.3 * self.summary_max_chars)
 
+    @property
+    def preserved_max_chars(self) -> int:
+        """Room for the preserved tool outputs after the summary (20% of the summary)."""
+        return int(0.2 * self.summary_max_chars)
+
     def derived(self) -> dict[str, int]:
         """The derived gates, by name, for display (``ragent-memory inspect``)."""
         names = (
@@ -421,7 +431,11 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
             value = _build(ServeSettings, value, key_path)
         elif cls is Settings and key == "llm":
             value = None if value is None else _build(LLMSettings, value, key_path)
-        elif cls is Settings and key == "evictable_tools" and not isinstance(value, list):
+        elif (
+            cls is Settings
+            and key in ("evictable_tools", "preserved_tools")
+            and not isinstance(value, list)
+        ):
             raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
         elif cls is LLMSettings and key == "fallbacks":
             if not isinstance(value, list):

@@ -46,6 +46,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
             covered INTEGER NOT NULL DEFAULT 0,
             covered_digest TEXT NOT NULL DEFAULT '',
             verbatim TEXT NOT NULL DEFAULT '[]',
+            preserved TEXT NOT NULL DEFAULT '[]',
             updated_at TEXT NOT NULL
         );
         CREATE TABLE substitutions (

@@ -185,6 +185,11 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         );
         """,
     ),
+    (
+        # Preserved tool outputs (DESIGN §6): the latest result of each, carried verbatim.
+        "007_preserved",
+        "ALTER TABLE sessions ADD COLUMN preserved TEXT NOT NULL DEFAULT '[]';",
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

@@ -61,7 +61,7 @@ class SessionTables(OffloadTables, HostTables):
         with self._locked("read"):
             row = self.db.execute(
                 "SELECT user_id, generation, last_generation, summary, body, prefix_len, covered,"
-                " covered_digest, verbatim FROM sessions WHERE session_id = ?",
+                " covered_digest, verbatim, preserved FROM sessions WHERE session_id = ?",
                 [session_id],
             ).fetchone()
         if row is None:
@@ -77,6 +77,7 @@ class SessionTables(OffloadTables, HostTables):
             covered=row[6],
             covered_digest=row[7],
             verbatim=tuple(json.loads(row[8])),
+            preserved=tuple(json.loads(row[9])),
         )
 
     def save_session(self, state: SessionState) -> None:
@@ -114,13 +115,14 @@ class SessionTables(OffloadTables, HostTables):
         self._mark_written(state.session_id)
         self.db.execute(
             "INSERT INTO sessions (session_id, user_id, generation, last_generation, summary,"
-            " body, prefix_len, covered, covered_digest, verbatim, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
+            " body, prefix_len, covered, covered_digest, verbatim, preserved, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
             " user_id = excluded.user_id, generation = excluded.generation,"
             " last_generation = excluded.last_generation, summary = excluded.summary,"
             " body = excluded.body, prefix_len = excluded.prefix_len,"
             " covered = excluded.covered, covered_digest = excluded.covered_digest,"
-            " verbatim = excluded.verbatim, updated_at = excluded.updated_at",
+            " verbatim = excluded.verbatim, preserved = excluded.preserved,"
+            " updated_at = excluded.updated_at",
             [
                 state.session_id,
                 state.user_id,
@@ -132,6 +134,7 @@ class SessionTables(OffloadTables, HostTables):
                 state.covered,
                 state.covered_digest,
                 json.dumps(list(state.verbatim), ensure_ascii=False),
+                json.dumps(list(state.preserved), ensure_ascii=False),
                 iso(self.clock()),
             ],
         )
