@@ -288,11 +288,6 @@ class Settings:
         converter=_to_tuple,
         validator=_check("evictable_tools", _tool_names, "a list of tool names"),
     )
-    preserved_tools: tuple[str, ...] = attrs.field(
-        default=(),
-        converter=_to_tuple,
-        validator=_check("preserved_tools", _tool_names, "a list of tool names"),
-    )
     language: str = attrs.field(
         default="en", validator=_check("language", lambda v: v in LANGUAGES, "'en' or 'zh'")
     )
