@@ -49,9 +49,9 @@ from starlette.types import Receive, Scope, Send
 from . import sse
 from .errors import ConfigError, InvalidMessagesError
 from .logs import get_logger
-from .recall import DEFAULT_LIMIT
 from .reduce import RECALL_TOOL_NAME
 from .settings import ServeSettings, Settings
+from .tools import call_tool
 
 if TYPE_CHECKING:
     from .engine import MemoryEngine, TurnReport
@@ -389,7 +389,7 @@ class Proxy:
             headers=_forward_headers(request.headers.raw),
             report=prepared.report,
             messages=list(prepared.messages),
-            own=self._offer(body, prepared.report),
+            own=self._offer(body, prepared.report, user_id),
             started=started,
         )
 
@@ -408,44 +408,45 @@ class Proxy:
             parts.append(part)
         return b"".join(parts)
 
-    def _offer(self, body: Mapping[str, Any], report: TurnReport) -> dict[str, dict[str, Any]]:
+    def _offer(
+        self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
+    ) -> dict[str, dict[str, Any]]:
         """The proxy's own tools for this request: the recall tool when the view shows a
-        placeholder, preview or recalled excerpt to read back. None when the app pins ``tool_choice`` or
-        uses the legacy ``functions``, and never one the app declares itself."""
+        placeholder, preview or recalled excerpt to read back; the search tool when there is
+        earlier conversation the view no longer shows (a summary, dropped turns, or the user's
+        other sessions). None when the app pins ``tool_choice`` or uses the legacy
+        ``functions``, and never one the app declares itself."""
         choice = body.get("tool_choice")
         if choice == "none" or isinstance(choice, dict) or "functions" in body:
             return {}
         own: dict[str, dict[str, Any]] = {}
         if report.trimmed or report.truncated or report.recalled:  # the view names refs
             own[RECALL_TOOL_NAME] = self.engine.recall_tool()
+        earlier = report.generation or report.dropped_turns or user_id is not None
+        if self.engine.settings.recall_enabled and earlier:
+            search = self.engine.search_tool()
+            own[search["function"]["name"]] = search
         for name in _declared_tools(body) & own.keys():
             del own[name]
         return own
 
     def _answer(self, turn: _Turn, calls: Sequence[Message]) -> list[Message]:
-        """The tool messages answering the proxy's own calls (run in a worker thread)."""
-        answers = []
-        for call in calls:
-            name = call["function"].get("name")
-            try:
-                args = json.loads(call["function"].get("arguments") or "{}")
-            except ValueError:
-                args = None
-            if isinstance(args, dict):
-                text = self._run_tool(turn, name, args)
-            else:
-                text = f"[{name}: the arguments must be a JSON object]"
-            answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
-        return answers
-
-    def _run_tool(self, turn: _Turn, name: str, args: dict[str, Any]) -> str:
-        """One call of a proxy tool; the engine refuses bad values with text, never raises."""
-        return self.engine.recall(
-            turn.session_id,
-            args.get("ref"),  # type: ignore[arg-type]  # recall refuses what is not a ref
-            args.get("offset", 0),
-            args.get("limit", DEFAULT_LIMIT),
-        )
+        """The tool messages answering the proxy's own calls (run in a worker thread): the
+        arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
+        return [
+            {
+                "role": "tool",
+                "tool_call_id": call.get("id"),
+                "content": call_tool(
+                    self.engine,
+                    call["function"].get("name"),
+                    call["function"].get("arguments"),
+                    session_id=turn.session_id,
+                    user_id=turn.user_id,
+                ),
+            }
+            for call in calls
+        ]
 
     async def _continue(self, turn: _Turn, assistant: Message, calls: Sequence[Message]) -> None:
         """Answer the proxy's own calls and add the round to what the upstream sees next."""

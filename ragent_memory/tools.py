@@ -14,12 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from .recall import DEFAULT_LIMIT
 from .reduce import RECALL_TOOL_NAME
+from .search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
 
 if TYPE_CHECKING:
     from .engine import MemoryEngine
-
-SEARCH_TOOL_NAME = "search_memory"
-DEFAULT_SEARCH_LIMIT = 5
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any] | None:
@@ -44,12 +42,10 @@ def as_int(value: Any) -> Any:
 
 
 def memory_tools(engine: MemoryEngine) -> list[dict[str, Any]]:
-    """The OpenAI schemas of the engine's tools: recall, and search when the engine has it."""
-    tools = [engine.recall_tool()]
-    search_tool = getattr(engine, "search_tool", None)
-    if callable(search_tool):
-        tools.append(search_tool())
-    return tools
+    """The OpenAI schemas of the engine's tools: recall, and search unless recall is off."""
+    if not engine.settings.recall_enabled:
+        return [engine.recall_tool()]
+    return [engine.recall_tool(), engine.search_tool()]
 
 
 def call_tool(
@@ -71,13 +67,10 @@ def call_tool(
         offset = as_int(args.get("offset", 0))
         limit = as_int(args.get("limit", DEFAULT_LIMIT))
         return engine.recall(session_id, ref, offset, limit)
-    search = getattr(engine, "search", None)
-    if name == SEARCH_TOOL_NAME and callable(search):
+    if name == SEARCH_TOOL_NAME:
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             return '[search_memory: "query" is required, e.g. {"query": "refund window"}]'
         limit = as_int(args.get("limit", DEFAULT_SEARCH_LIMIT))
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
-            return f"[search_memory: limit must be an integer 1..50, got {limit!r}]"
-        return str(search(session_id, query, user_id=user_id, limit=limit))
+        return engine.search(session_id, query, user_id, limit)
     return f"[{name}: not a ragent_memory tool]"

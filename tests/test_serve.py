@@ -304,7 +304,8 @@ def test_bad_recall_arguments_get_a_readable_answer(
     )
     assert "done" == reply.choices[0].message.content
     answer = upstream.requests[1].body["messages"][-1]
-    assert "[recall_tool_result: the arguments must be a JSON object]" == answer["content"]
+    expected = "[recall_tool_result: arguments must be a JSON object, got 'not json']"
+    assert expected == answer["content"]
 
 
 def test_streamed_recall_round_trip(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
@@ -506,6 +507,47 @@ def test_two_users_facts_stay_apart(workdir: Path, upstream: FakeOpenAI) -> None
     assert "Bob" in seen["bob"] and "Oslo" in seen["bob"]
     assert "Bob" not in seen["alice"] and "Oslo" not in seen["alice"]
     assert "Alice" not in seen["bob"] and "Lisbon" not in seen["bob"]
+
+
+def searching_model(body: Any) -> Answer:
+    """Calls search_memory once when offered; then repeats what the search found."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        found = re.search(r"locker code is \d+", last["content"])
+        return Answer.reply(found.group(0) if found else "nothing found")
+    offered = [t["function"]["name"] for t in body.get("tools") or ()]
+    if "search_memory" not in offered:
+        return Answer.reply("no search offered")
+    call = {
+        "id": "call_search",
+        "type": "function",
+        "function": {"name": "search_memory", "arguments": '{"query": "locker code"}'},
+    }
+    return Answer.reply(None, "tool_calls", tool_calls=[call])
+
+
+def test_search_round_trip_reaches_the_users_other_session(
+    workdir: Path, upstream: FakeOpenAI
+) -> None:
+    """The proxy offers search_memory to a known user and answers the model's search with
+    excerpts of that user's earlier session; the app sees only the final answer."""
+    upstream.default = lambda body: "Noted."
+    config = write_config(workdir, "search")
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as first:
+        talk(client_for(first, "carol-1", "carol"), ["My locker code is 4417 at the gym."])
+        first.stop()
+    upstream.reset()
+    upstream.default = searching_model
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as second:
+        raw = client_for(second, "carol-2", "carol").chat.completions.with_raw_response.create(
+            model="m", messages=[SYSTEM, {"role": "user", "content": "What was it again?"}]
+        )
+    message = raw.parse().choices[0].message
+    assert "locker code is 4417" == message.content
+    assert message.tool_calls is None
+    assert "1" == raw.headers["x-ragent-tool-rounds"]
+    answer = upstream.requests[1].body["messages"][-1]
+    assert ("tool", "call_search") == (answer["role"], answer["tool_call_id"])
 
 
 def test_key_is_never_stored_or_logged(
