@@ -59,7 +59,8 @@ from .session import (
 from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
 from .store import GCReport, SessionState, open_store, utc_now
-from .summarize import Summarizer, build_summarizer
+from .summarize import Summarizer
+from .summarizers import build_summarizer
 from .terms import fts_query, search_terms
 from .tools import as_int
 

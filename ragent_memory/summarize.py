@@ -561,25 +561,3 @@ def with_model(
 
     client = LLMClient(settings.llm, on_event=on_event, sleep=sleep or time.sleep)
     return model(client, settings.llm, offline if settings.llm.offline_fallback else None)
-
-
-def build_summarizer(
-    settings: Settings,
-    *,
-    on_event: EventCallback | None = None,
-    sleep: Callable[[float], None] | None = None,
-) -> Summarizer:
-    """The offline summarizer, or a model summarizer when ``llm`` is configured."""
-    from .offline import OfflineSummarizer
-
-    def model(client: LLMClient, llm: LLMSettings, offline: Summarizer | None) -> Summarizer:
-        return ModelSummarizer(
-            client,
-            model=llm.model,
-            max_input_chars=llm.max_input_chars,
-            offline=offline,
-            on_event=on_event,
-        )
-
-    offline: Summarizer = OfflineSummarizer()
-    return with_model(settings, offline, model, on_event=on_event, sleep=sleep)

@@ -23,10 +23,10 @@ from ragent_memory.engine import MemoryEngine
 from ragent_memory.summarize import (
     NEUTRALISED,
     SECTIONS,
-    build_summarizer,
     neutralise,
     render_transcript,
 )
+from ragent_memory.summarizers import build_summarizer
 
 CORPUS = Path(__file__).parent / "injection"
 CASES = json.loads((CORPUS / "cases.json").read_text(encoding="utf-8"))

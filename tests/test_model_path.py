@@ -19,7 +19,8 @@ from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, Sto
 from ragent_memory.engine import MemoryEngine
 from ragent_memory.loops import map_loops
 from ragent_memory.offline import NAME as OFFLINE
-from ragent_memory.summarize import SECTIONS, SummaryRequest, build_summarizer
+from ragent_memory.summarize import SECTIONS, SummaryRequest
+from ragent_memory.summarizers import build_summarizer
 
 MODEL = "summary-model"
 KEY_ENV = "RAGENT_MODEL_PATH_KEY"
