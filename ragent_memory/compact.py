@@ -16,8 +16,9 @@ from typing import Any
 
 import attrs
 
+from . import retention
 from .chars import Message, chars
-from .errors import RagentMemoryError, StoreError
+from .errors import RagentMemoryError, StoreError, SummaryError
 from .logs import get_logger
 from .longterm import summary_chunks
 from .loops import map_loops
@@ -25,8 +26,11 @@ from .preserved import render_preserved, update_preserved
 from .settings import Settings
 from .store import Backend, SessionState
 from .summarize import (
+    ModelSummarizer,
     Summarizer,
+    SummaryOutcome,
     SummaryRequest,
+    compose_summary,
     fit_summary,
     render_verbatim,
     update_verbatim,
@@ -137,6 +141,8 @@ class Draft:
     attempts: int
     material_chars: int  # what the summarizer was actually given
     chars_after: int  # the view once applied: prefix + summary message + kept tail
+    identifiers_kept: int = 0  # identifiers of material + previous summary the summary holds
+    identifiers_lost: int = 0  # ... and those it lost even after the retention check
 
 
 def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
@@ -149,12 +155,12 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
     preserved = update_preserved(previous.preserved, job.material, settings.preserved_tools)
     kept = render_preserved(preserved, budget=settings.preserved_max_chars, language=language)
     room = settings.summary_max_chars - (len(kept) + 2 if kept else 0)
-    outcome = summarizer.summarize(
-        SummaryRequest(material_of(job), previous.body, language, room - len(block) - 2)
-    )
+    request = SummaryRequest(material_of(job), previous.body, language, room - len(block) - 2)
+    outcome, wanted = checked_summary(summarizer, request, block)
     body, summary = fit_summary(outcome.body, block, language, room)
     if kept:
         summary = f"{summary}\n\n{kept}"  # after the summary, never summarized
+    lost = retention.lost(wanted, summary)
     state = SessionState(
         session_id=previous.session_id,
         user_id=job.user_id,
@@ -175,7 +181,47 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
         chars_after=chars_after(job, chars(summary_message(summary, language))),
+        identifiers_kept=len(wanted) - len(lost),
+        identifiers_lost=len(lost),
     )
+
+
+def checked_summary(
+    summarizer: Summarizer, request: SummaryRequest, block: str
+) -> tuple[SummaryOutcome, list[str]]:
+    """The summarizer's outcome through the retention check (DESIGN §6), and the identifiers
+    it had to keep: a repeat of the previous summary is retried once and then rejected; on
+    the model path one retry names what was lost; what is still lost is appended extractively
+    under the findings section, within ``request.max_chars``."""
+    material, previous = request.material, request.previous
+    wanted = retention.wanted(material, previous)
+    outcome = summarizer.summarize(request)
+    attempts = outcome.attempts
+    try:
+        retention.reject_repeat(outcome.body, previous, material)
+    except SummaryError as err:
+        log.warning("summary.repeat_retried", error=str(err))
+        outcome = summarizer.summarize(request)
+        attempts += outcome.attempts
+        retention.reject_repeat(outcome.body, previous, material)
+    lost = retention.lost(wanted, compose_summary(outcome.body, block, request.language))
+    if lost and isinstance(summarizer, ModelSummarizer):
+        retry = summarizer.summarize(attrs.evolve(request, lost=tuple(lost)))
+        attempts += retry.attempts
+        still = retention.lost(wanted, compose_summary(retry.body, block, request.language))
+        if len(still) <= len(lost):
+            try:
+                retention.reject_repeat(retry.body, previous, material)
+                outcome, lost = retry, still
+            except SummaryError:
+                pass
+    if lost:
+        sources = [*reversed(retention.material_texts(material)), previous]
+        body = retention.restore(
+            outcome.body, lost, sources, language=request.language, max_chars=request.max_chars
+        )
+        outcome = attrs.evolve(outcome, body=body)
+    return attrs.evolve(outcome, attempts=attempts), wanted
 
 
 def chars_after(job: Job, summary_chars: int) -> int:
@@ -229,6 +275,8 @@ def run(
             "material_chars": draft.material_chars,
             "summary_chars": len(summary),
             "chars_after": draft.chars_after,
+            "identifiers_kept": draft.identifiers_kept,
+            "identifiers_lost": draft.identifiers_lost,
             "duration_ms": int((time.perf_counter() - started) * 1000),
             "summary": summary,
         }

@@ -59,6 +59,11 @@ SECTIONS = {
     ),
 }
 EMPTY = {"en": "none", "zh": "无"}
+LOST_NOTE = {
+    "en": "\n\nYour previous answer lost these identifiers from the material or the previous "
+    "summary; keep each of them, with what it refers to:\n",
+    "zh": "\n\n你上一次的摘要丢失了素材或旧摘要中的以下标识符；请逐一保留，并写明它指什么：\n",
+}
 VERBATIM_LABEL = {"en": "In the user's own words:", "zh": "用户原话："}
 NEUTRALISED = "[fence marker neutralised]"
 FENCE_TAGS = ("transcript", "previous_summary", "conversation_summary", "user_memory")
@@ -169,7 +174,8 @@ Rules:
 - A section with nothing to say contains just "none".
 - Keep negations, conditions, scope, quantities, amounts and deadlines word for word.
 - A hold ("don't send it yet", "wait for my OK") stays in force until the user revokes it.
-- Keep identifiers (ids, file names, order numbers, URLs, names), not raw query results.
+- For each tool result, keep what it established (values, amounts, names, ids, file names, \
+order numbers, URLs, dates), not the query that was run nor its raw output.
 - Stay under {max_chars} characters; if too long, shorten from the end first: \
 Done, then Dead ends, then Tools and findings.
 - Respond with the summary text only. Do not call tools.""",
@@ -186,7 +192,8 @@ Done, then Dead ends, then Tools and findings.
 - 没有内容的小节只写“无”。
 - 否定、条件、范围、数量、金额和截止时间必须逐字保留。
 - 用户的暂缓要求（如“先别发”“等我确认”）在用户撤销前一直有效。
-- 保留标识符（编号、文件名、订单号、链接、名称），不要保留原始查询结果。
+- 对每个工具结果，保留它查明的内容（数值、金额、名称、编号、文件名、订单号、链接、日期），\
+不要记录执行了什么查询，也不要照搬原始结果。
 - 总长不超过 {max_chars} 字符；过长时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
 - 只输出摘要正文，不要调用任何工具。""",
 }
@@ -426,6 +433,8 @@ class SummaryRequest:
     previous: str  # the previous generation's body ("" for the first)
     language: str
     max_chars: int  # room for the body (the verbatim block is added after)
+    # Identifiers an earlier attempt lost (the retention check's one retry names them).
+    lost: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -496,6 +505,10 @@ class ModelSummarizer:
             language=request.language,
             max_chars=request.max_chars,
         )
+        if request.lost:
+            messages[-1]["content"] += LOST_NOTE[request.language] + "\n".join(
+                f"- {neutralise(i, nonce)}" for i in request.lost
+            )
 
         def check(text: str) -> str:
             return validate_summary(text, max_chars=request.max_chars, nonce=nonce)

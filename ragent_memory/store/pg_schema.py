@@ -166,4 +166,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         CREATE INDEX recall_fts_tsv ON recall_fts USING GIN (tsv);
         """,
     ),
+    (
+        # The retention check (DESIGN §6): identifiers a summary kept and lost.
+        "004_identifiers",
+        """
+        ALTER TABLE compactions ADD COLUMN identifiers_kept INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE compactions ADD COLUMN identifiers_lost INTEGER NOT NULL DEFAULT 0;
+        """,
+    ),
 )

@@ -22,6 +22,8 @@ COMPACTION_COLUMNS = (
     "summary",
     "error",
     "created_at",
+    "identifiers_kept",
+    "identifiers_lost",
 )
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
@@ -189,6 +191,14 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         # Preserved tool outputs (DESIGN §6): the latest result of each, carried verbatim.
         "007_preserved",
         "ALTER TABLE sessions ADD COLUMN preserved TEXT NOT NULL DEFAULT '[]';",
+    ),
+    (
+        # The retention check (DESIGN §6): identifiers a summary kept and lost.
+        "008_identifiers",
+        """
+        ALTER TABLE compactions ADD COLUMN identifiers_kept INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE compactions ADD COLUMN identifiers_lost INTEGER NOT NULL DEFAULT 0;
+        """,
     ),
 )
 
