@@ -550,14 +550,15 @@ class MemoryEngine:
     ) -> str:
         """Excerpts of earlier conversation matching ``query``, as text the model reads: this
         session's messages and, with ``user_id``, that user's other sessions (never another
-        user's). A bad query or limit gets a clear refusal, never an exception."""
+        user's). A bad query or limit gets a clear refusal, never an exception; ``"5"`` and
+        ``5.0`` are read as 5, as :meth:`recall` reads its numbers."""
         self._check_open()
         _check_id("session_id", session_id)
         if user_id is not None:
             _check_id("user_id", user_id)
         if self._recaller is None:
             return "[search_memory: recall is switched off for this engine]"
-        return self._recaller.search(session_id, query, user_id, limit)
+        return self._recaller.search(session_id, query, user_id, as_int(limit))
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop

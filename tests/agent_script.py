@@ -93,3 +93,31 @@ def check_agent_run(
         assert str(message["content"]).startswith(original_of_recall(message["tool_call_id"])[:300])
     first_call_of_other = seen[-2]  # system, memory block, the question
     assert "Ada Lovelace" in str(first_call_of_other[1]["content"])
+
+
+LOCKER = "My locker code is 4417 at the Lisbon gym."
+ASK_CODE = "What was my locker code again?"
+SEARCH_ID = "search-1"
+
+
+def search_reply(messages: list[dict[str, Any]], n_call: int) -> dict[str, Any]:
+    """A model that calls search_memory (a limit as text, an undeclared key) when asked for
+    the code, and acknowledges anything else."""
+    last = messages[-1]
+    content = last.get("content")
+    text = content if isinstance(content, str) else str(content)
+    if last["role"] == "user" and ASK_CODE in text:
+        return call(SEARCH_ID, "search_memory", {"query": "locker code", "limit": "3", "x": 1})
+    return {"role": "assistant", "content": f"Noted {n_call}."}
+
+
+def searched(seen: list[list[dict[str, Any]]]) -> str:
+    """The answer to the model's search_memory call, as a later model input showed it."""
+    answers = [
+        str(m["content"])
+        for shown in seen
+        for m in shown
+        if m["role"] == "tool" and m.get("tool_call_id") == SEARCH_ID
+    ]
+    assert answers, "the search_memory call was never answered"
+    return answers[-1]

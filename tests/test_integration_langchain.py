@@ -6,7 +6,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from agent_script import check_agent_run, question, reply, search_result
+from agent_script import (
+    ASK_CODE,
+    LOCKER,
+    check_agent_run,
+    question,
+    reply,
+    search_reply,
+    search_result,
+    searched,
+)
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
@@ -28,6 +37,7 @@ class ScriptedChatModel(BaseChatModel):
     """Answers by ``agent_script.reply``; records every input it was given (as chat dicts)."""
 
     seen: list[list[dict[str, Any]]] = Field(default_factory=list)
+    policy: Any = reply
 
     @property
     def _llm_type(self) -> str:
@@ -39,7 +49,7 @@ class ScriptedChatModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
         shown = [from_langchain(m) for m in messages]
         self.seen.append(shown)
-        (message,) = to_langchain([reply(shown, len(self.seen))])
+        (message,) = to_langchain([self.policy(shown, len(self.seen))])
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
@@ -99,3 +109,17 @@ def test_tool_arguments_from_the_model_are_untrusted(
         answer = recall.invoke({"ref": "rm-0123456789abcdef0123", "why": "x"}, config)
         assert answer.startswith("[recall: ref") and "\n" not in answer
         assert answer == recall.invoke({"ref": "rm-0123456789abcdef0123"}, config)
+
+
+def test_search_memory_round_trips(make_settings: Callable[..., Settings]) -> None:
+    """The model's search_memory call (limit as text, an extra key) is answered with the
+    user's earlier thread."""
+    model = ScriptedChatModel(policy=search_reply)
+    with MemoryEngine(make_settings()) as engine:
+        middleware = RagentMemoryMiddleware(engine)
+        agent = create_agent(model, tools=[search_knowledge], middleware=[middleware])
+        for thread, text in (("t1", LOCKER), ("t2", ASK_CODE)):
+            config = {"configurable": {"thread_id": thread, "user_id": "u1"}}
+            agent.invoke({"messages": [HumanMessage(text)]}, config)
+            engine.flush()
+    assert "locker code is 4417" in searched(model.seen)

@@ -7,7 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from agent_script import check_agent_run, question, reply, search_result
+from agent_script import (
+    ASK_CODE,
+    LOCKER,
+    check_agent_run,
+    question,
+    reply,
+    search_reply,
+    search_result,
+    searched,
+)
 from agents import Agent, Model, ModelResponse, Runner, Usage, function_tool
 from openai.types.responses import (
     ResponseFunctionToolCall,
@@ -24,8 +33,9 @@ B = 20_000
 class Scripted(Model):
     """``agent_script.reply`` over what the SDK sends; records every input as chat dicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Callable[..., dict[str, Any]] = reply) -> None:
         self.seen: list[list[dict[str, Any]]] = []
+        self.policy = policy
 
     async def get_response(
         self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
@@ -35,7 +45,7 @@ class Scripted(Model):
         if system_instructions:
             shown.insert(0, {"role": "system", "content": system_instructions})
         self.seen.append(shown)
-        answer = reply(shown, len(self.seen))
+        answer = self.policy(shown, len(self.seen))
         output: list[Any] = [
             ResponseFunctionToolCall(
                 type="function_call", call_id=c["id"], name=c["function"]["name"],
@@ -125,3 +135,21 @@ def test_recall_tool_refuses_bad_arguments(make_settings: Callable[..., Settings
         (recall, *_) = RagentSession(engine, "s1").tools()
         answer = asyncio.run(recall.on_invoke_tool(None, "not json"))  # type: ignore[arg-type]
         assert answer.startswith("[recall_tool_result: arguments must be a JSON object")
+
+
+def test_search_memory_round_trips(make_settings: Callable[..., Settings]) -> None:
+    """The model's search_memory call (limit as text, an extra key) is answered with the
+    user's earlier session."""
+    model = Scripted(search_reply)
+    with MemoryEngine(make_settings()) as engine:
+        first, second = RagentSession(engine, "s1", "u1"), RagentSession(engine, "s2", "u1")
+
+        async def drive() -> None:
+            for session, text in ((first, LOCKER), (second, ASK_CODE)):
+                agent = Agent(name="support", model=model, tools=session.tools())
+                config = session.run_config(tracing_disabled=True)
+                await Runner.run(agent, text, session=session, run_config=config)
+                engine.flush()
+
+        asyncio.run(drive())
+    assert "locker code is 4417" in searched(model.seen)

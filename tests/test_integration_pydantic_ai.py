@@ -7,7 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from agent_script import check_agent_run, question, reply, search_result
+from agent_script import (
+    ASK_CODE,
+    LOCKER,
+    check_agent_run,
+    question,
+    reply,
+    search_reply,
+    search_result,
+    searched,
+)
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import ModelMessage, ModelResponse
@@ -27,13 +36,14 @@ B = 20_000
 class Script:
     """The scripted model: ``agent_script.reply`` over what pydantic-ai shows it."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Callable[..., dict[str, Any]] = reply) -> None:
         self.seen: list[list[dict[str, Any]]] = []
+        self.policy = policy
 
     def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         shown = from_pydantic_ai(messages)
         self.seen.append(shown)
-        (response,) = to_pydantic_ai([reply(shown, len(self.seen))])
+        (response,) = to_pydantic_ai([self.policy(shown, len(self.seen))])
         assert isinstance(response, ModelResponse)
         return response
 
@@ -102,3 +112,20 @@ def test_toolset_answers_untrusted_arguments(make_settings: Callable[..., Settin
         (recall,) = [t for name, t in toolset.tools.items() if name == "recall_tool_result"]
         answer = asyncio.run(recall.function_schema.call({"why": "x"}, None))  # type: ignore[arg-type]
         assert answer.startswith('[recall: "ref" is required') and "\n" not in answer
+
+
+def test_search_memory_round_trips(make_settings: Callable[..., Settings]) -> None:
+    """The model's search_memory call (limit as text, an extra key) is answered with the
+    user's earlier session."""
+    script = Script(search_reply)
+    with MemoryEngine(make_settings()) as engine:
+        first, _ = _agent(engine, script, "s1")
+        second, _ = _agent(engine, script, "s2")
+
+        async def drive() -> None:
+            await first.run(LOCKER)
+            engine.flush()
+            await second.run(ASK_CODE)
+
+        asyncio.run(drive())
+    assert "locker code is 4417" in searched(script.seen)

@@ -43,6 +43,9 @@ def test_parse_arguments_reads_json_or_mappings(arguments: Any, expected: Any) -
         ("recall_tool_result", {"ref": 42}, '[recall: "ref" is required'),
         ("recall_tool_result", {"ref": "rm-0", "reason": "x"}, "[recall: ref 'rm-0' not found"),
         ("recall_tool_result", {"ref": "rm-0", "limit": "ten"}, "[recall: ref 'rm-0' not found"),
+        ("search_memory", {"limit": 3}, '[search_memory: "query" is required'),
+        ("search_memory", {"query": "x", "limit": "ten"}, "[search_memory: limit must be"),
+        ("search_memory", {"query": "x", "limit": "3", "why": 1}, "[search_memory: nothing found"),
         ("delete_everything", {}, "[delete_everything: not a ragent_memory tool]"),
     ],
 )
