@@ -16,7 +16,8 @@ from ragent_memory.engine import MemoryEngine
 from ragent_memory.errors import SummaryError
 from ragent_memory.identifiers import identifiers, lost, sentences, shortest_sentence
 from ragent_memory.retention import reject_repeat, restore, wanted
-from ragent_memory.summarize import SECTIONS, build_summarizer
+from ragent_memory.summarize import SECTIONS
+from ragent_memory.summarizers import build_summarizer
 
 # ---------------------------------------------------------------------------- identifiers
 
