@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,chart,serve,postgres,langchain,pydantic-ai,openai-agents]'
 	touch $(STAMP)
 
 lint: $(STAMP)
