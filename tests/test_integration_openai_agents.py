@@ -129,6 +129,21 @@ def test_items_round_trip_through_chat_dicts() -> None:
     assert dicts == from_items(to_items(dicts))
 
 
+def test_recall_block_stays_a_part_of_its_own() -> None:
+    """A user message with the recall block ahead of the question (§9b) reaches the model as
+    two input_text parts, not one run-on text where the excerpts read as the question."""
+    block, asked = "[Excerpts of earlier conversation …] Turn 0: …", "Turn 7: refunds?"
+    dicts = [{"role": "user", "content": [{"type": "text", "text": t} for t in (block, asked)]}]
+    items = to_items(dicts)
+    assert [{"type": "input_text", "text": block}, {"type": "input_text", "text": asked}] == (
+        items[0]["content"]
+    )
+    assert dicts == from_items(items)
+    assert [{"role": "user", "content": asked}] == from_items(
+        [{"role": "user", "content": [{"type": "input_text", "text": asked}]}]
+    )
+
+
 def test_recall_tool_refuses_bad_arguments(make_settings: Callable[..., Settings]) -> None:
     """Arguments that are not a JSON object get a one-line refusal, not an exception."""
     with MemoryEngine(make_settings()) as engine:

@@ -31,13 +31,37 @@ from ..tools import call_tool, memory_tools
 __all__ = ["RagentSession", "from_items", "to_items"]
 
 
-def _text(content: Any) -> str:
+def _texts(content: Any) -> list[str]:
+    """The text parts of ``content`` (a string is one part; parts without text are left out)."""
     if isinstance(content, str) or content is None:
-        return content or ""
-    return "".join(
-        part.get("text", "") if isinstance(part, dict) else str(getattr(part, "text", ""))
+        return [content or ""]
+    texts = (
+        part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
         for part in content
     )
+    return [str(text) for text in texts if text is not None]
+
+
+def _text(content: Any) -> str:
+    return "".join(_texts(content))
+
+
+def _chat_content(content: Any) -> str | list[dict[str, str]]:
+    """Item content as chat content: one text stays a string; several text parts (the
+    engine's recall block ahead of the user's words, §9b) stay separate parts."""
+    texts = _texts(content)
+    if len(texts) <= 1:
+        return "".join(texts)
+    return [{"type": "text", "text": text} for text in texts]
+
+
+def _item_content(role: str, content: Any) -> str | list[dict[str, str]]:
+    """Chat content as item content: several parts of an input message stay separate
+    ``input_text`` parts, so the model reads the recall block apart from the question."""
+    texts = _texts(content)
+    if len(texts) <= 1 or role == "assistant":
+        return "".join(texts)
+    return [{"type": "input_text", "text": text} for text in texts]
 
 
 def _plain(item: Any) -> dict[str, Any]:
@@ -52,7 +76,7 @@ def from_items(items: Sequence[Any]) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _text(item.get("content"))})
+            out.append({"role": role, "content": _chat_content(item.get("content"))})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -86,7 +110,7 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[Any]:
             )
             continue
         if message.get("content"):
-            out.append({"role": role, "content": _text(message["content"])})
+            out.append({"role": role, "content": _item_content(role, message["content"])})
         for call in message.get("tool_calls") or []:
             function = call["function"]
             out.append(
