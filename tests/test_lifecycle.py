@@ -32,7 +32,7 @@ def test_flush_times_out_then_finishes(make_settings: Callable[..., Settings]) -
         assert "timeout" == engine.prepare(history, session_id="s").report.skipped_reason
         assert False is engine.flush(timeout_s=0.01)
         gate.set()
-        assert True is engine.flush(timeout_s=30)
+        assert engine.flush(timeout_s=30) is True
         adopted = engine.prepare(history, session_id="s").report
     assert (True, 1) == (adopted.compacted, adopted.generation)
 
@@ -41,7 +41,7 @@ def test_flush_with_nothing_in_flight_is_true(make_engine: Callable[..., MemoryE
     """With no background work, flush returns at once and says everything finished."""
     engine = make_engine()
     engine.prepare([{"role": "user", "content": "hi"}], session_id="s")
-    assert True is engine.flush(timeout_s=0)
+    assert engine.flush(timeout_s=0) is True
 
 
 def test_close_waits_for_a_compaction_in_flight(
@@ -118,7 +118,7 @@ def test_close_is_idempotent_and_flush_after_close_is_true(
     engine = make_engine()
     engine.close()
     engine.close()
-    assert True is engine.flush(timeout_s=0)
+    assert engine.flush(timeout_s=0) is True
 
 
 @pytest.mark.both_backends  # reliability on PostgreSQL too
