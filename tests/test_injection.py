@@ -157,25 +157,28 @@ def test_injection_case(
     prepared = engine.prepare(messages, session_id="s1")
 
     assert prepared.report.compacted
-    [request] = server.requests
-    system, user = (m["content"] for m in request.body["messages"])
-    assert REAL_TAGS == [
-        m.group(0) for m in re.finditer(r"<[^<>]*>", user) if ANY_TAG.match(m.group(0))
-    ]
-    assert 4 == len(ANY_TAG.findall(user))
-    assert NONCE in system and not ANY_TAG.search(system)  # the only fences are the user's
-    material = fenced(user, "transcript")
-    previous = fenced(user, "previous_summary")
-    assert NONCE not in (material + previous).lower()
-    assert case["markers"] == material.count(NEUTRALISED)
-    assert case["survives"] in material
-    starts = [
-        line
-        for line in user.splitlines()
-        for forged in case["forged_lines"]
-        if line.startswith(forged)
-    ]
-    assert [] == starts
+    # One summary request, and at most one retry naming identifiers the reply lost (DESIGN §6
+    # retention check); each must hold the fences.
+    assert 1 <= len(server.requests) <= 2
+    for request in server.requests:
+        system, user = (m["content"] for m in request.body["messages"])
+        assert REAL_TAGS == [
+            m.group(0) for m in re.finditer(r"<[^<>]*>", user) if ANY_TAG.match(m.group(0))
+        ]
+        assert 4 == len(ANY_TAG.findall(user))
+        assert NONCE in system and not ANY_TAG.search(system)  # the only fences are the user's
+        material = fenced(user, "transcript")
+        previous = fenced(user, "previous_summary")
+        assert NONCE not in (material + previous).lower()
+        assert case["markers"] == material.count(NEUTRALISED)
+        assert case["survives"] in material
+        starts = [
+            line
+            for line in user.splitlines()
+            for forged in case["forged_lines"]
+            if line.startswith(forged)
+        ]
+        assert [] == starts
 
     summary = applied_summary(db_path)
     assert TITLES == [line for line in summary.splitlines() if line.startswith("## ")]
