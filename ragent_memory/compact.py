@@ -155,7 +155,13 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
     preserved = update_preserved(previous.preserved, job.material, settings.preserved_tools)
     kept = render_preserved(preserved, budget=settings.preserved_max_chars, language=language)
     room = settings.summary_max_chars - (len(kept) + 2 if kept else 0)
-    request = SummaryRequest(material_of(job), previous.body, language, room - len(block) - 2)
+    request = SummaryRequest(
+        material_of(job),
+        previous.body,
+        language,
+        room - len(block) - 2,
+        input_chars=settings.context_window_chars,
+    )
     outcome, wanted = checked_summary(summarizer, request, block)
     body, summary = fit_summary(outcome.body, block, language, room)
     if kept:

@@ -60,7 +60,9 @@ _NOT_NAME_WORDS = """a an and are as at be but by can could did do does done for
     findings monday tuesday wednesday thursday friday saturday sunday today tomorrow yesterday
 """
 _NOT_NAMES = frozenset(_NOT_NAME_WORDS.split())
-_SENTENCE_END = re.compile(r"(?:[.!?。！？;；]\s*|\n+)")
+# ASCII punctuation ends a sentence only before a space or the end: "€4,321.50", "a.b@c.com"
+# and "https://x.example/q3" stay whole.
+_SENTENCE_END = re.compile(r"(?:[.!?;](?=\s|$)\s*|[。！？；]\s*|\n+)")
 _TRAILING = ".,;:!?)]}>'\"，。；：！？）"
 
 
@@ -133,11 +135,26 @@ def sentences(text: str) -> list[str]:
     return parts
 
 
+class Sentences:
+    """The sentences of ``texts``, split and normalised once (on first use of each text),
+    so many identifiers can be looked up without re-reading the material for each."""
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts = list(texts)
+        self._split: dict[int, list[tuple[str, str]]] = {}
+
+    def shortest(self, identifier: str) -> str | None:
+        """The shortest sentence holding ``identifier`` in the first text that has one."""
+        key = normalise(identifier)
+        for index, text in enumerate(self._texts):
+            if index not in self._split:
+                self._split[index] = [(s, normalise(s)) for s in sentences(text)]
+            holding = [s for s, flat in self._split[index] if key in flat]
+            if holding:
+                return min(holding, key=len)
+        return None
+
+
 def shortest_sentence(identifier: str, texts: Iterable[str]) -> str | None:
     """The shortest sentence holding ``identifier`` in the first of ``texts`` that has one."""
-    key = normalise(identifier)
-    for text in texts:
-        holding = [s for s in sentences(text) if key in normalise(s)]
-        if holding:
-            return min(holding, key=len)
-    return None
+    return Sentences(texts).shortest(identifier)

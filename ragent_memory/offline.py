@@ -16,7 +16,15 @@ from itertools import zip_longest
 from typing import Any
 
 from .chars import clip, text_of
-from .summarize import EMPTY, SECTIONS, SummaryOutcome, SummaryRequest, validate_summary
+from .summarize import (
+    EMPTY,
+    SECTIONS,
+    UNCLIPPED,
+    SummaryOutcome,
+    SummaryRequest,
+    Transcript,
+    validate_summary,
+)
 
 NAME = "offline-extractive"
 
@@ -327,10 +335,21 @@ class OfflineSummarizer:
     name = NAME
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        body = summarize_offline(
-            request.material, request.previous, request.language, request.max_chars
+        """Reads the material whole, or — when its transcript and the previous summary would
+        exceed ``request.input_chars`` — clipped like the model path's (``fit_clip``);
+        ``material_chars`` is the transcript of what it read."""
+        transcript = Transcript(request.material)
+        clip = UNCLIPPED
+        if request.input_chars is not None:
+            clip = transcript.fit(max(request.input_chars - len(request.previous), 0), start=clip)
+        material = request.material if clip == UNCLIPPED else transcript.clipped(clip)
+        body = summarize_offline(material, request.previous, request.language, request.max_chars)
+        return SummaryOutcome(
+            validate_summary(body, max_chars=request.max_chars),
+            NAME,
+            0,
+            material_chars=len(transcript.render(clip)),
         )
-        return SummaryOutcome(validate_summary(body, max_chars=request.max_chars), NAME, 0)
 
     def close(self) -> None:
         return None

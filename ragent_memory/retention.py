@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from .chars import Message, text_of
 from .errors import SummaryError
-from .identifiers import identifiers, kept_in, lost, normalise, shortest_sentence
+from .identifiers import Sentences, identifiers, kept_in, lost, normalise
 from .summarize import EMPTY, SECTIONS
 
 FINDINGS = {"en": "## Tools and findings", "zh": "## 工具与发现"}
@@ -100,12 +100,17 @@ def restore(
     """``body`` with the shortest source sentence of each missing identifier appended under
     the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""
     additions: list[str] = []
+    found = Sentences(sources)
+    room = max_chars  # what squeezing can free at most: no more additions could fit
     for identifier in missing:
+        if room <= 0:
+            break
         if any(kept_in(identifier, a) for a in additions):
             continue
-        sentence = shortest_sentence(identifier, sources)
+        sentence = found.shortest(identifier)
         if sentence is not None:
             additions.append("- " + _window(sentence, identifier))
+            room -= len(additions[-1]) + 1
     if not additions:
         return body
     lines = body.splitlines()

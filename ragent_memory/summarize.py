@@ -113,7 +113,7 @@ def clip_middle(
     if len(text) <= over:
         return text
     omitted = len(text) - head - tail
-    return f"{text[:head]}…({omitted} chars omitted)…{text[-tail:]}"
+    return f"{text[:head]}…({omitted} chars omitted)…{text[len(text) - tail :]}"
 
 
 def _entry(text: str) -> str:
@@ -122,28 +122,189 @@ def _entry(text: str) -> str:
     return "\n  ".join(text.splitlines())
 
 
-def render_transcript(material: Sequence[Mapping[str, Any]]) -> str:
-    """The material as a plain transcript, one entry per message or tool call."""
+@attrs.frozen
+class Clip:
+    """How hard the transcript clips its texts, per kind: tool results and tool-call
+    arguments (``tool``), assistant and other text (``assistant``), the user's (``user``).
+
+    A text longer than its cap becomes head (2/3 of the cap) + ``…(N chars omitted)…`` +
+    tail (1/3); ``None`` leaves it whole. The default is DESIGN §1's 1,200 → 800 + 400.
+    ``omitted``: the oldest messages left out entirely (the last resort of ``fit_clip``),
+    shown as one line saying how many.
+    """
+
+    tool: int | None = TRANSCRIPT_CLIP_OVER_CHARS
+    assistant: int | None = TRANSCRIPT_CLIP_OVER_CHARS
+    user: int | None = TRANSCRIPT_CLIP_OVER_CHARS
+    omitted: int = 0
+
+    def cap(self, kind: str) -> int | None:
+        return self.tool if kind == "tool" else self.user if kind == "user" else self.assistant
+
+
+DEFAULT_CLIP = Clip()
+UNCLIPPED = Clip(None, None, None)
+# Clipped in this order when the material is too large: tool texts first, the user's last
+# (their own words are also quoted verbatim in the summary by the engine, DESIGN §6).
+CLIP_ORDER = ("tool", "assistant", "user")
+
+
+def clip_text(text: str, cap: int | None) -> str:
+    """``text`` within ``cap`` as the transcript shows it (see ``Clip``)."""
+    if cap is None or len(text) <= cap:
+        return text
+    head = cap * 2 // 3
+    clipped = clip_middle(text, over=cap, head=head, tail=cap - head)
+    # Below the §1 default a marker longer than what it hides would only add chars.
+    return clipped if cap >= TRANSCRIPT_CLIP_OVER_CHARS or len(clipped) < len(text) else text
+
+
+# A message as the transcript shows it: (kind, label, text) per entry line.
+_Parts = tuple[tuple[str, str, str], ...]
+
+
+def _parts(material: Sequence[Mapping[str, Any]]) -> list[_Parts]:
+    """Each message's entries, fence-like tags already neutralised (DESIGN §6), so the
+    length measured here is the length sent."""
     names: dict[str, str] = {}
-    lines: list[str] = []
+    out: list[_Parts] = []
     for message in material:
         role = message.get("role")
-        text = text_of(message)
+        text = _TAG_RE.sub(NEUTRALISED, text_of(message))
+        parts: list[tuple[str, str, str]] = []
         if role == "assistant":
             if text.strip():
-                lines.append(_entry(f"[assistant] {clip_middle(text)}"))
+                parts.append(("assistant", "[assistant] ", text))
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
-                name = function.get("name") or ""
+                name = _TAG_RE.sub(NEUTRALISED, function.get("name") or "")
                 names[call.get("id", "")] = name
-                arguments = clip_middle(function.get("arguments") or "")
-                lines.append(_entry(f"[assistant → tool] {name} {arguments}"))
+                arguments = _TAG_RE.sub(NEUTRALISED, function.get("arguments") or "")
+                parts.append(("tool", f"[assistant → tool] {name} ", arguments))
         elif role == "tool":
-            name = names.get(message.get("tool_call_id", ""), message.get("name") or "tool")
-            lines.append(_entry(f"[tool result · {name}] {clip_middle(text)}"))
+            called = names.get(message.get("tool_call_id", ""))
+            if called is None:
+                called = _TAG_RE.sub(NEUTRALISED, message.get("name") or "tool")
+            parts.append(("tool", f"[tool result · {called}] ", text))
         else:
-            lines.append(_entry(f"[{role}] {clip_middle(text)}"))
-    return "\n".join(lines)
+            kind = "user" if role == "user" else "assistant"
+            parts.append((kind, f"[{role}] ", text))
+        out.append(tuple(parts))
+    return out
+
+
+def _omitted_line(count: int) -> str:
+    return f"[{count} earlier messages omitted]"
+
+
+class Transcript:
+    """Material as the summarizer reads it (DESIGN §6), rendered at any ``Clip``: one
+    entry per message or tool call, ``[user] …``, ``[assistant → tool] name args``,
+    ``[tool result · name] …``. Built once per summary; each rendering is a pass over the
+    (clipped) texts."""
+
+    def __init__(self, material: Sequence[Mapping[str, Any]]) -> None:
+        self.material = tuple(material)
+        self._parts = _parts(self.material)
+
+    def _entries(self, clip: Clip) -> list[str]:
+        """One entry per message ("" for the omitted ones and those with nothing to show)."""
+        return [
+            ""
+            if index < clip.omitted
+            else "\n".join(
+                _entry(label + clip_text(text, clip.cap(kind))) for kind, label, text in parts
+            )
+            for index, parts in enumerate(self._parts)
+        ]
+
+    def render(self, clip: Clip = DEFAULT_CLIP) -> str:
+        lines = [_omitted_line(clip.omitted)] if clip.omitted else []
+        return "\n".join(lines + [entry for entry in self._entries(clip) if entry])
+
+    def fit(self, max_chars: int, *, start: Clip = DEFAULT_CLIP) -> Clip:
+        """The gentlest clip from ``start`` whose rendering fits ``max_chars``.
+
+        Kinds are clipped in ``CLIP_ORDER``, each to the largest cap that fits (bisection:
+        a few renderings) before the next is touched; with every cap at 0, the oldest
+        messages are left out, as few as fit.
+        """
+
+        def fits(clip: Clip) -> bool:
+            return len(self.render(clip)) <= max_chars
+
+        clip = start
+        if fits(clip):
+            return clip
+        for kind in CLIP_ORDER:
+            floor = attrs.evolve(clip, **{kind: 0})
+            if not fits(floor):
+                clip = floor
+                continue
+            low, high = 0, clip.cap(kind)
+            if high is None:
+                high = max((len(t) for p in self._parts for k, _, t in p if k == kind), default=0)
+            while low < high:  # the largest cap that fits; fits(low) holds throughout
+                middle = (low + high + 1) // 2
+                if fits(attrs.evolve(clip, **{kind: middle})):
+                    low = middle
+                else:
+                    high = middle - 1
+            return attrs.evolve(clip, **{kind: low})
+        low, high = 1, len(self._parts)
+        while low < high:  # the fewest omitted messages that fit (all of them, if need be)
+            middle = (low + high) // 2
+            if fits(attrs.evolve(clip, omitted=middle)):
+                high = middle
+            else:
+                low = middle + 1
+        return attrs.evolve(clip, omitted=low)
+
+    def chunks(self, clip: Clip, max_chars: int) -> list[str]:
+        """The rendering folded into chunks of at most ``max_chars``, split at user-turn
+        starts (DESIGN §6); a turn longer than that is split between its messages, and a
+        single message longer still is a chunk of its own. The chunks' lengths add up to at
+        most the whole rendering's."""
+        turns: list[list[str]] = [[_omitted_line(clip.omitted)]] if clip.omitted else []
+        for message, entry in zip(self.material, self._entries(clip), strict=True):
+            if message.get("role") == "user" or not turns:
+                turns.append([])
+            if entry:
+                turns[-1].append(entry)
+        pieces: list[str] = []
+        for turn in filter(None, turns):
+            whole = "\n".join(turn)
+            pieces.extend([whole] if len(whole) <= max_chars else turn)
+        chunks: list[str] = []
+        for piece in pieces:
+            if chunks and len(chunks[-1]) + 1 + len(piece) <= max_chars:
+                chunks[-1] += "\n" + piece
+            else:
+                chunks.append(piece)
+        return chunks
+
+    def clipped(self, clip: Clip) -> tuple[Message, ...]:
+        """The material as a reader of ``render(clip)`` sees it: texts clipped (tags
+        neutralised), the omitted messages left out, other fields as they were."""
+        out: list[Message] = []
+        for message, parts in list(zip(self.material, self._parts, strict=True))[clip.omitted :]:
+            copy = dict(message)
+            texts = iter([clip_text(text, clip.cap(kind)) for kind, _, text in parts])
+            is_assistant = message.get("role") == "assistant"
+            if not is_assistant or text_of(message).strip():
+                copy["content"] = next(texts)
+            if is_assistant and message.get("tool_calls"):
+                copy["tool_calls"] = [
+                    {**call, "function": {**(call.get("function") or {}), "arguments": next(texts)}}
+                    for call in message["tool_calls"]
+                ]
+            out.append(copy)
+        return tuple(out)
+
+
+def render_transcript(material: Sequence[Mapping[str, Any]], clip: Clip = DEFAULT_CLIP) -> str:
+    """The material as a plain transcript (``Transcript.render``)."""
+    return Transcript(material).render(clip)
 
 
 def neutralise(text: str, nonce: str) -> str:
@@ -435,6 +596,11 @@ class SummaryRequest:
     max_chars: int  # room for the body (the verbatim block is added after)
     # Identifiers an earlier attempt lost (the retention check's one retry names them).
     lost: tuple[str, ...] = ()
+    # The most chars one pass may send the summarizer, every call of it together: its
+    # instructions, the previous (running) summary and the rendered transcript. The engine
+    # passes B (DESIGN §5: the summarizer input is bounded by the budget). None: no bound
+    # beyond DESIGN §1's clip.
+    input_chars: int | None = None
 
 
 @attrs.frozen
@@ -442,8 +608,10 @@ class SummaryOutcome:
     body: str
     model: str
     attempts: int
-    # Chars of material the summarizer was actually given, when it used less than the whole
-    # request (None: all of it). The audit reports it as ``material_chars``.
+    # Chars of rendered transcript the summarizer was sent (summed over the chunks of the
+    # pass that wrote ``body``; the instructions and the previous summary not counted). The
+    # audit reports it as ``material_chars``; None: the summarizer does not say, and the
+    # audit counts the raw material.
     material_chars: int | None = None
 
 
@@ -455,29 +623,38 @@ class Summarizer(Protocol):
     def close(self) -> None: ...
 
 
-def split_at_user_turns(material: Sequence[Message], max_chars: int) -> list[list[Message]]:
-    """Chunks of whole user turns whose rendered transcript fits ``max_chars`` (a single
-    oversized turn becomes its own chunk; its long parts are already clipped)."""
-    turns: list[list[Message]] = []
-    for message in material:
-        if message.get("role") == "user" or not turns:
-            turns.append([])
-        turns[-1].append(message)
-    chunks: list[list[Message]] = []
+MIN_CHUNK_CHARS = 2_000
+# Identifiers named by the retention retry: at most this many chars of them (a summary
+# cannot hold more than its target anyway).
+MAX_LOST_NOTE_CHARS = 6_000
+
+
+def lost_note(lost: Sequence[str], nonce: str, language: str) -> str:
+    """The retry's line naming what the previous answer lost, newest first, bounded."""
+    if not lost:
+        return ""
+    lines: list[str] = []
     size = 0
-    for turn in turns:
-        turn_size = len(render_transcript(turn)) + 1
-        if chunks and size + turn_size <= max_chars:
-            chunks[-1].extend(turn)
-            size += turn_size
-        else:
-            chunks.append(list(turn))
-            size = turn_size
-    return chunks
+    for identifier in lost:
+        line = f"- {neutralise(identifier, nonce)}"
+        if size + len(line) + 1 > MAX_LOST_NOTE_CHARS:
+            break
+        lines.append(line)
+        size += len(line) + 1
+    return LOST_NOTE[language] + "\n".join(lines)
+
+
+def _prompt_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    return sum(len(m["content"]) for m in messages)
 
 
 class ModelSummarizer:
-    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort."""
+    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort.
+
+    The transcript is clipped (``fit_clip``) so that one pass — every chunk's instructions,
+    running summary and transcript — stays within ``request.input_chars``; each call stays
+    within ``max_input_chars``. ``SummaryOutcome.material_chars`` is the transcript sent.
+    """
 
     def __init__(
         self,
@@ -494,10 +671,14 @@ class ModelSummarizer:
         self.on_event = on_event
         self.name = model
 
-    def _call(
+    def _prompt(
         self, transcript: str, previous: str, request: SummaryRequest
-    ) -> tuple[str, str, int]:
+    ) -> tuple[list[dict[str, str]], str]:
         nonce = new_nonce()
+        for _ in range(3):  # a nonce the text holds would be neutralised, lengthening it
+            if nonce not in transcript.lower() and nonce not in previous.lower():
+                break
+            nonce = new_nonce()
         messages = build_prompt(
             transcript,
             previous,
@@ -505,10 +686,41 @@ class ModelSummarizer:
             language=request.language,
             max_chars=request.max_chars,
         )
-        if request.lost:
-            messages[-1]["content"] += LOST_NOTE[request.language] + "\n".join(
-                f"- {neutralise(i, nonce)}" for i in request.lost
-            )
+        messages[-1]["content"] += lost_note(request.lost, nonce, request.language)
+        return messages, nonce
+
+    def chunks(self, request: SummaryRequest) -> list[str]:
+        """The transcript chunks one pass sends, within ``request.input_chars`` in all."""
+        language = request.language
+        empty, _ = self._prompt("", "", request)
+        instructions = _prompt_chars(empty) - len(EMPTY[language])
+        previous = request.previous
+        first = instructions + (
+            len(_TAG_RE.sub(NEUTRALISED, previous)) if previous.strip() else len(EMPTY[language])
+        )
+        # Later calls carry the running summary: a validated reply, at most max_chars.
+        later = instructions + max(request.max_chars, len(EMPTY[language]))
+        room = max(self.max_input_chars - max(first, later), MIN_CHUNK_CHARS)
+        transcript = Transcript(request.material)
+        if request.input_chars is None:
+            return transcript.chunks(DEFAULT_CLIP, room)
+        count = 1
+        for _ in range(4):
+            budget = request.input_chars - first - (count - 1) * later
+            chunks = transcript.chunks(transcript.fit(max(budget, 0)), room)
+            if len(chunks) <= count:
+                return chunks
+            count = len(chunks)
+        # Still more chunks than budgeted: assume the most there can be (one per message).
+        count = len(request.material) + 1
+        budget = request.input_chars - first - (count - 1) * later
+        return transcript.chunks(transcript.fit(max(budget, 0)), room)
+
+    def _call(
+        self, transcript: str, previous: str, request: SummaryRequest
+    ) -> tuple[str, str, int, int]:
+        """One call: (body, model, attempts, transcript chars sent)."""
+        messages, nonce = self._prompt(transcript, previous, request)
 
         def check(text: str) -> str:
             return validate_summary(text, max_chars=request.max_chars, nonce=nonce)
@@ -520,17 +732,16 @@ class ModelSummarizer:
             validate=check,
             purpose="summary",
         )
-        return completion.text, completion.model, completion.attempts
+        sent = len(neutralise(transcript, nonce))
+        return completion.text, completion.model, completion.attempts, sent
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        # Room for the prompt itself and the running summary inside the model's input.
-        room = max(self.max_input_chars - len(request.previous) - 4_000, 4_000)
-        chunks = split_at_user_turns(request.material, room)
-        body, attempts, model = request.previous, 0, self.name
+        body, attempts, model, sent = request.previous, 0, self.name, 0
         try:
-            for chunk in chunks:
-                body, model, used = self._call(render_transcript(chunk), body, request)
+            for chunk in self.chunks(request):
+                body, model, used, chars = self._call(chunk, body, request)
                 attempts += used
+                sent += chars
         except LLMError as err:
             attempts += err.attempts
             if self.offline is None:
@@ -550,7 +761,7 @@ class ModelSummarizer:
                 )
             outcome = self.offline.summarize(request)
             return attrs.evolve(outcome, attempts=attempts + outcome.attempts)
-        return SummaryOutcome(body, model, attempts)
+        return SummaryOutcome(body, model, attempts, material_chars=sent)
 
     def close(self) -> None:
         self.client.close()

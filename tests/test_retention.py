@@ -85,6 +85,11 @@ def test_lost_ignores_case_spacing_and_thousands_separators() -> None:
 
 def test_sentences_and_the_shortest_holder_newest_first() -> None:
     assert ["A b.", "C d!", "中文。", "好的"] == sentences("A b. C d! 中文。好的")
+    decimals = "It totals €4,321.50. Mail dana.kim@example.com or see https://x.example.com/q3."
+    assert [
+        "It totals €4,321.50.",
+        "Mail dana.kim@example.com or see https://x.example.com/q3.",
+    ] == sentences(decimals)
     newest, oldest = "INV-9 was paid. INV-9 is closed.", "Long ago INV-9 was opened by Bob."
     assert "INV-9 was paid." == shortest_sentence("INV-9", [newest, oldest])
     assert shortest_sentence("INV-10", [newest, oldest]) is None

@@ -8,14 +8,15 @@ import pytest
 
 from ragent_memory import SummaryError
 from ragent_memory.summarize import (
+    DEFAULT_CLIP,
     NEUTRALISED,
+    Transcript,
     build_prompt,
     clip_middle,
     compose_summary,
     neutralise,
     render_transcript,
     render_verbatim,
-    split_at_user_turns,
     states_constraint,
     update_verbatim,
     validate_summary,
@@ -188,18 +189,19 @@ def test_compose_inserts_under_user_requests() -> None:
     assert out.startswith("## User requests\nIn the user's own words:\n> hi\n\n## To-do")
 
 
-def test_split_at_user_turns() -> None:
-    """Long material folds in chunks that start at user turns."""
+def test_transcript_folds_in_chunks_at_user_turns() -> None:
+    """Long material folds in chunks that start at user turns and add up to the whole."""
     material = []
     for i in range(10):
         material += [
             {"role": "user", "content": f"q{i}"},
             {"role": "assistant", "content": "a" * 90},
         ]
-    chunks = split_at_user_turns(material, 300)
+    transcript = Transcript(material)
+    chunks = transcript.chunks(DEFAULT_CLIP, 300)
     assert len(chunks) > 1
-    assert all(c[0]["role"] == "user" for c in chunks)
-    assert material == [m for c in chunks for m in c]
+    assert all(c.startswith("[user] q") and len(c) <= 300 for c in chunks)
+    assert transcript.render() == "\n".join(chunks)
 
 
 def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
