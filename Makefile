@@ -31,12 +31,9 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents,bench]'
 	touch $(VENV)/.bench
 
+# run, versus, locomo, proxy, pg in turn; prints each one's wall and CPU time at the end.
 bench: $(VENV)/.bench
-	$(BIN)/python -m benchmarks.run
-	$(BIN)/python -m benchmarks.versus
-	$(BIN)/python -m benchmarks.locomo
-	$(BIN)/python -m benchmarks.proxy
-	$(BIN)/python -m benchmarks.pg
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

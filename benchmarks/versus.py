@@ -30,6 +30,7 @@ Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -45,7 +46,7 @@ from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars
 from ragent_memory.demo import simulate_session
 from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest, render_transcript
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 RESULTS = Path(__file__).parent / "results"
 # The peers clip what they send their summarizer to 4,000 tokens by default; counted in chars
@@ -142,8 +143,10 @@ def workloads(quick: bool) -> Iterator[tuple[str, int, Turns]]:
 
 
 class Meter:
-    """ragent_memory's offline summarizer, counting calls and the chars each call was sent
-    (as the rendered transcript plus the previous summary)."""
+    """ragent_memory's offline summarizer, counting calls and the chars each call read: the
+    rendered transcript of the material it read (``material_chars``, clipped within B when
+    ragent_memory bounds it; a peer's material as the peer passed it) plus the previous
+    summary."""
 
     name = "offline-metered"
 
@@ -151,10 +154,15 @@ class Meter:
         self.language = language
         self.offline = OfflineSummarizer()
         self.sent: list[int] = []
+        self.material: list[int] = []
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        self.sent.append(len(render_transcript(request.material)) + len(request.previous))
-        return self.offline.summarize(request)
+        outcome = self.offline.summarize(request)
+        read = outcome.material_chars
+        assert read is not None  # the offline summarizer always says what it read
+        self.material.append(read)
+        self.sent.append(read + len(request.previous))
+        return outcome
 
     def text(self, messages: Sequence[dict[str, Any]]) -> str:
         """For a peer: its material in, the summary text out."""
@@ -205,7 +213,8 @@ def run_ragent(turns: Turns, budget: int, language: str, db: Path) -> tuple[Run,
             cpu_ms = (time.process_time() - started) * 1000
             sent = prepared.messages
             run.floor_list_ms.append(_repeat_ms(lambda sent=sent: list(sent)))  # type: ignore[misc]
-            run.floor_dicts_ms.append(_repeat_ms(lambda sent=sent: list(map(dict, sent))))  # type: ignore[misc]
+            # Copying every dict takes 0.1 ms and up: five repeats resolve it well.
+            run.floor_dicts_ms.append(_repeat_ms(lambda sent=sent: list(map(dict, sent)), 5))  # type: ignore[misc]
             stability.add(sent, prepared.report.compacted)
             run.record(cpu_ms, prepared.report.compacted)
             history.extend(messages[1:])
@@ -213,29 +222,39 @@ def run_ragent(turns: Turns, budget: int, language: str, db: Path) -> tuple[Run,
     applied = [r for r in audit if r["status"] == "applied"]
     extra = {
         "stability": stability.result(),
-        "audit_material_chars_equal_sent": [r["material_chars"] for r in applied] == meter.sent,
+        "audit_material_chars_equal_read": [r["material_chars"] for r in applied] == meter.material,
         "history_chars": sum(chars(m) for m in history),
     }
     return run, meter, extra
 
 
+def _common_prefix(previous: Sequence[Any], sent: Sequence[Any]) -> int:
+    """How many leading items ``sent`` shares with ``previous``."""
+    if previous == sent[: len(previous)]:  # the usual case, one C-level comparison
+        return len(previous)
+    same = 0
+    while same < min(len(previous), len(sent)) and previous[same] == sent[same]:
+        same += 1
+    return same
+
+
 class Stability:
     """Prefix stability between consecutive turns, compaction turns excluded."""
 
-    def __init__(self) -> None:
-        self.previous: list[dict[str, Any]] | None = None
+    def __init__(self, size: Callable[[Any], int] = chars) -> None:
+        self.size = size  # of one message as sent, in chars
+        self.previous: list[Any] | None = None
         self.previous_sizes: list[int] = []
         self.starts_with: list[bool] = []
         self.shares: list[float] = []
 
-    def add(self, sent: Sequence[dict[str, Any]], compacted: bool) -> None:
+    def add(self, sent: Sequence[Any], compacted: bool) -> None:
         sent = list(sent)
-        sizes = [chars(m) for m in sent]
-        previous = self.previous
-        if previous is not None and not compacted:
-            same = 0
-            while same < min(len(previous), len(sent)) and previous[same] == sent[same]:
-                same += 1
+        previous = self.previous or []
+        same = _common_prefix(previous, sent)
+        # Equal messages have equal sizes: only what changed is measured again.
+        sizes = self.previous_sizes[:same] + [self.size(m) for m in sent[same:]]
+        if self.previous is not None and not compacted:
             self.starts_with.append(same == len(previous))
             total = sum(self.previous_sizes) or 1
             self.shares.append(sum(self.previous_sizes[:same]) / total)
@@ -249,6 +268,13 @@ class Stability:
             "mean_matching_share": statistics.fmean(self.shares),
             "turns": len(self.starts_with),
         }
+
+
+def _peer_chars(message: Any) -> int:
+    """A LangChain message's size as the OpenAI dict it would be sent as."""
+    from langchain_core.messages import convert_to_openai_messages
+
+    return chars(convert_to_openai_messages(message))
 
 
 def _char_counter(messages: Any, **_: Any) -> int:
@@ -295,7 +321,7 @@ def run_langchain(
         )
         from langchain.agents.middleware.types import ModelRequest
         from langchain_core.language_models.fake_chat_models import FakeListChatModel
-        from langchain_core.messages import convert_to_messages, convert_to_openai_messages
+        from langchain_core.messages import convert_to_messages
     except ImportError:
         return None
     model = FakeListChatModel(responses=["ok"])
@@ -306,7 +332,7 @@ def run_langchain(
     state: list[Any] = convert_to_messages(
         [{"role": "system", "content": "You are a support agent."}]
     )
-    run, stability, handler = Run(), Stability(), _Model()
+    run, stability, handler = Run(), Stability(_peer_chars), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         state.append(converted[0])
@@ -319,7 +345,7 @@ def run_langchain(
             editing.wrap_model_call(ModelRequest(model=model, messages=list(state)), handler)
             sent = handler.sent
         cpu_ms = (time.process_time() - started) * 1000
-        stability.add(convert_to_openai_messages(sent), update is not None)
+        stability.add(sent, update is not None)
         run.record(cpu_ms, update is not None)
         state.extend(converted[1:])
     return run, {"stability": stability.result()}
@@ -331,7 +357,7 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
         from deepagents.middleware.summarization import SummarizationMiddleware
         from langchain.agents.middleware.types import ModelRequest
         from langchain_core.language_models.fake_chat_models import FakeListChatModel
-        from langchain_core.messages import convert_to_messages, convert_to_openai_messages
+        from langchain_core.messages import convert_to_messages
     except ImportError:
         return None
     model = FakeListChatModel(responses=["ok"])
@@ -344,7 +370,7 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
         [{"role": "system", "content": "You are a support agent."}]
     )
     extra_state: dict[str, Any] = {}
-    run, stability, handler = Run(), Stability(), _Model()
+    run, stability, handler = Run(), Stability(_peer_chars), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         messages_state.append(converted[0])
@@ -356,7 +382,7 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
         update = getattr(getattr(response, "command", None), "update", None) or {}
         compacted = "_summarization_event" in update
         extra_state.update({k: v for k, v in update.items() if k != "messages"})
-        stability.add(convert_to_openai_messages(handler.sent), compacted)
+        stability.add(handler.sent, compacted)
         run.record(cpu_ms, compacted)
         messages_state.extend(converted[1:])
     return run, {"stability": stability.result()}
@@ -386,8 +412,29 @@ def summary(run: Run, meter_sent: Sequence[int], budget: int, history_chars: int
     }
 
 
+class Clock:
+    """Wall and CPU seconds of each part of the run (what makes ``make bench`` long)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, tuple[float, float]] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.parts[name] = (time.perf_counter() - wall, time.process_time() - cpu)
+
+
 def run_peers(
-    turns: Turns, budget: int, language: str, history_chars: int, tmp: Path
+    turns: Turns,
+    budget: int,
+    language: str,
+    history_chars: int,
+    tmp: Path,
+    clock: Clock,
+    workload: str,
 ) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     runners: dict[str, Callable[[Meter], tuple[Run, dict[str, Any]] | None]] = {
@@ -398,7 +445,8 @@ def run_peers(
     for arm, runner in runners.items():
         gc.collect()
         meter = Meter(language)
-        outcome = runner(meter)
+        with clock.part(f"{workload} {arm}"):
+            outcome = runner(meter)
         if outcome is None:
             rows[arm] = {"missing": "package not installed"}
             continue
@@ -459,17 +507,21 @@ def main() -> None:
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
     out = RESULTS / ("versus-quick.json" if args.quick else "versus.json")
+    clock = Clock()
+    rag_en: Turns = []
     for name, budget, turns in workloads(args.quick):
+        rag_en = rag_en or turns  # the slow-model run replays the 2,000-turn RAG session
         language = "zh" if name.endswith("_zh") else "en"
         history_chars = sum(chars(m) for t in turns for m in t)
         rows: dict[str, Any] = {}
         with tempfile.TemporaryDirectory() as tmp:
             gc.collect()
-            ours, meter, extra = run_ragent(turns, budget, language, Path(tmp) / "bench.db")
+            with clock.part(f"{name} ragent_memory"):
+                ours, meter, extra = run_ragent(turns, budget, language, Path(tmp) / "bench.db")
             rows["ragent_memory"] = {**summary(ours, meter.sent, budget, history_chars), **extra}
             rows["floor_list"] = {"p50_ms": statistics.median(ours.floor_list_ms)}
             rows["floor_dicts"] = {"p50_ms": statistics.median(ours.floor_dicts_ms)}
-            rows.update(run_peers(turns, budget, language, history_chars, Path(tmp)))
+            rows.update(run_peers(turns, budget, language, history_chars, Path(tmp), clock, name))
         ours_p50 = rows["ragent_memory"]["p50_ms"]
         for arm, row in rows.items():
             if arm != "ragent_memory" and "p50_ms" in row:
@@ -477,9 +529,8 @@ def main() -> None:
         results["workloads"][name] = {"budget": budget, "history_chars": history_chars, **rows}
         print_table(name, budget, rows)
         write(results, out)  # after every workload: a run cut short keeps what it measured
-    with tempfile.TemporaryDirectory() as tmp:
-        turns = simulate_session(2_000 // (4 if args.quick else 1))
-        slow = slow_model(turns, 200_000, Path(tmp) / "slow.db", 5.0 if args.quick else 30.0)
+    with tempfile.TemporaryDirectory() as tmp, clock.part("slow model"):
+        slow = slow_model(rag_en, 200_000, Path(tmp) / "slow.db", 5.0 if args.quick else 30.0)
     results["slow_model"] = slow
     print(
         f"\nslow model ({slow['summarizer_delay_s']:.0f} s per summary, compaction_timeout_s: 0): "
@@ -487,8 +538,11 @@ def main() -> None:
         f"{slow['turns']} turns; {slow['turns_over_b']} turns over B; summary adopted once "
         f"landed: {slow['adopted_after_landing']}"
     )
+    results["elapsed_s"] = clock.parts
     write(results, out)
-    print(f"\nwritten: {out}")
+    print(f"\nwritten: {out}\n\n{'part':<36} {'wall s':>8} {'CPU s':>8}")
+    for part, (wall_s, cpu_s) in clock.parts.items():
+        print(f"{part:<36} {wall_s:>8.1f} {cpu_s:>8.1f}")
 
 
 def write(results: dict[str, Any], out: Path) -> None:

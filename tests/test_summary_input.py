@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-import pytest
+import attrs
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
@@ -163,13 +163,7 @@ def test_fit_leaves_out_the_oldest_messages_last() -> None:
     assert 0 < clip.omitted < 200
     assert len(rendered) <= 2_000
     assert rendered.startswith(f"[{clip.omitted} earlier messages omitted]\n[user] …(")
-    assert len(transcript.render(attrs_evolve(clip, omitted=clip.omitted - 1))) > 2_000
-
-
-def attrs_evolve(clip: Clip, **changes: int) -> Clip:
-    import attrs
-
-    return attrs.evolve(clip, **changes)
+    assert len(transcript.render(attrs.evolve(clip, omitted=clip.omitted - 1))) > 2_000
 
 
 def test_chunks_of_a_fitted_transcript_add_up_to_no_more_than_it() -> None:
