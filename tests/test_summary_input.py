@@ -6,12 +6,12 @@ through the retention check."""
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
+from test_model_path import rows
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine import MemoryEngine
@@ -68,14 +68,6 @@ def huge_history(turns: int = 14, size: int = 60_000) -> list[dict[str, Any]]:
             {"role": "user", "content": f"Good. Next, report {turn + 1}."},
         ]
     return messages
-
-
-def rows(db_path: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(db_path) as db:
-        db.row_factory = sqlite3.Row
-        found = [dict(r) for r in db.execute("SELECT * FROM compactions ORDER BY id")]
-    db.close()
-    return found
 
 
 def fenced(content: str, kind: str) -> str:
