@@ -100,12 +100,19 @@ class _Item:
     text: str
 
 
+def _same(message: Message, last: Message) -> bool:
+    """The message at the cursor is the one indexed last: the same object, or an equal one
+    (callers that rebuild their dicts every turn, like adapters converting SDK objects,
+    continue from the cursor instead of re-reading the whole session each turn)."""
+    return message is last or message == last
+
+
 class Indexer:
     """Indexes sessions in the background, one message batch at a time, in order.
 
-    A per-session cursor (count handed over, identity of the last message) keeps
-    :meth:`schedule` proportional to what is new; an edited or shorter history re-reads the
-    session from the start (positions already indexed with the same content are skipped by
+    A per-session cursor (count handed over, the last message) keeps :meth:`schedule`
+    proportional to what is new; a shorter history, or one whose message at the cursor
+    changed, re-reads the session from the start (positions already indexed with the same content are skipped by
     the store).
     """
 
@@ -137,7 +144,7 @@ class Indexer:
                 seen = self._resume(messages, session_id)
             else:
                 seen, last = cursor
-                if seen > len(messages) or (seen and messages[seen - 1] is not last):
+                if seen > len(messages) or (seen and not _same(messages[seen - 1], last)):
                     seen = 0
             if end <= seen:
                 return

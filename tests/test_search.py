@@ -204,6 +204,32 @@ def test_indexer_schedules_only_what_is_new(store: Store) -> None:
     assert [(51,)] == rows(store, "SELECT COUNT(*) FROM recall_messages")
 
 
+def test_indexer_continues_over_a_history_rebuilt_as_equal_dicts(store: Store) -> None:
+    """A caller that hands over new but equal dicts each turn (an adapter converting SDK
+    objects) is read from the cursor on, not from the start; a changed message at the cursor
+    still re-reads the session."""
+    reads: list[str] = []
+
+    class Counting(dict[str, Any]):
+        def get(self, key: str, default: Any = None) -> Any:
+            reads.append(str(super().get("content")))
+            return super().get(key, default)
+
+    indexer = Indexer(store)
+    texts = [f"l{i}" for i in range(50)]
+    indexer.schedule([Counting(m) for m in chat(*texts)], session_id="s", user_id=None)
+    reads.clear()
+    rebuilt = [Counting(m) for m in chat(*texts, "new")]
+    indexer.schedule(rebuilt, session_id="s", user_id=None)
+    assert {"new"} == set(reads)
+    reads.clear()
+    changed = [Counting(m) for m in chat(*texts, "new, edited", "newer")]
+    indexer.schedule(changed, session_id="s", user_id=None)
+    assert {*texts, "new, edited", "newer"} <= set(reads)
+    indexer.flush(10)
+    indexer.close()
+
+
 def test_place_puts_the_block_first_and_mutates_nothing() -> None:
     """The block is a leading text part of a new dict; the user's own content follows
     unchanged and the caller's dict is untouched."""
