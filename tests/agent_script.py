@@ -76,12 +76,17 @@ def original_of_recall(call_id: str) -> str:
 
 
 def check_agent_run(
-    seen: list[list[dict[str, Any]]], raw: list[dict[str, Any]], compactions: int, budget: int
+    seen: list[list[dict[str, Any]]],
+    raw: list[dict[str, Any]],
+    audit: list[dict[str, Any]],
+    budget: int,
 ) -> None:
-    """What every adapter's 200-turn run must show: each model input within the budget (and
-    the budget used), the raw history whole, recalls that read the originals back, and the
-    other session's first call carrying the fact learned in the first."""
-    assert compactions >= 5
+    """What every adapter's 200-turn run must show: compactions that stick (none undone by
+    the adapter handing over a differently shaped history), each model input within the
+    budget (and the budget used), the raw history whole, recalls that read the originals
+    back, and the other session's first call carrying the fact learned in the first."""
+    assert [] == [row["generation"] for row in audit if row["status"] == "invalidated"]
+    assert len([row for row in audit if row["status"] == "applied"]) >= 5
     assert 200 * 2 < len(seen)
     assert [] == [n for n, shown in enumerate(seen) if sent_chars(shown) > budget]
     assert max(sent_chars(shown) for shown in seen) > budget // 2

@@ -106,8 +106,8 @@ def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
             )
 
         asyncio.run(drive())
-        compacted = [r for r in engine.store.compactions("s1") if "applied" == r["status"]]
-    check_agent_run(model.seen, from_items(session.items), len(compacted), B)
+        audit = engine.store.compactions("s1")
+    check_agent_run(model.seen, from_items(session.items), audit, B)
 
 
 def test_items_round_trip_through_chat_dicts() -> None:

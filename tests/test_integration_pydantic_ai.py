@@ -83,8 +83,8 @@ def test_200_turn_agent_stays_in_budget_recalls_and_remembers(
             await other.run(question(200))
 
         asyncio.run(drive())
-        compacted = [r for r in engine.store.compactions("s1") if "applied" == r["status"]]
-    check_agent_run(script.seen, from_pydantic_ai(processor.raw_history), len(compacted), B)
+        audit = engine.store.compactions("s1")
+    check_agent_run(script.seen, from_pydantic_ai(processor.raw_history), audit, B)
 
 
 def test_round_trip_keeps_roles_tool_calls_and_results() -> None:
