@@ -34,6 +34,7 @@ import contextlib
 import gc
 import json
 import logging
+import operator
 import random
 import statistics
 import tempfile
@@ -228,12 +229,14 @@ def run_ragent(turns: Turns, budget: int, language: str, db: Path) -> tuple[Run,
     return run, meter, extra
 
 
-def _common_prefix(previous: Sequence[Any], sent: Sequence[Any]) -> int:
+def _common_prefix(
+    previous: Sequence[Any], sent: Sequence[Any], same_as_sent: Callable[[Any, Any], bool]
+) -> int:
     """How many leading items ``sent`` shares with ``previous``."""
     if previous == sent[: len(previous)]:  # the usual case, one C-level comparison
         return len(previous)
     same = 0
-    while same < min(len(previous), len(sent)) and previous[same] == sent[same]:
+    while same < min(len(previous), len(sent)) and same_as_sent(previous[same], sent[same]):
         same += 1
     return same
 
@@ -241,8 +244,13 @@ def _common_prefix(previous: Sequence[Any], sent: Sequence[Any]) -> int:
 class Stability:
     """Prefix stability between consecutive turns, compaction turns excluded."""
 
-    def __init__(self, size: Callable[[Any], int] = chars) -> None:
+    def __init__(
+        self,
+        size: Callable[[Any], int] = chars,
+        same_as_sent: Callable[[Any, Any], bool] = operator.eq,
+    ) -> None:
         self.size = size  # of one message as sent, in chars
+        self.same_as_sent = same_as_sent  # do two messages send the same thing?
         self.previous: list[Any] | None = None
         self.previous_sizes: list[int] = []
         self.starts_with: list[bool] = []
@@ -251,7 +259,7 @@ class Stability:
     def add(self, sent: Sequence[Any], compacted: bool) -> None:
         sent = list(sent)
         previous = self.previous or []
-        same = _common_prefix(previous, sent)
+        same = _common_prefix(previous, sent, self.same_as_sent)
         # Equal messages have equal sizes: only what changed is measured again.
         sizes = self.previous_sizes[:same] + [self.size(m) for m in sent[same:]]
         if self.previous is not None and not compacted:
@@ -275,6 +283,12 @@ def _peer_chars(message: Any) -> int:
     from langchain_core.messages import convert_to_openai_messages
 
     return chars(convert_to_openai_messages(message))
+
+
+def _peer_same(a: Any, b: Any) -> bool:
+    """Two LangChain messages that would be sent alike: equal but for the ``id`` a
+    middleware assigns in place (the OpenAI dict has no id)."""
+    return bool(a == b or a.model_copy(update={"id": None}) == b.model_copy(update={"id": None}))
 
 
 def _char_counter(messages: Any, **_: Any) -> int:
@@ -332,7 +346,7 @@ def run_langchain(
     state: list[Any] = convert_to_messages(
         [{"role": "system", "content": "You are a support agent."}]
     )
-    run, stability, handler = Run(), Stability(_peer_chars), _Model()
+    run, stability, handler = Run(), Stability(_peer_chars, _peer_same), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         state.append(converted[0])
@@ -370,7 +384,7 @@ def run_deepagents(turns: Turns, budget: int, meter: Meter, tmp: Path) -> tuple[
         [{"role": "system", "content": "You are a support agent."}]
     )
     extra_state: dict[str, Any] = {}
-    run, stability, handler = Run(), Stability(_peer_chars), _Model()
+    run, stability, handler = Run(), Stability(_peer_chars, _peer_same), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
         messages_state.append(converted[0])
