@@ -68,21 +68,26 @@ class _Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.buffer = b""
+        self.buffer = bytearray()  # appended in place: a 2 MB body costs its size, once
+        self.need = 0  # bytes of the request being read (head + body); 0: head not seen yet
+        self.post = False
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
+            if not self.need:
+                end = self.buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = bytes(self.buffer[:end]).decode("latin-1").lower()
+                found = re.search(r"content-length:\s*(\d+)", head)
+                self.need = end + 4 + (int(found.group(1)) if found else 0)
+                self.post = head.startswith("post")
+            if len(self.buffer) < self.need:
                 return
-            head = self.buffer[:end].decode("latin-1").lower()
-            found = re.search(r"content-length:\s*(\d+)", head)
-            length = int(found.group(1)) if found else 0
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
-            body = REPLY if head.startswith("post") else b'{"object":"list","data":[]}'
+            del self.buffer[: self.need]
+            self.need = 0
+            body = REPLY if self.post else b'{"object":"list","data":[]}'
             self.transport.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                 + str(len(body)).encode()

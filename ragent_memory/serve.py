@@ -47,6 +47,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from . import sse
+from .bodies import BodyCache, BodyError
 from .errors import ConfigError, InvalidMessagesError
 from .logs import get_logger
 from .reduce import RECALL_TOOL_NAME
@@ -287,6 +288,7 @@ class Proxy:
         self._client: httpx2.AsyncClient | None = None
         self._in_flight = 0
         self._histories = _Histories()
+        self._bodies = BodyCache()
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
 
@@ -371,7 +373,11 @@ class Proxy:
     # ------------------------------------------------------------------ a turn
 
     async def _turn(self, request: Request, started: float) -> _Turn:
-        body = _parse(await self._read(request))
+        raw = await self._read(request)
+        try:  # keyed by the header only: the ``user`` field is known after parsing
+            body = self._bodies.parse(request.headers.get("x-session-id"), raw)
+        except BodyError as err:
+            raise _Reject(400, str(err)) from err
         session_id, user_id = identify(request.headers, body)
         history = body["messages"]
         self._histories.adopt(session_id, history)
@@ -745,18 +751,6 @@ class _Relay(Response):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise _Reject(400, f"malformed body: not JSON ({err})") from err
-    if not isinstance(body, dict):
-        raise _Reject(400, "malformed body: expected a JSON object")
-    if not isinstance(body.get("messages"), list):
-        raise _Reject(400, "malformed body: 'messages' must be a list of chat messages")
-    return body
 
 
 def _forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

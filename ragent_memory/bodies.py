@@ -1,0 +1,196 @@
+"""Chat-completions request bodies parsed in time proportional to what is new (``serve``).
+
+An app resends its whole history on every call, so a session's next body is usually the
+previous one with a few messages inserted before the ``]`` that closes ``messages``::
+
+    previous:  {"model": "m", "messages": [ m0, m1, m2 ], "tools": […]}
+                └──────────── head ──────────────┘└── suffix ──┘
+    next:      {"model": "m", "messages": [ m0, m1, m2 , m3, m4 ], "tools": […]}
+                └──────────── head ──────────────┘└ tail ──┘└── suffix ──┘
+
+When the next body starts with the previous head and ends with its suffix (two ``memcmp``
+calls), only the tail is parsed: the earlier message objects are reused, which also lets the
+engine's identity check see them as already known. Anything else (an edited or dropped
+message, another model, reordered keys, other whitespace, a tail that is not a run of
+``, value`` items) is parsed whole, as it would be without this cache.
+
+Where ``head`` ends is found once per session from the bytes (the last ``]`` whose remainder
+parses as the rest of the top-level object) and then *proved* before it is relied on: the body
+with ``,"…sentinel"`` inserted there must parse to the same object with the sentinel appended
+to ``messages`` — an insertion anywhere else (inside a string, another array, before the last
+message) gives an invalid document or a different object. A proved split stays proved when a
+tail is parsed, since the tail is then a run of complete values between the same head and
+suffix.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import attrs
+import orjson
+
+_WHITESPACE = b" \t\n\r"
+_SENTINEL = "ragent-memory: split check"
+_MAX_SUFFIX_CANDIDATES = 256
+
+
+class BodyError(ValueError):
+    """A body that is not a JSON object with a ``messages`` list; the text says which."""
+
+
+@attrs.define
+class _Known:
+    """A session's last body and where its ``messages`` array ends."""
+
+    raw: bytes
+    body: dict[str, Any]
+    end: int  # just past the last message (just past ``[`` when there is none)
+    suffix: int  # the ``]`` that closes ``messages``
+    proved: bool
+
+
+def parse_whole(raw: bytes) -> dict[str, Any]:
+    """The body as a dict with a ``messages`` list, or a ``BodyError``."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise BodyError(f"malformed body: not JSON ({err})") from err
+    if not isinstance(body, dict):
+        raise BodyError("malformed body: expected a JSON object")
+    if not isinstance(body.get("messages"), list):
+        raise BodyError("malformed body: 'messages' must be a list of chat messages")
+    return body
+
+
+class BodyCache:
+    """Per session, the last body it sent (a bounded LRU by count and by bytes).
+
+    ``parse`` returns a fresh top-level dict and a fresh ``messages`` list the caller may
+    change; the message objects in it may be the ones returned for the previous body, so
+    they must not be mutated (the engine never mutates messages)."""
+
+    def __init__(self, *, max_sessions: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._known: collections.OrderedDict[str, _Known] = collections.OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self.tail_parses = 0  # how many bodies were parsed by their tail only (for tests)
+
+    def parse(self, key: str | None, raw: bytes) -> dict[str, Any]:
+        """Parse ``raw``, reusing ``key``'s previous body when ``raw`` extends it."""
+        known = self._known.get(key) if key is not None else None
+        if key is not None and known is not None:
+            extended = _extend(known, raw)
+            if extended is not None:
+                self.tail_parses += 1
+                self._keep(key, extended)
+                return _fresh(extended.body)
+        body = parse_whole(raw)
+        if key is not None:
+            found = _locate(raw, body)
+            if found is None:
+                self._drop(key)
+            else:
+                self._keep(key, _Known(raw, body, found[0], found[1], proved=False))
+        return _fresh(body)
+
+    def _keep(self, key: str, known: _Known) -> None:
+        self._drop(key)
+        if len(known.raw) > self._max_bytes:
+            return
+        self._known[key] = known
+        self._bytes += len(known.raw)
+        while len(self._known) > self._max_sessions or self._bytes > self._max_bytes:
+            _, old = self._known.popitem(last=False)
+            self._bytes -= len(old.raw)
+
+    def _drop(self, key: str) -> None:
+        old = self._known.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+
+
+def _fresh(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    out["messages"] = list(body["messages"])
+    return out
+
+
+def _extend(known: _Known, raw: bytes) -> _Known | None:
+    """``known`` moved on to ``raw`` when ``raw`` is ``known``'s head + a tail + its suffix."""
+    old = known.raw
+    suffix = memoryview(old)[known.suffix :]
+    if len(raw) < known.end + len(suffix):
+        return None
+    if not raw.startswith(memoryview(old)[: known.end]) or not raw.endswith(suffix):
+        return None
+    if not known.proved:
+        if not _proves(known):
+            return None
+        known.proved = True
+    stop = len(raw) - len(suffix)
+    tail = raw[known.end : stop].rstrip(_WHITESPACE)
+    messages = known.body["messages"]
+    items = tail.lstrip(_WHITESPACE)
+    if items:
+        if messages:
+            if not items.startswith(b","):
+                return None
+            items = items[1:]
+        try:
+            added = orjson.loads(b"[" + items + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        if not added:
+            return None
+        body = dict(known.body)
+        body["messages"] = [*messages, *added]
+    else:
+        body = known.body
+    return _Known(raw, body, known.end + len(tail), stop, proved=True)
+
+
+def _locate(raw: bytes, body: dict[str, Any]) -> tuple[int, int] | None:
+    """``(end, suffix)`` of ``body``'s ``messages`` in ``raw``, unproved; None when not found.
+
+    The suffix is the last ``]`` such that ``{"messages":[`` + the rest of the document
+    parses to ``messages: []`` plus the keys that follow ``messages`` in ``body``."""
+    messages = body["messages"]
+    if messages and not isinstance(messages[-1], dict):
+        return None  # the proof needs a last message the sentinel cannot equal
+    keys = list(body)
+    after = {k: body[k] for k in keys[keys.index("messages") + 1 :]}
+    expected = {"messages": [], **after}
+    position = len(raw)
+    for _ in range(_MAX_SUFFIX_CANDIDATES):
+        position = raw.rfind(b"]", 0, position)
+        if position < 0:
+            return None
+        try:
+            rest = orjson.loads(b'{"messages":[' + raw[position:])
+        except orjson.JSONDecodeError:
+            continue
+        if rest == expected:
+            end = len(raw[:position].rstrip(_WHITESPACE))
+            return end, position
+    return None
+
+
+def _proves(known: _Known) -> bool:
+    """True when ``known.end`` is just past the last item of the parsed ``messages``."""
+    messages = known.body["messages"]
+    comma = b"," if messages else b""
+    marked = known.raw[: known.end] + comma + orjson.dumps(_SENTINEL) + known.raw[known.end :]
+    try:
+        body = orjson.loads(marked)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return False
+    got = body["messages"]
+    if len(got) != len(messages) + 1 or got[-1] != _SENTINEL:
+        return False
+    body["messages"] = got[:-1]
+    return bool(body == known.body)

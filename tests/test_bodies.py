@@ -1,0 +1,200 @@
+"""Request bodies parsed by their new tail (``ragent_memory.bodies``): always the whole parse."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragent_memory.bodies import BodyCache, BodyError, _Known, _proves
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": 'finds [things]; "quoted" ] and }',
+            "parameters": {"type": "object", "required": ["q"], "properties": {"q": {}}},
+        },
+    }
+]
+TRICKY = [
+    'a "quoted" ], "model": "x"} word',
+    'back\\slash \\" and ]]]',
+    '{"role": "user"}]}',
+    "ünïcödé ✓ \n\t",
+]
+
+
+def sdk_body(messages: list[dict[str, Any]], **extra: Any) -> bytes:
+    """Keys in the order the openai SDK sends them: messages first, tools after."""
+    return json.dumps({"messages": messages, "model": "m", **extra, "tools": TOOLS}).encode()
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for turn in range(turns):
+        history.append({"role": "user", "content": f"{TRICKY[turn % 4]} #{turn}"})
+        history.append({"role": "assistant", "content": f"reply {turn}"})
+    return history
+
+
+def test_appended_messages_are_parsed_alone_and_earlier_objects_reused() -> None:
+    """Each body that extends the last one is parsed by its tail; the result equals the
+    whole parse, and the earlier messages are the very objects returned before."""
+    cache = BodyCache()
+    history = conversation(12)
+    previous: list[Any] = []
+    for size in range(1, len(history) + 1):
+        raw = sdk_body(history[:size])
+        body = cache.parse("s", raw)
+        assert orjson.loads(raw) == body
+        assert all(a is b for a, b in zip(previous, body["messages"], strict=False))
+        previous = body["messages"]
+    # the first body is parsed whole, the second proves the split, the rest are tails
+    assert len(history) - 1 == cache.tail_parses
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "edit an old message",
+        "drop the last message",
+        "another model",
+        "keys reordered",
+        "other whitespace",
+        "a new top-level key",
+        "the stream flag added",
+        "a tail that closes the array",
+    ],
+)
+def test_anything_but_an_append_is_parsed_whole(change: str) -> None:
+    """A body that is not the last one plus messages falls back to the whole parse."""
+    cache = BodyCache()
+    history = conversation(3)
+    for size in (4, 5):  # two bodies: the second proves the split
+        cache.parse("s", sdk_body(history[:size]))
+    longer = history[:6]
+    raw = {
+        "edit an old message": sdk_body([*history[:2], {"role": "user", "content": "x"}]),
+        "drop the last message": sdk_body(history[:4]),
+        "another model": sdk_body(longer).replace(b'"model": "m"', b'"model": "n"'),
+        "keys reordered": json.dumps({"model": "m", "messages": longer, "tools": TOOLS}).encode(),
+        "other whitespace": json.dumps(
+            {"messages": longer, "model": "m", "tools": TOOLS}, indent=1
+        ).encode(),
+        "a new top-level key": sdk_body(longer, temperature=0.5),
+        "the stream flag added": sdk_body(longer, stream=True),
+        "a tail that closes the array": sdk_body(history[:5]).replace(
+            b'], "model"', b', {"role": "user", "content": "q"}], "x": [1], "model"', 1
+        ),
+    }[change]
+    before = cache.tail_parses
+    assert orjson.loads(raw) == cache.parse("s", raw)
+    assert before == cache.tail_parses
+
+
+def test_a_wrong_split_is_refuted() -> None:
+    """The proof rejects an end offset that is not just past the last message."""
+    raw = sdk_body(conversation(2))
+    body = orjson.loads(raw)
+    close = raw.index(b'], "model"')
+    assert _proves(_Known(raw, body, close, close, proved=False))
+    inside = raw.index(b"reply 1") + 3  # inside a string
+    assert not _proves(_Known(raw, body, inside, close, proved=False))
+    before_last = raw.rindex(b", {")  # before the last message
+    assert not _proves(_Known(raw, body, before_last, close, proved=False))
+
+
+def test_a_lookalike_split_is_never_relied_on() -> None:
+    """A duplicated key makes another ``]`` look like the end of ``messages``; the proof
+    refutes it, so growing the other array is not read as new messages."""
+    cache = BodyCache()
+    first = b'{"messages": [{"role": "user", "content": "q"}], "model": [1], "model": "m"}'
+    grown = first.replace(b"[1]", b'[1, {"role": "user", "content": "x"}]')
+    assert orjson.loads(first) == cache.parse("s", first)
+    assert orjson.loads(grown) == cache.parse("s", grown)
+    assert 0 == cache.tail_parses
+
+
+def test_no_session_key_means_no_reuse_and_bad_bodies_say_what_is_wrong() -> None:
+    """Without a key every body is parsed whole; malformed bodies raise a one-line error."""
+    cache = BodyCache()
+    raw = sdk_body(conversation(2))
+    assert cache.parse(None, raw) == cache.parse(None, raw)
+    assert 0 == cache.tail_parses
+    for bad, says in [
+        (b"{not json", "not JSON"),
+        (b"[1]", "expected a JSON object"),
+        (b'{"messages": 3}', "'messages' must be a list"),
+    ]:
+        with pytest.raises(BodyError, match=says):
+            cache.parse("s", bad)
+
+
+def test_the_cache_is_bounded_by_sessions_and_bytes() -> None:
+    """The oldest sessions are forgotten first; a body over the byte bound is not kept."""
+    raw = sdk_body(conversation(2))
+    cache = BodyCache(max_sessions=2, max_bytes=3 * len(raw))
+    for key in ("a", "b", "c"):
+        cache.parse(key, raw)
+    assert ["b", "c"] == list(cache._known)
+    small = BodyCache(max_bytes=len(raw) - 1)
+    small.parse("a", raw)
+    assert [] == list(small._known)
+
+
+_text = st.text(alphabet=st.sampled_from(list('ab ]["}{,:\\\n✓')), max_size=8)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": _text}
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["append", "append", "append", "edit", "model", "indent"]),
+            st.lists(_message, min_size=0, max_size=3),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_any_sequence_of_bodies_parses_as_the_whole_parse(
+    steps: list[tuple[str, list[dict[str, Any]]]], messages_last: bool
+) -> None:
+    """Whatever a session sends, in whatever order and layout, parse == orjson.loads."""
+    cache = BodyCache()
+    history: list[dict[str, Any]] = []
+    model, indent = "m", None
+    for op, new in steps:
+        if op == "edit" and history:
+            history[0] = {"role": "user", "content": "edited"}
+        elif op == "model":
+            model += "]"
+        elif op == "indent":
+            indent = None if indent else 2
+        history = [*history, *new]
+        fields: dict[str, Any] = {"model": model, "tools": TOOLS}
+        document = (
+            {**fields, "messages": history} if messages_last else {"messages": history, **fields}
+        )
+        raw = json.dumps(document, indent=indent, ensure_ascii=not messages_last).encode()
+        assert orjson.loads(raw) == cache.parse("s", raw)
+
+
+def test_a_tail_that_is_not_json_is_a_malformed_body() -> None:
+    """New items without their comma make an invalid document: an error, not a tail."""
+    cache = BodyCache()
+    history = conversation(2)
+    for size in (2, 3):
+        cache.parse("s", sdk_body(history[:size]))
+    missing_comma = sdk_body(history[:3]).replace(b'}], "model"', b'} 12], "model"')
+    with pytest.raises(BodyError, match="not JSON"):
+        cache.parse("s", missing_comma)
