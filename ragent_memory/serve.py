@@ -289,6 +289,13 @@ class Proxy:
         self._in_flight = 0
         self._histories = _Histories()
         self._bodies = BodyCache()
+        # prepare on the event loop itself when it can never wait on a model (a compaction
+        # or recall index batch is adopted on a later turn) nor on a network store: a worker
+        # thread hop costs more than the incremental prepare on a loaded machine.
+        engine_settings = engine.settings
+        self._inline = (
+            engine_settings.compaction_timeout_s == 0 and engine_settings.store.url is None
+        )
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
 
@@ -382,9 +389,12 @@ class Proxy:
         history = body["messages"]
         self._histories.adopt(session_id, history)
         try:
-            prepared = await run_in_threadpool(
-                self.engine.prepare, history, session_id=session_id, user_id=user_id
-            )
+            if self._inline:
+                prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
+            else:
+                prepared = await run_in_threadpool(
+                    self.engine.prepare, history, session_id=session_id, user_id=user_id
+                )
         except InvalidMessagesError as err:
             raise _Reject(400, str(err)) from err
         return _Turn(

@@ -28,12 +28,15 @@ KEY = "sk-caller-secret-7f3a9c51d2"
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
-def write_config(directory: Path, name: str, **serve: Any) -> Path:
+def write_config(
+    directory: Path, name: str, engine: dict[str, Any] | None = None, **serve: Any
+) -> Path:
     config = directory / f"{name}.yaml"
     section = {"max_body_bytes": 1_048_576, "timeout_s": 30, **serve}
     config.write_text(
         json.dumps(
             {
+                **(engine or {}),
                 "context_window_chars": B,
                 "store": {"path": str(directory / f"{name}.db")},
                 "serve": section,
@@ -607,6 +610,49 @@ def test_upstream_timeout_is_504(tight_proxy: ProxyProcess, upstream: FakeOpenAI
         )
     assert 504 == caught.value.status_code
     assert "timed out" in caught.value.message
+
+
+def test_an_engine_that_never_waits_prepares_on_the_loop(
+    workdir: Path, upstream: FakeOpenAI
+) -> None:
+    """With compaction_timeout_s: 0 prepare runs on the event loop: a long session stays
+    within B, bad input is still a 400 naming the index, and an open stream does not hold
+    up other requests."""
+    config = write_config(workdir, "nowait", engine={"compaction_timeout_s": 0})
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as process:
+        client = client_for(process, "nowait")
+        history: list[dict[str, Any]] = [SYSTEM]
+        for turn in range(40):
+            history.append({"role": "user", "content": f"Question {turn}: " + "more, " * 30})
+            upstream.enqueue(Answer.reply(chat_reply(turn)))
+            raw = client.post(  # not create(): its typed transform is slow on long histories
+                "/chat/completions",
+                body={"model": "m", "messages": history},
+                cast_to=httpx2.Response,
+            )
+            history.append(raw.json()["choices"][0]["message"])
+        sizes = [sum(chars(m) for m in sent) for sent in sent_messages(upstream)]
+        assert B < sum(chars(m) for m in history)
+        assert max(sizes) <= B
+
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="m", messages=[*history, {"role": "robot"}])
+        assert f"messages[{len(history)}]" in caught.value.message
+
+        go_on = threading.Event()
+        upstream.enqueue(Answer.stream(sse_events(["a", "b"]), hold=go_on, hold_after=2))
+        with client_for(process, "open").chat.completions.with_streaming_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        ) as response:
+            pieces = response.iter_bytes()
+            next(pieces)
+            upstream.enqueue(Answer.reply("meanwhile"))
+            other = client_for(process, "other").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            go_on.set()
+            b"".join(pieces)
+        assert "meanwhile" == other.choices[0].message.content
 
 
 def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
