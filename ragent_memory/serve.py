@@ -531,7 +531,7 @@ class Proxy:
                 502, f"upstream reply broke: {type(err).__name__}", "upstream_error"
             ) from err
         finally:
-            response.close()  # back to the pool when read whole; dropped otherwise
+            response.release()  # back to the pool when read whole; closed otherwise
             turn.upstream_s += time.perf_counter() - sent
 
     def _timed_out(self) -> _Reject:
@@ -576,7 +576,7 @@ class Proxy:
                         502, f"upstream reply broke: {type(err).__name__}", "upstream_error"
                     ) from err
                 finally:
-                    upstream.close()
+                    upstream.release()
                 self._done(turn, None, failed.status_code)
                 return _relay(failed, report_headers(turn.report, turn.rounds))
             reader = _StreamReader(upstream, turn.own)
@@ -719,7 +719,7 @@ class _StreamReader:
         return call["index"] in self._own_indices
 
     async def close(self) -> None:
-        self.upstream.close()  # back to the pool when read whole; dropped otherwise
+        self.upstream.release()  # back to the pool when read whole; closed otherwise
 
 
 def _verdict(chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:

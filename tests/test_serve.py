@@ -9,8 +9,9 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 import openai
@@ -653,6 +654,49 @@ def test_an_engine_that_never_waits_prepares_on_the_loop(
             go_on.set()
             b"".join(pieces)
         assert "meanwhile" == other.choices[0].message.content
+
+
+class _KeepAliveUpstream(BaseHTTPRequestHandler):
+    """An HTTP/1.1 upstream that keeps connections open and notes the client port of each
+    request (the scripted fake answers HTTP/1.0, one connection a request)."""
+
+    protocol_version = "HTTP/1.1"
+    ports: ClassVar[list[int]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.ports.append(self.client_address[1])
+        choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
+        body = json.dumps({"choices": [{**choice, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_upstream_connections_are_reused(workdir: Path) -> None:
+    """Requests go to the upstream over one kept-alive connection, not one each: a new
+    connection per request cost more than everything else the proxy does."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveUpstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        with ProxyProcess(write_config(workdir, "reuse"), url, cwd=workdir) as process:
+            client = client_for(process, "reuse")
+            history = [{"role": "user", "content": "hi"}]
+            for _ in range(4):
+                reply = client.chat.completions.create(model="m", messages=history)
+                history += [{"role": "assistant", "content": "ok"}, *history[:1]]
+            assert "ok" == reply.choices[0].message.content
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 4 == len(_KeepAliveUpstream.ports)
+    assert 1 == len(set(_KeepAliveUpstream.ports))
 
 
 def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
