@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Final
@@ -38,6 +41,8 @@ DEFAULT_SEARCH_LIMIT: Final = 5
 CANDIDATES: Final = 40  # hits read per query, before budgeting
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
 NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
+OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recently is not rewritten
+OFFLOADS_REMEMBERED: Final = 65_536  # (session, ref) pairs remembered for that
 NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
 INDEXED_ROLES: Final = frozenset({"user", "assistant", "tool"})
 
@@ -285,21 +290,31 @@ _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
 
 
-def _stems(text: str) -> set[str]:
-    return {t[:_STEM_CHARS] for t in search_terms(text, limit=1_000)}
+@functools.lru_cache(maxsize=256)  # recall reads ≤ 3 × CANDIDATES messages a query
+def _sentences(text: str) -> tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]:
+    """``text`` with its whitespace folded, its sentences, and each sentence's stems: the
+    same messages come back turn after turn, so each is split and tokenised once."""
+    folded = " ".join(text.split())
+    sentences = tuple(_SENTENCE.split(folded))
+    stems = tuple(
+        frozenset(t[:_STEM_CHARS] for t in search_terms(sentence, limit=1_000))
+        for sentence in sentences
+    )
+    return folded, sentences, stems
 
 
 def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[str, bool]:
     """``text`` within ``limit`` chars: whole when it fits, else the sentences sharing most
     words with the query (in their order, gaps marked `` … ``), else head + tail."""
-    text = " ".join(text.split())
+    if len(text) <= limit:
+        return " ".join(text.split()), False
+    text, sentences, sentence_stems = _sentences(text)
     if len(text) <= limit:
         return text, False
-    sentences = _SENTENCE.split(text)
     if stems and len(sentences) > 1:
         ranked = sorted(
             range(len(sentences)),
-            key=lambda i: (-len(_stems(sentences[i]) & stems), i),
+            key=lambda i: (-len(sentence_stems[i] & stems), i),
         )
         chosen: list[int] = []
         size = 0
@@ -491,6 +506,9 @@ class Recaller:
         self.store = store
         self.settings = settings
         self.indexer = Indexer(store, engine_headers=(*engine_headers, *HEADERS.values()))
+        self._offloads_lock = threading.Lock()
+        # (session, ref) → when this engine last stored that excerpt's full text
+        self._offloaded: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]
@@ -503,8 +521,28 @@ class Recaller:
         self.indexer.schedule(messages, session_id=session_id, user_id=user_id)
 
     def _ref_for(self, session_id: str) -> RefFor:
+        """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt
+        stored here recently is not written again (a write transaction per line per turn was
+        most of recall's cost); its expiry was extended when it was written."""
         ttl = self.settings.offload_ttl_days
-        return lambda _source, text: self.store.offload(session_id, text, ttl_days=ttl)
+        fresh_s = min(OFFLOAD_REFRESH_S, ttl * 86_400 / 2)
+
+        def ref_for(_source: str, text: str) -> str:
+            known: str = self.store.ref_for(session_id, text)
+            key, now = (session_id, known), time.monotonic()
+            with self._offloads_lock:
+                written = self._offloaded.get(key)
+                if written is not None and now - written < fresh_s:
+                    return known
+            ref = self.store.offload(session_id, text, ttl_days=ttl)
+            with self._offloads_lock:
+                self._offloaded[key] = now
+                self._offloaded.move_to_end(key)
+                while len(self._offloaded) > OFFLOADS_REMEMBERED:
+                    self._offloaded.popitem(last=False)
+            return ref
+
+        return ref_for
 
     def block(
         self,
@@ -564,6 +602,9 @@ class Recaller:
         """Wait for the session's index writes, then forget its cursor (a drop follows)."""
         self.indexer.flush(self.settings.compaction_timeout_s)
         self.indexer.forget_session(session_id)
+        with self._offloads_lock:  # a dropped session's offloads go: store them again
+            for key in [key for key in self._offloaded if key[0] == session_id]:
+                del self._offloaded[key]
 
     def flush(self, timeout_s: float | None) -> None:
         self.indexer.flush(timeout_s)

@@ -39,7 +39,7 @@ def index_terms(text: str) -> str:
 def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
-    terms: list[str] = []
+    terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for piece in _PIECE.findall(text.casefold()):
         if _IS_CJK.match(piece):
             grams = (
@@ -48,11 +48,12 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
         elif len(piece) >= 2 and piece not in STOPWORDS:
             grams = [piece]
         else:
-            grams = []
+            continue
         for gram in grams:
-            if gram not in terms:
-                terms.append(gram)
-    return terms[:limit]
+            terms[gram] = None
+            if len(terms) >= limit:
+                return list(terms)
+    return list(terms)
 
 
 def fts_query(terms: Sequence[str]) -> str:

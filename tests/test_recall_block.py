@@ -96,6 +96,27 @@ def test_clipped_excerpt_ref_reads_back_the_whole_message(
     assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
 
 
+def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The same excerpt shown turn after turn is stored once, yet its ref resolves in every
+    block: also after drop_session erased it and the same history was replayed."""
+    engine = make_engine(
+        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
+    )
+    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
+    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
+    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+    for _life in range(2):
+        for i in range(0, len(history), 2):
+            engine.prepare(history[: i + 1], session_id="s")
+        for _turn in range(2):
+            (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
+            whole = engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+            assert history[4]["content"] == whole
+        engine.drop_session("s")
+
+
 def test_no_block_when_disabled_or_last_is_not_user(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:

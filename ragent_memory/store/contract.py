@@ -128,6 +128,8 @@ class RecallIndex(Protocol):
 
     def offload(self, session_id: str, content: str, *, ttl_days: float) -> str: ...
 
+    def ref_for(self, session_id: str, content: str) -> str: ...
+
 
 class Audit(Protocol):
     """The append-only ``compactions`` table (``audit.py``)."""
