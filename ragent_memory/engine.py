@@ -58,7 +58,7 @@ from .session import (
 )
 from .session import digest as message_digest
 from .settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from .store import GCReport, SessionState, open_store, utc_now
+from .store import GCReport, open_store, utc_now
 from .summarize import Summarizer
 from .summarizers import build_summarizer
 from .terms import fts_query, search_terms
@@ -293,7 +293,7 @@ class MemoryEngine:
                 # A dropped id used again starts a new life; a late compaction of the old
                 # life (still marked dropped until now) could not commit meanwhile.
                 self.store.revive(session_id)
-                state = self.store.load_session(session_id) or SessionState(session_id)
+                state = self.store.load_session(session_id) or self.store.new_session(session_id)
                 subs = self.store.substitutions(session_id)
                 session = Session(state, subs, self._services)
                 session.last_write = written

@@ -548,6 +548,29 @@ def test_unexpected_summarizer_error_is_audited(make_settings: Callable[..., Set
     assert [("failed", "KeyError")] == [(r["status"], r["reason"]) for r in rows]
 
 
+@pytest.mark.both_backends
+def test_a_dropped_id_used_again_compacts_with_new_generation_numbers(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """The same history replayed under a dropped id compacts again: its generations number
+    on after the first life's (the audit keeps them, each applied number once)."""
+    with MemoryEngine(make_settings(context_window_chars=20_000)) as engine:
+        history = build_history(60)
+        lives = []
+        for _life in range(2):
+            reports = [
+                engine.prepare(history[: end + 1], session_id="s1").report
+                for end in range(0, len(history), 4)
+            ]
+            lives.append([r.generation for r in reports if r.compacted])
+            engine.drop_session("s1")
+        applied = [r["generation"] for r in engine.store.compactions("s1")]
+    first, second = lives
+    assert first and len(first) == len(second)
+    assert second == [g + first[-1] for g in first]
+    assert [*first, *second] == applied
+
+
 @pytest.mark.both_backends  # reliability on PostgreSQL too
 def test_dropped_session_is_not_resurrected_by_a_late_compaction(
     make_settings: Callable[..., Settings],

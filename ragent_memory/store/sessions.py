@@ -80,6 +80,21 @@ class SessionTables(OffloadTables, HostTables):
             preserved=tuple(json.loads(row[9])),
         )
 
+    def new_session(self, session_id: str) -> SessionState:
+        """The state a session without a stored one starts from. A dropped id used again
+        numbers its generations on from the audit's highest: numbers never repeat there (a
+        unique index on applied generations), so a new life restarting at 1 could never
+        commit a compaction."""
+        with self._locked("read"):
+            return SessionState(session_id, last_generation=self._last_applied(session_id))
+
+    def _last_applied(self, session_id: str) -> int:
+        row = self.db.execute(
+            "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
+            [session_id],
+        ).fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
     def save_session(self, state: SessionState) -> None:
         """Write a session's whole summary state in one transaction."""
         with self._locked("write"), self.db.atomic():
@@ -103,7 +118,7 @@ class SessionTables(OffloadTables, HostTables):
                 "SELECT generation, last_generation FROM sessions WHERE session_id = ?",
                 [state.session_id],
             ).fetchone()
-            current = tuple(row) if row is not None else (0, 0)
+            current = tuple(row) if row is not None else (0, self._last_applied(state.session_id))
             if dropped is not None or current != (previous.generation, previous.last_generation):
                 return False
             self._write_session(state)
