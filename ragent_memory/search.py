@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import threading
@@ -290,17 +289,46 @@ _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
 
 
-@functools.lru_cache(maxsize=256)  # recall reads ≤ 3 × CANDIDATES messages a query
-def _sentences(text: str) -> tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]:
-    """``text`` with its whitespace folded, its sentences, and each sentence's stems: the
-    same messages come back turn after turn, so each is split and tokenised once."""
-    folded = " ".join(text.split())
-    sentences = tuple(_SENTENCE.split(folded))
-    stems = tuple(
-        frozenset(t[:_STEM_CHARS] for t in search_terms(sentence, limit=1_000))
-        for sentence in sentences
-    )
-    return folded, sentences, stems
+SENTENCE_CACHE_CHARS: Final = 8_000_000  # texts kept split and stemmed, by their length
+
+
+class _Sentences:
+    """Each recalled text split into sentences and stemmed once: the same hits come back
+    turn after turn. Least recently used texts go first, beyond a bound on their total
+    length (a count bound would hold unbounded memory with long tool results)."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, _Split] = OrderedDict()
+        self._chars = 0
+
+    def __call__(self, text: str) -> _Split:
+        with self._lock:
+            found = self._entries.get(text)
+            if found is not None:
+                self._entries.move_to_end(text)
+                return found
+        folded = " ".join(text.split())
+        sentences = tuple(_SENTENCE.split(folded))
+        stems = tuple(
+            frozenset(t[:_STEM_CHARS] for t in search_terms(sentence, limit=1_000))
+            for sentence in sentences
+        )
+        split = (folded, sentences, stems)
+        with self._lock:
+            if text not in self._entries:
+                self._entries[text] = split
+                self._chars += len(text)
+                while self._chars > self.max_chars and len(self._entries) > 1:
+                    old, _ = self._entries.popitem(last=False)
+                    self._chars -= len(old)
+        return split
+
+
+# folded text, its sentences, each sentence's stems
+_Split = tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]
+_sentences = _Sentences(SENTENCE_CACHE_CHARS)
 
 
 def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[str, bool]:
