@@ -292,7 +292,7 @@ _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint 
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # texts kept split and stemmed, by their length
 
 
-class _Sentences:
+class SentenceCache:
     """Each recalled text split into sentences and stemmed once: the same hits come back
     turn after turn. Least recently used texts go first, beyond a bound on their total
     length (a count bound would hold unbounded memory with long tool results)."""
@@ -328,7 +328,7 @@ class _Sentences:
 
 # folded text, its sentences, each sentence's stems
 _Split = tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]
-_sentences = _Sentences(SENTENCE_CACHE_CHARS)
+_sentences = SentenceCache(SENTENCE_CACHE_CHARS)
 
 
 def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[str, bool]:

@@ -15,6 +15,7 @@ from ragent_memory.search import (
     HEADERS,
     SEARCH_TOOL_NAME,
     Indexer,
+    SentenceCache,
     focus,
     place,
     recall,
@@ -254,6 +255,21 @@ def test_focus_keeps_sentences_sharing_query_words() -> None:
     kept, clipped = focus(text, 120, frozenset({"passp"}))
     assert clipped and "X1234567" in kept and len(kept) <= 120
     assert ("short", False) == focus("short", 120)
+
+
+def test_sentence_cache_splits_each_text_once_within_its_char_bound() -> None:
+    """A text seen again is not split again; the least recently used texts leave once the
+    texts held pass the bound."""
+    cache = SentenceCache(max_chars=100)
+    texts = [f"Text {i} speaks. It has two sentences about {i}." for i in range(4)]  # 40+ chars
+    first = cache(texts[0])
+    assert ("Text 0 speaks.", "It has two sentences about 0.") == first[1]
+    assert {"speak"} <= first[2][0]
+    assert first is cache(texts[0])
+    for text in texts[1:]:
+        cache(text)
+    assert first is not cache(texts[0])  # it was the least recently used: split anew
+    assert cache(texts[3]) is cache(texts[3])
 
 
 def test_search_tool_schema() -> None:
