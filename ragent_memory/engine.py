@@ -81,36 +81,17 @@ def _check_id(name: str, value: Any) -> None:
         raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
 
 
-def _fresh(value: Any) -> Any:
-    """A copy of a JSON-like value down to its last dict and list (strings are shared)."""
-    if type(value) is dict:
-        return {k: _fresh(v) if type(v) in _NESTED else v for k, v in value.items()}
-    if type(value) is list:
-        return [_fresh(v) if type(v) in _NESTED else v for v in value]
-    return value
-
-
-_NESTED = (dict, list)
-
-
 def hand_out(view: View, block: str) -> list[Message]:
     """What the caller gets: the view with the memory block after the leading system
     messages, each message a copy down to every content part and tool call, so an app that
     decorates what it sends (cache_control on a part, a serializer popping keys) changes
     neither its own history nor what later turns send.
 
-    A message whose values are all strings (most of them) is one C-level dict copy. A message
-    with parts or tool calls is copied once and that copy is handed out again while it still
-    equals the view's message (a C-level comparison, several times cheaper than a deep copy);
-    once the app changed it, the next turn hands out a fresh copy."""
-    out = list(map(dict, view.messages))
-    messages, handed = view.messages, view.handed
-    for index in view.deep:
-        source = messages[index]
-        copied = handed.get(index)
-        if copied is None or copied != source:
-            copied = handed[index] = _fresh(source)
-        out[index] = copied
+    A copy handed out is handed out again while it still equals the view's message: the
+    session checks all of them at the start of the next turn with one C-level ``==`` (the
+    usual answer: nothing changed) and copies again only those the caller changed, those
+    the view replaced (a trim, a preview) and those new since."""
+    out = view.hand_out()
     if block:
         at = leading_system_count(out)
         out.insert(at, memory_message(block))

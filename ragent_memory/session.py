@@ -151,20 +151,31 @@ class RawCache:
         self.changed: list[int] = []  # positions found new or changed this turn, ascending
         self._rolling = 0
 
-    def sync(self, messages: Sequence[Any], *, hot: int) -> None:
-        """Adopt ``messages`` as the new history (see the class docstring). On an invalid
-        message the cache is left as it was and InvalidMessagesError propagates."""
+    def sync(
+        self, messages: Sequence[Any], *, hot: int, suspects: Sequence[int] | None = None
+    ) -> None:
+        """Adopt ``messages`` as the new history (see the class docstring). ``suspects``,
+        when given, are the only positions from ``hot`` on whose content may have changed
+        in place (the session's hand-out check vouches for the rest); then the rotating
+        window runs over every earlier position, the ones shown as a substitution included.
+        On an invalid message the cache is left as it was and InvalidMessagesError
+        propagates."""
         count, known = len(messages), len(self.messages)
         limit = min(count, known)
         changed = None
         if count >= known:
             prefix = min(self.system_count + 1, limit)
             hot = max(prefix, min(hot, limit))
-            moved, edited = self._differences(messages, hot, limit)
+            if suspects is None:
+                moved, edited = self._differences(messages, hot, limit)
+                end = hot
+            else:
+                moved, end = self._moved(messages, hot, limit), limit
+                edited = [] if moved else self._edited(messages, suspects, hot, limit)
             if not moved:  # no dict replaced where the view shows them: nothing shifted
-                start = self._rolling if prefix <= self._rolling < hot else prefix
-                stop = min(start + ROLLING_CHECK, hot)
-                self._rolling = stop if stop < hot else prefix
+                start = self._rolling if prefix <= self._rolling < end else prefix
+                stop = min(start + ROLLING_CHECK, end)
+                self._rolling = stop if stop < end else prefix
                 changed = [
                     *self._changed(messages, 0, prefix),
                     *self._changed(messages, start, stop),
@@ -173,6 +184,25 @@ class RawCache:
         if changed is None:  # rebuilt, inserted or removed messages: compare everything
             changed = self._changed(messages, 0, limit)
         self._adopt(messages, sorted(set(changed)), limit, count)
+
+    def _edited(
+        self, messages: Sequence[Any], suspects: Sequence[int], start: int, stop: int
+    ) -> list[int]:
+        """Suspects in ``[start, stop)`` edited in place: content or tool_calls not the
+        objects seen before, or (an edit inside a part) not the size measured before."""
+        edited = []
+        for index in suspects:
+            if not start <= index < stop:
+                continue
+            message = messages[index]
+            validate_message(message, index)
+            if (
+                message.get("content") is not self.contents[index]
+                or message.get("tool_calls") is not self.calls[index]
+                or chars(message) != self.sizes[index]
+            ):
+                edited.append(index)
+        return edited
 
     def recheck(self, messages: Sequence[Any], *, deep: bool = False) -> list[int]:
         """Compare every position with ``messages`` (as ``sync`` does where the view is;
@@ -202,6 +232,20 @@ class RawCache:
         moved, edited = self._differences(messages, start, stop)
         return [*moved, *edited]
 
+    def _moved(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
+        """Positions in ``[start, stop)`` holding a dict that is not equal to the one seen
+        before (identity first: the common answer, nothing, is one list comparison)."""
+        if start >= stop:
+            return []
+        given = messages[start:stop]
+        own = self.messages[start:stop]
+        if given == own:
+            return []
+        moved = _false_positions(list(map(operator.eq, given, own)))
+        for index in moved:
+            validate_message(given[index], start + index)
+        return [start + i for i in moved]
+
     def _differences(
         self, messages: Sequence[Any], start: int, stop: int
     ) -> tuple[list[int], list[int]]:
@@ -210,13 +254,8 @@ class RawCache:
         one C-level pass; the common answer, nothing, costs three list comparisons."""
         if start >= stop:
             return [], []
+        moved = self._moved(messages, start, stop)
         given = messages[start:stop]
-        own = self.messages[start:stop]
-        moved: list[int] = []
-        if given != own:  # identity first, then equality, element by element
-            moved = _false_positions(list(map(operator.eq, given, own)))
-            for index in moved:
-                validate_message(given[index], start + index)
         contents = list(map(_get, given, repeat("content")))
         calls = list(map(_get, given, repeat("tool_calls")))
         edited: list[int] = []
@@ -232,7 +271,7 @@ class RawCache:
             )
             for index in edited:
                 validate_message(given[index], start + index)
-        return [start + i for i in moved], [start + i for i in edited]
+        return moved, [start + i for i in edited]
 
     def _adopt(self, messages: Sequence[Any], changed: list[int], limit: int, count: int) -> None:
         """Take the changed positions and the new ones ``[limit, count)``; everything is
@@ -302,9 +341,16 @@ class TrimHint:
     recent_start: int
 
 
-def _is_flat(message: Message) -> bool:
-    """Nothing inside the message a caller could change in place but its own dict."""
-    return not message.get("tool_calls") and not isinstance(message.get("content"), list)
+def fresh_copy(value: Any) -> Any:
+    """A copy of a JSON-like value down to its last dict and list (strings are shared)."""
+    if type(value) is dict:
+        return {k: fresh_copy(v) if type(v) in _NESTED else v for k, v in value.items()}
+    if type(value) is list:
+        return [fresh_copy(v) if type(v) in _NESTED else v for v in value]
+    return value
+
+
+_NESTED = (dict, list)
 
 
 @attrs.define
@@ -316,6 +362,9 @@ class View:
     Positions from ``head`` on map one to one onto the raw history (``index + offset``).
     ``show`` replaces a message by its substitution and remembers the caller's original.
     ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
+
+    ``handed`` holds the copies last handed out, parallel to ``messages[:len(handed)]``;
+    ``stale`` the indexes among them the view has replaced since (see ``hand_out``).
     """
 
     messages: list[Message]
@@ -331,8 +380,8 @@ class View:
     total: int = 0
     raw_chars: int = 0
     counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
-    deep: set[int] = attrs.field(factory=set)  # indexes of messages with nested parts
-    handed: dict[int, Message] = attrs.field(factory=dict)  # their last copy handed out
+    handed: list[Message] = attrs.field(factory=list)  # copies last handed out
+    stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
 
     @classmethod
     def of(
@@ -343,7 +392,7 @@ class View:
         prefix_len: int,
         generation: int,
     ) -> View:
-        view = cls(
+        return cls(
             head_messages,
             head_sizes,
             len(head_messages),
@@ -352,8 +401,6 @@ class View:
             generation,
             total=sum(head_sizes),
         )
-        view.deep = {i for i, m in enumerate(head_messages) if not _is_flat(m)}
-        return view
 
     @property
     def end(self) -> int:
@@ -367,20 +414,18 @@ class View:
 
     def grow(self, messages: Sequence[Message], sizes: Sequence[int]) -> None:
         """Append raw messages (unsubstituted)."""
-        at = len(self.messages)
         self.messages.extend(messages)
         self.sizes.extend(sizes)
         added = sum(sizes)
         self.total += added
         self.raw_chars += added
-        self.deep.update(at + i for i, m in enumerate(messages) if not _is_flat(m))
 
     def replace_head(self, index: int, message: Message, size: int) -> None:
         """A leading system message the caller rebuilt."""
         self.total += size - self.sizes[index]
         self.messages[index] = message
         self.sizes[index] = size
-        self._mark(index, message)
+        self._replaced(index)
 
     def show(self, index: int, message: Message, kind: str, size: int) -> None:
         self.originals.setdefault(index, self.messages[index])
@@ -392,13 +437,35 @@ class View:
         self.total += size - self.sizes[index]
         self.messages[index] = message
         self.sizes[index] = size
-        self._mark(index, message)
+        self._replaced(index)
 
-    def _mark(self, index: int, message: Message) -> None:
-        if _is_flat(message):
-            self.deep.discard(index)
-        else:
-            self.deep.add(index)
+    def _replaced(self, index: int) -> None:
+        if index < len(self.handed):
+            self.stale.add(index)
+
+    def untouched(self) -> list[int]:
+        """Check the copies handed out last turn against the view (one C-level ``==``: the
+        usual answer) and copy again those the caller changed; returns the indexes where
+        a copy differed from the view's message (the caller edited the copy, or its own
+        message in place: ``RawCache.sync`` tells which)."""
+        handed, messages = self.handed, self.messages
+        count = len(handed)
+        if handed == messages[:count]:
+            return []
+        differed = _false_positions(list(map(operator.eq, handed, messages)))
+        for index in differed:
+            handed[index] = fresh_copy(messages[index])
+        return differed
+
+    def hand_out(self) -> list[Message]:
+        """The copies to hand out: last turn's where the view is unchanged, new copies for
+        messages replaced or added since (``untouched`` found the caller's own edits)."""
+        handed, messages = self.handed, self.messages
+        for index in self.stale:
+            handed[index] = fresh_copy(messages[index])
+        self.stale.clear()
+        handed.extend(map(fresh_copy, messages[len(handed) :]))
+        return list(handed)
 
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
         """A new view without messages ``[start, start + count)`` (the session's own view is
@@ -430,7 +497,8 @@ class View:
             total=sum(sizes),
             raw_chars=self.raw_chars - raw_chars,
             counts=Counter(kinds.values()),
-            deep={new for _, new in kept(self.deep)},
+            handed=self.handed[:start] + self.handed[stop:],  # still parallel to messages
+            stale={new for _, new in kept(self.stale)},
         )
 
     def copy(self) -> View:
@@ -441,8 +509,8 @@ class View:
             originals=dict(self.originals),
             kinds=dict(self.kinds),
             counts=Counter(self.counts),
-            deep=set(self.deep),
-            handed={},
+            handed=[],
+            stale=set(),
         )
 
     @property
@@ -601,11 +669,23 @@ class Session:
         message the summary covers is caught before a new generation builds on it."""
         state, raw = self.state, self.raw
         hot = state.covered if state.generation else raw.system_count
-        raw.sync(messages, hot=hot)
+        raw.sync(messages, hot=hot, suspects=None if last is None else self._suspects(last))
         if verify:
             raw.recheck(messages, deep=True)
         elif self._may_compact(last):
             raw.recheck(messages)
+
+    @staticmethod
+    def _suspects(last: View) -> list[int]:
+        """Raw positions of the caller's messages last turn's view showed as written whose
+        copy handed out no longer equals them (``View.untouched``), and of those it showed
+        but never handed out: only there can an edit in place hide."""
+        handed_end = len(last.handed) + last.offset
+        return [
+            index + last.offset
+            for index in last.untouched()
+            if index >= last.head and index not in last.kinds
+        ] + list(range(max(handed_end, last.head + last.offset), last.end))
 
     def _may_compact(self, last: View | None) -> bool:
         raw = self.raw
