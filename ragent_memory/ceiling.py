@@ -48,11 +48,15 @@ def trim_all(
     ref_for: Callable[[str], str],
     originals: Mapping[int, Message],
     evicted: frozenset[int] | set[int],
-) -> list[Eviction]:
+) -> tuple[list[Eviction], int]:
     """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
     they free ``excess`` chars (all of them when that is not enough). Orphan results and
     irregular loops (duplicate ids, unanswered calls) are left alone (DESIGN §3: never
-    evicted)."""
+    evicted). ``head`` may be any loop boundary before which nothing is left to evict.
+
+    Returns the evictions and the loop boundary before which, once they are shown, nothing
+    is left to evict (``turn_start`` when all of them were planned): the next call may start
+    there."""
     loops = map_loops(view[head:turn_start])
     planned: list[Eviction] = []
     freed = 0
@@ -77,8 +81,8 @@ def trim_all(
             planned.append(eviction)
             freed += sizes[index] - chars(eviction.replacement)
             if freed >= excess:
-                return planned
-    return planned
+                return planned, head + loop.call_index
+    return planned, turn_start
 
 
 def preview_turn(

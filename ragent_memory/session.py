@@ -54,7 +54,7 @@ from .search import Recaller
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
-from .trim import find_candidates, trim, worth_it
+from .trim import Candidates, Eviction, find_candidates, trim, worth_it
 
 log = get_logger(__name__)
 
@@ -377,6 +377,7 @@ class View:
     originals: dict[int, Message] = attrs.field(factory=dict)
     kinds: dict[int, str] = attrs.field(factory=dict)
     trim_hint: TrimHint | None = None  # what the last trim learnt, while the view only grew
+    swept: int = 0  # a loop boundary before which the ceiling's rung 1 left nothing to evict
     total: int = 0
     raw_chars: int = 0
     counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
@@ -492,6 +493,7 @@ class View:
             self.prefix_len,
             self.generation,
             fresh=max(head, self.fresh - count),
+            swept=self.swept if self.swept <= start else max(start, self.swept - count),
             originals=originals,
             kinds=kinds,
             total=sum(sizes),
@@ -858,9 +860,9 @@ class Session:
         if total <= self.settings.trim_trigger_chars:
             return new, None
         if view.trim_hint is not None:
-            moved = self._still_not_worth_it(view, pending, total, view.trim_hint)
-            if moved is not None:
-                return new, moved  # the common turn: only the recent stretch was looked at
+            fast = self._trim_recent(view, new, pending, total, view.trim_hint)
+            if fast is not None:
+                return fast  # the common turn: only the recent stretch was looked at
         tentative = view.copy()
         for index, sub in pending.items():
             tentative.show(index, sub.message, sub.kind, self.size_of(sub))
@@ -875,20 +877,57 @@ class Session:
             sizes=tentative.sizes,
         )
         left = 0 if result.evictions else result.reclaimable_chars
-        hint = TrimHint(left, result.recent_start)
-        if result.irregular and not self.warned_irregular:
+        self._irregular(result.irregular)
+        trimmed = self._trimmed(view, new, result.evictions, total, result.reclaimed_chars)
+        return trimmed, TrimHint(left, result.recent_start)
+
+    def _trim_recent(
+        self,
+        view: View,
+        new: list[_New],
+        pending: Mapping[int, Substitution],
+        total: int,
+        hint: TrimHint,
+    ) -> tuple[list[_New], TrimHint] | None:
+        """Gate 1 from the recent stretch alone (see ``_recent``), when that decides it;
+        None when the whole view must be looked at."""
+        start, found = self._recent(view, pending, hint)
+        reclaimable = hint.reclaimable_chars + found.reclaim_chars
+        moved = TrimHint(reclaimable, start + found.recent_start)
+        if not worth_it(reclaimable, total):
+            return new, moved
+        if hint.reclaimable_chars:  # candidates before the stretch: the whole view is needed
+            return None
+        self._irregular(found.irregular)
+        evictions = [attrs.evolve(e, index=e.index + start) for e in found.evictions]
+        return self._trimmed(view, new, evictions, total, found.reclaim_chars), TrimHint(
+            0, moved.recent_start
+        )
+
+    def _irregular(self, irregular: Mapping[str, int]) -> None:
+        if irregular and not self.warned_irregular:
             self.warned_irregular = True  # once per session: the caller's input, not ours
-            log.warning("messages.irregular", session_id=self.session_id, **result.irregular)
-        if not result.evictions:
-            return new, hint
-        evicted = {e.index for e in result.evictions}
+            log.warning("messages.irregular", session_id=self.session_id, **irregular)
+
+    def _trimmed(
+        self,
+        view: View,
+        new: list[_New],
+        evictions: Sequence[Eviction],
+        total: int,
+        reclaimed_chars: int,
+    ) -> list[_New]:
+        """``new`` with ``evictions`` added (an evicted result's pending preview dropped)."""
+        if not evictions:
+            return new
+        evicted = {e.index for e in evictions}
         log.info(
             "trim.applied",
             session_id=self.session_id,
             trimmed=len(evicted),
-            reclaimed_chars=result.reclaimed_chars,
-            chars_in=tentative.total,
-            chars_out=tentative.total - result.reclaimed_chars,
+            reclaimed_chars=reclaimed_chars,
+            chars_in=total,
+            chars_out=total - reclaimed_chars,
         )
         return [n for n in new if n[0] not in evicted] + [
             (
@@ -896,20 +935,20 @@ class Session:
                 Substitution(self._key(view, e.index), "trim", e.ref, e.replacement),
                 (e.text,),
             )
-            for e in result.evictions
-        ], hint
+            for e in evictions
+        ]
 
-    def _still_not_worth_it(
-        self, view: View, pending: Mapping[int, Substitution], total: int, hint: TrimHint
-    ) -> TrimHint | None:
-        """Decide the 20% rule from the recent stretch alone, when possible; returns the hint
-        moved forward when the trim is skipped, None when the whole view must be looked at.
+    def _recent(
+        self, view: View, pending: Mapping[int, Substitution], hint: TrimHint
+    ) -> tuple[int, Candidates]:
+        """The trim candidates from the hint's ``recent_start`` on, with ``pending`` shown.
 
         After a trim, nothing before its ``recent_start`` can become a candidate, and what the
         candidates there free is known. If the view has only grown at its end since, the
-        candidates now are those plus the ones in the stretch from ``recent_start`` on; when
+        candidates now are those plus the ones in the stretch from ``recent_start`` on: when
         together they stay under 20%, the trim would change nothing and is skipped without
-        scanning the whole view.
+        scanning the whole view; when the hint's own candidates free nothing, the stretch's
+        are the trim's.
         """
         start = hint.recent_start
         messages, sizes = view.messages[start:], view.sizes[start:]
@@ -935,10 +974,7 @@ class Session:
             originals=originals,
             evicted=evicted,
         )
-        reclaimable = hint.reclaimable_chars + found.reclaim_chars
-        if worth_it(reclaimable, total):
-            return None
-        return TrimHint(reclaimable, start + found.recent_start)
+        return start, found
 
     def _record(
         self, view: View, new: list[_New], hint: TrimHint | None, user_id: str | None
@@ -1068,10 +1104,10 @@ class Session:
             return view, 0, None
         settings = self.settings
         turn_start = ceiling.current_turn_start(view.messages, view.head)
-        evictions = ceiling.trim_all(
+        evictions, swept = ceiling.trim_all(
             view.messages,
             view.sizes,
-            head=view.head,
+            head=max(view.head, min(view.swept, turn_start)),  # before it: nothing left
             turn_start=turn_start,
             excess=view.total - budget + int(budget * ceiling.TRIM_HEADROOM),
             language=settings.language,
@@ -1082,7 +1118,13 @@ class Session:
         self._stick(
             view, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions], user_id
         )
-        if evictions:
+        if all(view.kinds.get(e.index) == "trim" for e in evictions):  # the store took them
+            view.swept = swept
+        if evictions and swept == turn_start:
+            # Nothing before the current turn is left to evict, so gate 1 has no candidates
+            # and the next turn need look only from here on.
+            view.trim_hint = TrimHint(0, turn_start)
+        elif evictions:
             # Rung 1's placeholders are sticky, so the next turn's gate 1 sees a smaller total
             # and may now pass the 20% rule. Run gate 1 on that view here, as the next turn
             # would: the same history then gives the same prepared messages (idempotent).
@@ -1134,6 +1176,7 @@ class Session:
         if view.total > budget and view.head > view.prefix_len:
             # Only the summary is left between the system prompt and the current turn:
             # what is sent at last is the system prompt and the current turn (step 5).
+            view.hand_out()
             view = view.without(view.head - 1, 1, raw_chars=0)
         if view.total > budget:
             log.warning(
@@ -1224,6 +1267,7 @@ class Session:
             ],
         )
         self.left_out = max(self.left_out, stop)
+        view.hand_out()  # copies made now are the session view's too: next turn checks them
         return view.without(view.head, count, raw_chars=sum(self.raw.sizes[first:stop]))
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:

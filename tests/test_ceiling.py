@@ -45,7 +45,7 @@ def sizes_of(view: list[Message]) -> list[int]:
 
 def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[int]:
     """Step 1 over ``view`` (turn 4 current): the view indexes it evicts."""
-    found = trim_all(
+    found, _ = trim_all(
         view,
         sizes_of(view),
         head=0,

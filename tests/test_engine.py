@@ -210,7 +210,7 @@ def test_incremental_paths_change_nothing(
     fast = replay("fast")
     never_kept = property(lambda _s: None, lambda _s, _v: None)  # every turn rebuilds its view
     monkeypatch.setattr(session_module.Session, "view", never_kept, raising=False)
-    monkeypatch.setattr(session_module.Session, "_still_not_worth_it", lambda *a: None)
+    monkeypatch.setattr(session_module.Session, "_trim_recent", lambda *a: None)
     slow = replay("slow")
     assert slow == fast
 
