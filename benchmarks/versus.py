@@ -198,10 +198,15 @@ def _repeat_ms(action: Callable[[], object], times: int = 20) -> float:
     return (time.process_time() - started) * 1000 / times
 
 
-def run_ragent(turns: Turns, budget: int, language: str, db: Path) -> tuple[Run, Meter, dict]:
+def run_ragent(
+    turns: Turns, budget: int, language: str, db: Path, *, recall: bool = True
+) -> tuple[Run, Meter, dict]:
     meter = Meter(language)
     settings = Settings(
-        context_window_chars=budget, language=language, store=StoreSettings(path=str(db))
+        context_window_chars=budget,
+        language=language,
+        store=StoreSettings(path=str(db)),
+        recall_enabled=recall,
     )
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
     run = Run()
@@ -481,21 +486,30 @@ class SlowSummarizer(Meter):
         return super().summarize(request)
 
 
-def slow_model(turns: Turns, budget: int, db: Path, delay_s: float = 30.0) -> dict[str, Any]:
+def slow_model(
+    turns: Turns, budget: int, db: Path, delay_s: float = 30.0, recall: bool = True
+) -> dict[str, Any]:
     """compaction_timeout_s: 0 with a summarizer taking ``delay_s``: prepare never waits (its
     p99 stays a few ms), the ceiling keeps every turn within B meanwhile, and the summary is
     adopted by the first prepare after it landed."""
     settings = Settings(
-        context_window_chars=budget, compaction_timeout_s=0, store=StoreSettings(path=str(db))
+        context_window_chars=budget,
+        compaction_timeout_s=0,
+        store=StoreSettings(path=str(db)),
+        recall_enabled=recall,
     )
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
-    cpu_ms, over_budget, generations = [], 0, []
+    cpu_ms, process_ms, wall_ms, over_budget, generations = [], [], [], 0, []
     with MemoryEngine(settings, summarizer=SlowSummarizer("en", delay_s)) as engine:
         for messages in turns:
             history.append(messages[0])
-            started = time.process_time()
+            # The calling thread's CPU: process time would also charge each turn with what
+            # the compaction worker (summarizer, retention check) burns meanwhile.
+            started = time.thread_time(), time.process_time(), time.perf_counter()
             report = engine.prepare(history, session_id="slow").report
-            cpu_ms.append((time.process_time() - started) * 1000)
+            cpu_ms.append((time.thread_time() - started[0]) * 1000)
+            process_ms.append((time.process_time() - started[1]) * 1000)
+            wall_ms.append((time.perf_counter() - started[2]) * 1000)
             over_budget += report.chars_out > budget
             generations.append(report.generation)
             history.extend(messages[1:])
@@ -507,6 +521,8 @@ def slow_model(turns: Turns, budget: int, db: Path, delay_s: float = 30.0) -> di
         "turns": len(cpu_ms),
         "p50_ms": statistics.median(cpu_ms),
         "p99_ms": statistics.quantiles(cpu_ms, n=100)[98],
+        "p99_process_ms": statistics.quantiles(process_ms, n=100)[98],
+        "p99_wall_ms": statistics.quantiles(wall_ms, n=100)[98],
         "turns_over_b": over_budget,
         "generation_during_session": max(generations),
         "landed_within_3x_delay": landed,
@@ -517,14 +533,21 @@ def slow_model(turns: Turns, budget: int, db: Path, delay_s: float = 30.0) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of every workload")
+    parser.add_argument("--only", help="comma-separated workload names (and/or 'slow_model')")
+    parser.add_argument("--no-peers", action="store_true", help="ragent_memory's arms alone")
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
     out = RESULTS / ("versus-quick.json" if args.quick else "versus.json")
+    if only is not None or args.no_peers:  # a partial run leaves the full results alone
+        out = out.with_name(out.stem + "-partial.json")
     clock = Clock()
     rag_en: Turns = []
     for name, budget, turns in workloads(args.quick):
         rag_en = rag_en or turns  # the slow-model run replays the 2,000-turn RAG session
+        if only is not None and name not in only:
+            continue
         language = "zh" if name.endswith("_zh") else "en"
         history_chars = sum(chars(m) for t in turns for m in t)
         rows: dict[str, Any] = {}
@@ -535,7 +558,21 @@ def main() -> None:
             rows["ragent_memory"] = {**summary(ours, meter.sent, budget, history_chars), **extra}
             rows["floor_list"] = {"p50_ms": statistics.median(ours.floor_list_ms)}
             rows["floor_dicts"] = {"p50_ms": statistics.median(ours.floor_dicts_ms)}
-            rows.update(run_peers(turns, budget, language, history_chars, Path(tmp), clock, name))
+            # Recall (DESIGN §9b) searches on every user turn and no peer has it: the same
+            # engine without it shows what the rest of the turn costs.
+            gc.collect()
+            with clock.part(f"{name} ragent_memory recall off"):
+                bare, meter, extra = run_ragent(
+                    turns, budget, language, Path(tmp) / "bare.db", recall=False
+                )
+            rows["ragent_memory_recall_off"] = {
+                **summary(bare, meter.sent, budget, history_chars),
+                **extra,
+            }
+            if not args.no_peers:
+                rows.update(
+                    run_peers(turns, budget, language, history_chars, Path(tmp), clock, name)
+                )
         ours_p50 = rows["ragent_memory"]["p50_ms"]
         for arm, row in rows.items():
             if arm != "ragent_memory" and "p50_ms" in row:
@@ -543,15 +580,22 @@ def main() -> None:
         results["workloads"][name] = {"budget": budget, "history_chars": history_chars, **rows}
         print_table(name, budget, rows)
         write(results, out)  # after every workload: a run cut short keeps what it measured
-    with tempfile.TemporaryDirectory() as tmp, clock.part("slow model"):
-        slow = slow_model(rag_en, 200_000, Path(tmp) / "slow.db", 5.0 if args.quick else 30.0)
-    results["slow_model"] = slow
-    print(
-        f"\nslow model ({slow['summarizer_delay_s']:.0f} s per summary, compaction_timeout_s: 0): "
-        f"prepare p50 {slow['p50_ms']:.3f} ms, p99 {slow['p99_ms']:.2f} ms over "
-        f"{slow['turns']} turns; {slow['turns_over_b']} turns over B; summary adopted once "
-        f"landed: {slow['adopted_after_landing']}"
-    )
+    for key, recall in (("slow_model", True), ("slow_model_recall_off", False)):
+        if only is not None and "slow_model" not in only:
+            break
+        with tempfile.TemporaryDirectory() as tmp, clock.part(key.replace("_", " ")):
+            slow = slow_model(
+                rag_en, 200_000, Path(tmp) / "slow.db", 5.0 if args.quick else 30.0, recall
+            )
+        results[key] = slow
+        print(
+            f"\n{key} ({slow['summarizer_delay_s']:.0f} s per summary, "
+            f"compaction_timeout_s: 0): prepare (calling thread's CPU) p50 "
+            f"{slow['p50_ms']:.3f} ms, p99 {slow['p99_ms']:.2f} ms (process CPU "
+            f"{slow['p99_process_ms']:.2f}, wall {slow['p99_wall_ms']:.2f}) over "
+            f"{slow['turns']} turns; {slow['turns_over_b']} turns over B; summary adopted "
+            f"once landed: {slow['adopted_after_landing']}"
+        )
     results["elapsed_s"] = clock.parts
     write(results, out)
     print(f"\nwritten: {out}\n\n{'part':<36} {'wall s':>8} {'CPU s':>8}")
