@@ -132,10 +132,11 @@ class RawCache:
 
     The usual app appends to one list and passes the same dicts again. Each turn, ``sync``
     checks by identity (the dict, its content and its tool_calls objects, at C speed) the
-    leading system messages, everything from ``hot`` on (the raw messages the view shows) and a
-    rotating window of the positions before ``hot`` (covered by the summary); new messages are
-    validated and measured. When a dict in the checked part was replaced, or the history got
-    shorter, everything is compared. ``recheck`` compares everything by identity (before a
+    leading system messages, the dicts from ``hot`` on (the raw messages the view shows), their
+    content where the session's hand-out check cannot vouch for it (``suspects``; all of them
+    without one) and a rotating window of the earlier positions; new messages are validated and
+    measured. When a dict in the checked part was replaced, or the history got shorter,
+    everything is compared. ``recheck`` compares everything by identity (before a
     compaction), ``recheck(deep=True)`` recomputes every digest and size (on request). Digests
     are computed lazily, when a position's digest is first needed.
     """
@@ -189,7 +190,7 @@ class RawCache:
         self, messages: Sequence[Any], suspects: Sequence[int], start: int, stop: int
     ) -> list[int]:
         """Suspects in ``[start, stop)`` edited in place: content or tool_calls not the
-        objects seen before, or (an edit inside a part) not the size measured before."""
+        objects seen before, or (an edit inside a part) not the size or digest known."""
         edited = []
         for index in suspects:
             if not start <= index < stop:
@@ -200,6 +201,7 @@ class RawCache:
                 message.get("content") is not self.contents[index]
                 or message.get("tool_calls") is not self.calls[index]
                 or chars(message) != self.sizes[index]
+                or (self.digests[index] is not None and digest(message) != self.digests[index])
             ):
                 edited.append(index)
         return edited
@@ -1014,6 +1016,8 @@ class Session:
         if self.future is not None:
             return "in_progress"
         settings = self.settings
+        if view.total <= settings.compact_trigger_chars:
+            return None  # nothing is due: not a skip (``plan`` would sum the view to say so)
         decision = compact.plan(view.messages, view.sizes, head=view.head, settings=settings)
         if decision == "below_trigger":
             return None  # nothing is due: not a skip
