@@ -172,7 +172,7 @@ class RawCache:
                 end = hot
             else:
                 moved, end = self._moved(messages, hot, limit), limit
-                edited = [] if moved else self._edited(messages, suspects, hot, limit)
+                edited = [] if moved else self._edited(messages, suspects, 0, limit)
             if not moved:  # no dict replaced where the view shows them: nothing shifted
                 start = self._rolling if prefix <= self._rolling < end else prefix
                 stop = min(start + ROLLING_CHECK, end)

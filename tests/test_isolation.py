@@ -127,3 +127,30 @@ def test_verify_catches_an_edit_inside_a_content_part(
         statuses = [r["status"] for r in engine.store.compactions("s")]
     assert (True, 2) == (verified.compacted, verified.generation)
     assert ["applied", "invalidated", "applied"] == statuses
+
+
+def test_an_edit_inside_a_shown_content_part_is_caught_on_the_next_turn(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """The copy handed out last turn no longer equals the edited message, so the engine looks
+    at it again: the next prepare measures and sends the edit, without verify=True."""
+    engine = make_engine()
+    history = _history()
+    before = engine.prepare(history, session_id="s").report.chars_raw
+    history[1]["content"][0]["text"] = "look at this, and at the second page too"
+    after = engine.prepare(history, session_id="s")
+    assert before + len(", and at the second page too") == after.report.chars_raw
+    assert history[1] == after.messages[1]
+
+
+def test_untouched_copies_are_handed_out_again(make_engine: Callable[..., MemoryEngine]) -> None:
+    """Only what changed is copied: a message neither the caller nor the engine changed comes
+    back as the same copy, a decorated one as a fresh copy equal to the history."""
+    engine = make_engine()
+    history = _history()
+    first = engine.prepare(history, session_id="s").messages
+    first[3]["content"] = "decorated"
+    history.append({"role": "assistant", "content": "done"})
+    second = engine.prepare(history, session_id="s").messages
+    assert (True, False) == (first[2] is second[2], first[3] is second[3])
+    assert history == second
