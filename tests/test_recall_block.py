@@ -58,7 +58,7 @@ def test_compacted_fact_comes_back_when_asked(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """A fact covered by a compaction is recalled at the end of the final user message, the
-    report counts it, and the block stays within recall_max_chars and the trigger."""
+    report counts it, and the block stays within recall_max_chars and B (with the view)."""
     settings = make_settings(context_window_chars=8_000)
     engine = make_engine(settings, summarizer=ForgetfulSummarizer())
     # No identifier in the fact (no number, code or name): the retention check (DESIGN §6)
@@ -75,8 +75,30 @@ def test_compacted_fact_comes_back_when_asked(
     assert (report.recalled_chars, asked[-1]) == (len(block), without_recall(prepared.messages[-1]))
     assert report.recalled >= 1
     assert len(block) <= settings.recall_max_chars
-    assert report.chars_out + len(block) <= settings.compact_trigger_chars
+    assert report.chars_out + len(block) <= settings.context_window_chars
     assert "sauna" not in "".join(str(m["content"]) for m in prepared.messages[:-1])
+
+
+def test_block_room_runs_to_b_not_to_the_compaction_trigger(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The block is not part of the view: with the view near the compaction trigger it still
+    gets min(recall_max_chars, B − view) — past the trigger, never past B."""
+    settings = make_settings(context_window_chars=8_000)
+    engine = make_engine(settings, summarizer=ForgetfulSummarizer())
+    # Different sentences (the verbatim user requests in the summary hold some word for word).
+    colours = ["blue", "red", "green", "grey", "white", "black", "pink", "brown", "gold", "tan"]
+    said = "I keep a towel in the {} locker beside the sauna at the gym."
+    history = chat(90, planted={3 + 3 * k: said.format(c) for k, c in enumerate(colours)})
+    sent: list[tuple[int, int]] = []
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+        asked = [*history[:i], {"role": "user", "content": "Where is my towel at the gym?"}]
+        report = engine.prepare(asked, session_id="s").report
+        sent.append((report.chars_out, report.recalled_chars))
+    budget, trigger = settings.context_window_chars, settings.compact_trigger_chars
+    assert all(view + block <= budget and block <= settings.recall_max_chars for view, block in sent)
+    assert any(view + block > trigger for view, block in sent)
 
 
 def test_clipped_excerpt_ref_reads_back_the_whole_message(
