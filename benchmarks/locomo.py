@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -291,7 +292,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     budgets = tuple(args.budget or BUDGETS)
     started = time.perf_counter()
-    results: dict[str, Any] = {"conversations": [f.stem for f in files], "per_conv": {}, "mean": {}}
+    results: dict[str, Any] = {
+        "command": " ".join(["python -m benchmarks.locomo", *(argv or sys.argv[1:])]),
+        "scoring": "answers: share of questions whose gold answer's content words are all in "
+        "the context; mean: pooled over every scored question of the conversations run",
+        "conversations": [f.stem for f in files],
+        "per_conv": {},
+        "mean": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for budget in budgets:
             overall = Tally()

@@ -33,8 +33,12 @@ CONTEXT_WINDOW_CHARS = 12_000
 def host_settings(store: StoreSettings, **overrides: Any) -> Settings:
     """The settings every host and the single-process reference run with."""
     overrides.setdefault("compaction_timeout_s", 120)
-    # Recall off: its index is written off the caller's thread, so what a recall block shows
-    # at a given turn depends on timing, in one process as across hosts.
+    # Recall off, for two reasons that are not timing within one process (there,
+    # ``Indexer.wait_for`` makes a session's block deterministic: see test_reliability's
+    # eight-threads test, which runs with recall on). The reference is a single process on
+    # SQLite (FTS5 BM25) while the hosts run on PostgreSQL (ts_rank): the two rank excerpts
+    # differently by design. And a host writes a session's index batch off its caller's
+    # thread; the host taking the session over waits only for its own process's batches.
     overrides.setdefault("recall_enabled", False)
     return Settings(context_window_chars=CONTEXT_WINDOW_CHARS, store=store, **overrides)
 

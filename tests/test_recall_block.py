@@ -97,7 +97,9 @@ def test_block_room_runs_to_b_not_to_the_compaction_trigger(
         report = engine.prepare(asked, session_id="s").report
         sent.append((report.chars_out, report.recalled_chars))
     budget, trigger = settings.context_window_chars, settings.compact_trigger_chars
-    assert all(view + block <= budget and block <= settings.recall_max_chars for view, block in sent)
+    assert all(
+        view + block <= budget and block <= settings.recall_max_chars for view, block in sent
+    )
     assert any(view + block > trigger for view, block in sent)
 
 
