@@ -183,14 +183,21 @@ def test_indexer_resumes_after_restart_without_duplicates(store: Store) -> None:
     assert "gamma edited" in find(store, "gamma", session_id="s1")
 
 
-def test_indexer_schedules_only_what_is_new(store: Store) -> None:
-    """The caller's thread reads only the messages after its cursor."""
-    reads: list[str] = []
+def counting_dict(reads: list[str]) -> type[dict[str, Any]]:
+    """A message dict that notes the content of every ``get`` (what the indexer read)."""
 
     class Counting(dict[str, Any]):
         def get(self, key: str, default: Any = None) -> Any:
             reads.append(str(super().get("content")))
             return super().get(key, default)
+
+    return Counting
+
+
+def test_indexer_schedules_only_what_is_new(store: Store) -> None:
+    """The caller's thread reads only the messages after its cursor."""
+    reads: list[str] = []
+    Counting = counting_dict(reads)
 
     indexer = Indexer(store)
     messages: list[dict[str, Any]] = [Counting(m) for m in chat(*(f"l{i}" for i in range(50)))]
@@ -210,11 +217,7 @@ def test_indexer_continues_over_a_history_rebuilt_as_equal_dicts(store: Store) -
     objects) is read from the cursor on, not from the start; a changed message at the cursor
     still re-reads the session."""
     reads: list[str] = []
-
-    class Counting(dict[str, Any]):
-        def get(self, key: str, default: Any = None) -> Any:
-            reads.append(str(super().get("content")))
-            return super().get(key, default)
+    Counting = counting_dict(reads)
 
     indexer = Indexer(store)
     texts = [f"l{i}" for i in range(50)]
