@@ -116,8 +116,8 @@ class Indexer:
 
     A per-session cursor (count handed over, the last message) keeps :meth:`schedule`
     proportional to what is new; a shorter history, or one whose message at the cursor
-    changed, re-reads the session from the start (positions already indexed with the same content are skipped by
-    the store).
+    changed, re-reads the session from the start (positions already indexed with the same
+    content are skipped by the store).
     """
 
     def __init__(self, store: RecallIndex, *, engine_headers: Sequence[str] = ()) -> None:
@@ -290,6 +290,8 @@ _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint 
 
 
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # texts kept split and stemmed, by their length
+# folded text, its sentences, each sentence's stems
+_Split = tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]
 
 
 class SentenceCache:
@@ -326,8 +328,6 @@ class SentenceCache:
         return split
 
 
-# folded text, its sentences, each sentence's stems
-_Split = tuple[str, tuple[str, ...], tuple[frozenset[str], ...]]
 _sentences = SentenceCache(SENTENCE_CACHE_CHARS)
 
 
