@@ -80,13 +80,18 @@ class BodyCache:
 
     def parse(self, key: str | None, raw: bytes) -> dict[str, Any]:
         """Parse ``raw``, reusing ``key``'s previous body when ``raw`` extends it."""
+        return self.read(key, raw)[0]
+
+    def read(self, key: str | None, raw: bytes) -> tuple[dict[str, Any], int]:
+        """``parse``, and how many leading messages are the very objects of ``key``'s
+        previous body (as ``adopt`` left them): 0 when it was parsed whole."""
         known = self._known.get(key) if key is not None else None
         if key is not None and known is not None:
             extended = _extend(known, raw)
             if extended is not None:
                 self.tail_parses += 1
                 self._keep(key, extended)
-                return _fresh(extended.body)
+                return _fresh(extended.body), len(known.body["messages"])
         body = parse_whole(raw)
         if key is not None:
             found = _locate(raw, body)
@@ -94,7 +99,15 @@ class BodyCache:
                 self._drop(key)
             else:
                 self._keep(key, _Known(raw, body, found[0], found[1], proved=False))
-        return _fresh(body)
+        return _fresh(body), 0
+
+    def adopt(self, key: str | None, messages: list[Any]) -> None:
+        """Reuse ``messages``' objects from now on: the last body's messages, some swapped
+        by the caller for equal objects of its own (so the swap is done once, not on every
+        later body)."""
+        known = self._known.get(key) if key is not None else None
+        if known is not None and len(messages) == len(known.body["messages"]):
+            known.body = {**known.body, "messages": list(messages)}
 
     def _keep(self, key: str, known: _Known) -> None:
         self._drop(key)

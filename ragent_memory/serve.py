@@ -27,11 +27,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
+import itertools
 import json
+import operator
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -97,6 +100,10 @@ NO_SESSION = (
 )
 
 
+class _Gone(Exception):
+    """The client went away before its request body had arrived."""
+
+
 class _Reject(Exception):
     """A request the proxy answers itself with an error status and one line."""
 
@@ -107,16 +114,44 @@ class _Reject(Exception):
         super().__init__(message)
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> Response:
+@attrs.frozen
+class _Out:
+    """A whole response: sent as two ASGI messages on the hot route, or as a Starlette
+    ``Response`` on the others (the same status, headers and bytes)."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """As Starlette writes them: lower-case names, then the body's length."""
+        raw = _raw(self.headers)
+        if self.status >= 200 and self.status not in (204, 304):
+            raw.append((b"content-length", str(len(self.body)).encode("latin-1")))
+        return raw
+
+    async def send(self, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status}
+        await send({**start, "headers": self.raw_headers()})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+    def response(self) -> Response:
+        return Response(self.body, status_code=self.status, headers=dict(self.headers))
+
+
+def error_response(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: Mapping[str, str] | None = None,
+) -> _Out:
     """An OpenAI-shaped error on one line: the openai client shows ``message``."""
     body = {"error": {"message": message, "type": kind, "code": status}}
-    return Response(
-        json.dumps(body, ensure_ascii=False) + "\n",
-        status_code=status,
-        media_type="application/json",
-    )
+    text = json.dumps(body, ensure_ascii=False) + "\n"
+    return _Out(status, {"content-type": "application/json", **(headers or {})}, text.encode())
 
 
+@functools.cache
 def _header_name(field: str) -> str:
     return "X-Ragent-" + "-".join(part.capitalize() for part in field.split("_"))
 
@@ -225,13 +260,15 @@ class _Histories:
         self._last: collections.OrderedDict[str, list[Message]] = collections.OrderedDict()
         self._max = max_sessions
 
-    def adopt(self, session_id: str, messages: list[Any]) -> None:
-        """Swap equal messages of ``messages`` (a list the proxy owns) for earlier objects."""
+    def adopt(self, session_id: str, messages: list[Any], start: int = 0) -> None:
+        """Swap equal messages of ``messages`` (a list the proxy owns) for earlier objects,
+        from ``start`` on (the body cache hands back the objects adopted before it)."""
         last = self._last.get(session_id)
         if last is None:
             return
-        for index in range(min(len(last), len(messages))):
-            if messages[index] is not last[index] and messages[index] == last[index]:
+        differ = map(operator.is_not, messages[start:], last[start:])  # at C speed
+        for index in list(itertools.compress(itertools.count(start), differ)):
+            if messages[index] == last[index]:
                 messages[index] = last[index]
 
     def remember(self, session_id: str, messages: list[Message]) -> None:
@@ -262,8 +299,8 @@ class _Turn:
         return (time.perf_counter() - self.started - self.upstream_s) * 1000
 
     def payload(self, *, with_tools: bool) -> bytes:
-        body = dict(self.body)
-        body["messages"] = self.messages
+        """The body for the upstream: the app's, with the prepared messages (and tools)."""
+        body = {**self.body, "messages": self.messages}
         if with_tools and self.own:
             body["tools"] = [*(self.body.get("tools") or ()), *self.own.values()]
         return orjson.dumps(body)
@@ -339,40 +376,53 @@ class Proxy:
             ) as response:
                 upstream = await _Reply.read(response)
         except TimeoutError:
-            return error_response(504, "upstream timed out", "upstream_error")
+            return error_response(504, "upstream timed out", "upstream_error").response()
         except aiohttp.ClientError as err:
             return error_response(
                 502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
-            )
-        return _relay(upstream)
+            ).response()
+        return _relay(upstream).response()
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def chat_completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/chat/completions`` as a plain ASGI callable: it runs on every agent
+        turn, so no request/response objects or middleware stand between uvicorn and it."""
+        started = time.perf_counter()
         if self._in_flight >= self.settings.max_concurrency:
-            response = error_response(
-                503,
-                f"busy: {self._in_flight} requests in flight (serve.max_concurrency); retry",
-                "server_busy",
-            )
-            response.headers["Retry-After"] = "1"
-            return response
+            busy = f"busy: {self._in_flight} requests in flight (serve.max_concurrency); retry"
+            await error_response(503, busy, "server_busy", {"Retry-After": "1"}).send(send)
+            return
         self._in_flight += 1
         release = True
         try:
-            turn = await self._turn(request, time.perf_counter())
-            if turn.body.get("stream") is True:
-                response = await self._stream(turn)
-                release = not isinstance(response, _Relay)  # the relay releases when done
-                return response
-            return await self._complete(turn)
-        except _Reject as err:
-            return error_response(err.status, err.message, err.kind)
+            try:
+                turn = await self._turn(scope, receive, started)
+                if turn.body.get("stream") is not True:
+                    out, reply = await self._complete(turn)
+                else:
+                    relay = await self._stream(turn)
+                    if isinstance(relay, _Relay):
+                        release = False  # the relay releases when done
+                        await relay(send)
+                        return
+                    out, reply = relay, None  # the upstream's error
+            except _Reject as err:
+                await error_response(err.status, err.message, err.kind).send(send)
+                return
+            except _Gone:
+                return
+            try:
+                await out.send(send)
+            finally:  # after the response: after_turn's thread must not hold the GIL up
+                self._done(turn, reply, out.status)
         finally:
             if release:
                 self._in_flight -= 1
 
     def routes(self) -> list[Route]:
+        """The routes other than the hot one (``create_app`` sends that one past Starlette);
+        the chat route is here too, for what the fast dispatch leaves to Starlette."""
         return [
-            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/chat/completions", _Endpoint(self.chat_completions), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -380,15 +430,19 @@ class Proxy:
 
     # ------------------------------------------------------------------ a turn
 
-    async def _turn(self, request: Request, started: float) -> _Turn:
-        raw = await self._read(request)
-        try:  # keyed by the header only: the ``user`` field is known after parsing
-            body = self._bodies.parse(request.headers.get("x-session-id"), raw)
+    async def _turn(self, scope: Scope, receive: Receive, started: float) -> _Turn:
+        raw_headers = scope["headers"]
+        headers = _headers(raw_headers, (b"x-session-id", b"x-user-id", b"content-length"))
+        raw = await self._read(receive, headers.get("content-length"))
+        key = headers.get("x-session-id")  # the ``user`` field is known after parsing
+        try:
+            body, reused = self._bodies.read(key, raw)
         except BodyError as err:
             raise _Reject(400, str(err)) from err
-        session_id, user_id = identify(request.headers, body)
+        session_id, user_id = identify(headers, body)
         history = body["messages"]
-        self._histories.adopt(session_id, history)
+        self._histories.adopt(session_id, history, reused)
+        self._bodies.adopt(key, history)
         try:
             if self._inline:
                 prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
@@ -403,27 +457,32 @@ class Proxy:
             history=history,
             session_id=session_id,
             user_id=user_id,
-            headers=_forward_headers(request.headers.raw),
+            headers=_forward_headers(raw_headers),
             report=prepared.report,
             messages=list(prepared.messages),
             own=self._offer(body, prepared.report, user_id),
             started=started,
         )
 
-    async def _read(self, request: Request) -> bytes:
+    async def _read(self, receive: Receive, declared: str | None) -> bytes:
+        """The request body, joined once; a 413 past ``serve.max_body_bytes``."""
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
         too_big = f"request body over {limit} bytes (serve.max_body_bytes)"
         if declared and declared.isdigit() and int(declared) > limit:
             raise _Reject(413, too_big)
         parts = []
         size = 0
-        async for part in request.stream():
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise _Gone  # the client went away
+            part = message.get("body", b"")
             size += len(part)
             if size > limit:
                 raise _Reject(413, too_big)
             parts.append(part)
-        return b"".join(parts)
+            if not message.get("more_body", False):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _offer(
         self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
@@ -539,8 +598,9 @@ class Proxy:
             504, f"upstream timed out after {self.settings.timeout_s:g} s", "upstream_error"
         )
 
-    async def _complete(self, turn: _Turn) -> Response:
-        """A non-streamed completion, with the proxy's own tool rounds inside."""
+    async def _complete(self, turn: _Turn) -> tuple[_Out, Message | None]:
+        """A non-streamed completion, with the proxy's own tool rounds inside, and the reply
+        to record (None when there is none)."""
         last_round = self.settings.max_tool_rounds
         while True:
             upstream = await self._send(turn, with_tools=turn.rounds < last_round)
@@ -548,8 +608,7 @@ class Proxy:
             message = _only_message(data)
             if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
                 if not isinstance(data, dict):
-                    self._done(turn, None, upstream.status_code)
-                    return _relay(upstream, report_headers(turn.report, turn.rounds))
+                    return _relay(upstream, report_headers(turn.report, turn.rounds)), None
                 break
             mine, theirs = _split_calls(message, turn.own)
             if not mine or theirs or turn.rounds >= last_round:
@@ -558,12 +617,11 @@ class Proxy:
         content = upstream.content
         if isinstance(data, dict) and _strip_own_calls(data, turn.own):
             content = orjson.dumps(data)
-        self._done(turn, _first_message(data), 200)
         headers = report_headers(turn.report, turn.rounds)
         headers["X-Ragent-Proxy-Ms"] = f"{turn.overhead_ms():.3f}"
-        return _relay(upstream, headers, content=content)
+        return _relay(upstream, headers, content=content), _first_message(data)
 
-    async def _stream(self, turn: _Turn) -> Response:
+    async def _stream(self, turn: _Turn) -> _Out | _Relay:
         """A streamed completion: see the module doc for how the proxy's tools are handled."""
         last_round = self.settings.max_tool_rounds
         while True:
@@ -577,7 +635,6 @@ class Proxy:
                     ) from err
                 finally:
                     upstream.release()
-                self._done(turn, None, failed.status_code)
                 return _relay(failed, report_headers(turn.report, turn.rounds))
             reader = _StreamReader(upstream, turn.own)
             try:
@@ -744,9 +801,10 @@ def _has_substance(chunk: Mapping[str, Any]) -> bool:
     return False
 
 
-class _Relay(Response):
-    """Streams the reader's events to the client as they come; ``finish`` runs exactly once,
-    with the reply the client received (None when the stream broke or the client left)."""
+class _Relay:
+    """Streams the reader's events to the client as they come (no Content-Length);
+    ``finish`` runs exactly once, with the reply the client received (None when the stream
+    broke or the client left)."""
 
     def __init__(
         self,
@@ -754,17 +812,14 @@ class _Relay(Response):
         headers: Mapping[str, str],
         finish: Callable[[Message | None], None],
     ) -> None:
-        # No super().__init__: it would declare a Content-Length of an empty body.
-        self.status_code = 200
-        self.background = None
-        self.init_headers(headers)
+        self.headers = _raw(headers)
         self.reader = reader
         self.finish = finish
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, send: Send) -> None:
         reply: Message | None = None
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             try:
                 async for event in self.reader.forward():
                     await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -788,11 +843,27 @@ class _Relay(Response):
 
 
 def _forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    headers = ((name.decode("latin-1"), value) for name, value in raw)
     return [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in raw
-        if name.decode("latin-1").lower() not in _REQUEST_DROP
+        (name, value.decode("latin-1"))
+        for name, value in headers
+        if name.lower() not in _REQUEST_DROP
     ]
+
+
+def _headers(raw: Iterable[tuple[bytes, bytes]], names: Iterable[bytes]) -> dict[str, str]:
+    """The first value of each of ``names`` (lower case) the request has."""
+    wanted = set(names)
+    found: dict[str, str] = {}
+    for name, value in raw:
+        key = name.lower()
+        if key in wanted:
+            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
+def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def _response_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -825,24 +896,50 @@ def _relay(
     extra: Mapping[str, str] | None = None,
     *,
     content: bytes | None = None,
-) -> Response:
+) -> _Out:
     headers = _response_headers(upstream.headers)
     headers.update(extra or {})
-    return Response(
-        upstream.content if content is None else content,
-        status_code=upstream.status_code,
-        headers=headers,
-    )
+    return _Out(upstream.status_code, headers, upstream.content if content is None else content)
 
 
 # ---------------------------------------------------------------------- app and server
+
+
+class _Endpoint:
+    """A plain ASGI callable as a Starlette route's endpoint (a bound method would be
+    wrapped in a request/response adapter)."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+class App:
+    """The ASGI app: ``POST /v1/chat/completions`` goes straight to the proxy, everything
+    else (the other routes, lifespan, 404/405) through Starlette."""
+
+    def __init__(self, proxy: Proxy, router: Starlette) -> None:
+        self.proxy = proxy
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == "/v1/chat/completions"
+            and scope["method"] == "POST"
+        ):
+            await self.proxy.chat_completions(scope, receive, send)
+        else:
+            await self.router(scope, receive, send)
 
 
 def create_app(
     settings: Settings,
     *,
     engine: MemoryEngine | None = None,
-) -> Starlette:
+) -> App:
     """The ASGI app. It owns (and closes) the engine unless one is passed in."""
     from .engine import MemoryEngine
 
@@ -859,9 +956,7 @@ def create_app(
             if owned:
                 await asyncio.to_thread(proxy.engine.close)
 
-    app = Starlette(routes=proxy.routes(), lifespan=lifespan)
-    app.state.proxy = proxy
-    return app
+    return App(proxy, Starlette(routes=proxy.routes(), lifespan=lifespan))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -189,6 +189,34 @@ def test_any_sequence_of_bodies_parses_as_the_whole_parse(
         assert orjson.loads(raw) == cache.parse("s", raw)
 
 
+def test_adopted_objects_are_handed_back_and_counted() -> None:
+    """After ``adopt`` the next extension reuses the caller's (equal) objects, and ``read``
+    says how many leading messages are reused; a whole parse reuses none."""
+    cache = BodyCache()
+    history = conversation(3)
+    body, reused = cache.read("s", sdk_body(history[:3]))
+    assert 0 == reused
+    messages = body["messages"]
+    mine = dict(messages[1])
+    messages[1] = mine
+    cache.adopt("s", messages)
+    raw = sdk_body(history[:5])
+    body, reused = cache.read("s", raw)
+    assert 3 == reused
+    assert orjson.loads(raw) == body
+    assert body["messages"][1] is mine
+    cache.adopt("s", body["messages"][:2])  # not the last body's messages: ignored
+    raw = sdk_body(history[:6])
+    body, reused = cache.read("s", raw)
+    assert (5, 6) == (reused, len(body["messages"]))
+    assert orjson.loads(raw) == body
+    edited = [*history[:6], {"role": "user", "content": "new"}]
+    edited[2] = {"role": "assistant", "content": "edited"}
+    body, reused = cache.read("s", sdk_body(edited))
+    assert 0 == reused
+    assert body["messages"][1] is not mine
+
+
 def test_a_tail_that_is_not_json_is_a_malformed_body() -> None:
     """New items without their comma make an invalid document: an error, not a tail."""
     cache = BodyCache()

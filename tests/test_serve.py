@@ -189,6 +189,15 @@ def test_models_and_healthz(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
     assert {"status": "ok"} == httpx2.get(proxy.root_url + "/healthz").json()
 
 
+def test_other_methods_and_paths_are_405_and_404(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """Only POST takes the fast chat route; anything else gets the router's answers."""
+    chat = proxy.base_url + "/chat/completions"
+    assert 405 == httpx2.get(chat).status_code
+    assert "POST" in httpx2.put(chat, content=b"{}").headers["allow"]
+    assert 404 == httpx2.post(proxy.base_url + "/chat/completion", content=b"{}").status_code
+    assert [] == upstream.requests
+
+
 # ---------------------------------------------------------------------- streaming
 
 

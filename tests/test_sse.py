@@ -121,3 +121,15 @@ def test_histories_hand_back_the_earlier_objects() -> None:
     fresh = [{"role": "user", "content": "a"}]
     histories.adopt("s", fresh)
     assert fresh[0] is not first[0]
+
+
+def test_histories_compare_only_from_where_the_body_cache_stopped() -> None:
+    """Positions before ``start`` (the body cache's own objects) are left as they are."""
+    from ragent_memory.serve import _Histories
+
+    histories = _Histories()
+    first = [{"role": "user", "content": str(n)} for n in range(4)]
+    histories.remember("s", first)
+    again = [dict(message) for message in first]
+    histories.adopt("s", again, 2)
+    assert [False, False, True, True] == [a is b for a, b in zip(again, first, strict=True)]
