@@ -20,7 +20,9 @@ reported as well: ``prepare``'s own time (``X-Ragent-Duration-Ms``: the engine, 
 calling the library pays too) and "added − prepare" (what the proxy itself costs). "Inside the
 proxy" is ``X-Ragent-Proxy-Ms``: the handler's time, upstream wait excluded.
 
-The machine is shared, so the load average before and after is printed and stored.
+The machine is shared, so the load average before and after is printed and stored, and the
+event-loop thread's CPU time per request (schedstat, nanoseconds) is reported for the relay
+and every proxy: it moves far less with the load than wall times do.
 Run: ``python -m benchmarks.proxy [--turns N]``; results go to ``benchmarks/results/proxy.json``.
 The issue's target: added p50 ≤ 2 ms.
 """
@@ -222,6 +224,7 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
         "direct": [],
         "bare TCP relay: total": [],
         "bare TCP relay: added": [],
+        "bare TCP relay: loop cpu": [],
     }
     headers = {
         "Authorization": "Bearer sk-bench",
@@ -238,7 +241,7 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
             config.write_text(json.dumps({**extra, "context_window_chars": BUDGET, "store": store}))
             args = [sys.executable, "-m", "ragent_memory", "serve", "--config", str(config)]
             proxies[name] = start([*args, "--upstream", upstream_url, "--port", "0"], READY, cwd)
-            for kind in ("total", "added", "inside", "prepare", "own"):
+            for kind in ("total", "added", "inside", "prepare", "own", "loop cpu"):
                 rows[f"{name}: {kind}"] = []
         urls = {"direct": upstream_url, "bare TCP relay": f"http://127.0.0.1:{relay_port}/v1"}
         urls |= {name: url for name, (_, url) in proxies.items()}
@@ -254,10 +257,14 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
             body = json.dumps({"model": "bench", "messages": history}).encode()
             order = list(urls)
             shift = number % len(order)  # each arm goes first in turn
-            timed = {
-                name: post(clients[name], urls[name] + "/chat/completions", body, headers)
-                for name in order[shift:] + order[:shift]
-            }
+            timed = {}
+            for name in order[shift:] + order[:shift]:
+                process = processes.get(name)
+                before = loop_cpu_ms(process.pid) if process else None
+                timed[name] = post(clients[name], urls[name] + "/chat/completions", body, headers)
+                after = loop_cpu_ms(process.pid) if process else None
+                if before is not None and after is not None:
+                    rows[f"{name}: loop cpu"].append(after - before)
             direct = timed["direct"][0]
             rows["direct"].append(direct)
             rows["bare TCP relay: total"].append(timed["bare TCP relay"][0])
@@ -289,6 +296,15 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
     return {"rows": rows, "body_bytes": sizes, "cpu_ms_per_request": cpu}
 
 
+def loop_cpu_ms(pid: int) -> float | None:
+    """CPU time the main thread of ``pid`` (the event loop) has used so far, at nanosecond
+    resolution (Linux schedstat); None where the kernel does not keep it."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cpu_ms(pid: int) -> float:
     """CPU time a process has used so far, all its threads, user + system (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -303,6 +319,7 @@ def summarize(rows: dict[str, list[float]]) -> dict[str, dict[str, float]]:
             "late_p50_ms": round(statistics.median(values[-100:]), 3),
         }
         for name, values in rows.items()
+        if values
     }
 
 
@@ -312,6 +329,7 @@ LABELS = {
     "inside": "inside the proxy, upstream wait excluded",
     "prepare": "of which prepare() (the engine)",
     "own": "added − prepare (the proxy's own)",
+    "loop cpu": "event-loop thread CPU per request",
 }
 
 

@@ -996,6 +996,7 @@ def serve(
             access_log=verbose,
             timeout_graceful_shutdown=30,
             h11_max_incomplete_event_size=64 * 1024,
+            proxy_headers=False,  # the client's address is never used: no per-request rewrite
         )
     )
     if ready is not None:
