@@ -347,6 +347,8 @@ class Proxy:
             connector=connector,
             timeout=timeout,
             trust_env=False,
+            # the upstream's cookies go to the caller they were set for, never to the next one
+            cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("Content-Type", "User-Agent"),  # the caller's, as sent
         )
 

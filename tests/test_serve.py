@@ -4,10 +4,12 @@ OpenAI-compatible upstream, driven by the real ``openai`` client that changes on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -706,6 +708,25 @@ def test_upstream_connections_are_reused(workdir: Path) -> None:
         server.server_close()
     assert 4 == len(_KeepAliveUpstream.ports)
     assert 1 == len(set(_KeepAliveUpstream.ports))
+
+
+def test_upstream_cookies_reach_their_caller_only(workdir: Path, upstream: FakeOpenAI) -> None:
+    """A Set-Cookie from the upstream is relayed to the caller it answers; the proxy keeps no
+    cookie jar, so the next caller's request does not carry it (the default jar takes
+    cookies from a named host such as localhost)."""
+    port = urllib.parse.urlsplit(upstream.base_url).port
+    config = write_config(workdir, "cookies")
+    with ProxyProcess(config, f"http://localhost:{port}/v1", cwd=workdir) as process:
+        upstream.enqueue(
+            dataclasses.replace(Answer.reply("one"), headers={"Set-Cookie": "sid=one; Path=/"})
+        )
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        url = process.base_url + "/chat/completions"
+        first = httpx2.post(url, json=body, headers={"X-Session-Id": "first"})
+        assert "sid=one; Path=/" == first.headers["set-cookie"]
+        httpx2.post(url, json=body, headers={"X-Session-Id": "second"})
+    assert 2 == len(upstream.requests)
+    assert "cookie" not in upstream.requests[1].headers
 
 
 def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
