@@ -366,12 +366,47 @@ def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[s
     return f"{text[:head]} … {text[-tail:]}", True
 
 
+LINES_REMEMBERED: Final = 16_384  # (message, limit, query stems) → its line, kept
+
+
+class LineCache:
+    """Each hit's line (``focus`` of its text for a query) made once: the same hits come back
+    turn after turn. Keyed by the message's digest (its role and text), the limit and the
+    query's stems, everything the line depends on; least recently used first out."""
+
+    def __init__(self, remembered: int) -> None:
+        self.remembered = remembered
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, int, frozenset[str]], tuple[str, bool]] = (
+            OrderedDict()
+        )
+
+    def __call__(
+        self, message: IndexedMessage, limit: int, stems: frozenset[str]
+    ) -> tuple[str, bool]:
+        key = (message.digest, limit, stems)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        line = focus(message.content, limit, stems)
+        with self._lock:
+            self._entries[key] = line
+            while len(self._entries) > self.remembered:
+                self._entries.popitem(last=False)
+        return line
+
+
+_lines = LineCache(LINES_REMEMBERED)
+
+
 def _line(
     message: IndexedMessage, limit: int, ref_for: RefFor | None, stems: frozenset[str]
 ) -> str:
-    text, clipped = focus(message.content, limit, stems)
+    text, clipped = _lines(message, limit, stems)
     if clipped and ref_for is not None:
-        ref = ref_for(message.session_id, message.content)
+        ref = ref_for(message)
         if ref:
             text += f" [full text: recall {ref}]"
     return f"[{message.role}] {text}"
@@ -397,9 +432,9 @@ def render_block(parts: Sequence[str], language: str) -> str:
     return "\n".join([HEADERS[language], *parts]) if parts else ""
 
 
-# (session the excerpt belongs to, full original) → a recall ref readable from the caller's
-# session, or "" when none can be made.
-RefFor = Callable[[str, str], str]
+# An excerpt's message → a recall ref for its full text readable from the caller's session, or
+# "" when none can be made.
+RefFor = Callable[[IndexedMessage], str]
 
 
 def _excerpts(
@@ -526,6 +561,14 @@ def place(message: Message, block: str) -> Message:
     return {**message, "content": parts}
 
 
+def _remember(entries: OrderedDict[tuple[str, str], Any], key: tuple[str, str], value: Any) -> None:
+    """``entries[key] = value``, most recent last, the oldest dropped beyond the bound."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > OFFLOADS_REMEMBERED:
+        entries.popitem(last=False)
+
+
 class Recaller:
     """What the engine and its sessions use of recall: the indexer, the per-turn block and
     model-driven search, bound to one store and its settings."""
@@ -537,6 +580,7 @@ class Recaller:
         self._offloads_lock = threading.Lock()
         # (session, ref) → when this engine last stored that excerpt's full text
         self._offloaded: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()  # (session, digest) → ref
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]
@@ -549,25 +593,28 @@ class Recaller:
         self.indexer.schedule(messages, session_id=session_id, user_id=user_id)
 
     def _ref_for(self, session_id: str) -> RefFor:
-        """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt
-        stored here recently is not written again (a write transaction per line per turn was
-        most of recall's cost); its expiry was extended when it was written."""
+        """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt's
+        ref is computed once (a hash of its whole text), and one stored here recently is not
+        written again (a write transaction per line per turn was most of recall's cost); its
+        expiry was extended when it was written."""
         ttl = self.settings.offload_ttl_days
         fresh_s = min(OFFLOAD_REFRESH_S, ttl * 86_400 / 2)
 
-        def ref_for(_source: str, text: str) -> str:
-            known: str = self.store.ref_for(session_id, text)
-            key, now = (session_id, known), time.monotonic()
+        def ref_for(message: IndexedMessage) -> str:
+            key = (session_id, message.digest)
             with self._offloads_lock:
-                written = self._offloaded.get(key)
+                known = self._refs.get(key)
+            if known is None:
+                known = self.store.ref_for(session_id, message.content)
+            now = time.monotonic()
+            with self._offloads_lock:
+                _remember(self._refs, key, known)
+                written = self._offloaded.get((session_id, known))
                 if written is not None and now - written < fresh_s:
                     return known
-            ref = self.store.offload(session_id, text, ttl_days=ttl)
+            ref = self.store.offload(session_id, message.content, ttl_days=ttl)
             with self._offloads_lock:
-                self._offloaded[key] = now
-                self._offloaded.move_to_end(key)
-                while len(self._offloaded) > OFFLOADS_REMEMBERED:
-                    self._offloaded.popitem(last=False)
+                _remember(self._offloaded, (session_id, known), now)
             return ref
 
         return ref_for
@@ -633,6 +680,8 @@ class Recaller:
         with self._offloads_lock:  # a dropped session's offloads go: store them again
             for key in [key for key in self._offloaded if key[0] == session_id]:
                 del self._offloaded[key]
+            for key in [key for key in self._refs if key[0] == session_id]:
+                del self._refs[key]
 
     def flush(self, timeout_s: float | None) -> None:
         self.indexer.flush(timeout_s)

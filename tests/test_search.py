@@ -10,11 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ragent_memory import search
+from ragent_memory.records import IndexedMessage
 from ragent_memory.search import (
     EVERYTHING,
     HEADERS,
     SEARCH_TOOL_NAME,
     Indexer,
+    LineCache,
     SentenceCache,
     focus,
     place,
@@ -273,6 +276,31 @@ def test_sentence_cache_splits_each_text_once_within_its_char_bound() -> None:
         cache(text)
     assert first is not cache(texts[0])  # it was the least recently used: split anew
     assert cache(texts[3]) is cache(texts[3])
+
+
+def test_line_cache_makes_each_line_once_and_never_serves_an_edited_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hit seen again for the same query is not focused again; an edited text (a new
+    digest), another limit or another query's words make a new line."""
+    calls: list[str] = []
+    focus_once = search.focus
+
+    def counting(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[str, bool]:
+        calls.append(text)
+        return focus_once(text, limit, stems)
+
+    monkeypatch.setattr(search, "focus", counting)
+    cache = LineCache(remembered=2)
+    old = IndexedMessage("s1", 3, "user", "The keeper is Ada. " * 30, digest="d-old")
+    edited = IndexedMessage("s1", 3, "user", "The keeper is Bea. " * 30, digest="d-new")
+    stems = frozenset({"keepe"})
+    first = cache(old, 120, stems)
+    assert first is cache(old, 120, stems) and 1 == len(calls)
+    assert "Bea" in cache(edited, 120, stems)[0] and 2 == len(calls)
+    assert "Ada" in cache(old, 200, stems)[0] and 3 == len(calls)  # another limit
+    cache(old, 120, frozenset({"ada"}))  # another query: the oldest entry leaves
+    assert first is not cache(old, 120, stems) and first == cache(old, 120, stems)
 
 
 def test_search_tool_schema() -> None:
