@@ -369,22 +369,29 @@ def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[s
 LINES_REMEMBERED: Final = 16_384  # (message, limit, query stems) → its line, kept
 
 
+# (digest, limit, the query's stems the text holds, whether the query had stems)
+_LineKey = tuple[str, int, frozenset[str], bool]
+
+
 class LineCache:
     """Each hit's line (``focus`` of its text for a query) made once: the same hits come back
-    turn after turn. Keyed by the message's digest (its role and text), the limit and the
-    query's stems, everything the line depends on; least recently used first out."""
+    turn after turn. Keyed by what the line depends on: the message's digest (its role and
+    text), the limit and, for a text longer than the limit, the query's stems that the text
+    holds (a ticket number new every turn changes nothing); least recently used first out."""
 
     def __init__(self, remembered: int) -> None:
         self.remembered = remembered
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, int, frozenset[str]], tuple[str, bool]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[_LineKey, tuple[str, bool]] = OrderedDict()
+        self._stems: OrderedDict[str, frozenset[str]] = OrderedDict()  # digest → its stems
 
     def __call__(
         self, message: IndexedMessage, limit: int, stems: frozenset[str]
     ) -> tuple[str, bool]:
-        key = (message.digest, limit, stems)
+        if len(message.content) <= limit:
+            key: _LineKey = (message.digest, limit, frozenset(), False)
+        else:  # the line depends on which of the query's stems the text holds, if any
+            key = (message.digest, limit, stems & self._held(message), bool(stems))
         with self._lock:
             found = self._entries.get(key)
             if found is not None:
@@ -392,10 +399,26 @@ class LineCache:
                 return found
         line = focus(message.content, limit, stems)
         with self._lock:
-            self._entries[key] = line
-            while len(self._entries) > self.remembered:
-                self._entries.popitem(last=False)
+            _bounded(self._entries, key, line, self.remembered)
         return line
+
+    def _held(self, message: IndexedMessage) -> frozenset[str]:
+        """Every stem of a long message (what ``focus`` can match in it)."""
+        with self._lock:
+            held = self._stems.get(message.digest)
+        if held is None:
+            held = frozenset().union(*_sentences(message.content)[2])
+            with self._lock:
+                _bounded(self._stems, message.digest, held, self.remembered)
+        return held
+
+
+def _bounded(entries: OrderedDict[Any, Any], key: Any, value: Any, bound: int) -> None:
+    """``entries[key] = value``, most recent last, the oldest dropped beyond ``bound``."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > bound:
+        entries.popitem(last=False)
 
 
 _lines = LineCache(LINES_REMEMBERED)
@@ -499,6 +522,15 @@ def _excerpts(
     return out
 
 
+def _within(text: str, folded: str) -> bool:
+    """``text``, its whitespace folded, is in ``folded``: its folded head is checked first (a
+    prefix of the whole folded text), so a long text that is not there is never folded whole."""
+    head = " ".join(text[:200].split())
+    if head not in folded:
+        return False
+    return len(text) <= 200 or " ".join(text.split()) in folded
+
+
 def recall(
     store: RecallIndex,
     query_text: str,
@@ -530,7 +562,7 @@ def recall(
     )
     if known_text:
         folded = " ".join(known_text.split())
-        hits = [h for h in hits if " ".join(h.content.split()) not in folded]
+        hits = [h for h in hits if not _within(h.content, folded)]
     excerpts = _excerpts(
         store, hits, session_id=session_id, visible_from=visible_from, shown=shown_set
     )
@@ -559,14 +591,6 @@ def place(message: Message, block: str) -> Message:
     else:
         parts = [{"type": "text", "text": block}, {"type": "text", "text": content or ""}]
     return {**message, "content": parts}
-
-
-def _remember(entries: OrderedDict[tuple[str, str], Any], key: tuple[str, str], value: Any) -> None:
-    """``entries[key] = value``, most recent last, the oldest dropped beyond the bound."""
-    entries[key] = value
-    entries.move_to_end(key)
-    while len(entries) > OFFLOADS_REMEMBERED:
-        entries.popitem(last=False)
 
 
 class Recaller:
@@ -608,13 +632,13 @@ class Recaller:
                 known = self.store.ref_for(session_id, message.content)
             now = time.monotonic()
             with self._offloads_lock:
-                _remember(self._refs, key, known)
+                _bounded(self._refs, key, known, OFFLOADS_REMEMBERED)
                 written = self._offloaded.get((session_id, known))
                 if written is not None and now - written < fresh_s:
                     return known
             ref = self.store.offload(session_id, message.content, ttl_days=ttl)
             with self._offloads_lock:
-                _remember(self._offloaded, (session_id, known), now)
+                _bounded(self._offloaded, (session_id, known), now, OFFLOADS_REMEMBERED)
             return ref
 
         return ref_for
