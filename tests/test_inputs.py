@@ -113,3 +113,27 @@ def test_to_message_leaves_plain_messages_alone() -> None:
     """A plain dict with a standard role is returned as the very same object."""
     message = {"role": "user", "content": "hi"}
     assert message is to_message(message)
+
+
+class _Role(str):
+    """A role whose comparison raises: the fast whole-list check must not be the one to fail."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+    __hash__ = str.__hash__
+
+
+def test_the_whole_list_check_finds_one_message_to_convert_anywhere() -> None:
+    """A long plain history passes through as the caller's own list; one developer message or
+    SDK object at any position is still converted, and an odd role is left for validation."""
+    plain = [{"role": "user", "content": f"q{i}"} for i in range(300)]
+    inputs = Inputs()
+    assert inputs.accept(plain) is plain
+    for at in (0, 150, 299):
+        history = [*plain[:at], {"role": "developer", "content": "d"}, *plain[at + 1 :]]
+        assert "system" == inputs.accept(history)[at]["role"]
+        history = [*plain[:at], ChatCompletionMessage(role="assistant", content="a"), *plain[at:]]
+        assert {"role": "assistant", "content": "a"} == inputs.accept(history)[at]
+    odd = [*plain, {"role": _Role("user"), "content": "x"}]
+    assert odd[300] is inputs.accept(odd)[300]
