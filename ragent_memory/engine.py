@@ -184,6 +184,9 @@ class MemoryEngine:
         )
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._sessions_lock = threading.Lock()
+        # session → the messages after_turn validated last (a shallow copy): the next call of an
+        # app that appends validates only what is new
+        self._validated: OrderedDict[str, list[Message]] = OrderedDict()
         self._closed = False
 
     @classmethod
@@ -398,7 +401,7 @@ class MemoryEngine:
         _check_id("session_id", session_id)
         messages = self._inputs.accept(messages)
         if user_id is None or not self.settings.long_term_enabled:
-            validate_messages(messages)
+            self._validate_new(session_id, messages)
             self._index(messages, session_id, user_id)
             return
         _check_id("user_id", user_id)
@@ -413,6 +416,20 @@ class MemoryEngine:
         self._index(messages, session_id, user_id)
         if pending >= EXTRACTION_MIN_PENDING:
             self._schedule_extraction(user_id)
+
+    def _validate_new(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Validate ``messages`` from where the session's last ``after_turn`` left off when
+        everything before is as it was then (one C-level ``==`` that meets the same objects
+        first, like the app appending to its list); else all of them."""
+        with self._sessions_lock:
+            seen = self._validated.get(session_id, [])
+        unchanged = isinstance(messages, list) and messages[: len(seen)] == seen
+        validate_messages(messages, len(seen) if unchanged and seen else 0)
+        with self._sessions_lock:
+            self._validated[session_id] = list(messages)
+            self._validated.move_to_end(session_id)
+            while len(self._validated) > self.settings.session_cache_size:
+                self._validated.popitem(last=False)
 
     def _index(self, messages: Sequence[Message], session_id: str, user_id: str | None) -> None:
         """The session's text into the recall index, off the caller's thread (§9b), so
@@ -559,6 +576,7 @@ class MemoryEngine:
             self._recaller.forget_session(session_id)
         with self._sessions_lock:  # no prepare may reload the session halfway through
             self._sessions.pop(session_id, None)
+            self._validated.pop(session_id, None)
             self.store.drop_session(session_id)
         log.info("session.dropped", session_id=session_id)
 

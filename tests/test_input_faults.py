@@ -86,3 +86,32 @@ def test_a_part_shared_twice_is_no_cycle(make_engine: Callable[..., MemoryEngine
     part = {"type": "text", "text": "same"}
     message = {"role": "user", "content": [part, part]}
     assert 2 == len(make_engine().prepare([message], session_id="s1").messages[0]["content"])
+
+
+def test_after_turn_without_a_user_validates_what_is_new_and_all_of_a_rebuilt_history(
+    make_engine: Callable[..., MemoryEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app appending to its list gets only its new messages validated each turn; a history
+    whose last message is another object is validated whole, so a bad earlier one is named."""
+    import ragent_memory.engine as engine_module
+
+    starts: list[int] = []
+    real = engine_module.validate_messages
+
+    def counting(messages: Any, start: int = 0) -> Any:
+        starts.append(start)
+        return real(messages, start)
+
+    monkeypatch.setattr(engine_module, "validate_messages", counting)
+    engine = make_engine()
+    history: list[Any] = [dict(OK) for _ in range(5)]
+    engine.after_turn(history, session_id="s1")
+    history += [{"role": "assistant", "content": "a"}, dict(OK)]
+    engine.after_turn(history, session_id="s1")
+    assert [0, 5] == starts
+    with pytest.raises(InvalidMessagesError) as caught:
+        engine.after_turn([*history[:2], {"role": []}, *history[3:]], session_id="s1")
+    assert 2 == caught.value.index
+    with pytest.raises(InvalidMessagesError) as caught:  # a new last object: all read again
+        engine.after_turn([{"role": []}, *history[1:6], dict(OK)], session_id="s1")
+    assert 0 == caught.value.index
