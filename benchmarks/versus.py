@@ -13,7 +13,10 @@ Arms (each optional one is reported as missing when its package is not installed
 - ``deepagents``: deepagents' summarization middleware (same trigger and keep, history
   offloaded to a filesystem backend in a temporary directory);
 - both peers clip their summarizer input at their default 4,000 tokens (16,000 chars here);
-- ``ragent_memory``: ``MemoryEngine.prepare`` on the app's growing list of dicts;
+- ``ragent_memory``: ``MemoryEngine.prepare`` on the app's growing list of dicts, and
+  ``after_turn`` once the turn's messages are in, as every adapter and the proxy call it (so
+  recall searches an index of the whole session, as an app's would); ``after_turn``'s CPU is
+  reported on its own (``after_turn_p50_ms``), the peers having no such step;
 - ``floor``: copying the list ragent_memory sent (``list``), and copying each of its dicts
   (``dicts``): what any isolating hand-out costs at least.
 
@@ -185,6 +188,7 @@ class Run:
         self.compacted: list[bool] = []
         self.floor_list_ms: list[float] = []
         self.floor_dicts_ms: list[float] = []
+        self.after_turn_ms: list[float] = []
 
     def record(self, cpu_ms: float, compacted: bool) -> None:
         self.cpu_ms.append(cpu_ms)
@@ -224,6 +228,9 @@ def run_ragent(
             stability.add(sent, prepared.report.compacted)
             run.record(cpu_ms, prepared.report.compacted)
             history.extend(messages[1:])
+            started = time.process_time()
+            engine.after_turn(history, session_id="bench")
+            run.after_turn_ms.append((time.process_time() - started) * 1000)
         audit = engine.store.compactions("bench")
     applied = [r for r in audit if r["status"] == "applied"]
     extra = {
@@ -428,6 +435,7 @@ def summary(run: Run, meter_sent: Sequence[int], budget: int, history_chars: int
         ),
         "summarizer_max_chars_over_b": max(meter_sent) / budget if meter_sent else 0.0,
         "summarizer_calls_per_100k_history_chars": len(meter_sent) * 100_000 / history_chars,
+        **({"after_turn_p50_ms": statistics.median(run.after_turn_ms)} if run.after_turn_ms else {}),
     }
 
 
@@ -513,6 +521,7 @@ def slow_model(
             over_budget += report.chars_out > budget
             generations.append(report.generation)
             history.extend(messages[1:])
+            engine.after_turn(history, session_id="slow")
         landed = engine.flush(timeout_s=delay_s * 3)
         history.append({"role": "user", "content": "and now?"})
         after = engine.prepare(history, session_id="slow").report
@@ -634,6 +643,8 @@ def print_table(name: str, budget: int, rows: dict[str, Any]) -> None:
             f"{row['summarizer_chars_per_call_over_b']:>6.2f} "
             f"{row['summarizer_calls_per_100k_history_chars']:>10.3f}"
         )
+        if "after_turn_p50_ms" in row:
+            print(f"{'  + after_turn':<24} {row['after_turn_p50_ms']:>8.3f}")
 
 
 if __name__ == "__main__":
