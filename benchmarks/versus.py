@@ -435,7 +435,9 @@ def summary(run: Run, meter_sent: Sequence[int], budget: int, history_chars: int
         ),
         "summarizer_max_chars_over_b": max(meter_sent) / budget if meter_sent else 0.0,
         "summarizer_calls_per_100k_history_chars": len(meter_sent) * 100_000 / history_chars,
-        **({"after_turn_p50_ms": statistics.median(run.after_turn_ms)} if run.after_turn_ms else {}),
+        **(
+            {"after_turn_p50_ms": statistics.median(run.after_turn_ms)} if run.after_turn_ms else {}
+        ),
     }
 
 
