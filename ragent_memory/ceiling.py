@@ -140,18 +140,16 @@ def turns_to_leave_out(
 ) -> tuple[int, int]:
     """Step 4: how many messages from ``head`` on to leave out, and how many whole turns that
     is, to free ``excess`` chars; cuts fall only on user messages (a turn's start), so a tool
-    loop is never split, and never inside the current turn."""
-    starts = [i for i in range(head + 1, turn_start) if view[i].get("role") == "user"]
-    starts.append(turn_start)
+    loop is never split, and never inside the current turn. Reads only the turns it leaves
+    out (the view may hold many more)."""
     freed = 0
     turns = 0
     at = head
-    for cut in starts:
-        if cut <= at:
-            continue
+    while at < turn_start and freed < excess:
+        cut = at + 1
+        while cut < turn_start and view[cut].get("role") != "user":
+            cut += 1
         freed += sum(sizes[at:cut])
         turns += 1
         at = cut
-        if freed >= excess:
-            break
     return at - head, turns

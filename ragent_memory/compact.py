@@ -60,7 +60,7 @@ def summary_message(summary: str, language: str) -> Message:
 @attrs.frozen
 class Plan:
     cut: int  # view index of the first kept message (a user message)
-    head: int  # view index of the first material message
+    head: int  # view index of the first material message shown (turns left out before it too)
     total_chars: int
     material_chars: int  # the material as shown in the view (placeholders, previews)
     kept_chars: int  # the kept tail from ``cut`` on, as shown
@@ -73,14 +73,20 @@ def plan(
     head: int,
     settings: Settings,
     mid_turn: bool = False,
+    left_chars: int = 0,
 ) -> Plan | str:
     """Where to cut, or why not (a skip reason). ``head`` is the first message after the
     prefix and any current summary.
 
+    ``left_chars``: the chars of whole turns the ceiling left out of the view just before
+    ``head`` (DESIGN §4b step 4). They count in the total and are material whatever the cut;
+    mid-turn, ``head`` itself (a turn's start) may then be the cut: the summary covers them
+    and the view keeps the rest (the ceiling's later rungs fit it, as ``Job.settle`` tells).
+
     ``mid_turn`` is the ceiling's compaction (DESIGN §4b step 2, the view is over B): the last
     message may be a tool result, the cut may be the current turn's user message, and any
     material is worth summarizing."""
-    total = sum(sizes)
+    total = sum(sizes) + left_chars
     if total <= settings.compact_trigger_chars:
         return "below_trigger"
     if not view or (view[-1].get("role") != "user" and not mid_turn):
@@ -93,9 +99,12 @@ def plan(
     cut = point
     while cut > head and view[cut].get("role") != "user":
         cut -= 1
-    if cut <= head:
+    only_left_out = (
+        mid_turn and left_chars > 0 and head == cut < len(view) and view[cut].get("role") == "user"
+    )
+    if cut <= head and not only_left_out:
         return "no_safe_cut"
-    material_chars = sum(sizes[head:cut])
+    material_chars = left_chars + sum(sizes[head:cut])
     if material_chars == 0:
         return "empty_material"
     if material_chars * 2 < total and not mid_turn:

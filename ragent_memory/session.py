@@ -38,7 +38,7 @@ import json
 import operator
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from itertools import repeat
 from typing import Any
@@ -355,13 +355,27 @@ def fresh_copy(value: Any) -> Any:
 _NESTED = (dict, list)
 
 
+@attrs.frozen
+class LeftOut:
+    """What the ceiling's step 4 has left out of a view (DESIGN §4b): the oldest whole turns
+    right after the prefix/summary, as raw messages and turns, with the chars they showed and
+    their chars as written."""
+
+    messages: int = 0
+    turns: int = 0
+    shown_chars: int = 0
+    raw_chars: int = 0
+
+
 @attrs.define
 class View:
     """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
     The session keeps one per turn and the next turn extends it in place (``grow``) while the
     history before its end is unchanged.
 
-    Positions from ``head`` on map one to one onto the raw history (``index + offset``).
+    Positions from ``head`` on map one to one onto the raw history (``index + offset``);
+    ``left`` says what the ceiling left out between the prefix/summary and ``head``'s raw
+    message (``start`` is the raw index after the prefix/summary, left out or not).
     ``show`` replaces a message by its substitution and remembers the caller's original.
     ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
 
@@ -385,6 +399,7 @@ class View:
     counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
+    left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
     @classmethod
     def of(
@@ -409,6 +424,11 @@ class View:
     def end(self) -> int:
         """Raw length the view was built from."""
         return len(self.messages) + self.offset
+
+    @property
+    def start(self) -> int:
+        """Raw index of the first message after the prefix/summary, left out or not."""
+        return self.head + self.offset - self.left.messages
 
     @property
     def carried(self) -> bool:
@@ -473,37 +493,65 @@ class View:
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
         """A new view without messages ``[start, start + count)`` (the session's own view is
         left as it is); ``raw_chars``: what the removed raw messages measured as written."""
+        view = attrs.evolve(
+            self,
+            messages=list(self.messages),
+            sizes=list(self.sizes),
+            counts=Counter(self.counts),
+            handed=list(self.handed),
+            stale=set(self.stale),
+        )
+        view._remove(start, count, raw_chars)
+        return view
+
+    def leave_out(self, count: int, *, turns: int, raw_chars: int) -> None:
+        """Leave the ``count`` messages after the prefix/summary (``turns`` whole turns) out of
+        this view, in place: the next turn grows the view without them (DESIGN §4b, step 4:
+        sticky until a summary covers them). ``raw_chars``: what they measure as written."""
+        shown = sum(self.sizes[self.head : self.head + count])
+        self._remove(self.head, count, raw_chars)
+        left = self.left
+        self.left = LeftOut(
+            left.messages + count,
+            left.turns + turns,
+            left.shown_chars + shown,
+            left.raw_chars + raw_chars,
+        )
+
+    def _remove(self, start: int, count: int, raw_chars: int) -> None:
+        """Remove messages ``[start, start + count)`` in place; every index kept (the
+        substitutions, the copies handed out, the trim hint) moves with its message."""
         stop = start + count
 
-        def kept(indexes: Iterable[int]) -> Iterator[tuple[int, int]]:
-            """(old index, new index) of the indexes that stay."""
-            for index in indexes:
-                if index < start:
-                    yield index, index
-                elif index >= stop:
-                    yield index, index - count
+        def moved(index: int) -> int:
+            return index if index < start else max(start, index - count)
 
-        originals = {new: self.originals[old] for old, new in kept(self.originals)}
-        kinds = {new: self.kinds[old] for old, new in kept(self.kinds)}
-        head = self.head - max(0, min(self.head, stop) - start)
-        sizes = self.sizes[:start] + self.sizes[stop:]
-        return View(
-            self.messages[:start] + self.messages[stop:],
-            sizes,
-            head,
-            self.offset + count,
-            self.prefix_len,
-            self.generation,
-            fresh=max(head, self.fresh - count),
-            swept=self.swept if self.swept <= start else max(start, self.swept - count),
-            originals=originals,
-            kinds=kinds,
-            total=sum(sizes),
-            raw_chars=self.raw_chars - raw_chars,
-            counts=Counter(kinds.values()),
-            handed=self.handed[:start] + self.handed[stop:],  # still parallel to messages
-            stale={new for _, new in kept(self.stale)},
-        )
+        self.total -= sum(self.sizes[start:stop])
+        self.raw_chars -= raw_chars
+        del self.messages[start:stop], self.sizes[start:stop], self.handed[start:stop]
+        for index in range(start, stop):
+            kind = self.kinds.get(index)
+            if kind is not None:
+                self.counts[kind] -= 1
+        # One comprehension each (the dicts hold the view's substitutions: a few per turn).
+        self.originals = {
+            i - count if i >= stop else i: m
+            for i, m in self.originals.items()
+            if not start <= i < stop
+        }
+        self.kinds = {
+            i - count if i >= stop else i: k for i, k in self.kinds.items() if not start <= i < stop
+        }
+        self.stale = {i - count if i >= stop else i for i in self.stale if not start <= i < stop}
+        self.head -= max(0, min(self.head, stop) - start)
+        self.offset += count
+        self.fresh = moved(self.fresh)
+        self.swept = moved(self.swept)
+        if self.trim_hint is not None:
+            # Candidates among the removed messages may still count in ``reclaimable_chars``:
+            # an overestimate only sends the next trim down its full path.
+            hint = self.trim_hint
+            self.trim_hint = TrimHint(hint.reclaimable_chars, moved(hint.recent_start))
 
     def copy(self) -> View:
         return attrs.evolve(
@@ -698,7 +746,7 @@ class Session:
         if last is None or not raw.messages or raw.messages[-1].get("role") != "user":
             return False
         grown = sum(raw.sizes[last.end :]) if last.end <= len(raw.sizes) else 0
-        return last.total + grown > self.settings.compact_trigger_chars
+        return last.total + last.left.shown_chars + grown > self.settings.compact_trigger_chars
 
     def _adopt(self, user_id: str | None) -> None:
         """Apply a compaction that finished after its caller stopped waiting."""
@@ -802,7 +850,7 @@ class Session:
             last is not None
             and (last.prefix_len, last.head, last.generation)
             == (prefix_len, head, state.generation)
-            and last.head + last.offset == start
+            and last.start == start
             and raw.unchanged(start, last.end)
         ):
             view, begin = last, last.end
@@ -821,7 +869,7 @@ class Session:
             begin = start
         view.fresh = len(view.messages)
         view.grow(raw.messages[begin:], raw.sizes[begin:])
-        chars_in = view.head_chars + view.raw_chars
+        chars_in = view.head_chars + view.raw_chars + view.left.raw_chars
         for raw_index in range(begin, len(raw.messages)):
             sub = self._sub_at(raw_index, prefix_len)
             if sub is not None:
@@ -1016,9 +1064,15 @@ class Session:
         if self.future is not None:
             return "in_progress"
         settings = self.settings
-        if view.total <= settings.compact_trigger_chars:
+        if view.total + view.left.shown_chars <= settings.compact_trigger_chars:
             return None  # nothing is due: not a skip (``plan`` would sum the view to say so)
-        decision = compact.plan(view.messages, view.sizes, head=view.head, settings=settings)
+        decision = compact.plan(
+            view.messages,
+            view.sizes,
+            head=view.head,
+            settings=settings,
+            left_chars=view.left.shown_chars,
+        )
         if decision == "below_trigger":
             return None  # nothing is due: not a skip
         if isinstance(decision, str):
@@ -1044,7 +1098,7 @@ class Session:
         settings = self.settings
         raw = self.raw
         prefix_len = view.prefix_len
-        start, stop = decision.head + view.offset, decision.cut + view.offset
+        start, stop = decision.head + view.offset - view.left.messages, decision.cut + view.offset
         job = compact.Job(
             previous=self.state,
             user_id=user_id,
@@ -1105,7 +1159,7 @@ class Session:
         compaction did (None: not tried; "applied"; else why it did not apply)."""
         budget = self.settings.context_window_chars
         if view.total <= budget:
-            return view, 0, None
+            return view, view.left.turns, None
         settings = self.settings
         turn_start = ceiling.current_turn_start(view.messages, view.head)
         evictions, swept = ceiling.trim_all(
@@ -1137,7 +1191,12 @@ class Session:
         mid_turn = None
         if view.total > budget and settings.summary_enabled and self.future is None:
             decision = compact.plan(
-                view.messages, view.sizes, head=view.head, settings=settings, mid_turn=True
+                view.messages,
+                view.sizes,
+                head=view.head,
+                settings=settings,
+                mid_turn=True,
+                left_chars=view.left.shown_chars,
             )
             mid_turn = (
                 decision
@@ -1167,16 +1226,16 @@ class Session:
                 [(t.index, "truncate", t.refs[0], t.replacement, t.offloaded) for t in previews],
                 user_id,
             )
-        dropped_turns = 0
         if view.total > budget:
-            count, dropped_turns = ceiling.turns_to_leave_out(
+            count, turns = ceiling.turns_to_leave_out(
                 view.messages,
                 view.sizes,
                 head=view.head,
                 turn_start=turn_start,
                 excess=view.total - budget,
             )
-            view = self._leave_out(view, count, user_id)
+            self._leave_out(view, count, turns, user_id)
+        dropped_turns = view.left.turns
         if view.total > budget and view.head > view.prefix_len:
             # Only the summary is left between the system prompt and the current turn:
             # what is sent at last is the system prompt and the current turn (step 5).
@@ -1255,11 +1314,12 @@ class Session:
         self._record(view, new, None, user_id)
         view.trim_hint = None
 
-    def _leave_out(self, view: View, count: int, user_id: str | None) -> View:
-        """The view without its ``count`` messages after the prefix/summary; they are
-        reported as having left the view (once: ``left_out`` remembers how far)."""
+    def _leave_out(self, view: View, count: int, turns: int, user_id: str | None) -> None:
+        """Leave the ``count`` messages after the prefix/summary (``turns`` whole turns) out of
+        the session's view, so later turns keep them out while it grows (DESIGN §4b step 4);
+        they are reported as having left the view (once: ``left_out`` remembers how far)."""
         if count <= 0:
-            return view
+            return
         first = view.head + view.offset
         stop = first + count
         self._left(
@@ -1271,8 +1331,11 @@ class Session:
             ],
         )
         self.left_out = max(self.left_out, stop)
-        view.hand_out()  # copies made now are the session view's too: next turn checks them
-        return view.without(view.head, count, raw_chars=sum(self.raw.sizes[first:stop]))
+        view.leave_out(count, turns=turns, raw_chars=sum(self.raw.sizes[first:stop]))
+        # Gate 1 on the view as the next turn sees it, as rung 1 does: the smaller total may
+        # now pass the 20% rule, and the same history must give the same messages.
+        new, hint = self._trim(view, [])
+        view.trim_hint = self._record(view, new, hint or view.trim_hint, user_id)
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
         """DESIGN §9b, the last step: when the last message is the user's, excerpts of what

@@ -4,14 +4,14 @@ every prompt inside B — mid-turn tool loops, skipped and slow compactions — 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import structlog
-from sessions import tool_loop
+from sessions import tool_loop, without_recall
 
-from ragent_memory import Settings
+from ragent_memory import Settings, ceiling, compact
 from ragent_memory.ceiling import (
     MIN_PREVIEW_CHARS,
     current_turn_start,
@@ -300,3 +300,185 @@ def test_skipped_compactions_still_fit(
     prepared = engine.prepare(history, session_id="s1")
     assert prepared.report.chars_out <= budget
     assert_regular(prepared.messages)
+
+
+# ------------------------------------------------ rung 4 sticky while a summary is out (§4b)
+
+
+@pytest.fixture
+def make_slow() -> Iterator[Callable[[], Slow]]:
+    """Gated summarizers, every gate opened at teardown: a failing test's engines close
+    at once instead of waiting for a summary nobody releases (request it after
+    ``make_engine``, so it is torn down first)."""
+    made: list[Slow] = []
+
+    def make() -> Slow:
+        made.append(Slow())
+        return made[-1]
+
+    yield make
+    for summarizer in made:
+        summarizer.gate.set()
+
+
+def chat_turn(n: int) -> list[Message]:
+    """A 2,000-char turn: the user's question and the answer."""
+    return [
+        {"role": "user", "content": f"q{n} " + "u" * (995 - len(str(n)))},
+        {"role": "assistant", "content": f"a{n} " + "a" * (995 - len(str(n)))},
+    ]
+
+
+def tail_start(history: list[Message], out: list[Message], head: int) -> int:
+    """Where in ``history`` the messages after ``out[:head]`` begin (they are its end, as
+    written: these sessions have no tool results)."""
+    start = len(history) - (len(out) - head)
+    assert [without_recall(m) for m in out[head:]] == history[start:]
+    return start
+
+
+def users(messages: list[Message]) -> int:
+    return sum(m["role"] == "user" for m in messages)
+
+
+def test_turns_left_out_stay_out_while_a_summary_is_late(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    make_slow: Callable[[], Slow],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the summary is out, each turn leaves out only what its own growth needs (the
+    turns left out before stay out: rung 4 is sticky), every message left out is handed to
+    recall once, and the summary is adopted when it lands."""
+    counts: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        found = turns_to_leave_out(*args, **kwargs)
+        counts.append(found[0])
+        return found
+
+    monkeypatch.setattr(ceiling, "turns_to_leave_out", counted)
+    left: list[int] = []
+    summarizer = make_slow()
+    engine = make_engine(
+        make_settings(context_window_chars=20_000, compaction_timeout_s=0),
+        summarizer=summarizer,
+        on_leave=lambda s, u, items: left.extend(i for i, _ in items),
+    )
+    history: list[Message] = [{"role": "system", "content": "s"}]
+    for n in range(60):
+        history += chat_turn(n)[:1]
+        prepared = engine.prepare(history, session_id="s1")
+        report = prepared.report
+        assert report.chars_out <= 20_000
+        assert 0 == report.generation
+        start = tail_start(history, prepared.messages, 1)
+        assert history[start]["role"] == "user"
+        assert report.dropped_turns == users(history[1:start])
+        history += chat_turn(n)[1:]
+    assert report.dropped_turns >= 45
+    assert counts and max(counts) <= 2, counts  # one 2,000-char turn out per turn at most
+    assert sorted(left) == list(range(1, start))  # each message left out indexed, once
+    summarizer.gate.set()
+    assert engine.flush(timeout_s=60)
+    state = engine.store.load_session("s1")  # before the next compaction may land
+    history.append({"role": "user", "content": "and now?"})
+    adopted = engine.prepare(history, session_id="s1")
+    assert state is not None and 1 == state.generation == adopted.report.generation
+    assert compact.summary_message(state.summary, "en") == adopted.messages[1]
+    start = tail_start(history, adopted.messages, 2)
+    assert start >= state.covered
+    assert adopted.report.dropped_turns == users(history[state.covered : start])
+    assert adopted.report.chars_out <= 20_000
+    assert len(left) == len(set(left))
+
+
+def test_turns_left_out_come_back_when_the_summary_does_not_cover_them(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    make_slow: Callable[[], Slow],
+) -> None:
+    """Turns left out past what the late summary covers are shown again once it is adopted
+    and there is room; until then they stay out, even when room opens up."""
+    summarizer = make_slow()
+    engine = make_engine(
+        make_settings(context_window_chars=20_000, compaction_timeout_s=0),
+        summarizer=summarizer,
+    )
+    history: list[Message] = [{"role": "system", "content": "s"}]
+    for n in range(9):  # the compaction starts on q8's turn and waits for the gate
+        history += chat_turn(n)[:1]
+        engine.prepare(history, session_id="s1")
+        history += chat_turn(n)[1:]
+    history += turn(9)
+    for k in range(60):  # the current turn's previews push out the oldest turns, one by one
+        history += tool_loop(f"c9_{k}", f"{k} " + "r" * 1_500, name="search_knowledge")
+        report = engine.prepare(history, session_id="s1").report
+        assert report.chars_out <= 20_000
+        if report.dropped_turns == 8:
+            break
+    assert 8 == report.dropped_turns  # past the 6 turns the summary will cover
+    history += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "q10"}]
+    waiting = engine.prepare(history, session_id="s1")  # turn 9's results are trimmed now
+    assert waiting.report.chars_out < 12_000
+    assert 8 == waiting.report.dropped_turns  # sticky: room, but no summary yet
+    summarizer.gate.set()
+    assert engine.flush(timeout_s=60)
+    state = engine.store.load_session("s1")
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "q11"}]
+    adopted = engine.prepare(history, session_id="s1")
+    assert state is not None and 1 == adopted.report.generation == state.generation
+    assert 0 == adopted.report.dropped_turns
+    shown = [m.get("content") for m in adopted.messages]
+    uncovered = [m["content"] for m in history[state.covered : 19] if m["role"] == "user"]
+    assert uncovered  # the summary covers turns 0-5: 6-8 were left out, not covered
+    assert all(text in shown for text in uncovered)  # back in view
+    assert adopted.messages[2] == history[state.covered]
+
+
+def test_a_restart_while_turns_are_left_out_adopts_the_right_view(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    make_slow: Callable[[], Slow],
+) -> None:
+    """A new engine on the same store picks up the summary that landed after the old one
+    stopped, keeps leaving out turns while its own summary is late, and adopts it: the
+    system prompt, the summary, then the history from where the ceiling needs it on."""
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0)
+    history: list[Message] = [{"role": "system", "content": "s"}]
+
+    def run(engine: MemoryEngine, turns: range) -> list[Any]:
+        reports = []
+        for n in turns:
+            history.extend(chat_turn(n)[:1])
+            reports.append(engine.prepare(history, session_id="s1").report)
+            history.extend(chat_turn(n)[1:])
+        assert all(r.chars_out <= 20_000 for r in reports)
+        assert max(r.dropped_turns for r in reports) >= 10
+        return reports
+
+    first = make_slow()
+    engine = make_engine(settings, summarizer=first)
+    assert all(0 == r.generation for r in run(engine, range(30)))
+    first.gate.set()  # the summary lands after this engine's last turn
+    assert engine.flush(timeout_s=60)
+    engine.close()
+    second = make_slow()
+    left: list[int] = []
+    engine = make_engine(
+        settings, summarizer=second, on_leave=lambda s, u, items: left.extend(i for i, _ in items)
+    )
+    # The first engine's summary is picked up; this engine's own one is late.
+    assert {1} == {r.generation for r in run(engine, range(30, 60))}
+    second.gate.set()
+    assert engine.flush(timeout_s=60)
+    state = engine.store.load_session("s1")  # before a next compaction may land
+    history.append({"role": "user", "content": "and now?"})
+    adopted = engine.prepare(history, session_id="s1")
+    assert len(left) == len(set(left))
+    assert state is not None and 2 == state.generation == adopted.report.generation
+    assert [history[0], compact.summary_message(state.summary, "en")] == adopted.messages[:2]
+    start = tail_start(history, adopted.messages, 2)
+    assert start >= state.covered
+    assert adopted.report.dropped_turns == users(history[state.covered : start])
+    assert adopted.report.chars_out <= 20_000
