@@ -40,7 +40,8 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
-    for piece in _PIECE.findall(text.casefold()):
+    for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
+        piece = match.group(0)
         if _IS_CJK.match(piece):
             grams = (
                 [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-import attrs
 import psycopg
 import psycopg_pool
 
@@ -224,4 +223,4 @@ class PostgresStore(IndexedTables, AuditTable):
                 " ORDER BY rank DESC, m.id DESC LIMIT ?",
                 [*phrases, *owners, session_id, visible_from, *shown, limit],
             ).fetchall()
-        return [attrs.evolve(indexed(r[:-1]), score=-float(r[-1])) for r in rows]
+        return [indexed(r[:-1], -float(r[-1])) for r in rows]

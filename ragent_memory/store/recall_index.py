@@ -15,7 +15,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import sqlite_utils
 
 from ..records import Forgotten, IndexedMessage
@@ -43,7 +42,7 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
 
 
-def indexed(row: Sequence[Any]) -> IndexedMessage:
+def indexed(row: Sequence[Any], score: float = 0.0) -> IndexedMessage:
     return IndexedMessage(
         session_id=row[1],
         position=int(row[2]),
@@ -52,6 +51,7 @@ def indexed(row: Sequence[Any]) -> IndexedMessage:
         dated=row[5],
         digest=row[6],
         id=int(row[0]),
+        score=score,
     )
 
 
@@ -146,7 +146,7 @@ class RecallIndexTables(OffloadTables):
         }
         with self._locked("search"):
             rows = self.db.execute(sql, params).fetchall()
-        return [attrs.evolve(indexed(r[:-1]), score=float(r[-1])) for r in rows]
+        return [indexed(r[:-1], float(r[-1])) for r in rows]
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
         """The session's indexed messages at these positions (the newest row of each)."""
