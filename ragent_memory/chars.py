@@ -59,40 +59,57 @@ def clip(text: str, max_chars: int) -> str:
 
 MAX_DEPTH = 64  # nesting deeper than this in a message is refused (JSON encoders recurse)
 MAX_INT_BITS = 13_000  # ~3,900 digits: Python refuses to print ints over 4,300 digits
+_LEAVES = frozenset({str, type(None), bool, float})  # values with nothing inside to check
+_CONTAINERS = (dict, list, tuple)
+_WALKED = (dict, list, tuple, int)
 
 
-def _unencodable(value: Any, depth: int = 0, path: frozenset[int] = frozenset()) -> str:
+def _unencodable(value: Any, depth: int = 0, path: list[int] | None = None) -> str:
     """Why ``value`` cannot be digested as JSON ("" when it can): a cycle, nesting over
     MAX_DEPTH, an int too long to print, or a key that is not a string. Walks containers
-    only, so a long text costs nothing."""
+    only, so a long text costs nothing. ``path``: ids of the containers above ``value``."""
     if isinstance(value, int):
         return "an integer too long to print" if value.bit_length() > MAX_INT_BITS else ""
-    if not isinstance(value, dict | list | tuple):
+    if not isinstance(value, _CONTAINERS):
         return ""
     if depth > MAX_DEPTH:
         return f"nested deeper than {MAX_DEPTH} levels"
-    if id(value) in path:
+    if path is None:
+        path = []
+    elif id(value) in path:
         return "it contains itself (a cycle)"
-    path = path | {id(value)}
     children: Iterable[Any] = value
     if isinstance(value, dict):
-        bad = [key for key in value if not isinstance(key, str)]
-        if bad:
-            return f"key {bad[0]!r} is not a string"
+        for key in value:
+            if type(key) is not str and not isinstance(key, str):
+                return f"key {key!r} is not a string"
         children = value.values()
-    for child in children:
-        if isinstance(child, dict | list | tuple | int):
-            problem = _unencodable(child, depth + 1, path)
-            if problem:
-                return problem
+    path.append(id(value))
+    try:
+        for child in children:
+            if type(child) not in _LEAVES and isinstance(child, _WALKED):
+                problem = _unencodable(child, depth + 1, path)
+                if problem:
+                    return problem
+    finally:
+        path.pop()
     return ""
+
+
+def _flat(message: dict[Any, Any]) -> bool:
+    """Only string keys and values that need no walk (the usual text message): nothing in it
+    can be unencodable."""
+    for key, value in message.items():
+        if type(key) is not str or type(value) not in _LEAVES:
+            return False
+    return True
 
 
 def validate_message(message: Any, index: int) -> None:
     """Raise InvalidMessagesError naming ``index`` when ``message`` is not a chat message."""
     if not isinstance(message, dict):
         raise InvalidMessagesError(index, f"expected a dict, got {type(message).__name__}")
-    problem = _unencodable(message)
+    problem = "" if _flat(message) else _unencodable(message)
     if problem:
         raise InvalidMessagesError(index, problem)
     role = message.get("role")

@@ -87,10 +87,10 @@ def hand_out(view: View, block: str) -> list[Message]:
     decorates what it sends (cache_control on a part, a serializer popping keys) changes
     neither its own history nor what later turns send.
 
-    A copy handed out is handed out again while it still equals the view's message: the
-    session checks all of them at the start of the next turn with one C-level ``==`` (the
-    usual answer: nothing changed) and copies again only those the caller changed, those
-    the view replaced (a trim, a preview) and those new since."""
+    A copy handed out is handed out again while nobody changed it: the copies are watched
+    (``copies``), so the next turn compares them with the view only when the caller changed
+    one (and a rotating window of them), and copies again only those the caller changed,
+    those the view replaced (a trim, a preview) and those new since."""
     out = view.hand_out()
     if block:
         at = leading_system_count(out)
@@ -321,7 +321,7 @@ class MemoryEngine:
             with session.lock:
                 given = messages
                 messages = self._inputs.accept(given, plain=0 if verify else session.plain)
-                view, report = session.run(messages, user_id, verify=verify)
+                view, fields = session.run(messages, user_id, verify=verify)
                 session.plain = len(messages) if messages is given else 0
                 block = self._memory_block(session, user_id)
                 out = hand_out(view, block)
@@ -332,7 +332,7 @@ class MemoryEngine:
         finally:
             self._release(session)
         duration_ms = (time.perf_counter() - started) * 1000
-        report = attrs.evolve(report, memory_chars=len(block), duration_ms=duration_ms)
+        report = TurnReport(**fields, memory_chars=len(block), duration_ms=duration_ms)
         return PreparedContext(out, report)
 
     async def aprepare(

@@ -47,6 +47,7 @@ import attrs
 
 from . import ceiling, compact
 from .chars import Message, chars, text_of, validate_message
+from .copies import Flag, watched_copy
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import EventCallback, get_logger
 from .reduce import reduce
@@ -171,7 +172,7 @@ class RawCache:
                 moved, edited = self._differences(messages, hot, limit)
                 end = hot
             else:
-                moved, end = self._moved(messages, hot, limit), limit
+                moved, end = self._shifted(messages, hot, limit), limit
                 edited = [] if moved else self._edited(messages, suspects, 0, limit)
             if not moved:  # no dict replaced where the view shows them: nothing shifted
                 start = self._rolling if prefix <= self._rolling < end else prefix
@@ -185,6 +186,27 @@ class RawCache:
         if changed is None:  # rebuilt, inserted or removed messages: compare everything
             changed = self._changed(messages, 0, limit)
         self._adopt(messages, sorted(set(changed)), limit, count)
+
+    def _shifted(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
+        """Positions in ``[start, stop)`` holding a dict not equal to the one seen before,
+        looked for only when a sentinel (the first, middle and last known position) holds
+        another dict than before: the usual turn costs three identity checks. Equal dicts the
+        caller rebuilt are taken as ours (later identity checks then hold again)."""
+        own = self.messages
+        if start >= stop or all(
+            messages[i] is own[i] for i in (start, (start + stop) // 2, stop - 1)
+        ):
+            return []
+        moved = self._moved(messages, start, stop)
+        if not moved:
+            contents, calls = self.contents, self.calls
+            for index in range(start, stop):
+                message = messages[index]
+                if message is not own[index]:  # equal (``_moved`` compared it): no edit to hide
+                    own[index] = message
+                    contents[index] = message.get("content")
+                    calls[index] = message.get("tool_calls")
+        return moved
 
     def _edited(
         self, messages: Sequence[Any], suspects: Sequence[int], start: int, stop: int
@@ -206,12 +228,15 @@ class RawCache:
                 edited.append(index)
         return edited
 
-    def recheck(self, messages: Sequence[Any], *, deep: bool = False) -> list[int]:
-        """Compare every position with ``messages`` (as ``sync`` does where the view is;
-        with ``deep``, by digest and size too, which also sees an edit inside a content
-        part). Returns the changed positions."""
+    def recheck(
+        self, messages: Sequence[Any], *, deep: bool = False, suspects: Sequence[int] = ()
+    ) -> list[int]:
+        """Compare every position with ``messages`` by identity (dict, content, tool_calls),
+        and ``suspects`` as ``sync`` does; with ``deep``, every position by digest and size
+        too, which also sees an edit inside a content part. Returns the changed positions."""
         limit = min(len(messages), len(self.messages))
         changed = self._changed(messages, 0, limit)
+        changed += self._edited(messages, suspects, 0, limit)
         if deep:
             seen = set(changed)
             for index in range(limit):
@@ -343,18 +368,6 @@ class TrimHint:
     recent_start: int
 
 
-def fresh_copy(value: Any) -> Any:
-    """A copy of a JSON-like value down to its last dict and list (strings are shared)."""
-    if type(value) is dict:
-        return {k: fresh_copy(v) if type(v) in _NESTED else v for k, v in value.items()}
-    if type(value) is list:
-        return [fresh_copy(v) if type(v) in _NESTED else v for v in value]
-    return value
-
-
-_NESTED = (dict, list)
-
-
 @attrs.frozen
 class LeftOut:
     """What the ceiling's step 4 has left out of a view (DESIGN §4b): the oldest whole turns
@@ -400,6 +413,8 @@ class View:
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
     left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
+    flag: Flag = attrs.field(factory=Flag)  # raised by any change to a copy in ``handed``
+    rolling: int = 0  # where ``untouched``'s rotating window starts next
 
     @classmethod
     def of(
@@ -466,28 +481,45 @@ class View:
         if index < len(self.handed):
             self.stale.add(index)
 
-    def untouched(self) -> list[int]:
-        """Check the copies handed out last turn against the view (one C-level ``==``: the
-        usual answer) and copy again those the caller changed; returns the indexes where
-        a copy differed from the view's message (the caller edited the copy, or its own
-        message in place: ``RawCache.sync`` tells which)."""
-        handed, messages = self.handed, self.messages
+    def untouched(self, *, full: bool = False) -> list[int]:
+        """Check the copies handed out against the view and copy again those that differ;
+        returns their indexes (the caller edited the copy, or its own message in place:
+        ``RawCache.sync`` tells which). All of them when ``full`` or when the caller changed
+        any copy since (the flag: the usual answer is no); else the last two and a rotating
+        window of ``ROLLING_CHECK``, so an edit in place of the caller's own message shown as
+        written is caught within view length ÷ ``ROLLING_CHECK`` turns. Each comparison is one
+        C-level ``==`` over a slice."""
+        handed, messages, flag = self.handed, self.messages, self.flag
         count = len(handed)
-        if handed == messages[:count]:
-            return []
-        differed = _false_positions(list(map(operator.eq, handed, messages)))
+        if full or flag.raised:
+            flag.raised = False
+            spans = [(0, count)]
+        else:
+            start = self.rolling if self.rolling < count else 0
+            stop = min(start + ROLLING_CHECK, count)
+            self.rolling = stop
+            spans = [(start, stop), (max(stop, count - 2), count)]
+        differed = []
+        for start, stop in spans:
+            given = handed[start:stop]
+            if given == messages[start:stop]:
+                continue
+            differed += [
+                start + i
+                for i in _false_positions(list(map(operator.eq, given, messages[start:stop])))
+            ]
         for index in differed:
-            handed[index] = fresh_copy(messages[index])
+            handed[index] = watched_copy(messages[index], flag)
         return differed
 
     def hand_out(self) -> list[Message]:
         """The copies to hand out: last turn's where the view is unchanged, new copies for
         messages replaced or added since (``untouched`` found the caller's own edits)."""
-        handed, messages = self.handed, self.messages
+        handed, messages, flag = self.handed, self.messages, self.flag
         for index in self.stale:
-            handed[index] = fresh_copy(messages[index])
+            handed[index] = watched_copy(messages[index], flag)
         self.stale.clear()
-        handed.extend(map(fresh_copy, messages[len(handed) :]))
+        handed.extend([watched_copy(m, flag) for m in messages[len(handed) :]])
         return list(handed)
 
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
@@ -563,6 +595,7 @@ class View:
             counts=Counter(self.counts),
             handed=[],
             stale=set(),
+            flag=Flag(),
         )
 
     @property
@@ -682,10 +715,10 @@ class Session:
 
     def run(
         self, messages: Sequence[Message], user_id: str | None, *, verify: bool = False
-    ) -> tuple[View, TurnReport]:
+    ) -> tuple[View, dict[str, Any]]:
         """One turn: every step of the module docstring, in order. The caller holds ``lock``.
         The view returned is the session's own (the next turn extends it): copy what you hand
-        out. ``verify`` compares the whole history by digest, not only what is in view."""
+        out; with it, the ``TurnReport`` fields but memory_chars and duration_ms. ``verify`` compares the whole history by digest, not only what is in view."""
         last, self.view = self.view, None  # a failure mid-turn leaves no half-updated view
         self._sync(messages, last, verify=verify)
         self._adopt(user_id)
@@ -721,28 +754,30 @@ class Session:
         message the summary covers is caught before a new generation builds on it."""
         state, raw = self.state, self.raw
         hot = state.covered if state.generation else raw.system_count
-        raw.sync(messages, hot=hot, suspects=None if last is None else self._suspects(last))
+        suspects = None if last is None else self._suspects(last, full=verify)
+        raw.sync(messages, hot=hot, suspects=suspects)
         if verify:
             raw.recheck(messages, deep=True)
         elif self._may_compact(last):
-            raw.recheck(messages)
+            assert last is not None  # no compaction without last turn's view
+            raw.recheck(messages, suspects=self._suspects(last, full=True))
 
     @staticmethod
-    def _suspects(last: View) -> list[int]:
+    def _suspects(last: View, *, full: bool) -> list[int]:
         """Raw positions of the caller's messages last turn's view showed as written whose
-        copy handed out no longer equals them (``View.untouched``), and of those it showed
-        but never handed out: only there can an edit in place hide."""
+        copy handed out no longer equals them (``View.untouched``: all, with ``full``, else
+        where it looks this turn), and of those it showed but never handed out."""
         handed_end = len(last.handed) + last.offset
         return [
             index + last.offset
-            for index in last.untouched()
+            for index in last.untouched(full=full)
             if index >= last.head and index not in last.kinds
         ] + list(range(max(handed_end, last.head + last.offset), last.end))
 
     def _may_compact(self, last: View | None) -> bool:
         raw = self.raw
-        if not (self.settings.summary_enabled and self.state.generation and self.future is None):
-            return False  # no summary to protect, or none can start this turn
+        if not (self.settings.summary_enabled and self.future is None):
+            return False  # no compaction can start this turn
         if last is None or not raw.messages or raw.messages[-1].get("role") != "user":
             return False
         grown = sum(raw.sizes[last.end :]) if last.end <= len(raw.sizes) else 0
@@ -1384,9 +1419,11 @@ class Session:
         dropped_turns: int,
         recalled: int,
         recalled_chars: int,
-    ) -> TurnReport:
+    ) -> dict[str, Any]:
+        """The ``TurnReport``'s fields but the two the engine adds (memory_chars,
+        duration_ms): it builds the report once, when they are known."""
         total = view.total
-        return TurnReport(
+        return dict(
             chars_raw=self.raw.total,
             chars_in=chars_in,
             chars_out=total,
@@ -1397,8 +1434,6 @@ class Session:
             compacted=compacted,
             skipped_reason=skipped,
             generation=self.state.generation,
-            memory_chars=0,
-            duration_ms=0.0,
             over_budget=total > self.settings.context_window_chars,
             dropped_turns=dropped_turns,
             recalled=recalled,

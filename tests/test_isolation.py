@@ -5,12 +5,17 @@ caught (README, "Speed")."""
 from __future__ import annotations
 
 import copy
+import json
+import pickle
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+import pytest
 from test_compact import CountingSummarizer, build_history
 
 from ragent_memory import Settings
+from ragent_memory.chars import chars
 from ragent_memory.engine import MemoryEngine
 
 
@@ -154,3 +159,91 @@ def test_untouched_copies_are_handed_out_again(make_engine: Callable[..., Memory
     second = engine.prepare(history, session_id="s").messages
     assert (True, False) == (first[2] is second[2], first[3] is second[3])
     assert history == second
+
+
+def _chat(count: int, start: int = 0) -> list[dict[str, Any]]:
+    """``count`` messages of ~100 chars, user and assistant in turn, each a list of parts."""
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": [{"type": "text", "text": f"message {i} " + "w" * 90}],
+        }
+        for i in range(start, start + count)
+    ]
+
+
+MUTATIONS = {
+    "set a part's key": lambda m: m["content"][0].__setitem__("text", "changed"),
+    "append a part": lambda m: m["content"].append({"type": "text", "text": "more"}),
+    "extend in place": lambda m: m["content"].__iadd__([{"type": "text", "text": "more"}]),
+    "insert a part": lambda m: m["content"].insert(0, {"type": "text", "text": "first"}),
+    "delete a part": lambda m: m["content"].__delitem__(0),
+    "pop a part's key": lambda m: m["content"][0].pop("type"),
+    "update a part": lambda m: m["content"][0].update(cache_control={"type": "ephemeral"}),
+    "merge into a part": lambda m: m["content"][0].__ior__({"cache_control": {}}),
+    "setdefault a key": lambda m: m.setdefault("name", "x"),
+    "delete a key": lambda m: m.__delitem__("role"),
+    "clear the message": lambda m: m.clear(),
+}
+
+
+@pytest.mark.parametrize("mutate", MUTATIONS.values(), ids=MUTATIONS.keys())
+def test_a_change_deep_inside_an_old_copy_is_never_sent_again(
+    make_engine: Callable[..., MemoryEngine], mutate: Callable[[dict[str, Any]], Any]
+) -> None:
+    """Far back in a long view (out of reach of the per-turn rotating check), a change
+    anywhere inside a copy handed out is noticed on the next turn: it gets a fresh copy."""
+    engine = make_engine()
+    history = [{"role": "system", "content": "persona"}, *_chat(301)]
+    first = engine.prepare(history, session_id="s").messages
+    mutate(first[200])
+    history += _chat(2, start=301)
+    second = engine.prepare(history, session_id="s").messages
+    assert history == second
+    assert first[199] is second[199]  # what was not changed is handed out again
+
+
+def _container_types(value: Any) -> set[type]:
+    """The types of every dict and list in ``value``, itself included."""
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return set()
+    return {type(value)}.union(*map(_container_types, children))
+
+
+def test_copies_serialize_and_copy_as_plain_data(make_engine: Callable[..., MemoryEngine]) -> None:
+    """What is handed out encodes as the history does (json, orjson) and copies, deep copies
+    and pickles to plain dicts and lists the engine does not watch."""
+    engine = make_engine()
+    history = _history()
+    out = engine.prepare(history, session_id="s").messages
+    assert {dict, list} != _container_types(out)  # watched copies, that is
+    assert json.dumps(history) == json.dumps(out)
+    assert orjson.dumps(history) == orjson.dumps(out)
+    for copied in (copy.deepcopy(out), pickle.loads(pickle.dumps(out))):
+        assert history == copied
+        assert {dict, list} == _container_types(copied)
+    deep = copy.deepcopy(out)
+    deep[1]["content"][0]["text"] = "mine now"  # not a handed copy: nothing to notice
+    assert out == engine.prepare(history, session_id="s").messages
+
+
+def test_an_edit_deep_inside_an_old_shown_message_is_measured_before_a_compaction(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """An edit inside a content part of the caller's own message, far back in the view, may
+    go unseen on quiet turns (the copy handed out still shows it as it was); the turn a
+    compaction may start compares every copy with the history, so the summarizer reads, and
+    the report measures, the history as it is now."""
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings, summarizer=CountingSummarizer()) as engine:
+        history = [{"role": "system", "content": "persona"}, *_chat(121)]
+        assert not engine.prepare(history, session_id="s").report.compacted
+        history[90]["content"][0]["text"] += " and more" * 40
+        history += _chat(50, start=121)
+        report = engine.prepare(history, session_id="s").report
+    assert report.compacted
+    assert sum(map(chars, history)) == report.chars_raw

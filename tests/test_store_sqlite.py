@@ -1,13 +1,20 @@
-"""What only the SQLite store has: its migration history from older files."""
+"""What only the SQLite store has: its migration history from older files, and the per-turn
+last-write check answered from the WAL index."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ragent_memory import MemoryEngine, Settings
+from ragent_memory.offline import OfflineSummarizer
 from ragent_memory.records import Substitution
+from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
 
@@ -33,3 +40,51 @@ def test_substitution_keys_survive_the_rename_migration(
         columns = [r[1] for r in store.db.execute("PRAGMA table_info(substitutions)")]
     assert [name for name, _ in MIGRATIONS] == names
     assert "key" in columns and "digest" not in columns
+
+
+OTHER_PROCESS = """
+import json, sys
+from ragent_memory import MemoryEngine, Settings
+from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.settings import StoreSettings
+db, path = sys.argv[1], sys.argv[2]
+history = json.loads(open(path).read())
+settings = Settings(context_window_chars=20_000, store=StoreSettings(path=db))
+with MemoryEngine(settings, summarizer=OfflineSummarizer()) as engine:
+    print(engine.prepare(history, session_id="s").report.generation)
+"""
+
+
+def _chat(count: int, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "w" * 90}
+        for i in range(start, start + count)
+    ]
+
+
+def test_a_session_another_process_moved_on_is_reloaded(tmp_path: Path) -> None:
+    """The per-turn check that no other process wrote the session reads the WAL index (no
+    query while nothing was committed); a compaction committed by another process in
+    between is seen: the next turn continues from its summary instead of compacting again."""
+    db = str(tmp_path / "memory.db")
+    settings = Settings(context_window_chars=20_000, store=StoreSettings(path=db))
+    history = [{"role": "system", "content": "persona"}, *_chat(101)]
+    with MemoryEngine(settings, summarizer=OfflineSummarizer()) as engine:
+        for _ in range(2):  # the second turn's check is answered from the WAL index
+            assert 0 == engine.prepare(history, session_id="s").report.generation
+        assert isinstance(engine.store, Store) and engine.store._shm is not None
+        history += _chat(60, start=101)
+        shared = tmp_path / "history.json"
+        shared.write_text(json.dumps(history))
+        other = subprocess.run(
+            [sys.executable, "-c", OTHER_PROCESS, db, str(shared)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert "1" == other.stdout.strip()
+        report = engine.prepare(history, session_id="s").report
+        statuses = [r["status"] for r in engine.store.compactions("s")]
+    assert (1, False) == (report.generation, report.compacted)
+    assert ["applied"] == statuses

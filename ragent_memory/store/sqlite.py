@@ -5,9 +5,11 @@ One connection shared by every thread, guarded by a lock (sqlite3 objects are no
 
 from __future__ import annotations
 
+import mmap
 import os
 import secrets
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -23,6 +25,12 @@ from .recall_index import IndexedTables
 from .schema import MIGRATIONS
 
 BUSY_TIMEOUT_S = 30.0
+# The WAL index (the ``-shm`` file, https://sqlite.org/walformat.html) starts with a 48-byte
+# header whose first field is the format version and whose change counter moves with every
+# commit, whichever connection or process made it.
+WAL_INDEX_HEADER = 48
+WAL_INDEX_VERSION = 3007000
+UNKNOWN = object()
 
 
 class _Database(sqlite_utils.Database):
@@ -94,6 +102,13 @@ class Store(IndexedTables, AuditTable):
                     self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 self.db.execute("PRAGMA journal_mode = WAL")
                 self.db.execute("PRAGMA synchronous = NORMAL")
+            self._wal = (
+                self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+                and self.path != ":memory:"
+            )
+            self._shm: mmap.mmap | None = None
+            self._writes_mark: bytes | None = None
+            self._writes: dict[str, tuple[str, int] | None] = {}
             self._migrate()
             self._check_schema()
             self._secret = self._load_secret()
@@ -160,12 +175,51 @@ class Store(IndexedTables, AuditTable):
             row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
         return bytes.fromhex(row[0])
 
+    def last_write(self, session_id: str) -> tuple[str, int] | None:
+        """As the base class says, but asked of the database only when something was
+        committed since it was last asked (the WAL index header moved): the per-turn check
+        that no other process or host moved the session on costs a memory read."""
+        with self._lock:
+            mark = self._wal_mark()
+            if mark is None or mark != self._writes_mark:
+                self._writes.clear()
+                self._writes_mark = mark
+            elif (known := self._writes.get(session_id, UNKNOWN)) is not UNKNOWN:
+                return known  # type: ignore[return-value]
+            written = super().last_write(session_id)
+            if mark is not None and len(self._writes) < 10_000:
+                self._writes[session_id] = written
+            return written
+
+    def _wal_mark(self) -> bytes | None:
+        """The WAL index header as it is now; None when it cannot be read (not in WAL mode,
+        no index yet), and then every ``last_write`` asks the database."""
+        if not self._wal:
+            return None
+        shm = self._shm
+        if shm is None:
+            try:
+                with open(self.path + "-shm", "rb") as file:
+                    shm = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                return None
+            version = int.from_bytes(shm[:4], sys.byteorder) if len(shm) >= 4 else 0
+            if len(shm) < WAL_INDEX_HEADER or version != WAL_INDEX_VERSION:
+                shm.close()
+                return None
+            self._shm = shm
+        return shm[:WAL_INDEX_HEADER]
+
     def migrations(self) -> list[str]:
         with self._locked("read"):
             return [r[0] for r in self.db.execute("SELECT name FROM _migrations ORDER BY version")]
 
     def close(self) -> None:
         with self._lock:
+            if self._shm is not None:
+                self._shm.close()
+                self._shm = None
+            self._wal = False
             self.db.close()
 
     def __enter__(self) -> Store:
