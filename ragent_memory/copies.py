@@ -135,11 +135,15 @@ def watched_copy(value: Any, flag: Flag) -> Any:
     are shared), every dict and list in it watched by ``flag``."""
     copy: WatchedDict | WatchedList
     if isinstance(value, dict):
-        copy = WatchedDict(
-            {k: watched_copy(v, flag) if type(v) in _CONTAINERS else v for k, v in value.items()}
-        )
+        copy = WatchedDict(value)  # the builtin's own copy (no watched method runs)...
+        for key, item in value.items():
+            if type(item) in _CONTAINERS:  # ...then the containers in it, copied in turn
+                dict.__setitem__(copy, key, watched_copy(item, flag))
     elif isinstance(value, list):
-        copy = WatchedList(watched_copy(v, flag) if type(v) in _CONTAINERS else v for v in value)
+        copy = WatchedList(value)
+        for index, item in enumerate(value):
+            if type(item) in _CONTAINERS:
+                list.__setitem__(copy, index, watched_copy(item, flag))
     else:
         return value
     copy._flag = flag

@@ -291,7 +291,9 @@ class MemoryEngine:
         with self._sessions_lock:
             session.users -= 1
             excess = len(self._sessions) - self.settings.session_cache_size
-            for session_id in list(self._sessions)[: max(excess, 0)]:
+            if excess <= 0:
+                return
+            for session_id in list(self._sessions)[:excess]:
                 if self._sessions[session_id].is_idle():
                     del self._sessions[session_id]
 

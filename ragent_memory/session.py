@@ -179,13 +179,27 @@ class RawCache:
                 stop = min(start + ROLLING_CHECK, end)
                 self._rolling = stop if stop < end else prefix
                 changed = [
-                    *self._changed(messages, 0, prefix),
+                    *self._changed_head(messages, prefix),
                     *self._changed(messages, start, stop),
                     *edited,
                 ]
         if changed is None:  # rebuilt, inserted or removed messages: compare everything
             changed = self._changed(messages, 0, limit)
         self._adopt(messages, sorted(set(changed)), limit, count)
+
+    def _changed_head(self, messages: Sequence[Any], prefix: int) -> list[int]:
+        """``_changed`` over the first ``prefix`` positions (the system prompt and the first
+        message): a handful, checked one by one, as ``_changed`` would when one differs."""
+        own, contents, calls = self.messages, self.contents, self.calls
+        for index in range(prefix):
+            message = messages[index]
+            if (
+                message is not own[index]
+                or message.get("content") is not contents[index]
+                or message.get("tool_calls") is not calls[index]
+            ):
+                return self._changed(messages, 0, prefix)
+        return []
 
     def _shifted(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
         """Positions in ``[start, stop)`` holding a dict not equal to the one seen before,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,10 @@ def test_prepare_takes_sdk_objects_and_never_touches_them(
     assert ["system", "user", "assistant", "tool", "assistant", "user"] == [
         m["role"] for m in prepared.messages
     ]
-    assert all(type(m) is dict for m in prepared.messages)
+    # Chat dicts, not SDK objects: the copies handed out are watched dict subclasses (README,
+    # "Speed") that a JSON encoder sends as the dicts they equal.
+    assert all(isinstance(m, dict) for m in prepared.messages)
+    assert prepared.messages == json.loads(json.dumps(prepared.messages))
 
 
 def test_developer_message_is_a_leading_system_message(
