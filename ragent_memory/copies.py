@@ -16,6 +16,7 @@ the caller's own, unwatched). Only a write that bypasses the methods
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, SupportsIndex
 
 
@@ -28,6 +29,17 @@ class Flag:
         self.raised = False
 
 
+def _watching(method: Callable[..., Any]) -> Any:
+    """The builtin ``method``, raising the copy's flag first."""
+
+    def watched(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self._flag.raised = True
+        return method(self, *args, **kwargs)
+
+    watched.__name__ = method.__name__
+    return watched
+
+
 class WatchedDict(dict[Any, Any]):
     __slots__ = ("_flag",)
     _flag: Flag
@@ -35,38 +47,14 @@ class WatchedDict(dict[Any, Any]):
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         return dict, (dict(self),)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._flag.raised = True
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key: Any) -> None:
-        self._flag.raised = True
-        dict.__delitem__(self, key)
-
-    def __ior__(self, other: Any) -> WatchedDict:  # type: ignore[misc]
-        self._flag.raised = True
-        dict.update(self, other)
-        return self
-
-    def clear(self) -> None:
-        self._flag.raised = True
-        dict.clear(self)
-
-    def pop(self, *args: Any) -> Any:
-        self._flag.raised = True
-        return dict.pop(self, *args)
-
-    def popitem(self) -> tuple[Any, Any]:
-        self._flag.raised = True
-        return dict.popitem(self)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        self._flag.raised = True
-        return dict.setdefault(self, key, default)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        self._flag.raised = True
-        dict.update(self, *args, **kwargs)
+    __setitem__ = _watching(dict.__setitem__)
+    __delitem__ = _watching(dict.__delitem__)
+    __ior__ = _watching(dict.__ior__)
+    clear = _watching(dict.clear)
+    pop = _watching(dict.pop)
+    popitem = _watching(dict.popitem)
+    setdefault = _watching(dict.setdefault)
+    update = _watching(dict.update)
 
 
 class WatchedList(list[Any]):
@@ -76,55 +64,18 @@ class WatchedList(list[Any]):
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         return list, (list(self),)
 
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self._flag.raised = True
-        list.__setitem__(self, index, value)
-
-    def __delitem__(self, index: Any) -> None:
-        self._flag.raised = True
-        list.__delitem__(self, index)
-
-    def __iadd__(self, other: Any) -> WatchedList:  # type: ignore[misc]
-        self._flag.raised = True
-        list.extend(self, other)
-        return self
-
-    def __imul__(self, count: SupportsIndex) -> WatchedList:
-        self._flag.raised = True
-        list.__imul__(self, count)
-        return self
-
-    def append(self, value: Any) -> None:
-        self._flag.raised = True
-        list.append(self, value)
-
-    def extend(self, values: Any) -> None:
-        self._flag.raised = True
-        list.extend(self, values)
-
-    def insert(self, index: SupportsIndex, value: Any) -> None:
-        self._flag.raised = True
-        list.insert(self, index, value)
-
-    def pop(self, index: SupportsIndex = -1) -> Any:
-        self._flag.raised = True
-        return list.pop(self, index)
-
-    def remove(self, value: Any) -> None:
-        self._flag.raised = True
-        list.remove(self, value)
-
-    def clear(self) -> None:
-        self._flag.raised = True
-        list.clear(self)
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        self._flag.raised = True
-        list.sort(self, *args, **kwargs)
-
-    def reverse(self) -> None:
-        self._flag.raised = True
-        list.reverse(self)
+    __setitem__ = _watching(list.__setitem__)
+    __delitem__ = _watching(list.__delitem__)
+    __iadd__ = _watching(list.__iadd__)
+    __imul__ = _watching(list.__imul__)
+    append = _watching(list.append)
+    extend = _watching(list.extend)
+    insert = _watching(list.insert)
+    pop = _watching(list.pop)
+    remove = _watching(list.remove)
+    clear = _watching(list.clear)
+    sort = _watching(list.sort)
+    reverse = _watching(list.reverse)
 
 
 _CONTAINERS = (dict, list, WatchedDict, WatchedList)
