@@ -539,14 +539,8 @@ class View:
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
         """A new view without messages ``[start, start + count)`` (the session's own view is
         left as it is); ``raw_chars``: what the removed raw messages measured as written."""
-        view = attrs.evolve(
-            self,
-            messages=list(self.messages),
-            sizes=list(self.sizes),
-            counts=Counter(self.counts),
-            handed=list(self.handed),
-            stale=set(self.stale),
-        )
+        view = self.copy()
+        view.handed, view.stale = list(self.handed), set(self.stale)  # still parallel
         view._remove(start, count, raw_chars)
         return view
 
@@ -579,7 +573,7 @@ class View:
             kind = self.kinds.get(index)
             if kind is not None:
                 self.counts[kind] -= 1
-        # One comprehension each (the dicts hold the view's substitutions: a few per turn).
+        # The view's substitutions move: work bounded by what the view shows, not the history.
         self.originals = {
             i - count if i >= stop else i: m
             for i, m in self.originals.items()
