@@ -19,9 +19,12 @@ from itertools import repeat
 from typing import Any
 
 from .chars import Message
+from .copies import WatchedDict
 from .errors import InvalidMessagesError
 
 ALIASES = {"developer": "system"}
+# Chat dicts as they come: the app's own, or copies ``prepare`` handed out that it kept.
+PLAIN_TYPES = frozenset({dict, WatchedDict})
 # Conversions kept per engine; an app passing more objects than this each turn pays a
 # conversion per message (and the engine a digest instead of an identity check), nothing worse.
 MAX_REMEMBERED = 100_000
@@ -43,13 +46,13 @@ def _is_alias(role: Any) -> bool:
 
 
 def needs_conversion(item: Any) -> bool:
-    return type(item) is not dict or _is_alias(item.get("role"))
+    return type(item) not in PLAIN_TYPES or _is_alias(item.get("role"))
 
 
 def all_plain(messages: Sequence[Any]) -> bool:
     """No message needs converting, found in C-level passes over the list (a few tens of ns a
     message, against a Python call each): ``after_turn`` reads the whole history every turn."""
-    if any(kind is not dict for kind in set(map(type, messages))):
+    if not PLAIN_TYPES.issuperset(map(type, messages)):
         return False
     roles = list(map(dict.get, messages, repeat("role")))
     try:

@@ -141,3 +141,14 @@ def test_the_whole_list_check_finds_one_message_to_convert_anywhere() -> None:
         assert {"role": "assistant", "content": "a"} == inputs.accept(history)[at]
     odd = [*plain, {"role": _Role("user"), "content": "x"}]
     assert odd[300] is inputs.accept(odd)[300]
+
+
+def test_copies_prepare_handed_out_count_as_plain_dicts(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """An app that keeps the prepared messages as its history passes them back untouched:
+    no conversion, its own list, so the next prepare reads only what is new."""
+    engine = make_engine()
+    prepared = engine.prepare([{"role": "user", "content": "hi"}], session_id="s1")
+    history = [*prepared.messages, {"role": "assistant", "content": "hello"}]
+    assert Inputs().accept(history) is history
