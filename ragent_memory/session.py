@@ -540,7 +540,8 @@ class View:
         """A new view without messages ``[start, start + count)`` (the session's own view is
         left as it is); ``raw_chars``: what the removed raw messages measured as written."""
         view = self.copy()
-        view.handed, view.stale = list(self.handed), set(self.stale)  # still parallel
+        # The copies handed out stay parallel, and watched by the same flag.
+        view.handed, view.stale, view.flag = list(self.handed), set(self.stale), self.flag
         view._remove(start, count, raw_chars)
         return view
 
@@ -587,6 +588,7 @@ class View:
         self.offset += count
         self.fresh = moved(self.fresh)
         self.swept = moved(self.swept)
+        self.rolling = moved(self.rolling)
         if self.trim_hint is not None:
             # Candidates among the removed messages may still count in ``reclaimable_chars``:
             # an overestimate only sends the next trim down its full path.
