@@ -5,7 +5,6 @@ One connection shared by every thread, guarded by a lock (sqlite3 objects are no
 
 from __future__ import annotations
 
-import mmap
 import os
 import secrets
 import sqlite3
@@ -106,7 +105,7 @@ class Store(IndexedTables, AuditTable):
                 self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
                 and self.path != ":memory:"
             )
-            self._shm: mmap.mmap | None = None
+            self._shm: int | None = None  # a read-only descriptor of the -shm file
             self._writes_mark: bytes | None = None
             self._writes: dict[str, tuple[str, int] | None] = {}
             self._migrate()
@@ -193,22 +192,29 @@ class Store(IndexedTables, AuditTable):
 
     def _wal_mark(self) -> bytes | None:
         """The WAL index header as it is now; None when it cannot be read (not in WAL mode,
-        no index yet), and then every ``last_write`` asks the database."""
+        no index yet), and then every ``last_write`` asks the database. Read with ``pread``,
+        never mapped: a mapping faults (SIGBUS) when another connection truncates the file,
+        and a read just comes back short."""
         if not self._wal:
             return None
-        shm = self._shm
-        if shm is None:
+        if self._shm is None:
             try:
-                with open(self.path + "-shm", "rb") as file:
-                    shm = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
+                self._shm = os.open(self.path + "-shm", os.O_RDONLY)
+            except OSError:
                 return None
-            version = int.from_bytes(shm[:4], sys.byteorder) if len(shm) >= 4 else 0
-            if len(shm) < WAL_INDEX_HEADER or version != WAL_INDEX_VERSION:
-                shm.close()
-                return None
-            self._shm = shm
-        return shm[:WAL_INDEX_HEADER]
+        try:
+            header = os.pread(self._shm, WAL_INDEX_HEADER, 0)
+            gone = os.fstat(self._shm).st_nlink == 0  # deleted: open the new one next time
+        except OSError:
+            header, gone = b"", True
+        if gone:
+            os.close(self._shm)
+            self._shm = None
+            return None
+        version = int.from_bytes(header[:4], sys.byteorder)
+        if len(header) < WAL_INDEX_HEADER or version != WAL_INDEX_VERSION:
+            return None
+        return header
 
     def migrations(self) -> list[str]:
         with self._locked("read"):
@@ -217,7 +223,7 @@ class Store(IndexedTables, AuditTable):
     def close(self) -> None:
         with self._lock:
             if self._shm is not None:
-                self._shm.close()
+                os.close(self._shm)
                 self._shm = None
             self._wal = False
             self.db.close()
