@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from fake_openai import FakeOpenAI
+from openai import OpenAI
 from test_compact import CountingSummarizer, build_history
 
 from ragent_memory import Settings
@@ -247,3 +249,19 @@ def test_an_edit_deep_inside_an_old_shown_message_is_measured_before_a_compactio
         report = engine.prepare(history, session_id="s").report
     assert report.compacted
     assert sum(map(chars, history)) == report.chars_raw
+
+
+def test_prepared_copies_go_through_the_openai_client_as_sent(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """The real ``openai`` client sends the watched copies as the JSON of the history."""
+    engine = make_engine()
+    history = _history()
+    prepared = engine.prepare(history, session_id="s").messages
+    with FakeOpenAI() as server:
+        server.reply("fine")
+        client = OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        client.chat.completions.create(model="m", messages=prepared)  # type: ignore[arg-type]
+        client.close()
+        (request,) = server.requests
+    assert history == request.body["messages"]
