@@ -184,8 +184,8 @@ class MemoryEngine:
         )
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._sessions_lock = threading.Lock()
-        # session → the messages after_turn validated last (a shallow copy): the next call of an
-        # app that appends validates only what is new
+        # session → the plain messages after_turn was last given (a shallow copy): the next call
+        # of an app that appends converts and validates only what is new
         self._validated: OrderedDict[str, list[Message]] = OrderedDict()
         self._closed = False
 
@@ -401,9 +401,11 @@ class MemoryEngine:
         """
         self._check_open()
         _check_id("session_id", session_id)
-        messages = self._inputs.accept(messages)
+        given, seen = messages, self._seen_before(session_id, messages)
+        messages = self._inputs.accept(given, plain=seen)
         if user_id is None or not self.settings.long_term_enabled:
-            self._validate_new(session_id, messages)
+            validate_messages(messages, seen)
+            self._remember(session_id, given, messages)
             self._index(messages, session_id, user_id)
             return
         _check_id("user_id", user_id)
@@ -413,22 +415,33 @@ class MemoryEngine:
             log.error("memory.record_failed", user_id=user_id, error=repr(err))
             self._index(messages, session_id, user_id)
             return
+        self._remember(session_id, given, messages)
         with self._extractions_lock:
             self._pending_users.add(user_id)
         self._index(messages, session_id, user_id)
         if pending >= EXTRACTION_MIN_PENDING:
             self._schedule_extraction(user_id)
 
-    def _validate_new(self, session_id: str, messages: Sequence[Message]) -> None:
-        """Validate ``messages`` from where the session's last ``after_turn`` left off when
-        everything before is as it was then (one C-level ``==`` that meets the same objects
-        first, like the app appending to its list); else all of them."""
+    def _seen_before(self, session_id: str, messages: Sequence[Message]) -> int:
+        """How many leading ``messages`` are the plain, valid ones the session's last
+        ``after_turn`` was given: one C-level ``==`` that meets the same objects first (an app
+        appending to its list), so only what is new is converted and validated."""
         with self._sessions_lock:
-            seen = self._validated.get(session_id, [])
-        unchanged = isinstance(messages, list) and messages[: len(seen)] == seen
-        validate_messages(messages, len(seen) if unchanged and seen else 0)
+            seen = self._validated.get(session_id)
+        if not seen or not isinstance(messages, list):
+            return 0
+        try:
+            return len(seen) if messages[: len(seen)] == seen else 0
+        except Exception:  # a value whose == raises: read everything, validation names it
+            return 0
+
+    def _remember(self, session_id: str, given: Any, accepted: Sequence[Message]) -> None:
+        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts."""
         with self._sessions_lock:
-            self._validated[session_id] = list(messages)
+            if accepted is not given or not isinstance(given, list):
+                self._validated.pop(session_id, None)
+                return
+            self._validated[session_id] = list(given)
             self._validated.move_to_end(session_id)
             while len(self._validated) > self.settings.session_cache_size:
                 self._validated.popitem(last=False)

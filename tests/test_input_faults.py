@@ -104,11 +104,20 @@ def test_after_turn_without_a_user_validates_what_is_new_and_all_of_a_rebuilt_hi
 
     monkeypatch.setattr(engine_module, "validate_messages", counting)
     engine = make_engine()
+    plain: list[int] = []
+    accept = engine._inputs.accept
+
+    def recording(messages: Any, **kwargs: Any) -> Any:
+        plain.append(kwargs.get("plain", 0))
+        return accept(messages, **kwargs)
+
+    monkeypatch.setattr(engine._inputs, "accept", recording)
     history: list[Any] = [dict(OK) for _ in range(5)]
     engine.after_turn(history, session_id="s1")
     history += [{"role": "assistant", "content": "a"}, dict(OK)]
     engine.after_turn(history, session_id="s1")
     assert [0, 5] == starts
+    assert [0, 5] == plain  # only the new messages are looked at for converting too
     with pytest.raises(InvalidMessagesError) as caught:
         engine.after_turn([*history[:2], {"role": []}, *history[3:]], session_id="s1")
     assert 2 == caught.value.index
