@@ -51,7 +51,7 @@ def needs_conversion(item: Any) -> bool:
 
 def all_plain(messages: Sequence[Any]) -> bool:
     """No message needs converting, found in C-level passes over the list (a few tens of ns a
-    message, against a Python call each): ``after_turn`` reads the whole history every turn."""
+    message, against a Python call each): a first call, or a history rebuilt, is read whole."""
     if not PLAIN_TYPES.issuperset(map(type, messages)):
         return False
     roles = list(map(dict.get, messages, repeat("role")))
