@@ -5,10 +5,11 @@ whole history (217 bytes to 2.2 MB of JSON) to every arm, each over its own keep
 client, the arms in rotating order, then keeps the reply and goes on with the demo's tool loop:
 
 - **direct**: to a fast local OpenAI-compatible upstream (a fixed reply, no model), and
-- three **proxy** arms: a real ``ragent-memory serve`` subprocess each, in front of that same
+- four **proxy** arms: a real ``ragent-memory serve`` subprocess each, in front of that same
   upstream — default settings (``prepare`` in a worker thread, as it may wait up to
-  ``compaction_timeout_s`` on a summarizer); ``compaction_timeout_s: 0`` (it never waits, so
-  ``prepare`` runs on the event loop); and that with recall off.
+  ``compaction_timeout_s`` on a summarizer); defaults with recall off;
+  ``compaction_timeout_s: 0`` (it never waits, so ``prepare`` runs on the event loop); and
+  that with recall off.
 
 **Added latency** of a request, the issue's figure: the app's wall time through a proxy arm
 minus its wall time for the same body direct to the same upstream, measured back to back in
@@ -20,6 +21,11 @@ reported as well: ``prepare``'s own time (``X-Ragent-Duration-Ms``: the engine, 
 calling the library pays too) and "added − prepare" (what the proxy itself costs). "Inside the
 proxy" is ``X-Ragent-Proxy-Ms``: the handler's time, upstream wait excluded.
 
+Before each timed request the benchmark waits (at most 2 s) until none of its processes is
+using CPU: otherwise one arm's background work (``after_turn``, compaction) would run on the
+same two cores while another arm is timed. An arm's own background work from its previous
+turn has ended by then as well (four other requests came in between), as it has for an app
+whose turns are a model call apart.
 The machine is shared, so the load average before and after is printed and stored, and the
 event-loop thread's CPU time per request (schedstat, nanoseconds) is reported for the relay
 and every proxy: it moves far less with the load than wall times do.
@@ -204,6 +210,7 @@ def pct(values: list[float], q: float) -> float:
 # of the same upstream.
 ARMS: dict[str, dict[str, Any]] = {
     "proxy": {},
+    "proxy, recall off": {"recall_enabled": False},
     "proxy, compaction_timeout_s: 0": {"compaction_timeout_s": 0},
     "proxy, compaction_timeout_s: 0, recall off": {
         "compaction_timeout_s": 0,
@@ -259,6 +266,7 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
             shift = number % len(order)  # each arm goes first in turn
             timed = {}
             for name in order[shift:] + order[:shift]:
+                settle(processes.values())
                 process = processes.get(name)
                 before = loop_cpu_ms(process.pid) if process else None
                 timed[name] = post(clients[name], urls[name] + "/chat/completions", body, headers)
@@ -294,6 +302,33 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
         stop(relay)
         stop(upstream)
     return {"rows": rows, "body_bytes": sizes, "cpu_ms_per_request": cpu}
+
+
+def busy_ms(pid: int) -> float:
+    """CPU time every thread of ``pid`` has used so far (Linux schedstat, nanoseconds)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just ended
+    return total / 1e6
+
+
+def settle(processes: Any, quiet_ms: float = 0.05, most_s: float = 2.0) -> None:
+    """Wait (at most ``most_s``) until none of the benchmark's processes is still working,
+    so one arm's request is not timed while another arm's background work (after_turn,
+    compaction) runs on the same two cores. An arm's own background work from its last
+    turn has long ended by then too: four other requests came in between."""
+    pids = [process.pid for process in processes]
+    deadline = time.monotonic() + most_s
+    last = sum(busy_ms(pid) for pid in pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.002)
+        now = sum(busy_ms(pid) for pid in pids)
+        if now - last < quiet_ms:
+            return
+        last = now
 
 
 def loop_cpu_ms(pid: int) -> float | None:

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -773,3 +775,34 @@ def test_serve_section_errors_name_the_key(section: dict[str, Any], key_path: st
     with pytest.raises(ConfigError) as caught:
         settings_from_dict({"serve": section})
     assert key_path == caught.value.key_path
+
+
+FREED = """
+import ctypes, ctypes.util, sys
+from ragent_memory.serve import keep_freed_memory
+
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = Info
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+block = bytes(8 << 20)
+del block
+print(kept, libc.mallinfo2().fordblks)
+"""
+
+
+@pytest.mark.parametrize("mode", ["keep", "default"])
+def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> None:
+    # glibc hands an 8 MB block back to the kernel when it is freed, unless told to keep it
+    done = subprocess.run(
+        [sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True, timeout=60
+    )
+    kept, free_in_heap = done.stdout.split()
+    if mode == "keep":
+        assert kept == "True"
+        assert int(free_in_heap) >= 8 << 20
+    else:
+        assert int(free_in_heap) < 8 << 20
