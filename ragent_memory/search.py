@@ -27,6 +27,7 @@ import attrs
 from .chars import Message, text_of
 from .errors import StoreError
 from .logs import get_logger
+from .mirror import RecallMirror
 from .records import IndexedMessage
 from .settings import Settings
 from .store import RecallIndex
@@ -120,8 +121,15 @@ class Indexer:
     content are skipped by the store).
     """
 
-    def __init__(self, store: RecallIndex, *, engine_headers: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        store: RecallIndex,
+        *,
+        engine_headers: Sequence[str] = (),
+        written: Callable[[str | None, str], None] | None = None,
+    ) -> None:
         self.store = store
+        self.written = written  # (user, session) after each batch is in the store
         self.engine_headers = tuple(engine_headers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
         self._lock = threading.Lock()
@@ -244,6 +252,8 @@ class Indexer:
                 terms.append(index_terms(item.text))
             self.store.index_messages(user_id, rows, terms)
             self._dated[session_id] = dated
+            if self.written is not None:
+                self.written(user_id, session_id)
         except Exception as err:  # the worker boundary: a failed batch is re-read on restart
             log.error("recall.index_failed", session_id=session_id, error=repr(err))
 
@@ -460,8 +470,22 @@ def render_block(parts: Sequence[str], language: str) -> str:
 RefFor = Callable[[IndexedMessage], str]
 
 
+def _around(
+    store: RecallIndex, hits: Sequence[IndexedMessage]
+) -> dict[tuple[str, int], IndexedMessage]:
+    """The hits' neighbouring rows by (session, position), read from the store."""
+    wanted: dict[str, set[int]] = {}
+    for hit in hits:
+        wanted.setdefault(hit.session_id, set()).update(hit.position + d for d in NEIGHBOURS)
+    around: dict[tuple[str, int], IndexedMessage] = {}
+    for sid, positions in wanted.items():
+        for message in store.indexed_at(sid, sorted(positions)):
+            around[(sid, message.position)] = message
+    return around
+
+
 def _excerpts(
-    store: RecallIndex,
+    around: dict[tuple[str, int], IndexedMessage],
     hits: Sequence[IndexedMessage],
     *,
     session_id: str,
@@ -470,13 +494,6 @@ def _excerpts(
 ) -> list[Excerpt]:
     """Each hit with its neighbours (those the view does not show), best hit first; hits
     next to an earlier excerpt of the same session join it."""
-    wanted: dict[str, set[int]] = {}
-    for hit in hits:
-        wanted.setdefault(hit.session_id, set()).update(hit.position + d for d in NEIGHBOURS)
-    around: dict[tuple[str, int], IndexedMessage] = {}
-    for sid, positions in wanted.items():
-        for message in store.indexed_at(sid, sorted(positions)):
-            around[(sid, message.position)] = message
 
     def visible(message: IndexedMessage) -> bool:
         return (
@@ -544,27 +561,43 @@ def recall(
     known_text: str = "",
     ref_for: RefFor | None = None,
     limit: int | None = None,
+    mirror: RecallMirror | None = None,
 ) -> Recalled:
     """The recall block for ``query_text`` within ``max_chars`` ("" when nothing fits or
     matches). ``known_text`` is what the prompt already holds (summary, memory block): a hit
-    found in it verbatim is not recalled again."""
+    found in it verbatim is not recalled again. With a ``mirror`` the search runs in process
+    (``mirror.py``), the store answering only what the mirror cannot."""
     terms = search_terms(query_text)
     if not terms or max_chars <= len(HEADERS[language]) + 40:
         return Recalled()
     shown_set = frozenset(shown)
-    hits = store.search_index(
-        fts_query(terms),
-        session_id=session_id,
-        user_id=user_id,
-        visible_from=visible_from,
-        shown=sorted(shown_set),
-        limit=CANDIDATES,
-    )
+    found = None
+    if mirror is not None:
+        found = mirror.search(
+            terms,
+            session_id=session_id,
+            user_id=user_id,
+            visible_from=visible_from,
+            shown=sorted(shown_set),
+            limit=CANDIDATES,
+        )
+    if found is None:
+        hits = store.search_index(
+            fts_query(terms),
+            session_id=session_id,
+            user_id=user_id,
+            visible_from=visible_from,
+            shown=sorted(shown_set),
+            limit=CANDIDATES,
+        )
+    else:
+        hits = found[0]
     if known_text:
         folded = " ".join(known_text.split())
         hits = [h for h in hits if not _within(h.content, folded)]
+    around = _around(store, hits) if found is None else found[1]
     excerpts = _excerpts(
-        store, hits, session_id=session_id, visible_from=visible_from, shown=shown_set
+        around, hits, session_id=session_id, visible_from=visible_from, shown=shown_set
     )
     room = max_chars - len(HEADERS[language]) - 1
     stems = frozenset(t[:_STEM_CHARS] for t in terms)
@@ -600,7 +633,12 @@ class Recaller:
     def __init__(self, store: RecallIndex, settings: Settings, *, engine_headers: Sequence[str]):
         self.store = store
         self.settings = settings
-        self.indexer = Indexer(store, engine_headers=(*engine_headers, *HEADERS.values()))
+        self.mirror = RecallMirror(store, neighbours=NEIGHBOURS)
+        self.indexer = Indexer(
+            store,
+            engine_headers=(*engine_headers, *HEADERS.values()),
+            written=self.mirror.refresh,
+        )
         self._offloads_lock = threading.Lock()
         # (session, ref) → when this engine last stored that excerpt's full text
         self._offloaded: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -668,6 +706,7 @@ class Recaller:
                 shown=shown,
                 known_text=known_text,
                 ref_for=self._ref_for(session_id),
+                mirror=self.mirror,
             )
         except StoreError as err:  # recall is help, never a reason to fail a turn
             log.error("recall.failed", session_id=session_id, error=repr(err))
@@ -691,6 +730,7 @@ class Recaller:
                 visible_from=EVERYTHING,
                 ref_for=self._ref_for(session_id),
                 limit=limit,
+                mirror=self.mirror,
             )
         except StoreError as err:
             log.error("search.failed", session_id=session_id, error=repr(err))

@@ -23,12 +23,19 @@ MAX_QUERY_TERMS: Final = 32
 _CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 _PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
 _IS_CJK = re.compile(_CJK)
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+_FAST_CHARS: Final = 4_000  # longer texts are read only as far as the limit needs
 _ENGLISH_STOPWORDS = (
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
     " its me my no not of on or our please so than that the their them then there these they"
     " this to too us was we were what when where which who why will with would you your"
 )
 STOPWORDS: Final = frozenset(_ENGLISH_STOPWORDS.split())
+
+
+def is_cjk(char: str) -> bool:
+    """``char`` is a CJK character (indexed as a token of its own)."""
+    return _IS_CJK.match(char) is not None
 
 
 def index_terms(text: str) -> str:
@@ -39,6 +46,9 @@ def index_terms(text: str) -> str:
 def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
+    if len(text) <= _FAST_CHARS and text.isascii():  # the same terms, found in C
+        words = dict.fromkeys(_ASCII_WORD.findall(text.casefold()))
+        return [w for w in words if len(w) >= 2 and w not in STOPWORDS][:limit]
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
         piece = match.group(0)

@@ -89,6 +89,7 @@ class PostgresStore(IndexedTables, AuditTable):
     """
 
     db = _ThreadConnection()
+    _BY_ID_ONLY = ""  # the planner picks the range itself (``+`` is SQLite's hint)
     _OCTETS = "OCTET_LENGTH(content)"
 
     def __init__(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,9 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
         [value],
     )
     db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
+    # A new epoch tells every process's mirror (mirror.py) that rows went.
+    db.execute("DELETE FROM meta WHERE key = 'recall_epoch'")
+    db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
 
 
 def indexed(row: Sequence[Any], score: float = 0.0) -> IndexedMessage:
@@ -147,6 +151,59 @@ class RecallIndexTables(OffloadTables):
         with self._locked("search"):
             rows = self.db.execute(sql, params).fetchall()
         return [indexed(r[:-1], float(r[-1])) for r in rows]
+
+    # Reads of the in-process mirror (mirror.py). ``+`` keeps SQLite on the rowid range
+    # (new rows) rather than a whole session's entries of the (session, position) index.
+    _BY_ID_ONLY = "+"
+
+    def recall_mark(self) -> tuple[int, str]:
+        """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT (SELECT max(id) FROM recall_messages),"
+                " (SELECT value FROM meta WHERE key = 'recall_epoch')"
+            ).fetchone()
+        return int(row[0] or 0), str(row[1] or "")
+
+    def indexed_since(
+        self, after: int, *, user_id: str | None, session_id: str
+    ) -> list[tuple[IndexedMessage, bool]]:
+        """Rows with an id above ``after``, in id order, each with whether it has a user:
+        the user's rows, or without one, the session's."""
+        if user_id is not None:
+            where, value = "m.user_id = ?", user_id
+        else:
+            hint = self._BY_ID_ONLY if after else ""
+            where, value = f"{hint}m.session_id = ?", session_id
+        with self._locked("read"):
+            rows = self.db.execute(
+                f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
+                f" WHERE m.id > ? AND {where} ORDER BY m.id",
+                [after, value],
+            ).fetchall()
+        return [(indexed(r[:-1]), bool(r[-1])) for r in rows]
+
+    def unowned_since(self, session_id: str, after: int) -> bool:
+        """Whether the session has a row indexed without a user with an id above ``after``."""
+        hint = self._BY_ID_ONLY if after else ""
+        with self._locked("read"):
+            row = self.db.execute(
+                "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
+                f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
+                [after, session_id],
+            ).fetchone()
+        return row is not None
+
+    def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]:
+        """The texts of these rows (those still there)."""
+        if not ids:
+            return {}
+        with self._locked("read"):
+            rows = self.db.execute(
+                f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
+                list(ids),
+            ).fetchall()
+        return {int(r[0]): r[1] for r in rows}
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
         """The session's indexed messages at these positions (the newest row of each)."""

@@ -1,0 +1,362 @@
+"""An in-process copy of the recall index (DESIGN §9b), so a turn's recall costs what is new.
+
+The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
+match on each call: with a question's common words matching a quarter of the index, that was
+most of ``prepare``'s time, growing with the history. Here each user's rows (or, without a
+user, each session's) are held as an inverted index: term → (row numbers, term counts), row
+lengths, and the exact BM25 FTS5 computes (k1 = 1.2, b = 0.75, its idf floor, the row's
+length in tokens of both columns) over those rows, vectorised with numpy. Neighbouring rows
+and texts come from here too (texts cached by row id: rows never change, only go).
+
+The store stays the source of truth. Before each search one statement reads the highest row
+id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
+``forget``/``drop_session``, whichever process or host ran it): new rows are read by id, a
+new epoch drops every copy (rebuilt on their next search). A user's search that must also see
+this session's rows indexed without a user returns None: the caller asks the store.
+Statistics are those of the unit searched (the user's rows), where FTS5's are the whole
+table's: with one user per store they are the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from array import array
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Protocol
+
+import numpy as np
+
+from .porter import stem, tokens
+from .records import IndexedMessage
+from .terms import index_terms, is_cjk
+
+K1: Final = 1.2
+B: Final = 0.75
+IDF_FLOOR: Final = 1e-6  # FTS5: a term in more than half the rows still counts a little
+_COUNT_BITS: Final = 20
+_COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
+_DIGITS: Final = frozenset("0123456789")
+MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
+TEXT_CHARS: Final = 16_000_000  # row texts kept, least recently used out first
+
+
+class MirrorSource(Protocol):
+    """What the mirror reads of a store (``store/recall_index.py``)."""
+
+    def recall_mark(self) -> tuple[int, str]: ...
+
+    def indexed_since(
+        self, after: int, *, user_id: str | None, session_id: str
+    ) -> list[tuple[IndexedMessage, bool]]: ...
+
+    def unowned_since(self, session_id: str, after: int) -> bool: ...
+
+    def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]: ...
+
+
+def text_terms(text: str) -> tuple[dict[str, int], int]:
+    """A text's terms as the index counts them (stems; CJK characters and the bigrams of
+    adjacent ones, which a two-character query phrase matches) and its length in tokens."""
+    found = tokens(index_terms(text))
+    counts: dict[str, int] = {}
+    for token, count in Counter(found).items():
+        # Porter's rules all end on a letter: a number (most of a long tool result's
+        # distinct tokens) is its own stem, and stays out of the stem cache.
+        key = token if token[-1] in _DIGITS else stem(token)
+        counts[key] = counts.get(key, 0) + count
+    if not text.isascii():
+        previous = ""
+        for token in found:
+            single = len(token) == 1 and is_cjk(token)
+            if single and previous:
+                pair = previous + token
+                counts[pair] = counts.get(pair, 0) + 1
+            previous = token if single else ""
+    return counts, len(found)
+
+
+def query_keys(terms: Iterable[str]) -> list[str]:
+    """Each query phrase (``terms.search_terms``) as the key ``text_terms`` counts it under;
+    a phrase twice (two words with one stem) counts twice, as in FTS5."""
+    keys = []
+    for term in terms:
+        found = tokens(index_terms(term))
+        if len(found) == 1:
+            keys.append(stem(found[0]))
+        elif len(found) == 2:
+            keys.append(found[0] + found[1])
+    return keys
+
+
+class _Unit:
+    """One user's rows (or one session's): the inverted index and what rows carry."""
+
+    def __init__(self) -> None:
+        self.last = 0  # highest row id held
+        self.ids = array("q")
+        self.positions = array("q")
+        self.codes = array("i")  # session number, into ``names``
+        self.lengths = array("d")
+        self.rows: list[tuple[int, str, str, str]] = []  # (session number, role, dated, digest)
+        self.names: list[str] = []
+        self.numbers: dict[str, int] = {}
+        # term → its rows and counts, each ``row << 20 | count``: an int for one row
+        self.postings: dict[str, int | array[int]] = {}
+        self.at: dict[tuple[int, int], int] = {}  # (session number, position) → newest row
+        self.total = 0.0
+        self.bytes = 0
+
+    def add(
+        self, message: IndexedMessage, owned: bool, text_counts: dict[str, int], n: int
+    ) -> None:
+        row = len(self.ids)
+        code = self.numbers.get(message.session_id)
+        if code is None:
+            code = self.numbers[message.session_id] = len(self.names)
+            self.names.append(message.session_id)
+        length = n + 1 + owned  # FTS5 counts the scope column's tokens in the row's length
+        self.ids.append(message.id)
+        self.positions.append(message.position)
+        self.codes.append(code)
+        self.lengths.append(float(length))
+        self.rows.append((code, message.role, message.dated, message.digest))
+        self.total += length
+        self.last = max(self.last, message.id)
+        held = self.at.get((code, message.position))
+        if held is None or self.ids[held] < message.id:
+            self.at[(code, message.position)] = row
+        postings = self.postings
+        shifted = row << _COUNT_BITS
+        for key, count in text_counts.items():
+            entry = shifted | min(count, _COUNT_MAX)
+            posting = postings.get(key)
+            if posting is None:  # most terms (numbers, ids) occur in one row: no array
+                postings[key] = entry
+            elif type(posting) is int:
+                postings[key] = array("q", (posting, entry))
+            else:
+                posting.append(entry)  # type: ignore[union-attr]
+        self.bytes += 90 * len(text_counts) + 160
+
+    def rank(
+        self,
+        keys: Sequence[str],
+        *,
+        session_id: str,
+        visible_from: int,
+        shown: Sequence[int],
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """The best ``limit`` rows (row number, BM25 as FTS5 gives it: lower is better),
+        ordered by score then newest first, without this session's rows the view shows."""
+        n = len(self.ids)
+        if not n:
+            return []
+        parts, weights = [], []
+        for key, times in Counter(keys).items():
+            posting = self.postings.get(key)
+            if posting is None:
+                continue
+            entries = (
+                np.array([posting], dtype=np.int64)
+                if isinstance(posting, int)
+                else np.frombuffer(posting, dtype=np.int64)
+            )
+            idf = math.log((n - len(entries) + 0.5) / (len(entries) + 0.5))
+            parts.append(entries)
+            weights.append(times * (idf if idf > 0 else IDF_FLOOR) * (K1 + 1.0))
+        if not parts:
+            return []
+        # Every posting of every query term at once (one pass, not one per term).
+        entries = np.concatenate(parts)
+        rows = entries >> _COUNT_BITS
+        freq = (entries & _COUNT_MAX).astype(np.float64)
+        lengths = np.frombuffer(self.lengths, dtype=np.float64)[rows]
+        norm = K1 * (1.0 - B + B * lengths / (self.total / n))
+        each = np.repeat(np.asarray(weights), [len(p) for p in parts]) * freq / (freq + norm)
+        scores = np.bincount(rows, weights=each, minlength=n)
+        found = np.flatnonzero(scores)
+        code = self.numbers.get(session_id)
+        if code is not None:  # this session's rows the view shows are not recalled
+            positions = np.frombuffer(self.positions, dtype=np.int64)[found]
+            codes = np.frombuffer(self.codes, dtype=np.int32)[found]
+            hidden = (codes == code) & (positions >= visible_from)
+            if shown:  # shown as a placeholder or preview: recalled after all
+                wanted = set(shown)
+                for i in np.flatnonzero(hidden).tolist():
+                    if positions[i] in wanted:
+                        hidden[i] = False
+            found = found[~hidden]
+        ids = np.frombuffer(self.ids, dtype=np.int64)[found]
+        best = scores[found]
+        order = np.lexsort((-ids, -best))[:limit]
+        return list(zip(found[order].tolist(), (-best[order]).tolist(), strict=True))
+
+    def message(self, row: int, content: str, score: float = 0.0) -> IndexedMessage:
+        code, role, dated, digest = self.rows[row]
+        return IndexedMessage(
+            session_id=self.names[code],
+            position=self.positions[row],
+            role=role,
+            content=content,
+            dated=dated,
+            digest=digest,
+            id=self.ids[row],
+            score=score,
+        )
+
+
+Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
+
+
+class RecallMirror:
+    """Units (a user's rows, or a session's without a user) kept in step with the store,
+    least recently searched dropped beyond ``max_bytes``; thread-safe."""
+
+    def __init__(
+        self,
+        store: MirrorSource,
+        *,
+        max_bytes: int = MIRROR_BYTES,
+        text_chars: int = TEXT_CHARS,
+        neighbours: Sequence[int] = (-1, 1),
+    ) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.text_chars = text_chars
+        self.neighbours = tuple(neighbours)
+        self._lock = threading.Lock()
+        self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
+        self._epoch: str | None = None
+        self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
+        self._texts: OrderedDict[int, str] = OrderedDict()
+        self._chars = 0
+
+    def search(
+        self,
+        terms: Sequence[str],
+        *,
+        session_id: str,
+        user_id: str | None,
+        visible_from: int,
+        shown: Sequence[int],
+        limit: int,
+    ) -> Found | None:
+        """The best hits as the store's ``search_index`` ranks them, and their neighbours
+        by (session, position); None when the store must answer (see the module)."""
+        with self._lock:
+            top, epoch = self.store.recall_mark()
+            if epoch != self._epoch:  # rows went: every copy may hold them
+                self._units.clear()
+                self._unowned.clear()
+                self._epoch = epoch
+            if user_id is not None and self._has_unowned(session_id, top):
+                return None
+            key = ("u", user_id) if user_id is not None else ("s", session_id)
+            unit = self._units.get(key)
+            if unit is None:
+                unit = self._units[key] = _Unit()
+            self._units.move_to_end(key)
+            if unit.last < top:
+                self._sync(unit, user_id, session_id)
+                self._bound()
+            ranked = unit.rank(
+                query_keys(terms),
+                session_id=session_id,
+                visible_from=visible_from,
+                shown=shown,
+                limit=limit,
+            )
+            wanted: dict[tuple[int, int], int] = {}
+            for row, _ in ranked:
+                code, position = unit.rows[row][0], unit.positions[row]
+                for offset in self.neighbours:
+                    near = unit.at.get((code, position + offset))
+                    if near is not None:
+                        wanted[(code, position + offset)] = near
+            texts = self._read([unit.ids[r] for r in (*(r for r, _ in ranked), *wanted.values())])
+            # A row another process deleted since the mark is left out (its epoch is seen next).
+            hits = [
+                unit.message(r, texts[unit.ids[r]], score)
+                for r, score in ranked
+                if unit.ids[r] in texts
+            ]
+            around = {
+                (unit.names[code], position): unit.message(row, texts[unit.ids[row]])
+                for (code, position), row in wanted.items()
+                if unit.ids[row] in texts
+            }
+        return hits, around
+
+    def refresh(self, user_id: str | None, session_id: str) -> None:
+        """Read new rows into the units a write of this user's and session's rows touched,
+        if they are held (the indexer calls this after each batch, off the caller's thread)."""
+        with self._lock:
+            for key in (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),):
+                unit = self._units.get(key)
+                if unit is not None:
+                    self._sync(unit, key[1] if key[0] == "u" else None, session_id)
+            self._bound()
+
+    def _has_unowned(self, session_id: str, top: int) -> bool:
+        """Whether the session has rows indexed without a user (a user's search sees them)."""
+        checked, found = self._unowned.get(session_id, (0, False))
+        if not found and checked < top:
+            found = self.store.unowned_since(session_id, checked)
+            if len(self._unowned) > 65_536:
+                self._unowned.clear()
+            self._unowned[session_id] = (top, found)
+        return found
+
+    def _sync(self, unit: _Unit, user_id: str | None, session_id: str) -> None:
+        for message, owned in self.store.indexed_since(
+            unit.last, user_id=user_id, session_id=session_id
+        ):
+            if message.id <= unit.last:
+                continue
+            counts, n = text_terms(message.content)
+            unit.add(message, owned, counts, n)
+            self._keep(message.id, message.content)
+
+    def _bound(self) -> None:
+        total = sum(u.bytes for u in self._units.values())
+        while total > self.max_bytes and len(self._units) > 1:
+            _, old = self._units.popitem(last=False)
+            total -= old.bytes
+
+    def _keep(self, row_id: int, text: str) -> None:
+        if row_id in self._texts:
+            self._texts.move_to_end(row_id)
+            return
+        self._texts[row_id] = text
+        self._chars += len(text)
+        while self._chars > self.text_chars and len(self._texts) > 1:
+            _, old = self._texts.popitem(last=False)
+            self._chars -= len(old)
+
+    def _read(self, ids: Sequence[int]) -> dict[int, str]:
+        """Row texts by id, from the cache or (those it lost) the store."""
+        out: dict[int, str] = {}
+        missing = []
+        for row_id in ids:
+            text = self._texts.get(row_id)
+            if text is None:
+                missing.append(row_id)
+            else:
+                self._texts.move_to_end(row_id)
+                out[row_id] = text
+        if missing:
+            for row_id, text in self.store.indexed_texts(missing).items():
+                out[row_id] = text
+                self._keep(row_id, text)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "units": len(self._units),
+                "bytes": sum(u.bytes for u in self._units.values()),
+                "text_chars": self._chars,
+            }

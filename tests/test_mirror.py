@@ -1,0 +1,188 @@
+"""The in-process recall mirror (mirror.py): the store's ranking, the store's rows as they are
+now (whoever wrote or deleted them), and never another user's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ragent_memory import StoreSettings
+from ragent_memory.mirror import RecallMirror
+from ragent_memory.records import IndexedMessage
+from ragent_memory.search import index_digest
+from ragent_memory.store import open_store
+from ragent_memory.store.contract import Backend
+from ragent_memory.terms import fts_query, index_terms, search_terms
+
+pytestmark = pytest.mark.both_backends
+
+TEXTS = [
+    "Dana is painting the kitchen walls blue this weekend.",
+    "The refund policy allows returns within thirty days of delivery.",
+    "My sister paints landscapes; her paintings sold at the fair.",
+    "Ticket 4711: the delivery was delayed because of the storm.",
+    "We talked about running shoes and the marathon in May.",
+    "她上周去北京参加了马拉松比赛，跑得很快。",
+    "北京的天气很冷，我们讨论了退款政策。",
+    "Refunds are processed within five business days; delivery fees are not refunded.",
+    "The happiest day was when the painting won a prize at the county fair.",
+    "Running every morning keeps him happy; he ran the Boston marathon twice.",
+]
+
+
+@pytest.fixture
+def stores(store_settings: StoreSettings) -> Iterator[tuple[Backend, Backend]]:
+    """Two stores on one database: two processes (or hosts) sharing it."""
+    one, two = open_store(store_settings), open_store(store_settings)
+    yield one, two
+    one.close()
+    two.close()
+
+
+def put(store: Backend, user: str | None, session: str, texts: list[str], start: int = 0) -> None:
+    rows = [
+        IndexedMessage(session, start + i, "user", text, "", index_digest("user", text))
+        for i, text in enumerate(texts)
+    ]
+    store.index_messages(user, rows, [index_terms(t) for t in texts])
+
+
+def both(
+    store: Backend,
+    mirror: RecallMirror,
+    query: str,
+    *,
+    session: str,
+    user: str | None,
+    visible_from: int = 1 << 62,
+    shown: tuple[int, ...] = (),
+) -> tuple[list[IndexedMessage], list[IndexedMessage]]:
+    terms = search_terms(query)
+    found = mirror.search(
+        terms,
+        session_id=session,
+        user_id=user,
+        visible_from=visible_from,
+        shown=shown,
+        limit=40,
+    )
+    assert found is not None
+    stored = store.search_index(
+        fts_query(terms),
+        session_id=session,
+        user_id=user,
+        visible_from=visible_from,
+        shown=shown,
+        limit=40,
+    )
+    return found[0], stored
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "painting the walls",
+        "refund delivery policy",
+        "marathon running happy",
+        "北京马拉松",
+        "退款 delivery 4711",
+    ],
+)
+def test_mirror_ranks_as_fts5_bm25(
+    stores: tuple[Backend, Backend], backend: str, query: str
+) -> None:
+    store, _ = stores
+    put(store, "ann", "s1", TEXTS[:5])
+    put(store, "ann", "s2", TEXTS[5:])
+    mirror = RecallMirror(store)
+    mine, stored = both(store, mirror, query, session="s2", user="ann", visible_from=3, shown=(1,))
+    assert mine, query
+    if backend == "sqlite":  # PostgreSQL ranks by ts_rank; the mirror ranks as FTS5 does
+        assert [(m.session_id, m.position) for m in mine] == [
+            (m.session_id, m.position) for m in stored
+        ]
+        assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)
+    else:
+        assert {m.id for m in mine} == {m.id for m in stored}
+    # this session's rows from position 3 on are in the view; 1 is shown as a placeholder
+    assert not [m for m in mine if m.session_id == "s2" and m.position >= 3 and m.position != 1]
+
+
+def test_mirror_sees_rows_another_process_writes_and_forgets(
+    stores: tuple[Backend, Backend],
+) -> None:
+    store, other = stores
+    put(store, "ann", "s1", TEXTS[:3])
+    mirror = RecallMirror(store)
+    first, _ = both(store, mirror, "refund policy", session="s9", user="ann")
+    assert [m.position for m in first] == [1]
+    put(other, "ann", "s3", ["Another refund was asked for the blue kettle."])
+    seen, stored = both(store, mirror, "refund kettle", session="s9", user="ann")
+    assert {(m.session_id, m.position) for m in seen} == {
+        (m.session_id, m.position) for m in stored
+    }
+    assert ("s3", 0) in {(m.session_id, m.position) for m in seen}
+    other.drop_session("s3")
+    gone, _ = both(store, mirror, "refund kettle", session="s9", user="ann")
+    assert [(m.session_id, m.position) for m in gone] == [("s1", 1)]
+    other.forget("ann")
+    after, stored = both(store, mirror, "refund painting", session="s9", user="ann")
+    assert after == [] == stored
+
+
+def test_mirror_forget_then_search_in_the_same_process(stores: tuple[Backend, Backend]) -> None:
+    store, _ = stores
+    put(store, "ann", "s1", TEXTS[:5])
+    mirror = RecallMirror(store)
+    assert both(store, mirror, "marathon", session="s1", user="ann")[0]
+    store.forget("ann")
+    assert both(store, mirror, "marathon", session="s1", user="ann")[0] == []
+    put(store, "ann", "s1", ["The marathon again, after forgetting."], start=7)
+    again, _ = both(store, mirror, "marathon", session="s1", user="ann")
+    assert [m.content for m in again] == ["The marathon again, after forgetting."]
+
+
+def test_mirror_never_shows_another_users_rows(stores: tuple[Backend, Backend]) -> None:
+    store, other = stores
+    put(store, "ann", "a1", ["Ann's secret code is kestrel."])
+    put(other, "bob", "b1", ["Bob's secret code is falcon."])
+    put(other, None, "n1", ["Nobody's secret code is heron."])
+    mirror = RecallMirror(store)
+    ann, _ = both(store, mirror, "secret code", session="a2", user="ann")
+    assert [m.session_id for m in ann] == ["a1"]
+    bob, _ = both(store, mirror, "secret code", session="a2", user="bob")
+    assert [m.session_id for m in bob] == ["b1"]
+    nobody, _ = both(store, mirror, "secret code", session="n1", user=None)
+    assert [m.session_id for m in nobody] == ["n1"]  # no user: this session only
+    fresh, _ = both(store, mirror, "secret code", session="x", user=None)
+    assert fresh == []
+    around = mirror.search(
+        search_terms("secret"), session_id="a2", user_id="ann", visible_from=0, shown=(), limit=5
+    )
+    assert around is not None
+    assert {key[0] for key in around[1]} <= {"a1"}
+
+
+def test_a_users_search_over_rows_indexed_without_a_user_is_left_to_the_store(
+    stores: tuple[Backend, Backend],
+) -> None:
+    store, _ = stores
+    put(store, "ann", "a1", ["The kestrel nested on the roof."])
+    mirror = RecallMirror(store)
+    assert mirror.search(
+        search_terms("kestrel"), session_id="a2", user_id="ann", visible_from=9, shown=(), limit=5
+    )
+    put(store, None, "a2", ["A kestrel again, said before the user was known."])
+    # the store's search sees this session's rows without a user too: the mirror defers
+    assert (
+        mirror.search(
+            search_terms("kestrel"),
+            session_id="a2",
+            user_id="ann",
+            visible_from=9,
+            shown=(),
+            limit=5,
+        )
+        is None
+    )
