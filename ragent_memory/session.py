@@ -13,8 +13,8 @@ build      view = leading system msgs + [summary msg] + raw[covered:] with the s
            substitutions shown; last turn's tail is reused while the history before its end
            is unchanged
 reduce     oversized single tool results / call inputs → head+tail previews (§8)
-trim       gate 1 (§4); returns the substitutions plus a frozen ``TrimHint`` for later turns
-record     new substitutions persisted (originals offloaded), then shown; the hint is kept
+trim       gate 1 (§4); returns the substitutions plus its ``TrimState`` for later turns
+record     new substitutions persisted (originals offloaded), then shown; the state is kept
 compact    gate 2 (§5) on the engine's pool, waited at most ``compaction_timeout_s``
 ceiling    §4b, while the view is over B: may add sticky substitutions, compact mid-turn,
            leave the oldest whole turns out (``over_budget``, ``dropped_turns``)
@@ -55,7 +55,7 @@ from .search import Recaller
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
-from .trim import Candidates, Eviction, find_candidates, trim, worth_it
+from .trim import Eviction, Rebuild, Shown, TrimState
 
 log = get_logger(__name__)
 
@@ -373,16 +373,6 @@ def leading_system_count(messages: Sequence[Message]) -> int:
 
 
 @attrs.frozen
-class TrimHint:
-    """What the last trim learnt, valid while the view only grows at its end: the chars its
-    candidates free (evicted or not) and the view index from which protection can still change
-    (before it, nothing can become a candidate)."""
-
-    reclaimable_chars: int
-    recent_start: int
-
-
-@attrs.frozen
 class LeftOut:
     """What the ceiling's step 4 has left out of a view (DESIGN §4b): the oldest whole turns
     right after the prefix/summary, as raw messages and turns, with the chars they showed and
@@ -419,7 +409,7 @@ class View:
     fresh: int = 0  # first index not carried over from the last turn
     originals: dict[int, Message] = attrs.field(factory=dict)
     kinds: dict[int, str] = attrs.field(factory=dict)
-    trim_hint: TrimHint | None = None  # what the last trim learnt, while the view only grew
+    trim_hint: TrimState | None = None  # gate 1's, kept while the view only grows
     swept: int = 0  # a loop boundary before which the ceiling's rung 1 left nothing to evict
     total: int = 0
     raw_chars: int = 0
@@ -589,11 +579,7 @@ class View:
         self.fresh = moved(self.fresh)
         self.swept = moved(self.swept)
         self.rolling = moved(self.rolling)
-        if self.trim_hint is not None:
-            # Candidates among the removed messages may still count in ``reclaimable_chars``:
-            # an overestimate only sends the next trim down its full path.
-            hint = self.trim_hint
-            self.trim_hint = TrimHint(hint.reclaimable_chars, moved(hint.recent_start))
+        self.trim_hint = None  # gate 1 looks at the whole view again
 
     def copy(self) -> View:
         return attrs.evolve(
@@ -606,6 +592,7 @@ class View:
             handed=[],
             stale=set(),
             flag=Flag(),
+            trim_hint=None,  # the state is the session's view's: a copy must not share it
         )
 
     @property
@@ -946,61 +933,52 @@ class Session:
             for t in reduced.truncations
         ]
 
-    def _trim(self, view: View, new: list[_New]) -> tuple[list[_New], TrimHint | None]:
+    def _trim(self, view: View, new: list[_New]) -> tuple[list[_New], TrimState | None]:
         """Gate 1 over the view as it would be with ``new`` shown. Returns the substitutions
-        to record (a trimmed result replaces its pending preview) and what this trim learnt
-        for later turns (None: nothing new)."""
+        to record (a trimmed result replaces its pending preview) and the gate's state for
+        later turns (None: look at the whole view next time). The view's state is taken
+        first, so a failure midway leaves none behind."""
+        state, view.trim_hint = view.trim_hint, None
         pending = {index: sub for index, sub, _ in new}
         total = view.total + sum(self.size_of(s) - view.sizes[i] for i, s in pending.items())
         if total <= self.settings.trim_trigger_chars:
-            return new, None
-        if view.trim_hint is not None:
-            fast = self._trim_recent(view, new, pending, total, view.trim_hint)
-            if fast is not None:
-                return fast  # the common turn: only the recent stretch was looked at
-        tentative = view.copy()
-        for index, sub in pending.items():
-            tentative.show(index, sub.message, sub.kind, self.size_of(sub))
-        result = trim(
-            tentative.messages,
-            trigger_chars=self.settings.trim_trigger_chars,
-            evictable_tools=self.settings.evictable_tools,
-            language=self.settings.language,
-            ref_for=self.ref_for,
-            originals=tentative.originals,
-            evicted=tentative.indexes("trim"),
-            sizes=tentative.sizes,
-        )
-        left = 0 if result.evictions else result.reclaimable_chars
-        self._irregular(result.irregular)
-        trimmed = self._trimmed(view, new, result.evictions, total, result.reclaimed_chars)
-        return trimmed, TrimHint(left, result.recent_start)
+            return new, state  # looked at when the view is next over the trigger
+        state = self._state(view, pending, state)
+        if state.due(total):
+            reclaimed = state.reclaim
+            new = self._trimmed(view, new, state.take(), total, reclaimed)
+        return new, state
 
-    def _trim_recent(
-        self,
-        view: View,
-        new: list[_New],
-        pending: Mapping[int, Substitution],
-        total: int,
-        hint: TrimHint,
-    ) -> tuple[list[_New], TrimHint] | None:
-        """Gate 1 from the recent stretch alone (see ``_recent``), when that decides it;
-        None when the whole view must be looked at."""
-        start, found = self._recent(view, pending, hint)
-        reclaimable = hint.reclaimable_chars + found.reclaim_chars
-        moved = TrimHint(reclaimable, start + found.recent_start)
-        if not worth_it(reclaimable, total):
-            return new, moved
-        if hint.reclaimable_chars:  # candidates before the stretch: the whole view is needed
-            return None
-        self._irregular(found.irregular)
-        evictions = [attrs.evolve(e, index=e.index + start) for e in found.evictions]
-        return self._trimmed(view, new, evictions, total, found.reclaim_chars), TrimHint(
-            0, moved.recent_start
+    def _state(
+        self, view: View, pending: Mapping[int, Substitution], state: TrimState | None
+    ) -> TrimState:
+        """``state`` (when given) extended by what the view gained since, with ``pending``
+        shown; else, or when what was appended changes an earlier loop, one built on the
+        whole view."""
+        shown = Shown(
+            view.messages,
+            view.sizes,
+            view.originals,
+            view.kinds,
+            {i: (sub.message, self.size_of(sub), sub.kind) for i, sub in pending.items()},
         )
+        settings = self.settings
+        if state is not None:
+            try:
+                state.extend(shown)
+            except Rebuild:
+                state = None
+        if state is None:
+            state = TrimState(settings.evictable_tools, settings.language, self.ref_for)
+            state.extend(shown)
+        self._irregular(state)
+        return state
 
-    def _irregular(self, irregular: Mapping[str, int]) -> None:
-        if irregular and not self.warned_irregular:
+    def _irregular(self, state: TrimState) -> None:
+        if self.warned_irregular or not (state.odd or state.unanswered or state.orphans):
+            return
+        irregular = state.irregular
+        if irregular:
             self.warned_irregular = True  # once per session: the caller's input, not ours
             log.warning("messages.irregular", session_id=self.session_id, **irregular)
 
@@ -1033,47 +1011,9 @@ class Session:
             for e in evictions
         ]
 
-    def _recent(
-        self, view: View, pending: Mapping[int, Substitution], hint: TrimHint
-    ) -> tuple[int, Candidates]:
-        """The trim candidates from the hint's ``recent_start`` on, with ``pending`` shown.
-
-        After a trim, nothing before its ``recent_start`` can become a candidate, and what the
-        candidates there free is known. If the view has only grown at its end since, the
-        candidates now are those plus the ones in the stretch from ``recent_start`` on: when
-        together they stay under 20%, the trim would change nothing and is skipped without
-        scanning the whole view; when the hint's own candidates free nothing, the stretch's
-        are the trim's.
-        """
-        start = hint.recent_start
-        messages, sizes = view.messages[start:], view.sizes[start:]
-        originals: dict[int, Message] = {}
-        evicted: set[int] = set()
-        for at in range(len(messages)):
-            index = start + at
-            kind = view.kinds.get(index)
-            if kind is not None:
-                originals[at] = view.originals[index]
-                evicted.update((at,) if kind == "trim" else ())
-            sub = pending.get(index)
-            if sub is not None:
-                originals.setdefault(at, messages[at])
-                messages[at], sizes[at] = sub.message, self.size_of(sub)
-                evicted.update((at,) if sub.kind == "trim" else ())
-        found = find_candidates(
-            messages,
-            evictable_tools=self.settings.evictable_tools,
-            language=self.settings.language,
-            ref_for=self.ref_for,
-            sizes=sizes,
-            originals=originals,
-            evicted=evicted,
-        )
-        return start, found
-
     def _record(
-        self, view: View, new: list[_New], hint: TrimHint | None, user_id: str | None
-    ) -> TrimHint | None:
+        self, view: View, new: list[_New], hint: TrimState | None, user_id: str | None
+    ) -> TrimState | None:
         """Persist new substitutions (and offload their originals), then show them; returns
         the trim hint to keep. If the store fails, the view stays as it was (a placeholder
         must never point nowhere) and no hint is kept (the next turn looks again)."""
@@ -1223,11 +1163,7 @@ class Session:
         )
         if all(view.kinds.get(e.index) == "trim" for e in evictions):  # the store took them
             view.swept = swept
-        if evictions and swept == turn_start:
-            # Nothing before the current turn is left to evict, so gate 1 has no candidates
-            # and the next turn need look only from here on.
-            view.trim_hint = TrimHint(0, turn_start)
-        elif evictions:
+        if evictions and swept != turn_start:
             # Rung 1's placeholders are sticky, so the next turn's gate 1 sees a smaller total
             # and may now pass the 20% rule. Run gate 1 on that view here, as the next turn
             # would: the same history then gives the same prepared messages (idempotent).

@@ -8,6 +8,7 @@ appear. All replacements are computed before any is applied.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import attrs
 
 from .chars import Message, chars, text_of
-from .loops import ToolLoop, last_user_index, map_loops
+from .loops import ToolLoop, last_user_index
 from .settings import EVICTED_INPUT_EXCERPT_CHARS, KEEP_RECENT_TOOL_LOOPS, MIN_TRIM_RECLAIM_RATIO
 
 PLACEHOLDERS = {
@@ -46,31 +47,15 @@ class TrimResult:
     evictions: tuple[Eviction, ...] = ()
     reclaimed_chars: int = 0
     skipped_reason: str | None = None
-    # What a later turn needs to know to skip a trim that cannot pay off: the chars the
-    # candidates free (evicted or not), and the index from which protection can still change
-    # as the conversation grows (before it, nothing can become a candidate).
+    # What the candidates free (evicted or not): a skipped trim's is under 20% of the total.
     reclaimable_chars: int = 0
-    recent_start: int = 0
     # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
     # never evicted, reported so the engine can warn once.
     irregular: Mapping[str, int] = attrs.field(factory=dict)
 
 
-def recent_start(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> int:
-    """Where protection may still change: the earliest of the last completed loops kept before
-    the current turn (or the current turn itself). Without a user message, everything."""
-    last_user = last_user_index(view)
-    if last_user < 0:
-        return 0
-    earlier = [
-        loop.call_index for loop in loops if loop.call_index < last_user and loop.is_complete
-    ]
-    window = earlier[-KEEP_RECENT_TOOL_LOOPS:]
-    return window[0] if window else last_user
-
-
 def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> set[int]:
-    """Call indexes of loops the trim must not touch."""
+    """Call indexes of loops the trim must not touch (the rule :class:`TrimState` keeps)."""
     last_user = last_user_index(view)
     if last_user < 0:
         return {loop.call_index for loop in loops}
@@ -79,16 +64,6 @@ def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]
     earlier = [loop for loop in loops if loop.call_index < last_user and loop.is_complete]
     protected |= {loop.call_index for loop in earlier[-KEEP_RECENT_TOOL_LOOPS:]}
     return protected
-
-
-@attrs.frozen
-class Candidates:
-    """What a trim could do now: the evictions it would make and what they would free."""
-
-    evictions: tuple[Eviction, ...]
-    reclaim_chars: int
-    recent_start: int  # see :func:`recent_start`
-    irregular: Mapping[str, int]
 
 
 def evict(
@@ -110,54 +85,238 @@ def evict(
     return Eviction(index, replacement, ref, text)
 
 
-def find_candidates(
-    view: Sequence[Message],
-    *,
-    evictable_tools: Collection[str],
-    language: str,
-    ref_for: Callable[[str], str],
-    sizes: Sequence[int],
-    originals: Mapping[int, Message] | None = None,
-    evicted: Collection[int] = (),
-) -> Candidates:
-    """Old results of evictable tools outside every protected loop, with their placeholders.
+# The shortest a placeholder can be (no digits, input or ref): what a result of ``size``
+# chars frees is at most ``size`` minus this.
+PLACEHOLDER_FLOOR = {
+    language: len(text.format(n="", args="", ref="")) for language, text in PLACEHOLDERS.items()
+}
 
-    Works on any stretch of a view that starts at a loop boundary and runs to its end, which
-    lets the engine look only at what changed since the last trim.
+
+@attrs.frozen
+class Candidate:
+    """A result gate 1 may evict, its placeholder not made yet (that needs the recall ref,
+    a hash of the whole original): it frees at most ``size`` − ``PLACEHOLDER_FLOOR``."""
+
+    index: int
+    shown: Message
+    original: Message
+    arguments: str
+    size: int
+
+    def eviction(self, language: str, ref_for: Callable[[str], str]) -> Eviction | None:
+        return evict(
+            self.shown, self.index, self.original, self.arguments, self.size, language, ref_for
+        )
+
+
+@attrs.define
+class Shown:
+    """A view as gate 1 reads it: ``messages`` and their ``sizes`` with ``pending`` (index ->
+    message, size, kind) shown over them; ``originals`` maps indexes shown in another form to
+    the caller's message, ``kinds`` says which form ("trim": already a placeholder)."""
+
+    messages: Sequence[Message]
+    sizes: Sequence[int]
+    originals: Mapping[int, Message] = attrs.field(factory=dict)
+    kinds: Mapping[int, str] = attrs.field(factory=dict)
+    pending: Mapping[int, tuple[Message, int, str]] = attrs.field(factory=dict)
+
+    def at(self, index: int) -> Message:
+        shown = self.pending.get(index)
+        return self.messages[index] if shown is None else shown[0]
+
+    def reader(self) -> Callable[[int], Message]:
+        """``at``, or plain indexing when nothing is pending (the common turn)."""
+        return self.at if self.pending else self.messages.__getitem__
+
+
+class Rebuild(Exception):
+    """What was appended makes an earlier loop irregular: look at the whole view again."""
+
+
+@attrs.define(eq=False)
+class TrimState:
+    """Gate 1's knowledge of one view, kept from turn to turn while the view only grows at its
+    end (DESIGN §4), so a turn over the trigger looks only at what is new.
+
+    The view is split into tool loops as :func:`~.loops.map_loops` does. A loop before the
+    protection window (the last ``KEEP_RECENT_TOOL_LOOPS`` completed loops before the last user
+    message) stays outside it while the view only grows, so it is *settled* once: its
+    candidates are found then and kept, with the chars they free, until a trim applies
+    them. ``tail`` holds the loops not settled yet, the window's first on; each ``extend``
+    parses only the messages appended since (and the last loop again if its results may
+    continue), slides the window and settles what it left.
+
+    Valid only for the view it was built on while nothing but appending changed it: the
+    session drops it on anything else (a compaction, an edit, a substitution not made by
+    gate 1, turns left out). A call id appended twice raises :class:`Rebuild`.
     """
-    originals = originals or {}
-    loop_map = map_loops(view)
-    protected = protected_loops(view, loop_map.loops)
-    planned: list[Eviction] = []
-    reclaim = 0
-    for loop in loop_map.loops:
-        if loop.call_index in protected:
-            continue
-        calls = {c["id"]: c for c in view[loop.call_index].get("tool_calls") or ()}
-        for index in loop.result_indexes:
-            shown = view[index]
-            if index in evicted:
+
+    evictable_tools: Collection[str]
+    language: str
+    ref_for: Callable[[str], str]
+    end: int = 0  # view messages looked at
+    last_user: int = -1
+    open: bool = False  # the last loop's results run to ``end``: more may follow
+    ids: set[Any] = attrs.field(factory=set)  # call ids seen
+    duplicates: frozenset[Any] = frozenset()
+    orphans: set[int] = attrs.field(factory=set)
+    unanswered: int = 0  # settled loops that are not complete
+    tail: deque[ToolLoop] = attrs.field(factory=deque)
+    candidates: list[Eviction | Candidate] = attrs.field(factory=list)  # in view order
+    reclaim: int = 0  # what the evictions among ``candidates`` free
+    bound: int = 0  # at most what the others free (their placeholders are made when needed)
+    odd: int = 0  # loops in ``tail`` that are not complete
+
+    @property
+    def irregular(self) -> dict[str, int]:
+        """Counts of the oddities seen (empty when the view is regular)."""
+        counts = {
+            "orphan_results": len(self.orphans),
+            "duplicate_call_ids": len(self.duplicates),
+            "incomplete_loops": self.unanswered + self.odd,
+        }
+        return {name: count for name, count in counts.items() if count}
+
+    def extend(self, view: Shown) -> None:
+        """Take in what was appended since the last call (the whole view the first time)."""
+        count = len(view.messages)
+        if count < self.end:
+            raise Rebuild("the view is shorter than what was looked at")
+        self._register(view, count)
+        start = self.end
+        if self.open:
+            last = self.tail.pop()  # its results may have continued
+            start, self.odd = last.call_index, self.odd - (not last.is_complete)
+        self._parse(view, start, count)
+        self.end = count
+        self._settle(view)
+
+    def due(self, total: int) -> bool:
+        """The 20% rule over the candidates; placeholders are made only once the bound of
+        what they free passes it (most turns over the trigger hash nothing)."""
+        if not self.candidates or not worth_it(self.reclaim + self.bound, total):
+            return False
+        self.resolve()
+        return bool(self.candidates) and worth_it(self.reclaim, total)
+
+    def resolve(self) -> None:
+        """Make every candidate's placeholder (dropping those that would not be shorter)."""
+        if not self.bound:
+            return
+        resolved: list[Eviction | Candidate] = []
+        for candidate in self.candidates:
+            if isinstance(candidate, Candidate):
+                eviction = candidate.eviction(self.language, self.ref_for)
+                if eviction is None:
+                    continue
+                self.reclaim += candidate.size - chars(eviction.replacement)
+                candidate = eviction
+            resolved.append(candidate)
+        self.candidates, self.bound = resolved, 0
+
+    def take(self) -> list[Eviction]:
+        """The candidates, now to be applied (``due`` said so): none are left."""
+        self.resolve()
+        taken = [c for c in self.candidates if isinstance(c, Eviction)]
+        self.candidates, self.reclaim = [], 0
+        return taken
+
+    def _register(self, view: Shown, count: int) -> None:
+        """Note the call ids appended; the first time, which occur twice (``map_loops``)."""
+        at, first = view.reader(), not self.end
+        ids = set() if first else self.ids
+        duplicates = set()
+        for index in range(self.end, count):
+            for call in at(index).get("tool_calls") or ():
+                call_id = call.get("id")
+                if call_id in ids:
+                    if not first:
+                        raise Rebuild("a call id was appended twice")
+                    duplicates.add(call_id)
+                ids.add(call_id)
+        if first:
+            self.ids, self.duplicates = ids, frozenset(duplicates)
+
+    def _parse(self, view: Shown, i: int, n: int) -> None:
+        at, duplicates, tail, orphans = view.reader(), self.duplicates, self.tail, self.orphans
+        self.open = False
+        while i < n:
+            message = at(i)
+            role = message.get("role")
+            calls = message.get("tool_calls") if role == "assistant" else None
+            if not calls:
+                if role == "tool":
+                    orphans.add(i)
+                elif role == "user":
+                    self.last_user = i
+                i += 1
                 continue
-            call_id = shown["tool_call_id"]
-            if loop.tool_names.get(call_id) not in evictable_tools:
-                continue
-            arguments = (calls[call_id].get("function") or {}).get("arguments") or ""
-            eviction = evict(
-                shown,
-                index,
-                originals.get(index, shown),
-                arguments,
-                sizes[index],
-                language,
-                ref_for,
+            names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
+            answered: dict[str, int] = {}
+            results: list[int] = []
+            j = i + 1
+            while j < n and at(j).get("role") == "tool":
+                call_id = at(j).get("tool_call_id")
+                if isinstance(call_id, str) and call_id in names:
+                    answered[call_id] = answered.get(call_id, 0) + 1
+                    results.append(j)
+                else:
+                    orphans.add(j)
+                j += 1
+            complete = (
+                len(names) == len(calls)
+                and len(answered) == len(names)
+                and all(count == 1 for count in answered.values())
+                and duplicates.isdisjoint(names)
             )
-            if eviction is None:
+            tail.append(ToolLoop(i, tuple(results), names, complete))
+            self.odd += not complete
+            self.open = j == n
+            i = j
+
+    def _settle(self, view: Shown) -> None:
+        """Slide the protection window to the last user message; settle the loops it left."""
+        last_user, tail = self.last_user, self.tail
+        if last_user < 0:
+            return  # no user message: every loop is protected
+        window = last_user
+        kept = 0
+        for loop in reversed(tail):
+            if loop.call_index < last_user and loop.is_complete:
+                window, kept = loop.call_index, kept + 1
+                if kept == KEEP_RECENT_TOOL_LOOPS:
+                    break
+        while tail and tail[0].call_index < window:
+            loop = tail.popleft()
+            if loop.is_complete:
+                self._candidates(view, loop)
+            else:
+                self.unanswered, self.odd = self.unanswered + 1, self.odd - 1
+
+    def _candidates(self, view: Shown, loop: ToolLoop) -> None:
+        """Old results of evictable tools in ``loop`` (outside every protected loop), with
+        their placeholders."""
+        at, kinds, pending = view.reader(), view.kinds, view.pending
+        floor = PLACEHOLDER_FLOOR[self.language]
+        calls = {c["id"]: c for c in at(loop.call_index).get("tool_calls") or ()}
+        for index in loop.result_indexes:
+            shown = pending.get(index)
+            if kinds.get(index) == "trim" or (shown is not None and shown[2] == "trim"):
                 continue
-            planned.append(eviction)
-            reclaim += sizes[index] - chars(eviction.replacement)
-    return Candidates(
-        tuple(planned), reclaim, recent_start(view, loop_map.loops), loop_map.irregular
-    )
+            message = at(index)
+            call_id = message["tool_call_id"]
+            if loop.tool_names.get(call_id) not in self.evictable_tools:
+                continue
+            size = view.sizes[index] if shown is None else shown[1]
+            original = view.originals.get(index)
+            if original is None:
+                original = message if shown is None else view.messages[index]
+            arguments = (calls[call_id].get("function") or {}).get("arguments") or ""
+            bound = size - floor
+            if bound > 0:
+                self.candidates.append(Candidate(index, message, original, arguments, size))
+                self.bound += bound
 
 
 def trim(
@@ -181,29 +340,20 @@ def trim(
     current = sum(sizes)
     if current <= trigger_chars:
         return TrimResult(list(view))
-    found = find_candidates(
-        view,
-        evictable_tools=evictable_tools,
-        language=language,
-        ref_for=ref_for,
-        sizes=sizes,
-        originals=originals,
-        evicted=evicted,
-    )
-    hints = partial(
-        TrimResult,
-        reclaimable_chars=found.reclaim_chars,
-        recent_start=found.recent_start,
-        irregular=found.irregular,
-    )
-    if not found.evictions:
+    state = TrimState(evictable_tools, language, ref_for)
+    state.extend(Shown(view, sizes, originals or {}, dict.fromkeys(evicted, "trim")))
+    state.resolve()
+    hints = partial(TrimResult, reclaimable_chars=state.reclaim, irregular=state.irregular)
+    if not state.candidates:
         return hints(list(view), skipped_reason="nothing_evictable")
-    if not worth_it(found.reclaim_chars, current):
+    if not worth_it(state.reclaim, current):
         return hints(list(view), skipped_reason="not_worth_it")
+    reclaimed = state.reclaim
+    evictions = state.take()
     trimmed = list(view)
-    for eviction in found.evictions:
+    for eviction in evictions:
         trimmed[eviction.index] = eviction.replacement
-    return hints(trimmed, found.evictions, found.reclaim_chars)
+    return hints(trimmed, tuple(evictions), reclaimed)
 
 
 def worth_it(reclaim_chars: int, total_chars: int) -> bool:
