@@ -37,7 +37,15 @@ import platform
 import socket
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -89,13 +97,13 @@ _REQUEST_DROP = frozenset(
 )
 _RESPONSE_DROP = frozenset(
     {
-        "content-length",
-        "content-encoding",  # bodies are relayed decoded
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "date",
-        "server",
+        b"content-length",
+        b"content-encoding",  # bodies are relayed decoded
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"date",
+        b"server",
     }
 )
 NO_SESSION = (
@@ -124,15 +132,14 @@ class _Out:
     ``Response`` on the others (the same status, headers and bytes)."""
 
     status: int
-    headers: Mapping[str, str]
+    headers: list[tuple[bytes, bytes]]  # as they go out: lower-case names
     body: bytes
 
     def raw_headers(self) -> list[tuple[bytes, bytes]]:
         """As Starlette writes them: lower-case names, then the body's length."""
-        raw = _raw(self.headers)
-        if self.status >= 200 and self.status not in (204, 304):
-            raw.append((b"content-length", str(len(self.body)).encode("latin-1")))
-        return raw
+        if self.status < 200 or self.status in (204, 304):
+            return self.headers
+        return [*self.headers, (b"content-length", b"%d" % len(self.body))]
 
     async def send(self, send: Send) -> None:
         start = {"type": "http.response.start", "status": self.status}
@@ -140,7 +147,9 @@ class _Out:
         await send({"type": "http.response.body", "body": self.body, "more_body": False})
 
     def response(self) -> Response:
-        return Response(self.body, status_code=self.status, headers=dict(self.headers))
+        response = Response(self.body, status_code=self.status)
+        response.raw_headers = self.raw_headers()
+        return response
 
 
 def error_response(
@@ -152,7 +161,8 @@ def error_response(
     """An OpenAI-shaped error on one line: the openai client shows ``message``."""
     body = {"error": {"message": message, "type": kind, "code": status}}
     text = json.dumps(body, ensure_ascii=False) + "\n"
-    return _Out(status, {"content-type": "application/json", **(headers or {})}, text.encode())
+    raw = [(b"content-type", b"application/json"), *_raw(headers or {})]
+    return _Out(status, raw, text.encode())
 
 
 @functools.cache
@@ -160,13 +170,26 @@ def _header_name(field: str) -> str:
     return "X-Ragent-" + "-".join(part.capitalize() for part in field.split("_"))
 
 
-def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
-    """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
-    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
-    answered itself."""
-    headers = {}
-    for field in attrs.fields(type(report)):
-        value = getattr(report, field.name)
+_REPORT_NAMES: dict[type, tuple[tuple[str, str, bytes], ...]] = {}
+
+
+def _report_names(kind: type[TurnReport]) -> tuple[tuple[str, str, bytes], ...]:
+    """Per ``TurnReport`` field: its name, its header, the header as it goes out."""
+    names = _REPORT_NAMES.get(kind)
+    if names is None:
+        fields = (field.name for field in attrs.fields(kind))
+        names = tuple(
+            (name, _header_name(name), _header_name(name).lower().encode()) for name in fields
+        )
+        _REPORT_NAMES[kind] = names
+    return names
+
+
+def _report_values(report: TurnReport, rounds: int) -> Iterator[tuple[str, bytes, str]]:
+    """``(header, header as it goes out, value)`` for every figure the report has, plus the
+    tool rounds the proxy answered itself."""
+    for name, header, raw in _report_names(type(report)):
+        value = getattr(report, name)
         if value is None:
             continue
         if isinstance(value, bool):
@@ -175,9 +198,20 @@ def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
             text = f"{value:.3f}"
         else:
             text = str(value)
-        headers[_header_name(field.name)] = text
-    headers["X-Ragent-Tool-Rounds"] = str(rounds)
-    return headers
+        yield header, raw, text
+    yield "X-Ragent-Tool-Rounds", b"x-ragent-tool-rounds", str(rounds)
+
+
+def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
+    """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
+    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
+    answered itself."""
+    return {header: text for header, _, text in _report_values(report, rounds)}
+
+
+def _report_raw(report: TurnReport, rounds: int) -> list[tuple[bytes, bytes]]:
+    """``report_headers`` as they go out (built on every request, so without dicts)."""
+    return [(raw, text.encode("latin-1")) for _, raw, text in _report_values(report, rounds)]
 
 
 def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -625,7 +659,7 @@ class Proxy:
             message = _only_message(data)
             if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
                 if not isinstance(data, dict):
-                    return _relay(upstream, report_headers(turn.report, turn.rounds)), None
+                    return _relay(upstream, _report_raw(turn.report, turn.rounds)), None
                 break
             mine, theirs = _split_calls(message, turn.own)
             if not mine or theirs or turn.rounds >= last_round:
@@ -634,8 +668,8 @@ class Proxy:
         content = upstream.content
         if isinstance(data, dict) and _strip_own_calls(data, turn.own):
             content = orjson.dumps(data)
-        headers = report_headers(turn.report, turn.rounds)
-        headers["X-Ragent-Proxy-Ms"] = f"{turn.overhead_ms():.3f}"
+        headers = _report_raw(turn.report, turn.rounds)
+        headers.append((b"x-ragent-proxy-ms", b"%.3f" % turn.overhead_ms()))
         return _relay(upstream, headers, content=content), _first_message(data)
 
     async def _stream(self, turn: _Turn) -> _Out | _Relay:
@@ -652,7 +686,7 @@ class Proxy:
                     ) from err
                 finally:
                     upstream.release()
-                return _relay(failed, report_headers(turn.report, turn.rounds))
+                return _relay(failed, _report_raw(turn.report, turn.rounds))
             reader = _StreamReader(upstream, turn.own)
             try:
                 if await reader.decide() == "own" and turn.rounds < last_round:
@@ -668,8 +702,7 @@ class Proxy:
                     502, f"upstream stream broke: {type(err).__name__}", "upstream_error"
                 ) from err
             break
-        headers = _response_headers(upstream.headers.items())
-        headers.update(report_headers(turn.report, turn.rounds))
+        headers = _response_headers(upstream.raw_headers, _report_raw(turn.report, turn.rounds))
 
         def finish(reply: Message | None) -> None:
             self._in_flight -= 1
@@ -826,10 +859,10 @@ class _Relay:
     def __init__(
         self,
         reader: _StreamReader,
-        headers: Mapping[str, str],
+        headers: list[tuple[bytes, bytes]],
         finish: Callable[[Message | None], None],
     ) -> None:
-        self.headers = _raw(headers)
+        self.headers = headers
         self.reader = reader
         self.finish = finish
 
@@ -883,8 +916,14 @@ def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
-def _response_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return {name: value for name, value in items if name.lower() not in _RESPONSE_DROP}
+def _response_headers(
+    items: Iterable[tuple[bytes, bytes]], ours: Sequence[tuple[bytes, bytes]] = ()
+) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers to relay (every one, repeated ones included, but
+    hop-by-hop ones and any the proxy sets itself), then the proxy's ``ours``."""
+    dropped = _RESPONSE_DROP.union(name for name, _ in ours) if ours else _RESPONSE_DROP
+    kept = [(name.lower(), value) for name, value in items]
+    return [*((name, value) for name, value in kept if name not in dropped), *ours]
 
 
 @attrs.frozen
@@ -892,13 +931,13 @@ class _Reply:
     """A whole upstream response."""
 
     status_code: int
-    headers: list[tuple[str, str]]
+    headers: Sequence[tuple[bytes, bytes]]  # as received
     content: bytes
 
     @classmethod
     async def read(cls, response: aiohttp.ClientResponse) -> _Reply:
         content = await response.read()
-        return cls(response.status, list(response.headers.items()), content)
+        return cls(response.status, response.raw_headers, content)
 
 
 def _json_or_none(content: bytes) -> Any:
@@ -910,12 +949,11 @@ def _json_or_none(content: bytes) -> Any:
 
 def _relay(
     upstream: _Reply,
-    extra: Mapping[str, str] | None = None,
+    ours: Sequence[tuple[bytes, bytes]] = (),
     *,
     content: bytes | None = None,
 ) -> _Out:
-    headers = _response_headers(upstream.headers)
-    headers.update(extra or {})
+    headers = _response_headers(upstream.headers, ours)
     return _Out(upstream.status_code, headers, upstream.content if content is None else content)
 
 

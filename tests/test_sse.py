@@ -105,6 +105,27 @@ def test_report_headers_name_every_field(make_engine: Callable[..., MemoryEngine
     assert "X-Ragent-Skipped-Reason" not in headers
 
 
+def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
+    """The upstream's headers go out lower-cased and in order, a repeated one (two cookies)
+    as often as it came; hop-by-hop ones are dropped, and an upstream header named like one
+    the proxy sets is replaced by the proxy's."""
+    from ragent_memory.serve import _response_headers
+
+    upstream = [
+        (b"Set-Cookie", b"a=1"),
+        (b"Content-Length", b"5"),
+        (b"Set-Cookie", b"b=2"),
+        (b"X-Ragent-Chars-In", b"upstream's"),
+        (b"Connection", b"keep-alive"),
+    ]
+    ours = [(b"x-ragent-chars-in", b"7")]
+    assert [
+        (b"set-cookie", b"a=1"),
+        (b"set-cookie", b"b=2"),
+        (b"x-ragent-chars-in", b"7"),
+    ] == _response_headers(upstream, ours)
+
+
 def test_histories_hand_back_the_earlier_objects() -> None:
     """Messages equal to last time's at the same position become last time's objects, so the
     engine's identity check sees an append-only history; changed ones stay as they are."""
