@@ -153,6 +153,69 @@ def validate_message(message: Any, index: int) -> None:
                 raise InvalidMessagesError(index, f"{where}.function.arguments is not a string")
 
 
+# The keys the quick path of ``measured`` knows (any other key takes the full path).
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
+_TEXTS = frozenset({str, type(None)})  # content, arguments: as the quick paths take them
+
+
+def measured(message: Any, index: int) -> int:
+    """``validate_message`` then ``chars``, in one look at the usual shapes: a message of the
+    usual keys with string (or no) content, and an assistant's plain tool calls. Anything
+    else, and anything invalid, takes the full path, so an error is ``validate_message``'s.
+    (A few known keys read one by one cost less than a generic walk of a small dict.)"""
+    if type(message) is dict and _MESSAGE_KEYS.issuperset(message):
+        role = message.get("role")
+        content = message.get("content")
+        call_id = message.get("tool_call_id")
+        if (
+            type(content) in _TEXTS
+            and type(message.get("name")) in _LEAVES
+            and type(role) is str
+            and (type(call_id) is str and call_id if role == "tool" else type(call_id) in _LEAVES)
+            and role in ROLES
+        ):
+            size = len(content) if content else 0
+            calls = message.get("tool_calls")
+            if calls is None:
+                return size
+            if role == "assistant" and type(calls) is list:
+                calls_size = _plain_calls(calls)
+                if calls_size >= 0:
+                    return size + calls_size
+    validate_message(message, index)
+    return chars(message)
+
+
+def _plain_calls(calls: list[Any]) -> int:
+    """The chars of ``calls`` when each is a dict of a non-empty string ``id``, an optional
+    leaf ``type`` and a ``function`` dict of a string ``name`` and optional string
+    ``arguments``, and nothing else: nothing in them needs a walk. -1 otherwise."""
+    total = 0
+    for call in calls:
+        if type(call) is not dict:
+            return -1
+        function = call.get("function")
+        call_id = call.get("id")
+        if (
+            type(function) is not dict
+            or type(call_id) is not str
+            or not call_id
+            or len(call) != 2 + ("type" in call)
+            or type(call.get("type")) not in _LEAVES
+        ):
+            return -1
+        name = function.get("name")
+        arguments = function.get("arguments")
+        if (
+            type(name) is not str
+            or type(arguments) not in _TEXTS
+            or len(function) != 1 + ("arguments" in function)
+        ):
+            return -1
+        total += len(name) + (len(arguments) if arguments else 0)
+    return total
+
+
 def validate_messages(messages: Any, start: int = 0) -> Sequence[Message]:
     """Validate a chat history (from ``start`` on) and return it as a sequence.
 

@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 
 from . import ceiling, compact
-from .chars import Message, chars, text_of, validate_message
+from .chars import Message, chars, measured, text_of, validate_message
 from .copies import Flag, watched_copy
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import EventCallback, get_logger
@@ -232,11 +232,11 @@ class RawCache:
             if not start <= index < stop:
                 continue
             message = messages[index]
-            validate_message(message, index)
+            size = measured(message, index)
             if (
                 message.get("content") is not self.contents[index]
                 or message.get("tool_calls") is not self.calls[index]
-                or chars(message) != self.sizes[index]
+                or size != self.sizes[index]
                 or (self.digests[index] is not None and digest(message) != self.digests[index])
             ):
                 edited.append(index)
@@ -257,9 +257,8 @@ class RawCache:
                 if index in seen:
                     continue
                 message = messages[index]
-                validate_message(message, index)
                 known = self.digests[index]
-                if chars(message) != self.sizes[index] or (
+                if measured(message, index) != self.sizes[index] or (
                     known is not None and digest(message) != known
                 ):
                     changed.append(index)
@@ -316,17 +315,16 @@ class RawCache:
 
     def _adopt(self, messages: Sequence[Any], changed: list[int], limit: int, count: int) -> None:
         """Take the changed positions and the new ones ``[limit, count)``; everything is
-        validated and measured before anything is kept."""
-        for index in range(limit, count):
-            validate_message(messages[index], index)
-        for index in changed:
-            validate_message(messages[index], index)
-        resized = [chars(messages[i]) for i in changed]
-        added = list(messages[limit:count])
-        added_sizes = list(map(chars, added))
+        validated and measured (one look per message, ``measured``) before anything is
+        kept."""
+        added = messages[limit:count]
+        added_sizes = [measured(message, index) for index, message in enumerate(added, limit)]
+        resized = [measured(messages[i], i) for i in changed]
         own, sizes, digests = self.messages, self.sizes, self.digests
-        self.total -= sum(sizes[limit:])
-        del own[limit:], sizes[limit:], digests[limit:], self.contents[limit:], self.calls[limit:]
+        if limit < len(own):
+            self.total -= sum(sizes[limit:])
+            del own[limit:], sizes[limit:], digests[limit:]
+            del self.contents[limit:], self.calls[limit:]
         for index, size in zip(changed, resized, strict=True):
             message = messages[index]
             own[index] = message
@@ -335,14 +333,17 @@ class RawCache:
             self.total += size - sizes[index]
             sizes[index] = size
             digests[index] = None
-        own.extend(added)
-        sizes.extend(added_sizes)
-        digests.extend([None] * len(added))
-        self.contents.extend(map(_get, added, repeat("content")))
-        self.calls.extend(map(_get, added, repeat("tool_calls")))
-        self.total += sum(added_sizes)
-        self.system_count = leading_system_count(own)
-        self.changed = [*changed, *range(limit, count)]
+        if added:
+            own.extend(added)
+            sizes.extend(added_sizes)
+            digests.extend(repeat(None, len(added)))
+            self.contents.extend(map(_get, added, repeat("content")))
+            self.calls.extend(map(_get, added, repeat("tool_calls")))
+            self.total += sum(added_sizes)
+        # The leading system run can only change where something changed at or before its end.
+        if limit <= self.system_count or (changed and changed[0] <= self.system_count):
+            self.system_count = leading_system_count(own)
+        self.changed = [*changed, *range(limit, count)] if changed else list(range(limit, count))
 
     def digest_at(self, index: int) -> str:
         known = self.digests[index]

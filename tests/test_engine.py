@@ -224,18 +224,18 @@ def test_fresh_system_prompt_each_turn_stays_incremental(
 
     hashed: list[int] = []
     measured: list[int] = []
-    real_digest, real_chars = session_module.digest, session_module.chars
+    real_digest, real_measured = session_module.digest, session_module.measured
 
     def counting_digest(message: dict[str, Any]) -> str:
         hashed.append(1)
         return real_digest(message)
 
-    def counting_chars(message: dict[str, Any]) -> int:
+    def counting_measured(message: dict[str, Any], index: int) -> int:
         measured.append(1)
-        return real_chars(message)
+        return real_measured(message, index)
 
     monkeypatch.setattr(session_module, "digest", counting_digest)
-    monkeypatch.setattr(session_module, "chars", counting_chars)
+    monkeypatch.setattr(session_module, "measured", counting_measured)
     engine = make_engine()
     history: list[dict[str, Any]] = []
     for i in range(50):
