@@ -112,7 +112,17 @@ def chain_digest(digests: Sequence[str]) -> str:
 
 
 _get = dict.get
-ROLLING_CHECK = 64  # covered positions re-checked by identity per turn, in rotation
+ROLLING_CHECK = 64  # covered positions whose dict is re-checked by identity per turn, in rotation
+# ... and whose content and tool_calls objects are: reading them touches each dict, which in a
+# long history is far from cache (the dict identity check reads only the list).
+ROLLING_PARTS_CHECK = 16
+
+
+def _window(last: tuple[int, int], size: int, first: int, end: int) -> tuple[int, int]:
+    """The ``size`` positions in ``[first, end)`` after the window ``last``, from ``first``
+    again when ``last`` reached ``end`` or lies outside."""
+    start = last[1] if first <= last[1] < end else first
+    return start, min(start + size, end)
 
 
 def _false_positions(flags: list[bool]) -> list[int]:
@@ -135,7 +145,8 @@ class RawCache:
     checks by identity (the dict, its content and its tool_calls objects, at C speed) the
     leading system messages, the dicts from ``hot`` on (the raw messages the view shows), their
     content where the session's hand-out check cannot vouch for it (``suspects``; all of them
-    without one) and a rotating window of the earlier positions; new messages are validated and
+    without one) and rotating windows of the earlier positions (``ROLLING_CHECK`` dicts,
+    ``ROLLING_PARTS_CHECK`` contents and tool_calls); new messages are validated and
     measured. When a dict in the checked part was replaced, or the history got shorter,
     everything is compared. ``recheck`` compares everything by identity (before a
     compaction), ``recheck(deep=True)`` recomputes every digest and size (on request). Digests
@@ -151,7 +162,8 @@ class RawCache:
         self.total = 0  # sum(sizes)
         self.system_count = 0  # leading system messages
         self.changed: list[int] = []  # positions found new or changed this turn, ascending
-        self._rolling = 0
+        self._rolling = (0, 0)  # the window of dicts checked last turn
+        self._rolling_parts = (0, 0)  # the window of content / tool_calls checked last turn
 
     def sync(
         self, messages: Sequence[Any], *, hot: int, suspects: Sequence[int] | None = None
@@ -175,17 +187,17 @@ class RawCache:
                 moved, end = self._shifted(messages, hot, limit), limit
                 edited = [] if moved else self._edited(messages, suspects, 0, limit)
             if not moved:  # no dict replaced where the view shows them: nothing shifted
-                start = self._rolling if prefix <= self._rolling < end else prefix
-                stop = min(start + ROLLING_CHECK, end)
-                self._rolling = stop if stop < end else prefix
-                changed = [
-                    *self._changed_head(messages, prefix),
-                    *self._changed(messages, start, stop),
-                    *edited,
-                ]
+                changed = self._changed_head(messages, prefix)
+                start, stop = self._rolling = _window(self._rolling, ROLLING_CHECK, prefix, end)
+                changed += self._moved(messages, start, stop)
+                start, stop = self._rolling_parts = _window(
+                    self._rolling_parts, ROLLING_PARTS_CHECK, prefix, end
+                )
+                changed += self._edited_in_place(messages, start, stop)
+                changed += edited
         if changed is None:  # rebuilt, inserted or removed messages: compare everything
             changed = self._changed(messages, 0, limit)
-        self._adopt(messages, sorted(set(changed)), limit, count)
+        self._adopt(messages, sorted(set(changed)) if changed else changed, limit, count)
 
     def _changed_head(self, messages: Sequence[Any], prefix: int) -> list[int]:
         """``_changed`` over the first ``prefix`` positions (the system prompt and the first
@@ -294,7 +306,13 @@ class RawCache:
         one C-level pass; the common answer, nothing, costs three list comparisons."""
         if start >= stop:
             return [], []
-        moved = self._moved(messages, start, stop)
+        return self._moved(messages, start, stop), self._edited_in_place(messages, start, stop)
+
+    def _edited_in_place(self, messages: Sequence[Any], start: int, stop: int) -> list[int]:
+        """Positions in ``[start, stop)`` whose content or tool_calls object is not the one
+        seen before (a dict replaced by an equal one passes: ``_moved`` looks at those)."""
+        if start >= stop:
+            return []
         given = messages[start:stop]
         contents = list(map(_get, given, repeat("content")))
         calls = list(map(_get, given, repeat("tool_calls")))
@@ -311,7 +329,7 @@ class RawCache:
             )
             for index in edited:
                 validate_message(given[index], start + index)
-        return moved, [start + i for i in edited]
+        return [start + i for i in edited]
 
     def _adopt(self, messages: Sequence[Any], changed: list[int], limit: int, count: int) -> None:
         """Take the changed positions and the new ones ``[limit, count)``; everything is

@@ -117,6 +117,42 @@ def test_in_place_edit_of_a_covered_message_is_caught_before_the_next_summary(
     assert ["applied", "invalidated"] == statuses[:2]
 
 
+@pytest.mark.parametrize("edit", ["content", "tool_calls"])
+def test_in_place_edit_of_a_covered_message_is_caught_by_the_rotating_window(
+    make_settings: Callable[..., Settings], edit: str
+) -> None:
+    """With no compaction due (the last message is not the user's), an edit in place of a
+    covered message is still caught by the rotating window of content and tool_calls
+    identity, within history length ÷ ROLLING_PARTS_CHECK turns: the summary is dropped."""
+    from ragent_memory.session import ROLLING_PARTS_CHECK
+
+    settings = make_settings(context_window_chars=20_000)
+    with MemoryEngine(settings, summarizer=CountingSummarizer()) as engine:
+        history = [*build_history(60), {"role": "user", "content": "go on"}]
+        assert engine.prepare(history, session_id="s").report.compacted
+        state = engine.store.load_session("s")
+        assert state is not None
+        role = "user" if edit == "content" else "assistant"
+        covered = next(
+            i
+            for i in range(10, state.covered)
+            if history[i]["role"] == role and (edit == "content" or history[i].get("tool_calls"))
+        )
+        if edit == "content":
+            history[covered]["content"] = "an edit the summary never saw"
+        else:
+            call = history[covered]["tool_calls"][0]
+            function = {**call["function"], "arguments": '{"q": "edited"}'}
+            history[covered]["tool_calls"] = [{**call, "function": function}]
+        generations = []
+        for turn in range(len(history) // ROLLING_PARTS_CHECK + 2):
+            history.append({"role": "assistant", "content": f"more {turn}"})
+            generations.append(engine.prepare(history, session_id="s").report.generation)
+        statuses = [r["status"] for r in engine.store.compactions("s")]
+    assert ["applied", "invalidated"] == statuses
+    assert 0 == generations[-1]
+
+
 def test_verify_catches_an_edit_inside_a_content_part(
     make_settings: Callable[..., Settings],
 ) -> None:
