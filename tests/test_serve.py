@@ -806,3 +806,36 @@ def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> Non
         assert int(free_in_heap) >= 8 << 20
     else:
         assert int(free_in_heap) < 8 << 20
+
+
+def test_prepare_leaves_the_event_loop_only_when_it_may_wait_on_a_model(
+    make_engine: Any, make_settings: Any, closed_url: str
+) -> None:
+    """With the offline summarizer (or compaction_timeout_s: 0) prepare runs on the event
+    loop: it never waits on a model. With a model summarizer it may wait up to
+    compaction_timeout_s, so it goes to a worker thread."""
+    from ragent_memory.serve import Proxy
+    from ragent_memory.settings import ServeSettings
+
+    serve = ServeSettings(upstream=closed_url)
+    model = {"base_url": closed_url, "model": "m"}
+    assert Proxy(make_engine(), serve)._inline
+    assert not Proxy(make_engine(make_settings(llm=model)), serve)._inline
+    assert Proxy(make_engine(make_settings(llm=model, compaction_timeout_s=0)), serve)._inline
+
+
+def test_prepare_in_a_worker_thread_serves_the_turn(workdir: Path, upstream: FakeOpenAI) -> None:
+    """With a model summarizer configured, prepare runs in a worker thread: the turn still
+    goes through it (its figures come back) and the reply is the upstream's."""
+    model = {"llm": {"base_url": upstream.base_url, "model": "summarizer"}}
+    config = write_config(workdir, "worker", engine=model)
+    history = [SYSTEM, {"role": "user", "content": "hello"}]
+    with (
+        ProxyProcess(config, upstream.base_url, cwd=workdir) as process,
+        client_for(process, "worker") as client,
+    ):
+        upstream.enqueue(Answer.reply("from the worker"))
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=history)
+    assert "from the worker" == raw.parse().choices[0].message.content
+    assert str(chars(history[0]) + chars(history[1])) == raw.headers["x-ragent-chars-out"]
+    assert [history] == sent_messages(upstream)
