@@ -21,7 +21,7 @@ reported as well: ``prepare``'s own time (``X-Ragent-Duration-Ms``: the engine, 
 calling the library pays too) and "added − prepare" (what the proxy itself costs). "Inside the
 proxy" is ``X-Ragent-Proxy-Ms``: the handler's time, upstream wait excluded.
 
-Before each timed request the benchmark waits (at most 2 s) until none of its processes is
+Before each timed request the benchmark waits (at most 0.5 s) until none of its processes is
 using CPU: otherwise one arm's background work (``after_turn``, compaction) would run on the
 same two cores while another arm is timed. An arm's own background work from its previous
 turn has ended by then as well (four other requests came in between), as it has for an app
@@ -195,7 +195,13 @@ def stop(process: Any) -> None:
 
 def post(client: httpx2.Client, url: str, body: bytes, headers: dict[str, str]) -> Any:
     started = time.perf_counter()
-    response = client.post(url, content=body, headers=headers)
+    try:
+        response = client.post(url, content=body, headers=headers)
+    except httpx2.RemoteProtocolError:
+        # the server closed the kept-alive connection while it sat idle (uvicorn does after
+        # 5 s, which a turn can take when settle() waits): timed again on a new connection
+        started = time.perf_counter()
+        response = client.post(url, content=body, headers=headers)
     elapsed = (time.perf_counter() - started) * 1000
     response.raise_for_status()
     return elapsed, response.headers, response.json()["choices"][0]["message"]
@@ -315,7 +321,7 @@ def busy_ms(pid: int) -> float:
     return total / 1e6
 
 
-def settle(processes: Any, quiet_ms: float = 0.05, most_s: float = 2.0) -> None:
+def settle(processes: Any, quiet_ms: float = 0.05, most_s: float = 0.5) -> None:
     """Wait (at most ``most_s``) until none of the benchmark's processes is still working,
     so one arm's request is not timed while another arm's background work (after_turn,
     compaction) runs on the same two cores. An arm's own background work from its last
