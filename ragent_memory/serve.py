@@ -63,7 +63,6 @@ from . import sse
 from .bodies import BodyCache, BodyError
 from .errors import ConfigError, InvalidMessagesError
 from .logs import get_logger
-from .offline import OfflineSummarizer
 from .reduce import RECALL_TOOL_NAME
 from .settings import ServeSettings, Settings
 from .tools import call_tool
@@ -362,16 +361,15 @@ class Proxy:
         self._in_flight = 0
         self._histories = _Histories()
         self._bodies = BodyCache()
-        # prepare on the event loop itself when it can never wait on a model nor on a network
-        # store: with compaction_timeout_s 0 it never waits (a compaction or recall index
-        # batch is adopted on a later turn); with the offline summarizer it waits only on
-        # local CPU work (an offline compaction, a recall index batch), which holds the GIL
-        # anyway. A worker thread hop costs two thread wakeups (~0.4 ms a request in
-        # benchmarks/proxy.py), more than the incremental prepare itself.
+        # prepare on the event loop itself only when it never waits: with
+        # compaction_timeout_s 0 a compaction (or recall index batch) is adopted on a later
+        # turn, and the store is local. Otherwise prepare may wait on a compaction for up to
+        # compaction_timeout_s, the offline summarizer's too (seconds of CPU on a large view):
+        # on the loop that would stall every other client's request and stream meanwhile, so
+        # it pays a worker thread hop (~0.4 ms a request in benchmarks/proxy.py).
         engine_settings = engine.settings
-        self._inline = engine_settings.store.url is None and (
-            engine_settings.compaction_timeout_s == 0
-            or isinstance(engine.summarizer, OfflineSummarizer)
+        self._inline = (
+            engine_settings.compaction_timeout_s == 0 and engine_settings.store.url is None
         )
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")

@@ -808,19 +808,20 @@ def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> Non
         assert int(free_in_heap) < 8 << 20
 
 
-def test_prepare_leaves_the_event_loop_only_when_it_may_wait_on_a_model(
+def test_prepare_stays_on_the_event_loop_only_when_it_never_waits(
     make_engine: Any, make_settings: Any, closed_url: str
 ) -> None:
-    """With the offline summarizer (or compaction_timeout_s: 0) prepare runs on the event
-    loop: it never waits on a model. With a model summarizer it may wait up to
-    compaction_timeout_s, so it goes to a worker thread."""
+    """With compaction_timeout_s: 0 prepare never waits and runs on the event loop. Otherwise
+    it may wait on a compaction (the offline summarizer's too), which on the loop would stall
+    every other client: it goes to a worker thread."""
     from ragent_memory.serve import Proxy
     from ragent_memory.settings import ServeSettings
 
     serve = ServeSettings(upstream=closed_url)
     model = {"base_url": closed_url, "model": "m"}
-    assert Proxy(make_engine(), serve)._inline
+    assert not Proxy(make_engine(), serve)._inline
     assert not Proxy(make_engine(make_settings(llm=model)), serve)._inline
+    assert Proxy(make_engine(make_settings(compaction_timeout_s=0)), serve)._inline
     assert Proxy(make_engine(make_settings(llm=model, compaction_timeout_s=0)), serve)._inline
 
 
