@@ -24,12 +24,13 @@ import threading
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import numpy as np
 
 from .porter import stem, tokens
 from .records import IndexedMessage
+from .store.contract import RecallIndex
 from .terms import index_terms, is_cjk
 
 K1: Final = 1.2
@@ -39,21 +40,8 @@ _COUNT_BITS: Final = 20
 _COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
 _DIGITS: Final = frozenset("0123456789")
 MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
+NEIGHBOURS_KEPT: Final = 4_096  # per unit
 TEXT_CHARS: Final = 16_000_000  # row texts kept, least recently used out first
-
-
-class MirrorSource(Protocol):
-    """What the mirror reads of a store (``store/recall_index.py``)."""
-
-    def recall_mark(self) -> tuple[int, str]: ...
-
-    def indexed_since(
-        self, after: int, *, user_id: str | None, session_id: str
-    ) -> list[tuple[IndexedMessage, bool]]: ...
-
-    def unowned_since(self, session_id: str, after: int) -> bool: ...
-
-    def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]: ...
 
 
 def text_terms(text: str) -> tuple[dict[str, int], int]:
@@ -107,6 +95,7 @@ class _Unit:
         self.at: dict[tuple[int, int], int] = {}  # (session number, position) → newest row
         self.total = 0.0
         self.bytes = 0
+        self.made: dict[int, IndexedMessage] = {}  # row → as a neighbour
 
     def add(
         self, message: IndexedMessage, owned: bool, text_counts: dict[str, int], n: int
@@ -194,6 +183,15 @@ class _Unit:
         order = np.lexsort((-ids, -best))[:limit]
         return list(zip(found[order].tolist(), (-best[order]).tolist(), strict=True))
 
+    def neighbour(self, row: int, content: str) -> IndexedMessage:
+        """The row as a neighbour (no score), made once: the same ones come back each turn."""
+        made = self.made.get(row)
+        if made is None or made.content is not content:
+            made = self.made[row] = self.message(row, content)
+            if len(self.made) > NEIGHBOURS_KEPT:
+                self.made.clear()
+        return made
+
     def message(self, row: int, content: str, score: float = 0.0) -> IndexedMessage:
         code, role, dated, digest = self.rows[row]
         return IndexedMessage(
@@ -217,7 +215,7 @@ class RecallMirror:
 
     def __init__(
         self,
-        store: MirrorSource,
+        store: RecallIndex,
         *,
         max_bytes: int = MIRROR_BYTES,
         text_chars: int = TEXT_CHARS,
@@ -284,7 +282,7 @@ class RecallMirror:
                 if unit.ids[r] in texts
             ]
             around = {
-                (unit.names[code], position): unit.message(row, texts[unit.ids[row]])
+                (unit.names[code], position): unit.neighbour(row, texts[unit.ids[row]])
                 for (code, position), row in wanted.items()
                 if unit.ids[row] in texts
             }

@@ -9,18 +9,18 @@ so the in-process recall mirror (``mirror.py``) counts exactly what the store's 
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from functools import lru_cache
 from typing import Final
 
-_TOKEN = re.compile(r"[^\W_]+")
+from .terms import WORD
+
 MAX_TOKEN_BYTES: Final = 64
 
 
 def tokens(text: str) -> list[str]:
     """unicode61's tokens of ``text``, before stemming."""
-    found = _TOKEN.findall(text.lower())
+    found = WORD.findall(text.lower())
     if text.isascii():
         return found
     return [t if t.isascii() else _fold(t) for t in found]

@@ -23,7 +23,7 @@ MAX_QUERY_TERMS: Final = 32
 _CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 _PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
 _IS_CJK = re.compile(_CJK)
-_ASCII_WORD = re.compile(r"[a-z0-9]+")
+WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (unicode61's token chars)
 _FAST_CHARS: Final = 4_000  # longer texts are read only as far as the limit needs
 _ENGLISH_STOPWORDS = (
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
@@ -46,8 +46,8 @@ def index_terms(text: str) -> str:
 def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
-    if len(text) <= _FAST_CHARS and text.isascii():  # the same terms, found in C
-        words = dict.fromkeys(_ASCII_WORD.findall(text.casefold()))
+    if len(text) <= _FAST_CHARS and _IS_CJK.search(text) is None:  # the same terms, in C
+        words = dict.fromkeys(WORD.findall(text.casefold()))
         return [w for w in words if len(w) >= 2 and w not in STOPWORDS][:limit]
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
