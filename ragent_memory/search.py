@@ -31,7 +31,7 @@ from .mirror import RecallMirror
 from .records import IndexedMessage
 from .settings import Settings
 from .store import RecallIndex
-from .terms import date_stamp, fts_query, index_terms, search_terms
+from .terms import date_stamp, fts_query, index_terms, search_terms, term_prefixes
 
 log = get_logger(__name__)
 
@@ -323,10 +323,7 @@ class SentenceCache:
                 return found
         folded = " ".join(text.split())
         sentences = tuple(_SENTENCE.split(folded))
-        stems = tuple(
-            frozenset(t[:_STEM_CHARS] for t in search_terms(sentence, limit=1_000))
-            for sentence in sentences
-        )
+        stems = tuple(term_prefixes(sentence, _STEM_CHARS, limit=1_000) for sentence in sentences)
         split = (folded, sentences, stems)
         with self._lock:
             if text not in self._entries:

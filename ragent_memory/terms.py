@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Final
 
 MAX_QUERY_TERMS: Final = 32
@@ -24,6 +25,7 @@ _CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 _PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
 _IS_CJK = re.compile(_CJK)
 WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (unicode61's token chars)
+_LONG_WORD = re.compile(r"[^\W_]{2,}")  # such a run of two or more (runs are maximal)
 _FAST_CHARS: Final = 4_000  # longer texts are read only as far as the limit needs
 _ENGLISH_STOPWORDS = (
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
@@ -47,8 +49,8 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
     if len(text) <= _FAST_CHARS and _IS_CJK.search(text) is None:  # the same terms, in C
-        words = dict.fromkeys(WORD.findall(text.casefold()))
-        return [w for w in words if len(w) >= 2 and w not in STOPWORDS][:limit]
+        words = dict.fromkeys(_LONG_WORD.findall(text.casefold()))
+        return [w for w in words if w not in STOPWORDS][:limit]
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
         piece = match.group(0)
@@ -65,6 +67,18 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
             if len(terms) >= limit:
                 return list(terms)
     return list(terms)
+
+
+def term_prefixes(text: str, chars: int, *, limit: int = MAX_QUERY_TERMS) -> frozenset[str]:
+    """``{t[:chars] for t in search_terms(text, limit=limit)}``, found as sets in C when the
+    text holds at most ``limit`` distinct terms (then the order that picks the first ones is
+    moot)."""
+    if len(text) <= _FAST_CHARS and _IS_CJK.search(text) is None:
+        words = set(_LONG_WORD.findall(text.casefold()))
+        words -= STOPWORDS
+        if len(words) <= limit:
+            return frozenset(map(itemgetter(slice(0, chars)), words))
+    return frozenset(t[:chars] for t in search_terms(text, limit=limit))
 
 
 def fts_query(terms: Sequence[str]) -> str:

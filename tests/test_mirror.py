@@ -186,3 +186,35 @@ def test_a_users_search_over_rows_indexed_without_a_user_is_left_to_the_store(
         )
         is None
     )
+
+
+WORDS = (
+    "running runs ran happily happiness caresses ponies cats agreed plastered motoring sing"
+    " conflated troubling sized hopping falling hissing fizzed failing filing happy sky"
+    " relational conditional rational valenci hesitanci digitizer conformabli radicalli"
+    " differentli vileli analogousli vietnamization predication operator feudalism"
+    " decisiveness hopefulness callousness formaliti sensitiviti sensibiliti triplicate"
+    " formative formalize electriciti electrical hopeful goodness revival allowance"
+    " inference airliner gyroscopic adjustable defensible irritant replacement adjustment"
+    " dependent adoption homologou communism activate angulariti homologous effective"
+    " bowdlerize probate rate cease controll roll generalizations oscillators µs naïve"
+    " Café STRASSE 4711th 12s"
+)
+
+
+def test_the_mirrors_tokens_are_fts5s() -> None:
+    """The mirror counts the tokens the store's FTS5 index holds (porter unicode61
+    remove_diacritics 2): a drift would rank differently from the store."""
+    import sqlite3
+
+    from ragent_memory.porter import stem, tokens
+
+    db = sqlite3.connect(":memory:")
+    db.execute(
+        "CREATE VIRTUAL TABLE t USING fts5 (x, tokenize = 'porter unicode61 remove_diacritics 2')"
+    )
+    db.execute("CREATE VIRTUAL TABLE v USING fts5vocab (t, 'instance')")
+    db.execute("INSERT INTO t (rowid, x) VALUES (1, ?)", [WORDS])
+    theirs = [term for _, term in sorted(db.execute("SELECT offset, term FROM v"))]
+    db.close()
+    assert [stem(t) for t in tokens(WORDS)] == theirs
