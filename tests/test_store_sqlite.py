@@ -17,6 +17,7 @@ from ragent_memory.records import Substitution
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
+from ragent_memory.store.hosts import HostTables
 
 
 def test_substitution_keys_survive_the_rename_migration(
@@ -88,3 +89,60 @@ def test_a_session_another_process_moved_on_is_reloaded(tmp_path: Path) -> None:
         statuses = [r["status"] for r in engine.store.compactions("s")]
     assert (1, False) == (report.generation, report.compacted)
     assert ["applied"] == statuses
+
+
+def _counting_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The session ids ``last_write`` asked the database about."""
+    asked: list[str] = []
+    real = HostTables.last_write
+
+    def counting(self: Any, session_id: str) -> Any:
+        asked.append(session_id)
+        return real(self, session_id)
+
+    monkeypatch.setattr(HostTables, "last_write", counting)
+    return asked
+
+
+def test_own_commits_leave_the_write_check_answered_from_the_wal_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This store's own commits (a turn's substitutions, the recall index) do not send every
+    session's next check back to the database: only the sessions the commit wrote are asked
+    again. Another store's commit sends them all back."""
+    asked = _counting_queries(monkeypatch)
+    db = tmp_path / "memory.db"
+    with Store(db) as store, Store(db) as other:
+        store.save_session(store.new_session("a"))
+        store.last_write("a"), store.last_write("b")
+        asked.clear()
+        assert (store.host_id, 1) == store.last_write("a") and store.last_write("b") is None
+        assert [] == asked  # answered from the WAL index
+        store.save_session(store.new_session("b"))  # our own commit, writing b
+        assert (store.host_id, 1) == store.last_write("b")
+        assert (store.host_id, 1) == store.last_write("a")
+        assert ["b"] == asked
+        asked.clear()
+        other.save_session(other.new_session("a"))  # another host moves a on
+        assert (other.host_id, 2) == store.last_write("a")
+        assert ["a"] == asked
+
+
+def test_a_commit_racing_our_own_is_not_taken_for_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another store commits right after this one's commit, before this one looks at the WAL
+    index again: the commit counter moved by two, so the next check asks the database."""
+    db = tmp_path / "memory.db"
+    with Store(db) as store, Store(db) as other:
+        assert store.last_write("a") is None
+        real = store._committed
+
+        def racing(before: bytes | None) -> None:
+            other.save_session(other.new_session("a"))
+            real(before)
+
+        store.db.committed = racing
+        store.save_session(store.new_session("b"))
+        store.db.committed = real
+        assert (other.host_id, 1) == store.last_write("a")

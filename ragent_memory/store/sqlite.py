@@ -10,7 +10,7 @@ import secrets
 import sqlite3
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -29,7 +29,12 @@ BUSY_TIMEOUT_S = 30.0
 # commit, whichever connection or process made it.
 WAL_INDEX_HEADER = 48
 WAL_INDEX_VERSION = 3007000
+WAL_INDEX_CHANGE = slice(8, 12)  # the header's commit counter (native order): +1 per commit
 UNKNOWN = object()
+
+
+def _commits(header: bytes) -> int:
+    return int.from_bytes(header[WAL_INDEX_CHANGE], sys.byteorder)
 
 
 class _Database(sqlite_utils.Database):
@@ -41,6 +46,10 @@ class _Database(sqlite_utils.Database):
     second writer wait its turn.
     """
 
+    # Told of each transaction this connection opens and commits (``Store``'s WAL gate).
+    began: Callable[[], bytes | None] | None = None
+    committed: Callable[[bytes | None], None] | None = None
+
     @contextmanager
     def atomic(self) -> Iterator[sqlite_utils.Database]:
         if self.conn.in_transaction:  # nested: sqlite-utils' savepoints
@@ -48,6 +57,7 @@ class _Database(sqlite_utils.Database):
                 yield db
             return
         self.conn.execute("BEGIN IMMEDIATE")
+        before = self.began() if self.began is not None else None
         try:
             yield self
         except BaseException:
@@ -58,6 +68,8 @@ class _Database(sqlite_utils.Database):
         except BaseException:
             self.conn.rollback()
             raise
+        if self.committed is not None:
+            self.committed(before)
 
 
 class _Probe(Exception):
@@ -108,10 +120,12 @@ class Store(IndexedTables, AuditTable):
             self._shm: int | None = None  # a read-only descriptor of the -shm file
             self._writes_mark: bytes | None = None
             self._writes: dict[str, tuple[str, int] | None] = {}
+            self._touched: set[str] = set()  # sessions written in the open transaction
             self._migrate()
             self._check_schema()
             self._secret = self._load_secret()
             self._check_writable()
+            self.db.began, self.db.committed = self._began, self._committed
         except (sqlite3.Error, StoreError) as err:
             if conn is not None:
                 conn.close()
@@ -176,8 +190,9 @@ class Store(IndexedTables, AuditTable):
 
     def last_write(self, session_id: str) -> tuple[str, int] | None:
         """As the base class says, but asked of the database only when something was
-        committed since it was last asked (the WAL index header moved): the per-turn check
-        that no other process or host moved the session on costs a memory read."""
+        committed since it was last asked (the WAL index header moved) by another connection
+        or process, or by this one's own write of that session (``_committed``): the per-turn
+        check that no other process or host moved the session on costs one ``pread``."""
         with self._lock:
             mark = self._wal_mark()
             if mark is None or mark != self._writes_mark:
@@ -189,6 +204,31 @@ class Store(IndexedTables, AuditTable):
             if mark is not None and len(self._writes) < 10_000:
                 self._writes[session_id] = written
             return written
+
+    def _mark_written(self, session_id: str) -> None:
+        super()._mark_written(session_id)
+        self._touched.add(session_id)
+
+    def _began(self) -> bytes | None:
+        """The WAL index header as this connection's write transaction starts: under the
+        write lock, so it shows every other connection's commits."""
+        self._touched = set()
+        return self._wal_mark()
+
+    def _committed(self, before: bytes | None) -> None:
+        """After this connection's own commit: when nothing else was committed since
+        ``last_write`` last asked (the header before the commit is the one it saw) and the
+        header's commit counter moved by exactly one (this commit), its answers still hold
+        but for the sessions this commit wrote. Else the next ``last_write`` asks again."""
+        touched, self._touched = self._touched, set()
+        if before is None or before != self._writes_mark:
+            return
+        after = self._wal_mark()
+        if after is None or _commits(after) != (_commits(before) + 1) % 2**32:
+            return
+        for session_id in touched:
+            self._writes.pop(session_id, None)
+        self._writes_mark = after
 
     def _wal_mark(self) -> bytes | None:
         """The WAL index header as it is now; None when it cannot be read (not in WAL mode,
