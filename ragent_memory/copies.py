@@ -78,7 +78,7 @@ class WatchedList(list[Any]):
     reverse = _watching(list.reverse)
 
 
-_CONTAINERS = (dict, list, WatchedDict, WatchedList)
+_CONTAINERS = frozenset({dict, list, WatchedDict, WatchedList})
 
 
 def watched_copy(value: Any, flag: Flag) -> Any:

@@ -921,7 +921,10 @@ class Session:
         view.fresh = len(view.messages)
         view.grow(raw.messages[begin:], raw.sizes[begin:])
         chars_in = view.head_chars + view.raw_chars + view.left.raw_chars
+        positions = self.sub_positions
         for raw_index in range(begin, len(raw.messages)):
+            if raw_index - prefix_len not in positions:
+                continue  # the usual new message: no substitution, no digest needed
             sub = self._sub_at(raw_index, prefix_len)
             if sub is not None:
                 view.show(raw_index - view.offset, sub.message, sub.kind, self.size_of(sub))
@@ -1392,8 +1395,8 @@ class Session:
             chars_raw=self.raw.total,
             chars_in=chars_in,
             chars_out=total,
-            trimmed=view.counts["trim"],
-            truncated=view.counts["truncate"],
+            trimmed=view.counts.get("trim", 0),
+            truncated=view.counts.get("truncate", 0),
             # The tail differs from the caller's messages only where something is substituted.
             reclaimed_chars=view.raw_chars - (total - view.head_chars),
             compacted=compacted,
