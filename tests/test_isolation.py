@@ -7,7 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from test_compact import CountingSummarizer, build_history
 from ragent_memory import Settings
 from ragent_memory.chars import chars
 from ragent_memory.engine import MemoryEngine
+from ragent_memory.store import SessionState
 
 
 def _history() -> list[dict[str, Any]]:
@@ -96,18 +98,27 @@ def test_decorating_an_engine_made_preview_does_not_stick(
         engine.close()
 
 
-def test_in_place_edit_of_a_covered_message_is_caught_before_the_next_summary(
+@contextmanager
+def _summarized(
     make_settings: Callable[..., Settings],
-) -> None:
-    """An edit in place of a message the summary covers (not shown any more) is caught when
-    the next compaction is due, before a new generation builds on it: the summary is
-    invalidated and rebuilt from the edited history."""
+) -> Iterator[tuple[MemoryEngine, list[dict[str, Any]], SessionState]]:
+    """An engine whose session "s" has just compacted: the history and the stored state."""
     settings = make_settings(context_window_chars=20_000)
     with MemoryEngine(settings, summarizer=CountingSummarizer()) as engine:
         history = [*build_history(60), {"role": "user", "content": "go on"}]
         assert engine.prepare(history, session_id="s").report.compacted
         state = engine.store.load_session("s")
         assert state is not None
+        yield engine, history, state
+
+
+def test_in_place_edit_of_a_covered_message_is_caught_before_the_next_summary(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """An edit in place of a message the summary covers (not shown any more) is caught when
+    the next compaction is due, before a new generation builds on it: the summary is
+    invalidated and rebuilt from the edited history."""
+    with _summarized(make_settings) as (engine, history, state):
         covered = next(i for i in range(state.covered) if history[i]["role"] == "user" and i > 10)
         history[covered]["content"] = "an edit the summary never saw"
         history += build_history(40, seed=2)[1:]
@@ -126,12 +137,7 @@ def test_in_place_edit_of_a_covered_message_is_caught_by_the_rotating_window(
     identity, within history length ÷ ROLLING_PARTS_CHECK turns: the summary is dropped."""
     from ragent_memory.session import ROLLING_PARTS_CHECK
 
-    settings = make_settings(context_window_chars=20_000)
-    with MemoryEngine(settings, summarizer=CountingSummarizer()) as engine:
-        history = [*build_history(60), {"role": "user", "content": "go on"}]
-        assert engine.prepare(history, session_id="s").report.compacted
-        state = engine.store.load_session("s")
-        assert state is not None
+    with _summarized(make_settings) as (engine, history, state):
         role = "user" if edit == "content" else "assistant"
         covered = next(
             i
