@@ -192,6 +192,16 @@ class TrimState:
         self.end = count
         self._settle(view)
 
+    def may_pass(self, sizes: Sequence[int], total: int) -> bool:
+        """Whether the 20% rule could pass once what was appended is looked at: a candidate
+        frees less than its size, and new ones can only come from the loops not settled yet
+        and what was appended, so while those sizes and the candidates' bound stay under 20%
+        the trim is skipped without parsing anything (``extend`` catches up later)."""
+        start = self.tail[0].call_index if self.tail else self.end
+        if len(sizes) < self.end:
+            return True  # ``extend`` raises Rebuild
+        return worth_it(self.reclaim + self.bound + sum(sizes[start:]), total)
+
     def due(self, total: int) -> bool:
         """The 20% rule over the candidates; placeholders are made only once the bound of
         what they free passes it (most turns over the trigger hash nothing)."""

@@ -16,7 +16,15 @@ from strategies import conversations
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars
 from ragent_memory.loops import map_loops
-from ragent_memory.trim import Eviction, Rebuild, Shown, TrimState, evict, protected_loops
+from ragent_memory.trim import (
+    Eviction,
+    Rebuild,
+    Shown,
+    TrimState,
+    evict,
+    protected_loops,
+    worth_it,
+)
 
 Message = dict[str, Any]
 TOOLS = {"search_knowledge"}
@@ -55,7 +63,8 @@ def test_extended_state_knows_what_the_whole_view_says(
 ) -> None:
     """Fed the conversation a few messages at a time (so loops are cut mid-way, results arrive
     after their call, users slide the protection window), with trims applied in between, the
-    kept candidates and oddities always equal those of the whole view looked at afresh."""
+    kept candidates and oddities always equal those of the whole view looked at afresh, and
+    ``may_pass`` never skips a trim the whole view would make."""
     view: list[Message] = []
     sizes: list[int] = []
     kinds: dict[int, str] = {}
@@ -66,9 +75,12 @@ def test_extended_state_knows_what_the_whole_view_says(
         position += len(added)
         view += added
         sizes += [chars(m) for m in added]
+        total = data.draw(st.integers(1, 40_000))
+        may_pass = state.may_pass(sizes, total)
         state.extend(Shown(view, sizes, {}, kinds))
         free, irregular = whole_view(view, sizes, kinds)
         state.resolve()
+        assert may_pass or not worth_it(sum(free.values()), total)  # skipping looked nowhere
         assert {c.index for c in state.candidates} == set(free)
         assert state.reclaim == sum(free.values())
         assert state.irregular == irregular
@@ -242,3 +254,19 @@ def test_mid_turn_calls_and_no_user_message(tmp_path: Path) -> None:
             twins.call()
     twins.close()
     assert twins.trimmed
+
+
+def test_a_user_message_alone_may_let_a_trim_pass() -> None:
+    """A new user message moves the window: an old loop's result becomes a candidate though
+    nothing large was appended, so the skip must count the loops not settled yet."""
+    view = [user("q1"), *tool_loop("a", "A" * 3_000), user("q2"), *tool_loop("b", "B" * 10)]
+    view += [user("q3"), *tool_loop("c", "C" * 10)]
+    sizes = [chars(m) for m in view]
+    state = TrimState(TOOLS, "en", ref_for)
+    state.extend(Shown(view, sizes))
+    assert not state.candidates
+    view.append(user("q4"))
+    sizes.append(2)
+    assert state.may_pass(sizes, total=10_000)
+    state.extend(Shown(view, sizes))
+    assert state.due(total=10_000)
