@@ -6,7 +6,8 @@ such messages are marked irregular so the gates never evict or cut them apart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import attrs
@@ -50,6 +51,7 @@ def map_loops(view: Sequence[Mapping[str, Any]]) -> LoopMap:
     loops: list[ToolLoop] = []
     orphans: set[int] = set()
     i, n = 0, len(view)
+    at = view.__getitem__
     while i < n:
         message = view[i]
         role = message.get("role")
@@ -59,27 +61,41 @@ def map_loops(view: Sequence[Mapping[str, Any]]) -> LoopMap:
                 orphans.add(i)
             i += 1
             continue
-        names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
-        answered: dict[str, int] = {}
-        results: list[int] = []
-        j = i + 1
-        while j < n and view[j].get("role") == "tool":
-            call_id = view[j].get("tool_call_id")
-            if isinstance(call_id, str) and call_id in names:
-                answered[call_id] = answered.get(call_id, 0) + 1
-                results.append(j)
-            else:
-                orphans.add(j)
-            j += 1
-        complete = (
-            len(names) == len(calls)
-            and len(answered) == len(names)
-            and all(count == 1 for count in answered.values())
-            and duplicates.isdisjoint(names)
-        )
-        loops.append(ToolLoop(i, tuple(results), names, complete))
-        i = j
+        loop, i = loop_at(at, i, n, calls, duplicates, orphans)
+        loops.append(loop)
     return LoopMap(tuple(loops), frozenset(orphans), frozenset(duplicates))
+
+
+def loop_at(
+    at: Callable[[int], Mapping[str, Any]],
+    i: int,
+    n: int,
+    calls: Sequence[Mapping[str, Any]],
+    duplicates: AbstractSet[Any],
+    orphans: set[int],
+) -> tuple[ToolLoop, int]:
+    """The loop of the assistant message at ``i`` (its ``calls``): the tool messages right
+    after it, up to ``n``, are its results (those answering none of its calls go to
+    ``orphans``). Returns it and the index after its results."""
+    names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
+    answered: dict[str, int] = {}
+    results: list[int] = []
+    j = i + 1
+    while j < n and at(j).get("role") == "tool":
+        call_id = at(j).get("tool_call_id")
+        if isinstance(call_id, str) and call_id in names:
+            answered[call_id] = answered.get(call_id, 0) + 1
+            results.append(j)
+        else:
+            orphans.add(j)
+        j += 1
+    complete = (
+        len(names) == len(calls)
+        and len(answered) == len(names)
+        and all(count == 1 for count in answered.values())
+        and duplicates.isdisjoint(names)
+    )
+    return ToolLoop(i, tuple(results), names, complete), j
 
 
 def last_user_index(view: Sequence[Mapping[str, Any]]) -> int:

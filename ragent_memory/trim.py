@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from .chars import Message, chars, text_of
-from .loops import ToolLoop, last_user_index
+from .loops import ToolLoop, last_user_index, loop_at
 from .settings import EVICTED_INPUT_EXCERPT_CHARS, KEEP_RECENT_TOOL_LOOPS, MIN_TRIM_RECLAIM_RATIO
 
 PLACEHOLDERS = {
@@ -262,26 +262,9 @@ class TrimState:
                     self.last_user = i
                 i += 1
                 continue
-            names = {c["id"]: (c.get("function") or {}).get("name", "") for c in calls}
-            answered: dict[str, int] = {}
-            results: list[int] = []
-            j = i + 1
-            while j < n and at(j).get("role") == "tool":
-                call_id = at(j).get("tool_call_id")
-                if isinstance(call_id, str) and call_id in names:
-                    answered[call_id] = answered.get(call_id, 0) + 1
-                    results.append(j)
-                else:
-                    orphans.add(j)
-                j += 1
-            complete = (
-                len(names) == len(calls)
-                and len(answered) == len(names)
-                and all(count == 1 for count in answered.values())
-                and duplicates.isdisjoint(names)
-            )
-            tail.append(ToolLoop(i, tuple(results), names, complete))
-            self.odd += not complete
+            loop, j = loop_at(at, i, n, calls, duplicates, orphans)
+            tail.append(loop)
+            self.odd += not loop.is_complete
             self.open = j == n
             i = j
 
