@@ -598,7 +598,8 @@ class View:
         self.fresh = moved(self.fresh)
         self.swept = moved(self.swept)
         self.rolling = moved(self.rolling)
-        self.trim_hint = None  # gate 1 looks at the whole view again
+        if self.trim_hint is not None and not self.trim_hint.shift(start, count):
+            self.trim_hint = None  # gate 1 looks at the whole view again
 
     def copy(self) -> View:
         return attrs.evolve(
@@ -1308,16 +1309,18 @@ class Session:
         user_id: str | None,
     ) -> None:
         """Record the ceiling's placeholders and previews as sticky substitutions and show
-        them in the session's view, so the next turn shows them too (a stable prefix); the
-        trim hint no longer holds."""
+        them in the session's view, so the next turn shows them too (a stable prefix); gate 1's
+        kept state follows them."""
         if not changes:
             return
         new: list[_New] = [
             (index, Substitution(self._key(view, index), kind, ref, message), texts)
             for index, kind, ref, message, texts in changes
         ]
-        self._record(view, new, None, user_id)
-        view.trim_hint = None
+        hint = view.trim_hint
+        if hint is not None and not hint.replaced([change[0] for change in changes]):
+            hint = None  # gate 1 looks at the whole view again
+        view.trim_hint = self._record(view, new, hint, user_id)
 
     def _leave_out(self, view: View, count: int, turns: int, user_id: str | None) -> None:
         """Leave the ``count`` messages after the prefix/summary (``turns`` whole turns) out of

@@ -192,6 +192,56 @@ class TrimState:
         self.end = count
         self._settle(view)
 
+    def replaced(self, indexes: Collection[int]) -> bool:
+        """Follow the view showing other forms at ``indexes`` (the ceiling's placeholders and
+        previews, §4b rungs 1 and 3): candidates there are gone, and loops not settled yet
+        read the view when they settle. Returns False, and the state must be dropped, when a
+        candidate there already had its placeholder made (what it freed is not kept)."""
+        gone = set(indexes)
+        kept: list[Eviction | Candidate] = []
+        floor = PLACEHOLDER_FLOOR[self.language]
+        for candidate in self.candidates:
+            if candidate.index not in gone:
+                kept.append(candidate)
+            elif isinstance(candidate, Eviction):
+                return False
+            else:
+                self.bound -= candidate.size - floor
+        self.candidates = kept
+        return True
+
+    def shift(self, start: int, count: int) -> bool:
+        """Follow the view losing messages ``[start, start + count)`` (§4b rung 4 leaving the
+        oldest turns out): every position kept moves back by ``count``. Returns False, and
+        the state must be dropped, when anything it holds lies in that range or after a
+        position it has not looked at (only a whole rebuild knows what those held)."""
+        stop = start + count
+        if count <= 0 or stop > self.end or self.unanswered or self.last_user < stop:
+            return count == 0
+        if any(start <= i < stop for i in self.orphans) or any(
+            c.index < stop for c in self.candidates
+        ):
+            return False
+        if self.tail and self.tail[0].call_index < stop:
+            return False
+
+        def back(i: int) -> int:
+            return i - count if i >= stop else i
+
+        self.orphans = {back(i) for i in self.orphans}
+        self.candidates = [attrs.evolve(c, index=back(c.index)) for c in self.candidates]
+        self.tail = deque(
+            attrs.evolve(
+                loop,
+                call_index=back(loop.call_index),
+                result_indexes=tuple(map(back, loop.result_indexes)),
+            )
+            for loop in self.tail
+        )
+        self.last_user -= count
+        self.end -= count
+        return True
+
     def may_pass(self, sizes: Sequence[int], total: int) -> bool:
         """Whether the 20% rule could pass once what was appended is looked at: a candidate
         frees less than its size, and new ones can only come from the loops not settled yet

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from strategies import conversations
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars
 from ragent_memory.loops import map_loops
+from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.trim import (
     Eviction,
     Rebuild,
@@ -95,6 +98,58 @@ def test_extended_state_knows_what_the_whole_view_says(
             break
 
 
+@given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
+def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
+    messages: list[Message], steps: list[int], data: st.DataObject
+) -> None:
+    """Between appends the ceiling shows old tool results as placeholders (§4b rung 1) and
+    leaves the oldest whole turns out (rung 4): the state, told so (``replaced``, ``shift``;
+    rebuilt when it says it cannot follow), still knows what the whole view says."""
+    view: list[Message] = []
+    sizes: list[int] = []
+    kinds: dict[int, str] = {}
+    state = TrimState(TOOLS, "en", ref_for)
+    position = 0
+    for step in [*steps, len(messages)]:
+        added = messages[position : position + step]
+        position += len(added)
+        view += added
+        sizes += [chars(m) for m in added]
+        state.extend(Shown(view, sizes, {}, kinds))
+        users = [i for i, m in enumerate(view) if m.get("role") == "user"]
+        old = [i for i, m in enumerate(view) if m.get("role") == "tool" and users and i < users[-1]]
+        if old and data.draw(st.booleans()):  # rung 1: placeholders outside the current turn
+            chosen = data.draw(st.sets(st.sampled_from(old), min_size=1))
+            for index in chosen:
+                view[index] = {**view[index], "content": "[omitted]"}
+                sizes[index], kinds[index] = chars(view[index]), "trim"
+            if not state.replaced(chosen):
+                state = TrimState(TOOLS, "en", ref_for)
+                state.extend(Shown(view, sizes, {}, kinds))
+        if len(users) > 1 and data.draw(st.booleans()):  # rung 4: the oldest whole turns out
+            stop = data.draw(st.sampled_from(users[1:]))
+            start = users[0]
+            count = stop - start
+            del view[start:stop], sizes[start:stop]
+            kinds = {
+                i - count if i >= stop else i: k for i, k in kinds.items() if not start <= i < stop
+            }
+            if not state.shift(start, count):
+                state = TrimState(TOOLS, "en", ref_for)
+                state.extend(Shown(view, sizes, {}, kinds))
+        free, irregular = whole_view(view, sizes, kinds)
+        state.resolve()
+        assert {c.index for c in state.candidates} == set(free)
+        assert state.reclaim == sum(free.values())
+        assert state.irregular == irregular
+        assert state.end == len(view)
+        users = [i for i, m in enumerate(view) if m.get("role") == "user"]
+        assert state.last_user == (users[-1] if users else -1)
+        assert state.orphans == set(map_loops(view).orphan_indexes)
+        if position >= len(messages):
+            break
+
+
 def test_placeholders_wait_until_the_rule_may_pass() -> None:
     """No recall ref is made while even the bound of what the candidates free is under 20%."""
     made: list[str] = []
@@ -142,7 +197,7 @@ class Twins:
     keeps gate 1's state from call to call, the other drops it before every call (a look at
     the whole view each time). ``call`` asserts they prepare the same."""
 
-    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+    def __init__(self, tmp_path: Path, summarizer: Any = None, **settings: Any) -> None:
         self.engines = [
             MemoryEngine(
                 Settings(
@@ -150,12 +205,13 @@ class Twins:
                     recall_enabled=False,
                     store=StoreSettings(path=str(tmp_path / f"{name}.db")),
                     **settings,
-                )
+                ),
+                summarizer=summarizer,
             )
             for name in ("kept", "afresh")
         ]
         self.histories: list[list[Message]] = [[SYSTEM], [copy.deepcopy(SYSTEM)]]
-        self.trimmed = self.compacted = 0
+        self.trimmed = self.compacted = self.dropped = 0
 
     def add(self, *messages: Message) -> None:
         for history in self.histories:
@@ -176,6 +232,7 @@ class Twins:
         assert (a.report.trimmed, a.report.chars_out) == (b.report.trimmed, b.report.chars_out)
         self.trimmed = max(self.trimmed, a.report.trimmed)
         self.compacted += a.report.compacted
+        self.dropped = max(self.dropped, a.report.dropped_turns)
 
     def close(self) -> None:
         for engine in self.engines:
@@ -228,6 +285,35 @@ def test_the_window_slides_over_an_unanswered_call(tmp_path: Path) -> None:
     twins.call()
     twins.close()
     assert twins.trimmed
+
+
+class LateSummarizer(OfflineSummarizer):
+    """A model that answers only once ``landed`` is set (at most 30 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.landed = threading.Event()
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        self.landed.wait(30)
+        return super().summarize(request)
+
+
+def test_turns_left_out_while_a_summary_is_late(tmp_path: Path) -> None:
+    """While the summary is late the ceiling leaves the oldest turns out (§4b rung 4) every
+    turn: the kept state follows the view's shift (a rebuild each turn cost O(view)) and
+    prepares exactly what a look at the whole view does."""
+    late = LateSummarizer()
+    twins = Twins(tmp_path, summarizer=late, compaction_timeout_s=0)
+    try:
+        for turn in range(60):
+            rag_turn(twins, turn)
+            twins.add({"role": "assistant", "content": f"note {turn} " + "y" * 900})
+        twins.call()
+    finally:
+        late.landed.set()
+        twins.close()
+    assert twins.trimmed and twins.dropped and not twins.compacted
 
 
 def test_mid_turn_calls_and_no_user_message(tmp_path: Path) -> None:
