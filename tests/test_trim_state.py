@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,22 @@ def whole_view(
     return free, loops.irregular
 
 
+def fed(messages: list[Message], steps: list[int]) -> Iterator[tuple[list[Message], list[int]]]:
+    """The view and its sizes after each chunk of ``steps`` messages is appended (the rest
+    at the end); the caller may change the two lists between chunks."""
+    view: list[Message] = []
+    sizes: list[int] = []
+    position = 0
+    for step in [*steps, len(messages)]:
+        added = messages[position : position + step]
+        position += len(added)
+        view += added
+        sizes += [chars(m) for m in added]
+        yield view, sizes
+        if position >= len(messages):
+            return
+
+
 @given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
 def test_extended_state_knows_what_the_whole_view_says(
     messages: list[Message], steps: list[int], data: st.DataObject
@@ -68,16 +85,9 @@ def test_extended_state_knows_what_the_whole_view_says(
     after their call, users slide the protection window), with trims applied in between, the
     kept candidates and oddities always equal those of the whole view looked at afresh, and
     ``may_pass`` never skips a trim the whole view would make."""
-    view: list[Message] = []
-    sizes: list[int] = []
     kinds: dict[int, str] = {}
     state = TrimState(TOOLS, "en", ref_for)
-    position = 0
-    for step in [*steps, len(messages)]:
-        added = messages[position : position + step]
-        position += len(added)
-        view += added
-        sizes += [chars(m) for m in added]
+    for view, sizes in fed(messages, steps):
         total = data.draw(st.integers(1, 40_000))
         may_pass = state.may_pass(sizes, total)
         state.extend(Shown(view, sizes, {}, kinds))
@@ -94,8 +104,6 @@ def test_extended_state_knows_what_the_whole_view_says(
                 sizes[eviction.index] = chars(eviction.replacement)
                 kinds[eviction.index] = "trim"
             assert not state.candidates and not state.reclaim
-        if position >= len(messages):
-            break
 
 
 @given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
@@ -105,16 +113,9 @@ def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
     """Between appends the ceiling shows old tool results as placeholders (§4b rung 1) and
     leaves the oldest whole turns out (rung 4): the state, told so (``replaced``, ``shift``;
     rebuilt when it says it cannot follow), still knows what the whole view says."""
-    view: list[Message] = []
-    sizes: list[int] = []
     kinds: dict[int, str] = {}
     state = TrimState(TOOLS, "en", ref_for)
-    position = 0
-    for step in [*steps, len(messages)]:
-        added = messages[position : position + step]
-        position += len(added)
-        view += added
-        sizes += [chars(m) for m in added]
+    for view, sizes in fed(messages, steps):
         state.extend(Shown(view, sizes, {}, kinds))
         users = [i for i, m in enumerate(view) if m.get("role") == "user"]
         old = [i for i, m in enumerate(view) if m.get("role") == "tool" and users and i < users[-1]]
@@ -146,8 +147,6 @@ def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
         users = [i for i, m in enumerate(view) if m.get("role") == "user"]
         assert state.last_user == (users[-1] if users else -1)
         assert state.orphans == set(map_loops(view).orphan_indexes)
-        if position >= len(messages):
-            break
 
 
 def test_placeholders_wait_until_the_rule_may_pass() -> None:
