@@ -19,19 +19,22 @@ table's: with one user per store they are the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import operator
+import re
 import threading
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
 
-from .porter import stem, tokens
+from .porter import fold, stem, tokens
 from .records import IndexedMessage
 from .store.contract import RecallIndex
-from .terms import index_terms, is_cjk
+from .terms import CJK, CJK_RUN, WORD, index_terms
 
 K1: Final = 1.2
 B: Final = 0.75
@@ -46,23 +49,57 @@ TEXT_CHARS: Final = 16_000_000  # row texts kept, least recently used out first
 
 def text_terms(text: str) -> tuple[dict[str, int], int]:
     """A text's terms as the index counts them (stems; CJK characters and the bigrams of
-    adjacent ones, which a two-character query phrase matches) and its length in tokens."""
-    found = tokens(index_terms(text))
+    adjacent ones, which a two-character query phrase matches) and its length in tokens.
+
+    The tokens are counted in C where the text allows it (the indexer runs this on every
+    message): ASCII text as bytes (letters and digits kept, the rest split on); text with CJK
+    as its other words plus its CJK characters counted at once, the bigrams found per chain
+    of CJK characters with nothing but separators between them."""
+    if text.isascii():
+        found = text.lower().encode("ascii").translate(_ASCII_TOKENS).split()
+        if not found:
+            return {}, 0
+        counted = Counter(found)  # bytes: the distinct ones decoded at once
+        names = b" ".join(counted).decode("ascii").split(" ")
+        return _stemmed(dict(zip(names, counted.values(), strict=True))), len(found)
+    low = text.lower()
+    words = WORD.findall(CJK_RUN.sub(" ", low) if CJK_RUN.search(low) else low)
+    if _NEEDS_FOLD.search(low) is not None:
+        words = [t if t.isascii() else fold(t) for t in words]
+    counts = _stemmed(Counter(words))
+    n = len(words)
+    for run in CJK_RUN.findall(low):
+        chars = _NOT_TOKEN.sub("", run)
+        n += len(chars)
+        for char, count in Counter(chars).items():
+            counts[char] = counts.get(char, 0) + count
+    for chain in _CJK_CHAIN.findall(low):
+        chars = _NOT_TOKEN.sub("", chain)
+        for pair, count in Counter(map(operator.add, chars, chars[1:])).items():
+            counts[pair] = counts.get(pair, 0) + count
+    return counts, n
+
+
+# A byte of ASCII text: kept when a letter or digit (unicode61's token chars), else a space.
+_ASCII_TOKENS: Final = bytes(c if chr(c).isalnum() else 32 for c in range(128)) + bytes(128)
+_NOT_TOKEN: Final = re.compile(r"[\W_]+")
+# Chars ``porter.fold`` may change (Latin, Greek, Cyrillic): a token without them stays.
+_NEEDS_FOLD: Final = re.compile("[\u0080-\u052f\u1e00-\u1fff]")
+# Two or more CJK chars with only separators between them: adjacent tokens, so bigrams.
+_CJK_CHAIN: Final = re.compile(rf"{CJK}(?:[\W_]*{CJK})+")
+
+
+def _stemmed(counted: Mapping[str, int]) -> dict[str, int]:
+    """Token counts as stem counts (two tokens with one stem add up)."""
+    # Porter's rules all end on a letter: a number (most of a long tool result's
+    # distinct tokens) is its own stem, and stays out of the stem cache.
+    keys = [token if token[-1] in _DIGITS else stem(token) for token in counted]
+    if len(set(keys)) == len(keys):
+        return dict(zip(keys, counted.values(), strict=True))
     counts: dict[str, int] = {}
-    for token, count in Counter(found).items():
-        # Porter's rules all end on a letter: a number (most of a long tool result's
-        # distinct tokens) is its own stem, and stays out of the stem cache.
-        key = token if token[-1] in _DIGITS else stem(token)
+    for key, count in zip(keys, counted.values(), strict=True):
         counts[key] = counts.get(key, 0) + count
-    if not text.isascii():
-        previous = ""
-        for token in found:
-            single = len(token) == 1 and is_cjk(token)
-            if single and previous:
-                pair = previous + token
-                counts[pair] = counts.get(pair, 0) + 1
-            previous = token if single else ""
-    return counts, len(found)
+    return counts
 
 
 def query_keys(terms: Iterable[str]) -> list[str]:
@@ -209,6 +246,11 @@ class _Unit:
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
 
 
+def _keys(user_id: str | None, session_id: str) -> tuple[tuple[str, str], ...]:
+    """The units a row of this user and session belongs in."""
+    return (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
+
+
 class RecallMirror:
     """Units (a user's rows, or a session's without a user) kept in step with the store,
     least recently searched dropped beyond ``max_bytes``; thread-safe."""
@@ -230,6 +272,9 @@ class RecallMirror:
         self._epoch: str | None = None
         self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
         self._texts: OrderedDict[int, str] = OrderedDict()
+        # (session, position, digest) → the row's terms, counted by the indexer before it
+        # writes the row: whichever thread reads the row into a unit first needs not count
+        self._counted: dict[tuple[str, int, str], tuple[dict[str, int], int]] = {}
         self._chars = 0
 
     def search(
@@ -292,11 +337,46 @@ class RecallMirror:
         """Read new rows into the units a write of this user's and session's rows touched,
         if they are held (the indexer calls this after each batch, off the caller's thread)."""
         with self._lock:
-            for key in (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),):
+            for key in _keys(user_id, session_id):
                 unit = self._units.get(key)
                 if unit is not None:
                     self._sync(unit, key[1] if key[0] == "u" else None, session_id)
             self._bound()
+
+    @contextlib.contextmanager
+    def writing(self, user_id: str | None, rows: Sequence[IndexedMessage]) -> Iterator[None]:
+        """Around the store write of ``rows`` (one session's): their terms are counted first,
+        outside the lock (a search meanwhile waits for none of it, and reads what the write
+        committed without counting it again), then the units are refreshed. Only rows a held
+        unit does not hold yet are counted: messages that leave a view were mostly indexed
+        already, and a unit not held is built whole on its first search."""
+        with self._lock:
+            wanted = [row for row in rows if self._wanted(user_id, row)]
+        counted = {(r.session_id, r.position, r.digest): text_terms(r.content) for r in wanted}
+        if counted:
+            with self._lock:
+                self._counted.update(counted)
+        try:
+            yield
+            if rows:
+                self.refresh(user_id, rows[0].session_id)
+        finally:
+            if counted:
+                with self._lock:
+                    for key in counted:
+                        self._counted.pop(key, None)
+
+    def _wanted(self, user_id: str | None, row: IndexedMessage) -> bool:
+        """Whether a held unit would read ``row`` in and does not hold it yet."""
+        for key in _keys(user_id, row.session_id):
+            unit = self._units.get(key)
+            if unit is None:
+                continue
+            code = unit.numbers.get(row.session_id)
+            held = None if code is None else unit.at.get((code, row.position))
+            if held is None or unit.rows[held][3] != row.digest:
+                return True
+        return False
 
     def _has_unowned(self, session_id: str, top: int) -> bool:
         """Whether the session has rows indexed without a user (a user's search sees them)."""
@@ -314,7 +394,8 @@ class RecallMirror:
         ):
             if message.id <= unit.last:
                 continue
-            counts, n = text_terms(message.content)
+            counted = self._counted.get((message.session_id, message.position, message.digest))
+            counts, n = counted if counted is not None else text_terms(message.content)
             unit.add(message, owned, counts, n)
             self._keep(message.id, message.content)
 
@@ -357,4 +438,5 @@ class RecallMirror:
                 "units": len(self._units),
                 "bytes": sum(u.bytes for u in self._units.values()),
                 "text_chars": self._chars,
+                "counted": len(self._counted),
             }

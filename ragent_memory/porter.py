@@ -23,14 +23,14 @@ def tokens(text: str) -> list[str]:
     found = WORD.findall(text.lower())
     if text.isascii():
         return found
-    return [t if t.isascii() else _fold(t) for t in found]
+    return [t if t.isascii() else fold(t) for t in found]
 
 
 _SAME_AS: Final = {"µ": "μ", "ſ": "s"}  # unicode61's folding where lower() differs
 
 
 @lru_cache(maxsize=65_536)
-def _fold(token: str) -> str:
+def fold(token: str) -> str:
     """A non-ASCII token without its diacritics (remove_diacritics 2), for the Latin, Greek
     and Cyrillic letters; other scripts as they are (close to unicode61, not exact: the
     mirror ranks by what it tokenizes itself, consistently for texts and queries)."""

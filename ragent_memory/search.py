@@ -126,10 +126,10 @@ class Indexer:
         store: RecallIndex,
         *,
         engine_headers: Sequence[str] = (),
-        written: Callable[[str | None, str], None] | None = None,
+        mirror: RecallMirror | None = None,
     ) -> None:
         self.store = store
-        self.written = written  # (user, session) after each batch is in the store
+        self.mirror = mirror  # counts each batch's terms and reads it in (mirror.writing)
         self.engine_headers = tuple(engine_headers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
         self._lock = threading.Lock()
@@ -250,10 +250,12 @@ class Indexer:
                     )
                 )
                 terms.append(index_terms(item.text))
-            self.store.index_messages(user_id, rows, terms)
+            if self.mirror is None:
+                self.store.index_messages(user_id, rows, terms)
+            else:
+                with self.mirror.writing(user_id, rows):
+                    self.store.index_messages(user_id, rows, terms)
             self._dated[session_id] = dated
-            if self.written is not None:
-                self.written(user_id, session_id)
         except Exception as err:  # the worker boundary: a failed batch is re-read on restart
             log.error("recall.index_failed", session_id=session_id, error=repr(err))
 
@@ -634,7 +636,7 @@ class Recaller:
         self.indexer = Indexer(
             store,
             engine_headers=(*engine_headers, *HEADERS.values()),
-            written=self.mirror.refresh,
+            mirror=self.mirror,
         )
         self._offloads_lock = threading.Lock()
         # (session, ref) → when this engine last stored that excerpt's full text

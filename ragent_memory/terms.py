@@ -21,9 +21,10 @@ from typing import Final
 
 MAX_QUERY_TERMS: Final = 32
 
-_CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
-_PIECE = re.compile(rf"{_CJK}+|(?:(?!{_CJK})[^\W_])+")
-_IS_CJK = re.compile(_CJK)
+CJK: Final = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_PIECE = re.compile(rf"{CJK}+|(?:(?!{CJK})[^\W_])+")
+_IS_CJK = re.compile(CJK)
+CJK_RUN = re.compile(f"{CJK}+")
 WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (unicode61's token chars)
 _LONG_WORD = re.compile(r"[^\W_]{2,}")  # such a run of two or more (runs are maximal)
 _FAST_CHARS: Final = 4_000  # longer texts are read only as far as the limit needs
@@ -41,8 +42,13 @@ def is_cjk(char: str) -> bool:
 
 
 def index_terms(text: str) -> str:
-    """``text`` as indexed: CJK characters spaced apart (one token each)."""
-    return _IS_CJK.sub(lambda m: f" {m.group(0)} ", text)
+    """``text`` as indexed: CJK characters spaced apart (one token each): each becomes
+    `` c `` (a run replaced at once, not one callback per character)."""
+    return CJK_RUN.sub(_spaced, text)
+
+
+def _spaced(match: re.Match[str]) -> str:
+    return " " + "  ".join(match.group(0)) + " "
 
 
 def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from ragent_memory import StoreSettings
+from ragent_memory import mirror as mirror_module
 from ragent_memory.mirror import RecallMirror
 from ragent_memory.records import IndexedMessage
 from ragent_memory.search import index_digest
@@ -218,3 +219,34 @@ def test_the_mirrors_tokens_are_fts5s() -> None:
     theirs = [term for _, term in sorted(db.execute("SELECT offset, term FROM v"))]
     db.close()
     assert [stem(t) for t in tokens(WORDS)] == theirs
+
+
+def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
+    stores: tuple[Backend, Backend], backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``writing`` counts a batch's terms before the store write, outside the lock: a search
+    that reads the committed rows before the refresh uses those counts, a row the unit
+    already holds is not counted, and nothing is kept once the write is done."""
+    store, _ = stores
+    put(store, "ann", "s1", TEXTS[:3])
+    mirror = RecallMirror(store)
+    both(store, mirror, "refund", session="s9", user="ann")  # the unit is held
+    texts = [TEXTS[0], *TEXTS[3:6]]  # the first is indexed already, at position 0
+    rows = [
+        IndexedMessage("s1", position, "user", text, "", index_digest("user", text))
+        for position, text in zip([0, 3, 4, 5], texts, strict=True)
+    ]
+    counted: list[str] = []
+    real = mirror_module.text_terms
+    monkeypatch.setattr(
+        mirror_module, "text_terms", lambda text: counted.append(text) or real(text)
+    )
+    with mirror.writing("ann", rows):
+        assert counted == texts[1:]
+        store.index_messages("ann", rows, [index_terms(t) for t in texts])
+        mine, stored = both(store, mirror, "delivery marathon", session="s9", user="ann")
+        assert counted == texts[1:]  # read in with the indexer's counts
+    assert mirror.stats()["counted"] == 0
+    assert {m.position for m in mine} == {1, 3, 4} == {m.position for m in stored}
+    if backend == "sqlite":
+        assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)

@@ -1,0 +1,84 @@
+"""The mirror's tokenizing (``mirror.text_terms``, run on every indexed message) counts in C
+what the token-by-token reading counts: the same stems, CJK characters and bigrams, and the
+same length, whatever the text mixes."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from ragent_memory.demo import simulate_session
+from ragent_memory.mirror import text_terms
+from ragent_memory.porter import stem, tokens
+from ragent_memory.terms import index_terms, is_cjk
+
+
+def token_by_token(text: str) -> tuple[dict[str, int], int]:
+    """The reference: unicode61's tokens of the spaced text, stemmed one by one, and each
+    pair of adjacent single-CJK tokens as a bigram."""
+    found = tokens(index_terms(text))
+    counts: dict[str, int] = {}
+    for token, count in Counter(found).items():
+        key = token if token[-1] in "0123456789" else stem(token)
+        counts[key] = counts.get(key, 0) + count
+    previous = ""
+    for token in found:
+        single = len(token) == 1 and is_cjk(token)
+        if single and previous:
+            counts[previous + token] = counts.get(previous + token, 0) + 1
+        previous = token if single else ""
+    return counts, len(found)
+
+
+PIECES = [
+    "painting",
+    "Paintings",
+    "the",
+    "4711",
+    "ORD-12345",
+    "a_b",
+    "x2",
+    "running",
+    "Café",
+    "naïve",
+    "ΑΘΗΝΑ",
+    "Москва",
+    "µs",
+    "ſtraße",
+    "İstanbul",
+    "北京",
+    "马拉松比赛",
+    "退",
+    "カタカナ",
+    "・",
+    "゠",
+    "한국어",
+    "١٢٣",
+    "²",
+    "。",
+    "，",
+    "！",
+    " ",
+    "  ",
+    "\n",
+    "-",
+    "_",
+    ".",
+    "",
+]
+
+
+def test_text_terms_counts_what_the_token_by_token_reading_counts() -> None:
+    rng = random.Random(5)
+    texts = ["", " ", "_", "北", "北京", "a", "ab"]
+    for _ in range(4_000):
+        texts.append("".join(rng.choice(PIECES) for _ in range(rng.randint(1, 14))))
+    for turn in simulate_session(40):
+        texts.extend(m["content"] for m in turn if m.get("content"))
+    for text in texts:
+        assert text_terms(text) == token_by_token(text), repr(text)
+
+
+def test_index_terms_spaces_each_cjk_character() -> None:
+    assert index_terms("a订单b。・x") == "a 订  单 b。 ・ x"
+    assert index_terms("plain text") == "plain text"
