@@ -6,8 +6,9 @@ client, the arms in rotating order, then keeps the reply and goes on with the de
 
 - **direct**: to a fast local OpenAI-compatible upstream (a fixed reply, no model), and
 - four **proxy** arms: a real ``ragent-memory serve`` subprocess each, in front of that same
-  upstream — default settings (the offline summarizer; ``prepare`` runs in a worker thread, as
-  it may wait up to ``compaction_timeout_s`` for a compaction); defaults with recall off;
+  upstream — default settings (the offline summarizer; ``prepare`` runs in a worker thread on
+  the turns where it may wait up to ``compaction_timeout_s`` for a compaction, on the event
+  loop on the others); defaults with recall off;
   ``compaction_timeout_s: 0`` (``prepare`` never waits: a compaction is adopted on a later
   turn); and that with recall off.
 

@@ -15,6 +15,7 @@ extraction per user (its own thread pool) turns them into facts (``longterm``).
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -28,7 +29,7 @@ import attrs
 
 from . import compact
 from .alternation import alternate
-from .chars import Message, text_of, validate_message, validate_messages
+from .chars import Message, chars, text_of, validate_message, validate_messages
 from .errors import EngineClosedError, InvalidMessagesError, StoreError
 from .inputs import Inputs
 from .logs import EventCallback, get_logger
@@ -349,6 +350,46 @@ class MemoryEngine:
         return await asyncio.to_thread(
             self.prepare, messages, session_id=session_id, user_id=user_id, verify=verify
         )
+
+    def prepare_may_wait(self, messages: Sequence[Message], *, session_id: str) -> bool:
+        """Whether ``prepare(messages, session_id=…)`` called now could wait on a
+        compaction (at most ``compaction_timeout_s``). False only when it provably cannot, so
+        an event loop may call ``prepare`` inline (``serve`` does): summaries are off,
+        ``compaction_timeout_s`` is 0, or the session is in memory, idle (no call holds it,
+        no compaction in flight, no other host moved it on) and ``messages`` are the very
+        dicts of its last ``prepare`` plus new ones too small to bring its view past the
+        compaction trigger (the view then only grows by what is appended, as in
+        ``Session._may_compact``; a view under the trigger is under B as well, so the
+        ceiling's mid-turn compaction cannot start either). A caller that edits message
+        dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
+        Costs one identity comparison per message (at C speed) and measures what is new."""
+        settings = self.settings
+        if not settings.summary_enabled or settings.compaction_timeout_s == 0:
+            return False
+        with self._sessions_lock:
+            session = self._sessions.get(session_id)
+        if session is None or session.users or session.lock.locked():
+            return True
+        last, raw = session.view, session.raw
+        known = len(raw.messages)
+        if (
+            last is None
+            or session.future is not None
+            or not isinstance(messages, list)
+            or len(messages) < known
+            or last.end > known
+            or any(map(operator.is_not, messages[:known], raw.messages))
+        ):
+            return True
+        written = self.store.last_write(session_id)
+        if written not in (None, session.last_write) and written[0] != self.store.host_id:
+            return True  # another host wrote: prepare reloads the session
+        try:
+            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
+        except Exception:  # an invalid new message: prepare says what is wrong, at once
+            return True
+        shown = last.total + last.left.shown_chars + grown
+        return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
 
     # ------------------------------------------------------------------ long-term memory
 

@@ -68,7 +68,7 @@ from .settings import ServeSettings, Settings
 from .tools import call_tool
 
 if TYPE_CHECKING:
-    from .engine import MemoryEngine, TurnReport
+    from .engine import MemoryEngine, PreparedContext, TurnReport
 
 log = get_logger(__name__)
 
@@ -329,6 +329,7 @@ class _Turn:
     messages: list[Message]  # what the upstream gets: the prepared view (+ tool rounds)
     own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
     started: float  # perf_counter() when the request arrived
+    on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
     rounds: int = 0
     upstream_s: float = 0.0  # time spent waiting for the upstream
 
@@ -361,16 +362,16 @@ class Proxy:
         self._in_flight = 0
         self._histories = _Histories()
         self._bodies = BodyCache()
-        # prepare on the event loop itself only when it never waits: with
-        # compaction_timeout_s 0 a compaction (or recall index batch) is adopted on a later
-        # turn, and the store is local. Otherwise prepare may wait on a compaction for up to
-        # compaction_timeout_s, the offline summarizer's too (seconds of CPU on a large view):
-        # on the loop that would stall every other client's request and stream meanwhile, so
-        # it pays a worker thread hop (~0.4 ms a request in benchmarks/proxy.py).
-        engine_settings = engine.settings
-        self._inline = (
-            engine_settings.compaction_timeout_s == 0 and engine_settings.store.url is None
-        )
+        # prepare runs on the event loop itself when it provably never waits (the engine's
+        # prepare_may_wait: compaction_timeout_s 0, or a turn that cannot bring the view to
+        # the compaction trigger) and the store is local. Otherwise it may wait on a
+        # compaction for up to compaction_timeout_s, the offline summarizer's too (seconds of
+        # CPU on a large view): on the loop that would stall every other client's request and
+        # stream meanwhile, so it pays a worker thread hop (~0.4 ms a request).
+        self._local = engine.settings.store.url is None
+        # sessions with a prepare in a worker thread: their next prepare goes there too, as
+        # it would wait on the session's lock (held by a prepare that may wait)
+        self._waiting: collections.Counter[str] = collections.Counter()
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
         # prepare (when it may wait) and the proxy's tool answers: a plain executor hop
@@ -494,12 +495,11 @@ class Proxy:
         self._histories.adopt(session_id, history, reused)
         self._bodies.adopt(key, history)
         try:
-            if self._inline:
+            on_loop = not self._may_wait(history, session_id)
+            if on_loop:
                 prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
             else:
-                prepared = await self._in_worker(
-                    self.engine.prepare, history, session_id=session_id, user_id=user_id
-                )
+                prepared = await self._prepare_in_worker(history, session_id, user_id)
         except InvalidMessagesError as err:
             raise _Reject(400, str(err)) from err
         return _Turn(
@@ -512,6 +512,7 @@ class Proxy:
             messages=list(prepared.messages),
             own=self._offer(body, prepared.report, user_id),
             started=started,
+            on_loop=on_loop,
         )
 
     async def _read(self, receive: Receive, declared: str | None) -> bytes:
@@ -533,6 +534,36 @@ class Proxy:
             parts.append(part)
             if not message.get("more_body", False):
                 return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _may_wait(self, history: list[Message], session_id: str) -> bool:
+        """Whether this turn's ``prepare`` must leave the event loop (see ``__init__``)."""
+        if not self._local or session_id in self._waiting:
+            return True
+        return self.engine.prepare_may_wait(history, session_id=session_id)
+
+    async def _prepare_in_worker(
+        self, history: list[Message], session_id: str, user_id: str | None
+    ) -> PreparedContext:
+        """``prepare`` in a worker thread; the session counts as waiting until the thread is
+        done with it, even when this request is cancelled meanwhile (the thread goes on)."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(
+            self.engine.prepare, history, session_id=session_id, user_id=user_id
+        )
+        future = self._workers.submit(call)
+        self._waiting[session_id] += 1
+
+        def release() -> None:
+            self._waiting[session_id] -= 1
+            if not self._waiting[session_id]:
+                del self._waiting[session_id]
+
+        def done(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits any more
+                loop.call_soon_threadsafe(release)
+
+        future.add_done_callback(done)
+        return await asyncio.wrap_future(future)
 
     def _offer(
         self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
@@ -594,6 +625,7 @@ class Proxy:
             chars_out=turn.report.chars_out,
             generation=turn.report.generation,
             tool_rounds=turn.rounds,
+            prepare_on_loop=turn.on_loop,
             duration_ms=round((time.perf_counter() - turn.started) * 1000, 3),
             proxy_ms=round(turn.overhead_ms(), 3),
         )

@@ -808,21 +808,59 @@ def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> Non
         assert int(free_in_heap) < 8 << 20
 
 
-def test_prepare_stays_on_the_event_loop_only_when_it_never_waits(
-    make_engine: Any, make_settings: Any, closed_url: str
+def test_a_prepare_that_may_wait_holds_up_no_other_session(
+    workdir: Path, upstream: FakeOpenAI
 ) -> None:
-    """With compaction_timeout_s: 0 prepare never waits and runs on the event loop. Otherwise
-    it may wait on a compaction (the offline summarizer's too), which on the loop would stall
-    every other client: it goes to a worker thread."""
-    from ragent_memory.serve import Proxy
-    from ragent_memory.settings import ServeSettings
+    """A known session's turn that cannot reach the compaction trigger is prepared on the
+    event loop; one that can (here: waiting on a held summary) goes to a worker thread, so
+    another session's request is served meanwhile, and so is the waiting session's next
+    request (its lock is held by the worker)."""
+    asked, gate = threading.Event(), threading.Event()
 
-    serve = ServeSettings(upstream=closed_url)
-    model = {"base_url": closed_url, "model": "m"}
-    assert not Proxy(make_engine(), serve)._inline
-    assert not Proxy(make_engine(make_settings(llm=model)), serve)._inline
-    assert Proxy(make_engine(make_settings(compaction_timeout_s=0)), serve)._inline
-    assert Proxy(make_engine(make_settings(llm=model, compaction_timeout_s=0)), serve)._inline
+    def held_summary(body: Any) -> str:
+        asked.set()
+        gate.wait(30)
+        return "## Goal\n- help\n## Facts\n- questions asked\n## Next\n- answer"
+
+    turns = [
+        message
+        for turn in range(30)
+        for message in (
+            {"role": "user", "content": f"Question {turn}: " + "more, " * 50},
+            {"role": "assistant", "content": f"Answer {turn}: " + "sure, " * 50},
+        )
+    ]
+    big = [SYSTEM, *turns, {"role": "user", "content": "So, what now?"}]
+    short = [SYSTEM, {"role": "user", "content": "hi"}]
+    with FakeOpenAI(default=held_summary) as model:
+        engine = {"llm": {"base_url": model.base_url, "model": "s"}, "compaction_timeout_s": 30}
+        config = write_config(workdir, "heldsummary", engine=engine)
+        with ProxyProcess(config, upstream.base_url, cwd=workdir) as process:
+            quick, slow = client_for(process, "quick"), client_for(process, "slow")
+            first = quick.chat.completions.create(model="m", messages=short)
+            slow.chat.completions.create(model="m", messages=big[:3])
+            waiting = threading.Thread(
+                target=slow.chat.completions.create, kwargs={"model": "m", "messages": big}
+            )
+            waiting.start()
+            try:
+                assert asked.wait(30)  # the slow session's prepare waits on the summary
+                more = [*short, first.choices[0].message.model_dump(), short[1]]
+                quick.with_options(timeout=10).chat.completions.create(model="m", messages=more)
+                again = threading.Thread(
+                    target=slow.chat.completions.create, kwargs={"model": "m", "messages": big}
+                )
+                again.start()  # the same session again: a worker thread, not the loop
+                quick.with_options(timeout=10).chat.completions.create(model="m", messages=more)
+                assert waiting.is_alive() and not gate.is_set()
+            finally:
+                gate.set()
+                waiting.join(60)
+            again.join(60)
+        log = re.sub(r"\x1b\[[0-9;]*m", "", process.log)  # without the colours
+        on_loop = re.findall(r"prepare_on_loop=(\w+)", log)
+    # first sight of each session: a worker; quick's next turns: the loop; slow's: a worker
+    assert ["False", "False", "True", "True", "False", "False"] == on_loop
 
 
 def test_prepare_in_a_worker_thread_serves_the_turn(workdir: Path, upstream: FakeOpenAI) -> None:
