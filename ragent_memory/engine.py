@@ -15,7 +15,6 @@ extraction per user (its own thread pool) turns them into facts (``longterm``).
 from __future__ import annotations
 
 import asyncio
-import operator
 import threading
 import time
 from collections import OrderedDict
@@ -356,13 +355,14 @@ class MemoryEngine:
         compaction (at most ``compaction_timeout_s``). False only when it provably cannot, so
         an event loop may call ``prepare`` inline (``serve`` does): summaries are off,
         ``compaction_timeout_s`` is 0, or the session is in memory, idle (no call holds it,
-        no compaction in flight, no other host moved it on) and ``messages`` are the very
-        dicts of its last ``prepare`` plus new ones too small to bring its view past the
-        compaction trigger (the view then only grows by what is appended, as in
+        no compaction in flight, no other host moved it on) and ``messages`` are the dicts
+        of its last ``prepare`` (or equal ones) plus new ones too small to bring its view
+        past the compaction trigger (the view then only grows by what is appended, as in
         ``Session._may_compact``; a view under the trigger is under B as well, so the
         ceiling's mid-turn compaction cannot start either). A caller that edits message
         dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
-        Costs one identity comparison per message (at C speed) and measures what is new."""
+        Costs one comparison per message (at C speed, the same dict is equal at once) and
+        measures what is new."""
         settings = self.settings
         if not settings.summary_enabled or settings.compaction_timeout_s == 0:
             return False
@@ -378,16 +378,17 @@ class MemoryEngine:
             or not isinstance(messages, list)
             or len(messages) < known
             or last.end > known
-            or any(map(operator.is_not, messages[:known], raw.messages))
         ):
+            return True
+        try:
+            if messages[:known] != raw.messages:  # C speed: the same dicts meet at once
+                return True
+            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
+        except Exception:  # an odd or invalid message: prepare says what is wrong
             return True
         written = self.store.last_write(session_id)
         if written not in (None, session.last_write) and written[0] != self.store.host_id:
             return True  # another host wrote: prepare reloads the session
-        try:
-            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
-        except Exception:  # an invalid new message: prepare says what is wrong, at once
-            return True
         shown = last.total + last.left.shown_chars + grown
         return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
 

@@ -43,9 +43,11 @@ def test_false_only_for_turns_that_start_no_compaction(
     quiet = compacting = 0
     for turn, messages in enumerate(simulate_session(120)):
         history.append(messages[0])
-        may_wait = engine.prepare_may_wait(history, session_id="s")
+        # as the proxy sends it: every other turn the history is parsed afresh (equal dicts)
+        sent = history if turn % 2 else [dict(message) for message in history]
+        may_wait = engine.prepare_may_wait(sent, session_id="s")
         before = summarizer.calls
-        report = engine.prepare(history, session_id="s").report
+        report = engine.prepare(sent, session_id="s").report
         started = summarizer.calls != before or report.skipped_reason == "timeout"
         assert may_wait or not started, f"turn {turn} started a compaction"
         quiet += not may_wait
@@ -68,8 +70,10 @@ def test_what_makes_a_turn_wait(
     assert not engine.prepare_may_wait(more, session_id="s")
     big = [*history, {"role": "user", "content": "x" * int(0.8 * B)}]
     assert engine.prepare_may_wait(big, session_id="s")  # could reach the trigger
-    edited = [SYSTEM, {"role": "user", "content": "hello"}, *more[2:]]
-    assert engine.prepare_may_wait(edited, session_id="s")  # not the dicts it saw
+    edited = [SYSTEM, {"role": "user", "content": "hello!"}, *more[2:]]
+    assert engine.prepare_may_wait(edited, session_id="s")  # not what it saw
+    rebuilt = [dict(message) for message in more]
+    assert not engine.prepare_may_wait(rebuilt, session_id="s")  # equal dicts are the same
     assert engine.prepare_may_wait(more[:1], session_id="s")  # shorter
     assert engine.prepare_may_wait([*history, "not a message"], session_id="s")
     assert engine.prepare_may_wait(more, session_id="other")
