@@ -66,6 +66,7 @@ from .logs import get_logger
 from .reduce import RECALL_TOOL_NAME
 from .settings import ServeSettings, Settings
 from .tools import call_tool
+from .upstream import Client, Reply, UpstreamBroke, lean_target
 
 if TYPE_CHECKING:
     from .engine import MemoryEngine, PreparedContext, TurnReport
@@ -359,6 +360,7 @@ class Proxy:
         self.settings = settings
         self.upstream = settings.upstream.rstrip("/")
         self._client: aiohttp.ClientSession | None = None
+        self._lean: Client | None = None  # plain-http upstreams' non-streamed completions
         self._in_flight = 0
         self._histories = _Histories()
         self._bodies = BodyCache()
@@ -390,6 +392,14 @@ class Proxy:
             connect=min(10.0, self.settings.timeout_s),
             sock_read=self.settings.timeout_s,
         )
+        target = lean_target(self.upstream)
+        if target is not None:  # the non-streamed completions: see ``upstream``
+            self._lean = Client(
+                *target,
+                limit=self.settings.max_concurrency,
+                connect_s=min(10.0, self.settings.timeout_s),
+                read_s=self.settings.timeout_s,
+            )
         connector = aiohttp.TCPConnector(limit=self.settings.max_concurrency)
         self._client = aiohttp.ClientSession(
             connector=connector,
@@ -401,6 +411,8 @@ class Proxy:
         )
 
     async def stop(self) -> None:
+        if self._lean is not None:
+            self._lean.close()
         if self._client is not None:
             await self._client.close()
         await asyncio.to_thread(self._after.shutdown, wait=True)
@@ -425,7 +437,7 @@ class Proxy:
             async with self.client.get(
                 self.upstream + path, headers=_forward_headers(request.headers.raw)
             ) as response:
-                upstream = await _Reply.read(response)
+                upstream = await _read_whole(response)
         except TimeoutError:
             return error_response(504, "upstream timed out", "upstream_error").response()
         except aiohttp.ClientError as err:
@@ -663,20 +675,33 @@ class Proxy:
         finally:
             turn.upstream_s += time.perf_counter() - sent
 
-    async def _send(self, turn: _Turn, *, with_tools: bool) -> _Reply:
+    async def _send(self, turn: _Turn, *, with_tools: bool) -> Reply:
         """The upstream's whole response to this round."""
-        response = await self._open(turn, with_tools=with_tools)
+        if self._lean is None:
+            response = await self._open(turn, with_tools=with_tools)
+            sent = time.perf_counter()
+            try:
+                return await _read_whole(response)
+            except TimeoutError as err:
+                raise self._timed_out() from err
+            except aiohttp.ClientError as err:
+                raise _broke(err) from err
+            finally:
+                response.release()  # back to the pool when read whole; closed otherwise
+                turn.upstream_s += time.perf_counter() - sent
+        payload = turn.payload(with_tools=with_tools)
         sent = time.perf_counter()
         try:
-            return await _Reply.read(response)
+            return await self._lean.post("/chat/completions", payload, turn.headers)
         except TimeoutError as err:
             raise self._timed_out() from err
-        except aiohttp.ClientError as err:
+        except UpstreamBroke as err:
+            raise _broke(err) from err
+        except OSError as err:
             raise _Reject(
-                502, f"upstream reply broke: {type(err).__name__}", "upstream_error"
+                502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
             ) from err
         finally:
-            response.release()  # back to the pool when read whole; closed otherwise
             turn.upstream_s += time.perf_counter() - sent
 
     def _timed_out(self) -> _Reject:
@@ -714,11 +739,9 @@ class Proxy:
             upstream = await self._open(turn, with_tools=turn.rounds < last_round)
             if upstream.status != 200:
                 try:
-                    failed = await _Reply.read(upstream)
+                    failed = await _read_whole(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
-                    raise _Reject(
-                        502, f"upstream reply broke: {type(err).__name__}", "upstream_error"
-                    ) from err
+                    raise _broke(err) from err
                 finally:
                     upstream.release()
                 return _relay(failed, _report_raw(turn.report, turn.rounds))
@@ -961,18 +984,14 @@ def _response_headers(
     return [*((name, value) for name, value in kept if name not in dropped), *ours]
 
 
-@attrs.frozen
-class _Reply:
-    """A whole upstream response."""
+async def _read_whole(response: aiohttp.ClientResponse) -> Reply:
+    """A whole aiohttp response, as the lean client gives one."""
+    content = await response.read()
+    return Reply(response.status, list(response.raw_headers), content)
 
-    status_code: int
-    headers: Sequence[tuple[bytes, bytes]]  # as received
-    content: bytes
 
-    @classmethod
-    async def read(cls, response: aiohttp.ClientResponse) -> _Reply:
-        content = await response.read()
-        return cls(response.status, response.raw_headers, content)
+def _broke(err: Exception) -> _Reject:
+    return _Reject(502, f"upstream reply broke: {type(err).__name__}", "upstream_error")
 
 
 def _json_or_none(content: bytes) -> Any:
@@ -983,7 +1002,7 @@ def _json_or_none(content: bytes) -> Any:
 
 
 def _relay(
-    upstream: _Reply,
+    upstream: Reply,
     ours: Sequence[tuple[bytes, bytes]] = (),
     *,
     content: bytes | None = None,
