@@ -92,6 +92,7 @@ _REQUEST_DROP = frozenset(
         "proxy-authorization",
         "proxy-connection",
         "accept-encoding",  # the proxy reads the body, so it negotiates its own encoding
+        "expect",  # the proxy has the whole body before it asks the upstream
         "x-session-id",
         "x-user-id",
     }

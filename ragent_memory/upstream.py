@@ -139,6 +139,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._until_close = False
+        if self.parser.get_status_code() < 200:  # 100 Continue, 103 Early Hints: not the reply
+            self._headers, self._body = [], []
+            return
         self._finish()
 
     # ---- ending a request

@@ -73,9 +73,11 @@ def test_requests_reuse_one_connection_and_send_the_callers_headers() -> None:
 
 
 def test_chunked_gzip_and_until_close_bodies_are_read_whole() -> None:
+    """After an informational 100 response too."""
     packed = gzip.compress(b'{"gz":true}')
     replies = {
-        1: b'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{"c\r\n4\r\n":1}\r\n0\r\n\r\n',
+        1: b"HTTP/1.1 100 Continue\r\n\r\n"
+        b'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{"c\r\n4\r\n":1}\r\n0\r\n\r\n',
         2: b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(packed)
         + packed,
         3: ("close", b'HTTP/1.0 200 OK\r\n\r\n{"until":"close"}'),
