@@ -12,6 +12,8 @@ verify     the summary is dropped when the history no longer matches what it cov
 build      view = leading system msgs + [summary msg] + raw[covered:] with the sticky
            substitutions shown; last turn's tail is reused while the history before its end
            is unchanged
+quiet      when last turn's view was only grown and no gate below can fire (``_quiet``),
+           reduce to ceiling are skipped: the usual turn of an appending app
 reduce     oversized single tool results / call inputs → head+tail previews (§8)
 trim       gate 1 (§4); returns the substitutions plus its ``TrimState`` for later turns
 record     new substitutions persisted (originals offloaded), then shown; the state is kept
@@ -741,6 +743,27 @@ class Session:
         self._adopt(user_id)
         self._verify(user_id)
         view, chars_in = self._build(last)
+        compacted, skipped = False, None
+        if view is last and self._quiet(view):
+            self.view = view  # no gate can change it: what each would return, without them
+            dropped_turns = view.left.turns
+        else:
+            view, compacted, skipped, dropped_turns = self._gates(view, user_id)
+        recalled, recalled_chars = self._recall(view, user_id)
+        return view, self._report(
+            view,
+            chars_in=chars_in,
+            compacted=compacted,
+            skipped=skipped,
+            dropped_turns=dropped_turns,
+            recalled=recalled,
+            recalled_chars=recalled_chars,
+        )
+
+    def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, str | None, int]:
+        """reduce → trim → record → compact → ceiling on the view ``_build`` gave. Returns the
+        view to send, whether a compaction applied, why one did not (or None), and the whole
+        turns the ceiling leaves out."""
         new, hint = self._trim(view, self._reduce(view))
         view.trim_hint = self._record(view, new, hint or view.trim_hint, user_id)
         compacted, skipped = False, None
@@ -754,16 +777,32 @@ class Session:
         view, dropped_turns, mid_turn = self._ceiling(view, user_id)
         if mid_turn is not None:
             compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
-        recalled, recalled_chars = self._recall(view, user_id)
-        return view, self._report(
-            view,
-            chars_in=chars_in,
-            compacted=compacted,
-            skipped=skipped,
-            dropped_turns=dropped_turns,
-            recalled=recalled,
-            recalled_chars=recalled_chars,
-        )
+        return view, compacted, skipped, dropped_turns
+
+    def _quiet(self, view: View) -> bool:
+        """Whether ``_gates`` would leave ``view`` (last turn's, grown by what was appended)
+        as it is and report nothing: no new message oversized (reduce), under the trim
+        trigger or gate 1's kept state saying no trim can pay off (``may_pass``), no
+        compaction running, adopted or due, within B (the ceiling). The usual turn of an
+        appending app; each condition is what the gate itself checks first."""
+        settings, total = self.settings, view.total
+        if (
+            self.future is not None
+            or self.state.generation != self.returned_generation  # defensive: not carried then
+            or total > settings.context_window_chars
+            or (
+                settings.summary_enabled
+                and total + view.left.shown_chars > settings.compact_trigger_chars
+            )
+        ):
+            return False
+        sizes, fresh = view.sizes, view.fresh
+        if fresh < len(sizes) and max(sizes[fresh:]) > settings.oversized_tool_result_chars:
+            return False  # new messages start unsubstituted: reduce would look at this one
+        if total > settings.trim_trigger_chars:
+            state = view.trim_hint
+            return state is not None and not state.may_pass(sizes, total)
+        return True
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
         """Adopt the caller's history: by identity where the view shows it, everything on
