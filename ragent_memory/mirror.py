@@ -210,18 +210,20 @@ class _Unit:
             codes = np.frombuffer(self.codes, dtype=np.int32)[found]
             hidden = (codes == code) & (positions >= visible_from)
             if shown:  # shown as a placeholder or preview: recalled after all
-                wanted = set(shown)
-                for i in np.flatnonzero(hidden).tolist():
-                    if positions[i] in wanted:
-                        hidden[i] = False
+                hidden &= ~np.isin(positions, np.asarray(shown, dtype=np.int64))
             found = found[~hidden]
-        ids = np.frombuffer(self.ids, dtype=np.int64)[found]
         best = scores[found]
+        if len(found) > limit:  # only rows scoring at least the limit-th best can be in it
+            cut = np.partition(best, len(best) - limit)[len(best) - limit]
+            kept = best >= cut
+            found, best = found[kept], best[kept]
+        ids = np.frombuffer(self.ids, dtype=np.int64)[found]
         order = np.lexsort((-ids, -best))[:limit]
         return list(zip(found[order].tolist(), (-best[order]).tolist(), strict=True))
 
-    def neighbour(self, row: int, content: str) -> IndexedMessage:
-        """The row as a neighbour (no score), made once: the same ones come back each turn."""
+    def unscored(self, row: int, content: str) -> IndexedMessage:
+        """The row without a score (a neighbour, or a hit whose score is not wanted), made
+        once: the same ones come back each turn."""
         made = self.made.get(row)
         if made is None or made.content is not content:
             made = self.made[row] = self.message(row, content)
@@ -286,9 +288,12 @@ class RecallMirror:
         visible_from: int,
         shown: Sequence[int],
         limit: int,
+        scored: bool = True,
     ) -> Found | None:
         """The best hits as the store's ``search_index`` ranks them, and their neighbours
-        by (session, position); None when the store must answer (see the module)."""
+        by (session, position); None when the store must answer (see the module). With
+        ``scored`` False the hits carry no score (0.0): the same objects come back each turn
+        for the same rows, instead of one made per hit per search."""
         with self._lock:
             top, epoch = self.store.recall_mark()
             if epoch != self._epoch:  # rows went: every copy may hold them
@@ -323,11 +328,13 @@ class RecallMirror:
             # A row another process deleted since the mark is left out (its epoch is seen next).
             hits = [
                 unit.message(r, texts[unit.ids[r]], score)
+                if scored
+                else unit.unscored(r, texts[unit.ids[r]])
                 for r, score in ranked
                 if unit.ids[r] in texts
             ]
             around = {
-                (unit.names[code], position): unit.neighbour(row, texts[unit.ids[row]])
+                (unit.names[code], position): unit.unscored(row, texts[unit.ids[row]])
                 for (code, position), row in wanted.items()
                 if unit.ids[row] in texts
             }

@@ -493,49 +493,42 @@ def _excerpts(
 ) -> list[Excerpt]:
     """Each hit with its neighbours (those the view does not show), best hit first; hits
     next to an earlier excerpt of the same session join it."""
-
-    def visible(message: IndexedMessage) -> bool:
-        return (
-            message.session_id == session_id
-            and message.position >= visible_from
-            and message.position not in shown
-        )
-
     out: list[Excerpt] = []
     taken: dict[tuple[str, int], int] = {}  # (session, position) → excerpt index
     for hit in hits:
-        key = (hit.session_id, hit.position)
-        if key in taken:
+        sid, at = hit.session_id, hit.position
+        if (sid, at) in taken:
             continue
         group = [hit]
-        for position in (hit.position + d for d in NEIGHBOURS):
-            neighbour = around.get((hit.session_id, position))
-            if neighbour is not None and not visible(neighbour):
-                group.append(neighbour)
-        joined = next(
-            (
-                taken[(m.session_id, m.position)]
-                for m in group
-                if (m.session_id, m.position) in taken
-            ),
-            None,
-        )
+        joined = None
+        own = sid == session_id  # only this session's messages can be in the view
+        for position in [at + d for d in NEIGHBOURS]:
+            neighbour = around.get((sid, position))
+            if neighbour is None or (own and position >= visible_from and position not in shown):
+                continue
+            group.append(neighbour)
+            if joined is None:
+                joined = taken.get((sid, position))
         if joined is not None:
             old = out[joined]
             merged = {m.position: m for m in (*old.messages, *group)}
             out[joined] = attrs.evolve(
                 old,
                 messages=tuple(merged[p] for p in sorted(merged)),
-                hits=old.hits | {hit.position},
+                hits=old.hits | {at},
             )
             for m in group:
-                taken[(m.session_id, m.position)] = joined
+                taken[(sid, m.position)] = joined
             continue
-        group.sort(key=lambda m: m.position)
+        group.sort(key=_position)
         for m in group:
-            taken[(m.session_id, m.position)] = len(out)
-        out.append(Excerpt(hit.session_id, hit.dated, tuple(group), frozenset({hit.position})))
+            taken[(sid, m.position)] = len(out)
+        out.append(Excerpt(sid, hit.dated, tuple(group), frozenset({at})))
     return out
+
+
+def _position(message: IndexedMessage) -> int:
+    return message.position
 
 
 def _within(text: str, folded: str) -> bool:
@@ -545,6 +538,44 @@ def _within(text: str, folded: str) -> bool:
     if head not in folded:
         return False
     return len(text) <= 200 or " ".join(text.split()) in folded
+
+
+KNOWN_REMEMBERED: Final = 256  # known texts (summaries) whose answers are kept
+ANSWERS_REMEMBERED: Final = 16_384  # per known text: hit texts checked against it
+
+
+class KnownCache:
+    """Which hits a known text (the summary) already holds (``_within``), each answered once
+    per known text: the summary changes at a compaction, the same hits come back each turn.
+    Keyed by the hit's digest (its role and text); least recently used known texts go first."""
+
+    def __init__(self, remembered: int, answers: int) -> None:
+        self.remembered = remembered
+        self.answers = answers
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[str, dict[str, bool]]] = OrderedDict()
+
+    def unknown(self, known_text: str, hits: Sequence[IndexedMessage]) -> list[IndexedMessage]:
+        """The hits whose text ``known_text`` does not hold (whitespace folded)."""
+        with self._lock:
+            entry = self._entries.get(known_text)
+            if entry is None:
+                entry = (" ".join(known_text.split()), {})
+            _bounded(self._entries, known_text, entry, self.remembered)
+            folded, answers = entry
+            out = []
+            for hit in hits:
+                inside = answers.get(hit.digest)
+                if inside is None:
+                    if len(answers) >= self.answers:
+                        answers.clear()
+                    inside = answers[hit.digest] = _within(hit.content, folded)
+                if not inside:
+                    out.append(hit)
+        return out
+
+
+_known = KnownCache(KNOWN_REMEMBERED, ANSWERS_REMEMBERED)
 
 
 def recall(
@@ -579,6 +610,7 @@ def recall(
             visible_from=visible_from,
             shown=sorted(shown_set),
             limit=CANDIDATES,
+            scored=False,
         )
     if found is None:
         hits = store.search_index(
@@ -592,8 +624,7 @@ def recall(
     else:
         hits = found[0]
     if known_text:
-        folded = " ".join(known_text.split())
-        hits = [h for h in hits if not _within(h.content, folded)]
+        hits = _known.unknown(known_text, hits)
     around = _around(store, hits) if found is None else found[1]
     excerpts = _excerpts(
         around, hits, session_id=session_id, visible_from=visible_from, shown=shown_set

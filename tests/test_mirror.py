@@ -250,3 +250,53 @@ def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
     assert {m.position for m in mine} == {1, 3, 4} == {m.position for m in stored}
     if backend == "sqlite":
         assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)
+
+
+def test_the_best_few_of_many_tied_matches_rank_as_fts5(
+    stores: tuple[Backend, Backend], backend: str
+) -> None:
+    """With more matches than the limit (and ties at the cut) the mirror keeps what FTS5
+    keeps, in its order: by score, then newest first; hits without scores are the same rows,
+    the same objects search after search."""
+    store, _ = stores
+    texts = [
+        "The refund arrived.",
+        "A refund, a refund, a refund for the kettle.",
+        "The refund arrived.",
+        *[f"The refund arrived for order {i}." for i in range(9)],
+        "The refund arrived.",
+    ]
+    put(store, "ann", "s1", texts)
+    mirror = RecallMirror(store)
+    terms = search_terms("refund arrived")
+    for limit in (1, 3, 4, 6):
+        found = mirror.search(
+            terms, session_id="s1", user_id="ann", visible_from=11, shown=(2, 9), limit=limit
+        )
+        stored = store.search_index(
+            fts_query(terms),
+            session_id="s1",
+            user_id="ann",
+            visible_from=11,
+            shown=(2, 9),
+            limit=limit,
+        )
+        assert found is not None and len(found[0]) == limit
+        if backend == "sqlite":
+            assert [m.position for m in found[0]] == [m.position for m in stored]
+        plain = [
+            mirror.search(
+                terms,
+                session_id="s1",
+                user_id="ann",
+                visible_from=11,
+                shown=(2, 9),
+                limit=limit,
+                scored=False,
+            )
+            for _ in range(2)
+        ]
+        assert plain[0] is not None and plain[1] is not None
+        assert [m.position for m in plain[0][0]] == [m.position for m in found[0]]
+        assert {m.score for m in plain[0][0]} == {0.0}
+        assert all(a is b for a, b in zip(plain[0][0], plain[1][0], strict=True))

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory import search
+from ragent_memory.mirror import RecallMirror
 from ragent_memory.records import IndexedMessage
 from ragent_memory.search import (
     EVERYTHING,
@@ -309,3 +310,19 @@ def test_search_tool_schema() -> None:
     assert SEARCH_TOOL_NAME == function["name"] == "search_memory"
     assert ["query"] == function["parameters"]["required"]
     assert 5 == function["parameters"]["properties"]["limit"]["default"]
+
+
+def test_a_hit_the_known_text_holds_follows_the_known_text(store: Store) -> None:
+    """Whether a hit is in the prompt already is answered once per known text (the summary)
+    and hit: a new summary asks again, in both directions."""
+    texts = [f"Fact {i}: the vault code for room {i} is {1000 + i}." for i in range(30)]
+    messages = chat(*(text if i % 3 == 0 else "ok" for i, text in enumerate(texts)))
+    index(store, messages, "s1", None)
+    mirror = RecallMirror(store)
+    known = "Summary. Fact 6:   the vault code for room 6 is 1006. More."
+    for known_text, shown in [(known, False), ("Nothing of room 6 here.", True), (known, False)]:
+        block = find(
+            store, "vault code room 6", session_id="s1", known_text=known_text, mirror=mirror
+        )
+        assert "Fact 9:" in block
+        assert ("Fact 6:" in block) is shown, known_text
