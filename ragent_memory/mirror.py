@@ -52,19 +52,21 @@ def text_terms(text: str) -> tuple[dict[str, int], int]:
     adjacent ones, which a two-character query phrase matches) and its length in tokens.
 
     The tokens are counted in C where the text allows it (the indexer runs this on every
-    message): ASCII text as bytes (letters and digits kept, the rest split on); text with CJK
+    message): text whose tokens are ASCII as bytes (letters and digits kept, the rest split
+    on); ``porter.fold`` only where a token holds a char it may change; text with CJK
     as its other words plus its CJK characters counted at once, the bigrams found per chain
     of CJK characters with nothing but separators between them."""
-    if text.isascii():
-        found = text.lower().encode("ascii").translate(_ASCII_TOKENS).split()
+    low = text.lower()
+    odd = () if low.isascii() else [c for c in set(_NON_ASCII.findall(low)) if c.isalnum()]
+    if not odd:  # no token holds a non-ASCII char: separators become spaces
+        found = low.encode("ascii", "replace").translate(_ASCII_TOKENS).split()
         if not found:
             return {}, 0
         counted = Counter(found)  # bytes: the distinct ones decoded at once
         names = b" ".join(counted).decode("ascii").split(" ")
         return _stemmed(dict(zip(names, counted.values(), strict=True))), len(found)
-    low = text.lower()
     words = WORD.findall(CJK_RUN.sub(" ", low) if CJK_RUN.search(low) else low)
-    if _NEEDS_FOLD.search(low) is not None:
+    if any(c < "\u0530" or "\u1e00" <= c < "\u2000" for c in odd):  # what ``fold`` changes
         words = [t if t.isascii() else fold(t) for t in words]
     counts = _stemmed(Counter(words))
     n = len(words)
@@ -83,8 +85,7 @@ def text_terms(text: str) -> tuple[dict[str, int], int]:
 # A byte of ASCII text: kept when a letter or digit (unicode61's token chars), else a space.
 _ASCII_TOKENS: Final = bytes(c if chr(c).isalnum() else 32 for c in range(128)) + bytes(128)
 _NOT_TOKEN: Final = re.compile(r"[\W_]+")
-# Chars ``porter.fold`` may change (Latin, Greek, Cyrillic): a token without them stays.
-_NEEDS_FOLD: Final = re.compile("[\u0080-\u052f\u1e00-\u1fff]")
+_NON_ASCII: Final = re.compile("[^\x00-\x7f]")
 # Two or more CJK chars with only separators between them: adjacent tokens, so bigrams.
 _CJK_CHAIN: Final = re.compile(rf"{CJK}(?:[\W_]*{CJK})+")
 
@@ -210,7 +211,9 @@ class _Unit:
             codes = np.frombuffer(self.codes, dtype=np.int32)[found]
             hidden = (codes == code) & (positions >= visible_from)
             if shown:  # shown as a placeholder or preview: recalled after all
-                hidden &= ~np.isin(positions, np.asarray(shown, dtype=np.int64))
+                held = np.unique(np.asarray(shown, dtype=np.int64))
+                at = np.minimum(np.searchsorted(held, positions), len(held) - 1)
+                hidden &= held[at] != positions
             found = found[~hidden]
         best = scores[found]
         if len(found) > limit:  # only rows scoring at least the limit-th best can be in it

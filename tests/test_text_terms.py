@@ -55,6 +55,11 @@ PIECES = [
     "한국어",
     "١٢٣",
     "²",
+    "·",
+    "[sso setup · doc 0]",
+    "\u212b",  # the angstrom sign: lower-cased, a letter fold changes
+    "\u212a",  # the kelvin sign: lower-cased, ASCII k
+    "\u2126",
     "。",
     "，",
     "！",
