@@ -13,7 +13,8 @@ import pytest
 
 from ragent_memory import MemoryEngine, Settings
 from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.records import Substitution
+from ragent_memory.records import IndexedMessage, Substitution
+from ragent_memory.search import index_digest
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
@@ -146,3 +147,23 @@ def test_a_commit_racing_our_own_is_not_taken_for_ours(
         store.save_session(store.new_session("b"))
         store.db.committed = real
         assert (other.host_id, 1) == store.last_write("a")
+
+
+def test_a_batch_of_index_rows_is_one_fts5_segment(tmp_path: Path) -> None:
+    """The recall index writes a batch's rows, then their FTS5 terms: a statement on another
+    table between two FTS5 inserts made FTS5 flush a segment per row (merged again at the
+    commit), most of the index write's cost. The rows and their search are unchanged."""
+    texts = [f"Kettle number {i} was descaled." for i in range(3)]
+    rows = [
+        IndexedMessage("s1", i, "user", text, "", index_digest("user", text))
+        for i, text in enumerate(texts)
+    ]
+    with Store(tmp_path / "x.db") as store:
+        assert store.index_messages("u1", rows, texts) == 3
+        assert store.index_messages("u1", rows, texts) == 0  # already indexed: skipped
+        segments = store.db.execute("SELECT count(DISTINCT segid) FROM recall_fts_idx")
+        assert segments.fetchone()[0] == 1
+        found = store.search_index(
+            '"kettle"', session_id="s1", user_id="u1", visible_from=1 << 62, limit=9
+        )
+        assert sorted(m.position for m in found) == [0, 1, 2]

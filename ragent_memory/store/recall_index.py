@@ -67,7 +67,7 @@ class RecallIndexTables(OffloadTables):
         already indexed at that position with that digest is skipped. Returns how many were
         added."""
         now = iso(self.clock())
-        added = 0
+        added = []
         with self._locked("index write"), self.db.atomic():
             for row, text in zip(rows, terms, strict=True):
                 inserted = self.db.execute(
@@ -85,17 +85,18 @@ class RecallIndexTables(OffloadTables):
                         now,
                     ],
                 ).fetchall()
-                if not inserted:
-                    continue
-                scope = scope_token("s", row.session_id)
-                if user_id is not None:
-                    scope += " " + scope_token("u", user_id)
+                if inserted:
+                    scope = scope_token("s", row.session_id)
+                    if user_id is not None:
+                        scope += " " + scope_token("u", user_id)
+                    added.append((inserted[0][0], text, scope))
+            # After the rows: a statement on another table between two FTS5 inserts makes
+            # FTS5 flush what it holds, a segment per row and a merge of them at the commit.
+            for values in added:
                 self.db.execute(
-                    "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
-                    [inserted[0][0], text, scope],
+                    "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)", list(values)
                 )
-                added += 1
-        return added
+        return len(added)
 
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
