@@ -56,7 +56,7 @@ def all_plain(messages: Sequence[Any]) -> bool:
         return False
     roles = list(map(dict.get, messages, repeat("role")))
     try:
-        return not any(alias in roles for alias in ALIASES)
+        return not any(map(roles.__contains__, ALIASES))
     except Exception:  # a role whose == raises: the per-message path leaves it to validation
         return False
 

@@ -221,8 +221,11 @@ class RawCache:
         another dict than before: the usual turn costs three identity checks. Equal dicts the
         caller rebuilt are taken as ours (later identity checks then hold again)."""
         own = self.messages
-        if start >= stop or all(
-            messages[i] is own[i] for i in (start, (start + stop) // 2, stop - 1)
+        middle = (start + stop) // 2
+        if start >= stop or (
+            messages[start] is own[start]
+            and messages[middle] is own[middle]
+            and messages[stop - 1] is own[stop - 1]
         ):
             return []
         moved = self._moved(messages, start, stop)
@@ -961,10 +964,12 @@ class Session:
         view.fresh = len(view.messages)
         view.grow(raw.messages[begin:], raw.sizes[begin:])
         chars_in = view.head_chars + view.raw_chars + view.left.raw_chars
-        positions = self.sub_positions
-        for raw_index in range(begin, len(raw.messages)):
+        positions, count = self.sub_positions, len(raw.messages)
+        if positions.isdisjoint(range(begin - prefix_len, count - prefix_len)):
+            return view, chars_in  # the usual turn: no substitution, no digest needed
+        for raw_index in range(begin, count):
             if raw_index - prefix_len not in positions:
-                continue  # the usual new message: no substitution, no digest needed
+                continue
             sub = self._sub_at(raw_index, prefix_len)
             if sub is not None:
                 view.show(raw_index - view.offset, sub.message, sub.kind, self.size_of(sub))
