@@ -835,8 +835,11 @@ def test_a_prepare_that_may_wait_holds_up_no_other_session(
     with FakeOpenAI(default=held_summary) as model:
         engine = {"llm": {"base_url": model.base_url, "model": "s"}, "compaction_timeout_s": 30}
         config = write_config(workdir, "heldsummary", engine=engine)
-        with ProxyProcess(config, upstream.base_url, cwd=workdir) as process:
-            quick, slow = client_for(process, "quick"), client_for(process, "slow")
+        with (
+            ProxyProcess(config, upstream.base_url, cwd=workdir) as process,
+            client_for(process, "quick") as quick,
+            client_for(process, "slow") as slow,
+        ):
             first = quick.chat.completions.create(model="m", messages=short)
             slow.chat.completions.create(model="m", messages=big[:3])
             waiting = threading.Thread(
