@@ -57,35 +57,38 @@ def text_terms(text: str) -> tuple[dict[str, int], int]:
     as its other words plus its CJK characters counted at once, the bigrams found per chain
     of CJK characters with nothing but separators between them."""
     low = text.lower()
-    odd = () if low.isascii() else [c for c in set(_NON_ASCII.findall(low)) if c.isalnum()]
-    if not odd:  # no token holds a non-ASCII char: separators become spaces
+    if low.isascii() or _NON_ASCII_TOKEN.search(low) is None:
+        # no token holds a non-ASCII char: separators become spaces, tokens are bytes
         found = low.encode("ascii", "replace").translate(_ASCII_TOKENS).split()
         if not found:
             return {}, 0
-        counted = Counter(found)  # bytes: the distinct ones decoded at once
+        counted = Counter(found)  # the distinct ones decoded at once
         names = b" ".join(counted).decode("ascii").split(" ")
         return _stemmed(dict(zip(names, counted.values(), strict=True))), len(found)
-    words = WORD.findall(CJK_RUN.sub(" ", low) if CJK_RUN.search(low) else low)
-    if any(c < "\u0530" or "\u1e00" <= c < "\u2000" for c in odd):  # what ``fold`` changes
+    cjk = CJK_RUN.search(low) is not None
+    words = WORD.findall(CJK_RUN.sub(" ", low) if cjk else low)
+    if _FOLDED_TOKEN.search(low) is not None:  # a token holds a char ``fold`` may change
         words = [t if t.isascii() else fold(t) for t in words]
     counts = _stemmed(Counter(words))
     n = len(words)
-    for run in CJK_RUN.findall(low):
-        chars = _NOT_TOKEN.sub("", run)
+    if cjk:  # CJK chars and their bigrams: keys no word has, counted in C
+        chars = _NOT_TOKEN.sub("", "".join(CJK_RUN.findall(low)))
         n += len(chars)
-        for char, count in Counter(chars).items():
-            counts[char] = counts.get(char, 0) + count
-    for chain in _CJK_CHAIN.findall(low):
-        chars = _NOT_TOKEN.sub("", chain)
-        for pair, count in Counter(map(operator.add, chars, chars[1:])).items():
-            counts[pair] = counts.get(pair, 0) + count
+        counts.update(Counter(chars))
+        pairs: Counter[str] = Counter()
+        for chain in _CJK_CHAIN.findall(low):
+            chars = _NOT_TOKEN.sub("", chain)
+            pairs.update(map(operator.add, chars, chars[1:]))
+        counts.update(pairs)
     return counts, n
 
 
 # A byte of ASCII text: kept when a letter or digit (unicode61's token chars), else a space.
 _ASCII_TOKENS: Final = bytes(c if chr(c).isalnum() else 32 for c in range(128)) + bytes(128)
 _NOT_TOKEN: Final = re.compile(r"[\W_]+")
-_NON_ASCII: Final = re.compile("[^\x00-\x7f]")
+_NON_ASCII_TOKEN: Final = re.compile(r"[^\W\x00-\x7f]")  # a non-ASCII letter or digit
+# A letter or digit ``porter.fold`` may change (Latin, Greek, Cyrillic).
+_FOLDED_TOKEN: Final = re.compile(r"[^\W\x00-\x7f\u0530-\u1dff\u2000-\U0010ffff]")
 # Two or more CJK chars with only separators between them: adjacent tokens, so bigrams.
 _CJK_CHAIN: Final = re.compile(rf"{CJK}(?:[\W_]*{CJK})+")
 
