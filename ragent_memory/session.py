@@ -804,7 +804,7 @@ class Session:
             return False  # new messages start unsubstituted: reduce would look at this one
         if total > settings.trim_trigger_chars:
             state = view.trim_hint
-            return state is not None and not state.may_pass(sizes, total)
+            return state is not None and not state.may_pass(sizes, total, view.messages)
         return True
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
@@ -1010,7 +1010,7 @@ class Session:
         total = view.total + sum(self.size_of(s) - view.sizes[i] for i, s in pending.items())
         if total <= self.settings.trim_trigger_chars:
             return new, state  # looked at when the view is next over the trigger
-        if state is not None and not state.may_pass(view.sizes, total):
+        if state is not None and not state.may_pass(view.sizes, total, view.messages):
             return new, state  # no trim can pay off yet: nothing to look at
         state = self._state(view, pending, state)
         if state.due(total):

@@ -134,6 +134,31 @@ class Rebuild(Exception):
     """What was appended makes an earlier loop irregular: look at the whole view again."""
 
 
+SCAN_LIMIT = 64  # messages ``protected_from`` reads back from the end, at most
+
+
+def protected_from(messages: Sequence[Message], start: int) -> int:
+    """A view index from which no loop can be trimmed, read back from the end at most
+    ``SCAN_LIMIT`` messages and never before ``start``: the call of the
+    ``KEEP_RECENT_TOOL_LOOPS``-th last loop before the last user message (every loop from it
+    on is protected: after the user, among the last completed ones, or incomplete; a tool
+    result there belongs to a loop from it on, since results follow their call). ``start``
+    when everything from it on is protected; ``len(messages)`` when not found that cheaply."""
+    count = len(messages)
+    stop = max(start, count - SCAN_LIMIT)
+    user = count - 1
+    while user >= stop and messages[user].get("role") != "user":
+        user -= 1
+    found = 0
+    for index in range(user - 1, stop - 1, -1):
+        message = messages[index]
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            found += 1
+            if found == KEEP_RECENT_TOOL_LOOPS:
+                return index
+    return start if stop == start else count
+
+
 @attrs.define(eq=False)
 class TrimState:
     """Gate 1's knowledge of one view, kept from turn to turn while the view only grows at its
@@ -242,15 +267,20 @@ class TrimState:
         self.end -= count
         return True
 
-    def may_pass(self, sizes: Sequence[int], total: int) -> bool:
+    def may_pass(
+        self, sizes: Sequence[int], total: int, messages: Sequence[Message] | None = None
+    ) -> bool:
         """Whether the 20% rule could pass once what was appended is looked at: a candidate
         frees less than its size, and new ones can only come from the loops not settled yet
         and what was appended, so while those sizes and the candidates' bound stay under 20%
-        the trim is skipped without parsing anything (``extend`` catches up later)."""
+        the trim is skipped without parsing anything (``extend`` catches up later). Given
+        the view's ``messages``, what stays protected at its end (``protected_from``) is not
+        counted."""
         start = self.tail[0].call_index if self.tail else self.end
         if len(sizes) < self.end:
             return True  # ``extend`` raises Rebuild
-        return worth_it(self.reclaim + self.bound + sum(sizes[start:]), total)
+        stop = len(sizes) if messages is None else protected_from(messages, start)
+        return worth_it(self.reclaim + self.bound + sum(sizes[start:stop]), total)
 
     def due(self, total: int) -> bool:
         """The 20% rule over the candidates; placeholders are made only once the bound of

@@ -21,11 +21,13 @@ from ragent_memory.loops import map_loops
 from ragent_memory.offline import OfflineSummarizer
 from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.trim import (
+    SCAN_LIMIT,
     Eviction,
     Rebuild,
     Shown,
     TrimState,
     evict,
+    protected_from,
     protected_loops,
     worth_it,
 )
@@ -89,7 +91,8 @@ def test_extended_state_knows_what_the_whole_view_says(
     state = TrimState(TOOLS, "en", ref_for)
     for view, sizes in fed(messages, steps):
         total = data.draw(st.integers(1, 40_000))
-        may_pass = state.may_pass(sizes, total)
+        may_pass = state.may_pass(sizes, total, view)
+        assert may_pass <= state.may_pass(sizes, total)  # reading the end only tightens it
         state.extend(Shown(view, sizes, {}, kinds))
         free, irregular = whole_view(view, sizes, kinds)
         state.resolve()
@@ -355,3 +358,20 @@ def test_a_user_message_alone_may_let_a_trim_pass() -> None:
     assert state.may_pass(sizes, total=10_000)
     state.extend(Shown(view, sizes))
     assert state.due(total=10_000)
+
+
+def test_protected_from_is_where_the_protected_loops_start() -> None:
+    """The second last loop's call before the last user message; what follows the user's
+    message does not move it; ``start`` when nothing before is a loop; the view's length
+    (nothing excluded) when the user message is further back than ``SCAN_LIMIT``."""
+    view = [SYSTEM, user("q0")]
+    for k in range(4):
+        view += tool_loop(f"c{k}", result(k))
+    view.append(user("q1"))
+    assert protected_from(view, 0) == 6  # c2's call: c2 and c3 are protected
+    view += tool_loop("c4", result(4))  # mid-turn: loops after the user are protected anyway
+    assert protected_from(view, 0) == 6
+    assert protected_from(view, 8) == 8  # one loop (c3) between start and the user message
+    chat = [SYSTEM, user("q"), *[{"role": "assistant", "content": "a"}] * SCAN_LIMIT]
+    assert protected_from(chat, 0) == len(chat)
+    assert protected_from(chat, len(chat) - 3) == len(chat) - 3
