@@ -7,8 +7,12 @@ import random
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
+
+from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "config" / "ragent-memory.yaml"  # the documented default config
@@ -122,3 +126,15 @@ def without_recall(message: dict[str, Any]) -> dict[str, Any]:
     rest = content[1:]
     own = rest[0]["text"] if len(rest) == 1 and rest[0].get("type") == "text" else rest
     return {**message, "content": own}
+
+
+class LateSummarizer(OfflineSummarizer):
+    """A model that answers only once ``landed`` is set (at most 30 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.landed = threading.Event()
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        self.landed.wait(30)
+        return super().summarize(request)

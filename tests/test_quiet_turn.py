@@ -8,19 +8,16 @@ from __future__ import annotations
 import copy
 import random
 import re
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-from sessions import SYSTEM, rag_turn
+from sessions import SYSTEM, LateSummarizer, rag_turn
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.offline import OfflineSummarizer
 from ragent_memory.session import Session, View
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 Message = dict[str, Any]
 REF = re.compile(r"rm-[0-9a-f]{20}")  # recall refs: each store signs its own
@@ -204,18 +201,6 @@ def test_quiet_path_prepares_what_the_gates_do(
     drive(twins, 60, turn_of)
     twins.call(verify=True)
     assert twins.quiet >= 15 and twins.gated >= 1  # both paths were exercised
-
-
-class LateSummarizer(OfflineSummarizer):
-    """A model that answers only once ``landed`` is set (at most 30 s)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.landed = threading.Event()
-
-    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        self.landed.wait(30)
-        return super().summarize(request)
 
 
 def test_a_late_summary_is_adopted_on_the_quiet_path_too(twins_of: Callable[..., Twins]) -> None:

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import copy
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from sessions import SYSTEM, tool_loop, user
+from sessions import SYSTEM, LateSummarizer, tool_loop, user
 from strategies import conversations
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.chars import chars
 from ragent_memory.loops import map_loops
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.trim import (
     SCAN_LIMIT,
     Eviction,
@@ -287,18 +284,6 @@ def test_the_window_slides_over_an_unanswered_call(tmp_path: Path) -> None:
     twins.call()
     twins.close()
     assert twins.trimmed
-
-
-class LateSummarizer(OfflineSummarizer):
-    """A model that answers only once ``landed`` is set (at most 30 s)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.landed = threading.Event()
-
-    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        self.landed.wait(30)
-        return super().summarize(request)
 
 
 def test_turns_left_out_while_a_summary_is_late(tmp_path: Path) -> None:
