@@ -280,7 +280,35 @@ class TrimState:
         if len(sizes) < self.end:
             return True  # ``extend`` raises Rebuild
         stop = len(sizes) if messages is None else protected_from(messages, start)
-        return worth_it(self.reclaim + self.bound + sum(sizes[start:stop]), total)
+        known = self.reclaim + self.bound
+        if not worth_it(known + sum(sizes[start:stop]), total):
+            return False
+        if messages is None or stop - start > SCAN_LIMIT:
+            return True
+        return worth_it(known + self._settling(messages, sizes, start, stop), total)
+
+    def _settling(
+        self, messages: Sequence[Message], sizes: Sequence[int], start: int, stop: int
+    ) -> int:
+        """At most what the loops with a call in ``[start, stop)`` may free when they settle:
+        the sizes of their results that answer an evictable tool, in complete loops (read as
+        ``loop_at`` reads them; a result elsewhere is an orphan, never evicted)."""
+        evictable, total, index = self.evictable_tools, 0, start
+        while index < stop:
+            message = messages[index]
+            calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+            if not calls:
+                index += 1
+                continue
+            loop, index = loop_at(messages.__getitem__, index, stop, calls, self.duplicates, set())
+            if loop.is_complete:
+                names = loop.tool_names
+                total += sum(
+                    sizes[i]
+                    for i in loop.result_indexes
+                    if names[messages[i]["tool_call_id"]] in evictable
+                )
+        return total
 
     def due(self, total: int) -> bool:
         """The 20% rule over the candidates; placeholders are made only once the bound of
