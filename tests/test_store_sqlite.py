@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
 from ragent_memory.store.hosts import HostTables
+from ragent_memory.store.recall_index import RecallIndexTables
 
 
 def test_substitution_keys_survive_the_rename_migration(
@@ -167,3 +169,49 @@ def test_a_batch_of_index_rows_is_one_fts5_segment(tmp_path: Path) -> None:
             '"kettle"', session_id="s1", user_id="u1", visible_from=1 << 62, limit=9
         )
         assert sorted(m.position for m in found) == [0, 1, 2]
+
+
+def _rows(session_id: str, texts: list[str]) -> list[IndexedMessage]:
+    return [
+        IndexedMessage(session_id, i, "user", text, "", index_digest("user", text))
+        for i, text in enumerate(texts)
+    ]
+
+
+def test_known_answers_do_not_wait_on_the_store_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the recall indexer's write transaction holds the store lock (tens of ms for a
+    large batch), a turn's last-write and recall-mark checks are answered from the WAL index
+    without waiting for it; a commit by any connection, this one's included, sends the
+    recall mark back to the database."""
+    asked: list[int] = []
+    real = RecallIndexTables.recall_mark
+
+    def counting(self: Any) -> tuple[int, str]:
+        asked.append(1)
+        return real(self)
+
+    monkeypatch.setattr(RecallIndexTables, "recall_mark", counting)
+    db = tmp_path / "memory.db"
+    with Store(db) as store, Store(db) as other:
+        store.save_session(store.new_session("a"))
+        known = store.last_write("a"), store.recall_mark()
+        answers: list[object] = []
+        with store._lock:  # as the indexer's open transaction holds it
+            reader = threading.Thread(
+                target=lambda: answers.append((store.last_write("a"), store.recall_mark()))
+            )
+            reader.start()
+            reader.join(timeout=5)
+            waited = reader.is_alive()
+        reader.join(timeout=5)
+        assert not waited and [known] == answers
+        assert [1] == asked  # the second mark came from the WAL index
+        top = known[1][0]
+        other.index_messages("u1", _rows("s2", ["Kettle descaled."]), ["kettle descaled"])
+        assert store.recall_mark()[0] > top  # another connection's commit is seen
+        top = store.recall_mark()[0]
+        store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
+        assert store.recall_mark()[0] > top  # and this one's own
+        assert 3 == len(asked)  # the mark between the two commits was known

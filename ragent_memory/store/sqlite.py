@@ -118,8 +118,10 @@ class Store(IndexedTables, AuditTable):
                 and self.path != ":memory:"
             )
             self._shm: int | None = None  # a read-only descriptor of the -shm file
+            self._shm_lock = threading.Lock()  # the descriptor, read without the store lock
             self._writes_mark: bytes | None = None
             self._writes: dict[str, tuple[str, int] | None] = {}
+            self._recall_marked: tuple[bytes, tuple[int, str]] | None = None
             self._touched: set[str] = set()  # sessions written in the open transaction
             self._migrate()
             self._check_schema()
@@ -192,7 +194,16 @@ class Store(IndexedTables, AuditTable):
         """As the base class says, but asked of the database only when something was
         committed since it was last asked (the WAL index header moved) by another connection
         or process, or by this one's own write of that session (``_committed``): the per-turn
-        check that no other process or host moved the session on costs one ``pread``."""
+        check that no other process or host moved the session on costs one ``pread``.
+
+        A known answer is given without the store lock: the recall indexer's write
+        transaction (tens of ms for a large batch) holds it, and its uncommitted rows do not
+        move the header, so the answer (as of the last commit) still holds meanwhile."""
+        mark = self._wal_mark()
+        if mark is not None and mark == self._writes_mark:
+            known = self._writes.get(session_id, UNKNOWN)
+            if known is not UNKNOWN:
+                return known  # type: ignore[return-value]
         with self._lock:
             mark = self._wal_mark()
             if mark is None or mark != self._writes_mark:
@@ -204,6 +215,20 @@ class Store(IndexedTables, AuditTable):
             if mark is not None and len(self._writes) < 10_000:
                 self._writes[session_id] = written
             return written
+
+    def recall_mark(self) -> tuple[int, str]:
+        """As the base class says, asked of the database only when something was committed
+        since (the WAL index header moved, by any connection, this one's indexer included),
+        and without the store lock when not (see ``last_write``)."""
+        mark = self._wal_mark()
+        marked = self._recall_marked
+        if mark is not None and marked is not None and marked[0] == mark:
+            return marked[1]
+        with self._lock:
+            mark = self._wal_mark()  # read first: the answer is at least as new as it
+            answer = super().recall_mark()
+            self._recall_marked = None if mark is None else (mark, answer)
+            return answer
 
     def _mark_written(self, session_id: str) -> None:
         super()._mark_written(session_id)
@@ -235,8 +260,10 @@ class Store(IndexedTables, AuditTable):
         no index yet), and then every ``last_write`` asks the database. Read with ``pread``,
         never mapped: a mapping faults (SIGBUS) when another connection truncates the file,
         and a read just comes back short."""
-        if not self._wal:
-            return None
+        with self._shm_lock:
+            return self._wal_header() if self._wal else None
+
+    def _wal_header(self) -> bytes | None:
         if self._shm is None:
             try:
                 self._shm = os.open(self.path + "-shm", os.O_RDONLY)
@@ -261,7 +288,7 @@ class Store(IndexedTables, AuditTable):
             return [r[0] for r in self.db.execute("SELECT name FROM _migrations ORDER BY version")]
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._shm_lock:
             if self._shm is not None:
                 os.close(self._shm)
                 self._shm = None
