@@ -389,7 +389,7 @@ class MemoryEngine:
         written = self.store.last_write(session_id)
         if written not in (None, session.last_write) and written[0] != self.store.host_id:
             return True  # another host wrote: prepare reloads the session
-        shown = last.total + last.left.shown_chars + grown
+        shown = last.with_left_out + grown
         return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
 
     # ------------------------------------------------------------------ long-term memory

@@ -469,6 +469,12 @@ class View:
         return len(self.messages) + self.offset
 
     @property
+    def with_left_out(self) -> int:
+        """Chars shown with the turns the ceiling left out counted back in: what the
+        compaction trigger is compared with."""
+        return self.total + self.left.shown_chars
+
+    @property
     def start(self) -> int:
         """Raw index of the first message after the prefix/summary, left out or not."""
         return self.head + self.offset - self.left.messages
@@ -793,10 +799,7 @@ class Session:
             self.future is not None
             or self.state.generation != self.returned_generation  # defensive: not carried then
             or total > settings.context_window_chars
-            or (
-                settings.summary_enabled
-                and total + view.left.shown_chars > settings.compact_trigger_chars
-            )
+            or (settings.summary_enabled and view.with_left_out > settings.compact_trigger_chars)
         ):
             return False
         sizes, fresh = view.sizes, view.fresh
@@ -840,7 +843,7 @@ class Session:
         if last is None or not raw.messages or raw.messages[-1].get("role") != "user":
             return False
         grown = sum(raw.sizes[last.end :]) if last.end <= len(raw.sizes) else 0
-        return last.total + last.left.shown_chars + grown > self.settings.compact_trigger_chars
+        return last.with_left_out + grown > self.settings.compact_trigger_chars
 
     def _adopt(self, user_id: str | None) -> None:
         """Apply a compaction that finished after its caller stopped waiting."""
@@ -1118,7 +1121,7 @@ class Session:
         if self.future is not None:
             return "in_progress"
         settings = self.settings
-        if view.total + view.left.shown_chars <= settings.compact_trigger_chars:
+        if view.with_left_out <= settings.compact_trigger_chars:
             return None  # nothing is due: not a skip (``plan`` would sum the view to say so)
         decision = compact.plan(
             view.messages,
