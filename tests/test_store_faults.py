@@ -82,6 +82,25 @@ def test_two_stores_opening_a_new_file_at_once_migrate_it_once(tmp_path: Path) -
         store.close()
 
 
+def test_opening_a_new_file_another_connection_is_writing_waits_for_it(tmp_path: Path) -> None:
+    """Switching a new file to WAL needs it to itself, and SQLite refuses that at once while
+    another connection holds its write lock (no busy handler): the open waits its turn
+    instead of failing with `database is locked` (the race of the test above, made certain)."""
+    path = str(tmp_path / "new.db")
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE app (x)")
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.2, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        with Store(path) as store:
+            assert "wal" == store.db.execute("PRAGMA journal_mode").fetchone()[0]
+            assert [name for name, _ in MIGRATIONS] == store.migrations()
+    finally:
+        release.join(10)
+        other.close()
+
+
 # ---------------------------------------------------------------------------- audit figures
 
 

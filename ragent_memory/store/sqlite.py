@@ -10,6 +10,7 @@ import secrets
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -111,7 +112,7 @@ class Store(IndexedTables, AuditTable):
                 if not self.db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone():
                     # A new file: let gc hand freed pages back to the file system.
                     self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                self.db.execute("PRAGMA journal_mode = WAL")
+                self._enable_wal()
                 self.db.execute("PRAGMA synchronous = NORMAL")
             self._wal = (
                 self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -134,6 +135,27 @@ class Store(IndexedTables, AuditTable):
             if isinstance(err, StoreError):
                 raise
             raise StoreError(f"cannot open store {self.path!r}: {err}") from err
+
+    def _enable_wal(self) -> None:
+        """Switch a new file to WAL; a file already in WAL stays as it is.
+
+        The switch needs the file to itself, and SQLite refuses it with ``database is
+        locked`` at once, without waiting out the busy timeout, while another connection is
+        opening the same new file. Retried with a short backoff, for at most the busy timeout.
+        """
+        if self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            return
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.001
+        while True:
+            try:
+                self.db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _migrate(self) -> None:
         self._apply_migrations(MIGRATIONS)
