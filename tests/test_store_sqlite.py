@@ -4,6 +4,7 @@ last-write check answered from the WAL index."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -215,3 +216,49 @@ def test_known_answers_do_not_wait_on_the_store_lock(
         store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
         assert store.recall_mark()[0] > top  # and this one's own
         assert 3 == len(asked)  # the mark between the two commits was known
+
+
+OTHER_WRITER = """
+import sys
+from ragent_memory.store import Store
+with Store(sys.argv[1]) as other:
+    state = other.load_session("x") or other.new_session("x")
+    other.save_session(state)
+    print(other.host_id)
+"""
+
+
+def _locks_held(path: str) -> list[str]:
+    """This process's POSIX locks on ``path`` (Linux's /proc/locks)."""
+    stat = Path(path).stat()
+    inode = f":{stat.st_ino} "
+    pid = f" {os.getpid()} "
+    lines = Path("/proc/locks").read_text().splitlines()
+    return [line for line in lines if inode in line and pid in line]
+
+
+def test_the_mapped_wal_index_follows_other_processes(tmp_path: Path) -> None:
+    """The last-write check reads the WAL index header from a mapping of the -shm file. Other
+    processes opening the database, committing and closing it are seen on the next check,
+    and neither reset nor remove the file under the mapping: this store's connection keeps
+    its lock on the index for its whole life (closing any descriptor of the file would drop
+    it) until ``close``, when the last connection out removes the file."""
+    db = str(tmp_path / "memory.db")
+    shm = db + "-shm"
+    with Store(db) as store:
+        assert store.last_write("x") is None
+        assert store._shm is not None and store._header is not None
+        held = _locks_held(shm)
+        assert held  # SQLite's lock on the index, taken by the connection
+        for round_ in (1, 2):
+            other = subprocess.run(
+                [sys.executable, "-c", OTHER_WRITER, db],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            assert (other.stdout.strip(), round_) == store.last_write("x")
+            assert os.fstat(store._shm).st_ino == Path(shm).stat().st_ino
+            assert held == _locks_held(shm)
+    assert not Path(shm).exists()
