@@ -1,4 +1,5 @@
-"""Chat-completions request bodies parsed in time proportional to what is new (``serve``).
+"""Chat-completions request bodies parsed, and the prepared ones encoded, in time
+proportional to what is new (``serve``).
 
 An app resends its whole history on every call, so a session's next body is usually the
 previous one with a few messages inserted before the ``]`` that closes ``messages``::
@@ -26,6 +27,9 @@ suffix.
 from __future__ import annotations
 
 import collections
+import itertools
+import operator
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -207,3 +211,97 @@ def _proves(known: _Known) -> bool:
         return False
     body["messages"] = got[:-1]
     return bool(body == known.body)
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+_MAX_DIFFERENT = 16  # earlier positions holding another object before a whole encode
+
+
+@attrs.define
+class _Encoded:
+    """A session's last encoded body: its ``messages`` (a copy), the JSON, and where the
+    ``messages`` array is in it."""
+
+    messages: list[Any]
+    raw: bytes
+    start: int
+    stop: int
+
+
+class BodyEncoder:
+    """Per session, the last body encoded for the upstream (a bounded LRU by count and by
+    bytes), so the next body's messages cost only what is new.
+
+    ``encode(key, body)`` is ``orjson.dumps(body)``, byte for byte. The prepared view a
+    session sends grows by appending: its earlier messages are the very objects encoded last
+    time (the engine and the proxy never change a message object once made, as
+    ``BodyCache`` relies on too), so their JSON is reused and only the appended messages are
+    encoded. An earlier position holding another object is reused only when that object
+    encodes to the same bytes (the engine rebuilds a few small messages each turn, equal to
+    the last ones); more than a few such positions, a shorter list, or a changed one, and the
+    list is encoded whole. The other keys are encoded each time (a few small values)."""
+
+    def __init__(self, *, max_sessions: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._known: collections.OrderedDict[str, _Encoded] = collections.OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self.reused = 0  # how many encodes reused the last one's JSON (for tests)
+
+    def encode(self, key: str | None, body: Mapping[str, Any]) -> bytes:
+        """``orjson.dumps(body)``; ``body["messages"]`` is a list, ``key`` the session."""
+        messages = body["messages"]
+        before: dict[str, Any] = {}
+        after: dict[str, Any] = {}
+        side = before
+        for name, value in body.items():
+            if name == "messages":
+                side = after
+            else:  # a key orjson refuses fails below, as in a whole encode
+                side[name] = value
+        head = orjson.dumps(before)[:-1] + (b',"messages":' if before else b'"messages":')
+        end = b"," + orjson.dumps(after)[1:] if after else b"}"
+        known = self._known.get(key) if key is not None else None
+        parts = _extended(known, messages) if known is not None else None
+        if parts is None:
+            parts = (orjson.dumps(messages),)
+        else:
+            self.reused += 1
+        raw = b"".join((head, *parts, end))
+        if key is not None:
+            self._keep(key, _Encoded(list(messages), raw, len(head), len(raw) - len(end)))
+        return raw
+
+    def _keep(self, key: str, encoded: _Encoded) -> None:
+        old = self._known.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+        if len(encoded.raw) > self._max_bytes:
+            return
+        self._known[key] = encoded
+        self._bytes += len(encoded.raw)
+        while len(self._known) > self._max_sessions or self._bytes > self._max_bytes:
+            _, dropped = self._known.popitem(last=False)
+            self._bytes -= len(dropped.raw)
+
+
+def _extended(known: _Encoded, messages: list[Any]) -> tuple[Any, ...] | None:
+    """The JSON of ``messages`` in parts, from ``known``'s, when ``messages`` starts with
+    what ``known`` encoded (see ``BodyEncoder``); else None."""
+    earlier = known.messages
+    count = len(earlier)
+    if not count or len(messages) < count:
+        return None
+    different = itertools.compress(itertools.count(), map(operator.is_not, messages, earlier))
+    for checked, index in enumerate(different):
+        if checked == _MAX_DIFFERENT:
+            return None
+        if orjson.dumps(messages[index]) != orjson.dumps(earlier[index]):
+            return None
+    array = memoryview(known.raw)[known.start : known.stop]
+    if len(messages) == count:
+        return (array,)
+    added = orjson.dumps(messages[count:])
+    return (array[:-1], b",", memoryview(added)[1:])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragent_memory.bodies import BodyCache, BodyError, _Known, _proves
+from ragent_memory.bodies import _MAX_DIFFERENT, BodyCache, BodyEncoder, BodyError, _Known, _proves
 
 TOOLS = [
     {
@@ -226,3 +226,146 @@ def test_a_tail_that_is_not_json_is_a_malformed_body() -> None:
     missing_comma = sdk_body(history[:3]).replace(b'}], "model"', b'} 12], "model"')
     with pytest.raises(BodyError, match="not JSON"):
         cache.parse("s", missing_comma)
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+def upstream_body(messages: list[Any], *, tools: bool = True) -> dict[str, Any]:
+    """As the proxy builds it: the app's keys around ``messages``, its tools (and ours)."""
+    body: dict[str, Any] = {"model": "m", "messages": messages, "temperature": 0.5}
+    if tools:
+        body["tools"] = TOOLS
+    return body
+
+
+def test_appended_messages_are_encoded_alone() -> None:
+    """Each body whose messages extend the last ones reuses their JSON, byte for byte the
+    whole encode; the first body, another session and a shorter list are encoded whole."""
+    encoder = BodyEncoder()
+    history = conversation(10)
+    for size in range(1, len(history) + 1):
+        body = upstream_body(history[:size])
+        assert orjson.dumps(body) == encoder.encode("s", body)
+    assert len(history) - 1 == encoder.reused
+    for key, size in (("other", 5), ("s", 7), (None, 8), (None, 9)):
+        body = upstream_body(history[:size], tools=size % 2 == 0)
+        assert orjson.dumps(body) == encoder.encode(key, body)
+    assert len(history) - 1 == encoder.reused  # none of these reused anything
+    grown = history[:3]  # a tool round grows the very list encoded before
+    encoder.encode("round", upstream_body(grown))
+    grown += history[3:5]
+    assert orjson.dumps(upstream_body(grown)) == encoder.encode("round", upstream_body(grown))
+
+
+@pytest.mark.parametrize(
+    ("change", "reused"),
+    [
+        ("equal copy", True),  # the engine rebuilds a message equal to the last one
+        ("other content", False),
+        ("other key order", False),  # equal as dicts, not as JSON
+        ("float for int", False),  # 1 == 1.0, not as JSON
+        ("many equal copies", False),  # a rebuilt view: encoded whole
+    ],
+)
+def test_an_earlier_message_that_is_another_object(change: str, reused: bool) -> None:
+    """An earlier position holding another object reuses the last JSON only when that
+    object encodes to the same bytes; every encode equals the whole encode."""
+    encoder = BodyEncoder()
+    history: list[dict[str, Any]] = [
+        *conversation(_MAX_DIFFERENT),
+        {"role": "user", "content": "n", "n": 1},
+    ]
+    encoder.encode("s", upstream_body(history))
+    changed = [*history, {"role": "assistant", "content": "more"}]
+    if change == "equal copy":
+        changed[1] = dict(changed[1])
+    elif change == "other content":
+        changed[1] = {**changed[1], "content": "edited"}
+    elif change == "other key order":
+        changed[1] = dict(reversed(changed[1].items()))
+    elif change == "float for int":
+        changed[len(history) - 1] = {**changed[len(history) - 1], "n": 1.0}
+    else:
+        changed[: _MAX_DIFFERENT + 1] = [dict(m) for m in changed[: _MAX_DIFFERENT + 1]]
+    body = upstream_body(changed)
+    assert orjson.dumps(body) == encoder.encode("s", body)
+    assert reused == (encoder.reused == 1)
+
+
+_value = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), _text, st.none())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["append", "append", "copy", "edit", "drop", "key", "round"]),
+            st.lists(_message, min_size=0, max_size=3),
+            _value,
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from(["first", "middle", "last", "alone"]),
+)
+def test_any_sequence_of_bodies_encodes_as_the_whole_encode(
+    steps: list[tuple[str, list[dict[str, Any]]], Any], where: str
+) -> None:
+    """Whatever a session's views do (grow, rebuild equal messages, change or drop one, a
+    tool round appended and gone again), and wherever ``messages`` sits among the keys,
+    encode == orjson.dumps."""
+    encoder = BodyEncoder(max_sessions=2, max_bytes=4096)
+    history: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {"seed": 0}
+    for op, new, value in steps:
+        view = list(history)
+        if op == "copy" and view:
+            view[-1] = dict(view[-1])
+        elif op == "edit" and view:
+            view[0] = {**view[0], "content": value}
+        elif op == "drop" and view:
+            del view[0]
+        elif op == "key":
+            extra = {"seed": value}
+        elif op == "round":
+            view.append({"role": "tool", "content": value})
+        history = [*(view if op != "round" else history), *new]
+        fields = {"model": "m", **extra}
+        document = {
+            "first": {"messages": history, **fields},
+            "middle": {"model": "m", "messages": history, **extra},
+            "last": {**fields, "messages": history},
+            "alone": {"messages": history},
+        }[where]
+        assert orjson.dumps(document) == BodyEncoder().encode(None, document)
+        assert orjson.dumps(document) == encoder.encode("s", document)
+        if op == "round":
+            assert orjson.dumps({"messages": view}) == encoder.encode("s", {"messages": view})
+
+
+def test_the_encoder_is_bounded_by_sessions_and_bytes() -> None:
+    history = conversation(4)
+    encoder = BodyEncoder(max_sessions=2)
+    for key in ("a", "b", "c"):  # "a" leaves: two sessions at most
+        encoder.encode(key, upstream_body(history[:3]))
+    encoder.encode("c", upstream_body(history[:4]))
+    encoder.encode("a", upstream_body(history[:4]))
+    assert 1 == encoder.reused
+    size = len(orjson.dumps(upstream_body(history[:4])))
+    encoder = BodyEncoder(max_bytes=2 * size)
+    for key in ("a", "b", "c"):  # "a" leaves: two grown bodies' bytes at most
+        encoder.encode(key, upstream_body(history[:3]))
+    big = [{"role": "user", "content": "x" * 3 * size}]
+    encoder.encode("big", upstream_body(big))  # over the bound alone: not kept, none leaves
+    for key in ("big", "b", "c", "a"):
+        encoder.encode(key, upstream_body([*big, *history] if key == "big" else history[:4]))
+    assert 2 == encoder.reused  # b and c
+
+
+def test_a_key_orjson_refuses_is_its_error() -> None:
+    body = {"model": "m", "messages": [], 1: "x"}
+    with pytest.raises(TypeError):
+        orjson.dumps(body)
+    with pytest.raises(TypeError):
+        BodyEncoder().encode("s", body)

@@ -808,6 +808,33 @@ def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> Non
         assert int(free_in_heap) < 8 << 20
 
 
+SWITCH = """
+import sys, uvicorn
+from ragent_memory import Settings, StoreSettings
+from ragent_memory.serve import LOOP_SWITCH_S, ServeSettings, favour_the_event_loop, serve
+
+before = sys.getswitchinterval()
+uvicorn.Server.run = lambda self, sockets=None: print(sys.getswitchinterval(), LOOP_SWITCH_S)
+serve(Settings(store=StoreSettings(path=sys.argv[1]),
+               serve=ServeSettings(upstream="http://127.0.0.1:9/v1", port=0)))
+print(favour_the_event_loop(before) == LOOP_SWITCH_S < before == sys.getswitchinterval())
+"""
+
+
+def test_serve_hands_the_gil_back_to_its_event_loop_sooner(tmp_path: Path) -> None:
+    # serve (not the library) shortens the switch interval for the event loop's sake
+    done = subprocess.run(
+        [sys.executable, "-c", SWITCH, str(tmp_path / "s.db")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    serving, wanted, restored = done.stdout.split()
+    assert float(serving) == float(wanted)
+    assert "True" == restored
+
+
 def test_a_prepare_that_may_wait_holds_up_no_other_session(
     workdir: Path, upstream: FakeOpenAI
 ) -> None:
