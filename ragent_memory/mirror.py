@@ -314,7 +314,7 @@ class RecallMirror:
                 unit = self._units[key] = _Unit()
             self._units.move_to_end(key)
             if unit.last < top:
-                self._sync(unit, user_id, session_id)
+                self._sync(unit, user_id, session_id, searching=True)
                 self._bound()
             ranked = unit.rank(
                 query_keys(terms),
@@ -359,8 +359,9 @@ class RecallMirror:
     @contextlib.contextmanager
     def writing(self, user_id: str | None, rows: Sequence[IndexedMessage]) -> Iterator[None]:
         """Around the store write of ``rows`` (one session's): their terms are counted first,
-        outside the lock (a search meanwhile waits for none of it, and reads what the write
-        committed without counting it again), then the units are refreshed. Only rows a held
+        outside the lock (a search meanwhile waits for none of it, and one that meets the
+        committed rows before the refresh leaves them to it), then the units are refreshed
+        with those counts. Only rows a held
         unit does not hold yet are counted: messages that leave a view were mostly indexed
         already, and a unit not held is built whole on its first search."""
         with self._lock:
@@ -401,14 +402,26 @@ class RecallMirror:
             self._unowned[session_id] = (top, found)
         return found
 
-    def _sync(self, unit: _Unit, user_id: str | None, session_id: str) -> None:
+    def _sync(
+        self, unit: _Unit, user_id: str | None, session_id: str, *, searching: bool = False
+    ) -> None:
+        """Read the store's rows past ``unit.last`` into the unit. A search (``searching``)
+        stops at the first row of a batch the indexer is writing (counted, its refresh still
+        to come): the unit answers as it stood before that write, and the refresh, which
+        follows at once, reads the batch in off the caller's thread (a long export's
+        thousands of terms took the caller ~10 ms)."""
         for message, owned in self.store.indexed_since(
             unit.last, user_id=user_id, session_id=session_id
         ):
             if message.id <= unit.last:
                 continue
             counted = self._counted.get((message.session_id, message.position, message.digest))
-            counts, n = counted if counted is not None else text_terms(message.content)
+            if counted is None:
+                counts, n = text_terms(message.content)
+            elif searching:
+                break
+            else:
+                counts, n = counted
             unit.add(message, owned, counts, n)
             self._keep(message.id, message.content)
 

@@ -224,13 +224,16 @@ def test_the_mirrors_tokens_are_fts5s() -> None:
 def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
     stores: tuple[Backend, Backend], backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``writing`` counts a batch's terms before the store write, outside the lock: a search
-    that reads the committed rows before the refresh uses those counts, a row the unit
-    already holds is not counted, and nothing is kept once the write is done."""
+    """``writing`` counts a batch's terms before the store write, outside the lock; a row
+    the unit already holds is not counted. A search that meets the committed rows before the
+    refresh leaves them to it (it answers as before the write, reading and counting none of
+    the batch on the caller's thread); the refresh reads them in with the indexer's counts,
+    and nothing is kept once the write is done."""
     store, _ = stores
     put(store, "ann", "s1", TEXTS[:3])
     mirror = RecallMirror(store)
     both(store, mirror, "refund", session="s9", user="ann")  # the unit is held
+    before, _ = both(store, mirror, "delivery marathon", session="s9", user="ann")
     texts = [TEXTS[0], *TEXTS[3:6]]  # the first is indexed already, at position 0
     rows = [
         IndexedMessage("s1", position, "user", text, "", index_digest("user", text))
@@ -245,8 +248,11 @@ def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
         assert counted == texts[1:]
         store.index_messages("ann", rows, [index_terms(t) for t in texts])
         mine, stored = both(store, mirror, "delivery marathon", session="s9", user="ann")
-        assert counted == texts[1:]  # read in with the indexer's counts
+        assert [(m.position, m.score) for m in before] == [(m.position, m.score) for m in mine]
+        assert {1, 3, 4} == {m.position for m in stored}
+    assert counted == texts[1:]  # read in by the refresh, with the indexer's counts
     assert mirror.stats()["counted"] == 0
+    mine, stored = both(store, mirror, "delivery marathon", session="s9", user="ann")
     assert {m.position for m in mine} == {1, 3, 4} == {m.position for m in stored}
     if backend == "sqlite":
         assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +22,11 @@ from ragent_memory.search import (
     LineCache,
     SentenceCache,
     focus,
+    index_digest,
     place,
     recall,
     search_tool_schema,
+    split_sentences,
 )
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
@@ -270,8 +273,8 @@ def test_sentence_cache_splits_each_text_once_within_its_char_bound() -> None:
     cache = SentenceCache(max_chars=100)
     texts = [f"Text {i} speaks. It has two sentences about {i}." for i in range(4)]  # 40+ chars
     first = cache(texts[0])
-    assert ("Text 0 speaks.", "It has two sentences about 0.") == first[1]
-    assert {"speak"} <= first[2][0]
+    assert ("Text 0 speaks.", "It has two sentences about 0.") == first.sentences
+    assert {"speak"} <= first.stems[0]
     assert first is cache(texts[0])
     for text in texts[1:]:
         cache(text)
@@ -302,6 +305,58 @@ def test_line_cache_makes_each_line_once_and_never_serves_an_edited_text(
     assert "Ada" in cache(old, 200, stems)[0] and 3 == len(calls)  # another limit
     cache(old, 120, frozenset({"ada"}))  # another query: the oldest entry leaves
     assert first is not cache(old, 120, stems) and first == cache(old, 120, stems)
+
+
+_LOOK_BEHIND = re.compile(r"(?<=[.!?。！？])\s+")  # how sentences were cut before
+
+
+@given(st.text(alphabet="ab .!?。！？\n\t\u3000\u00a0x.", max_size=80))
+def test_sentences_are_cut_where_a_look_behind_cuts_them(text: str) -> None:
+    """The one-char search cuts folded text exactly where ``(?<=[.!?。！？])\\s+`` did."""
+    folded = " ".join(text.split())
+    assert tuple(_LOOK_BEHIND.split(folded)) == split_sentences(folded)
+
+
+_WORDS = ("passport", "filler", "keeper", "refund", "ticket", "order", "x1234", "nothing")
+
+
+@given(
+    st.lists(
+        st.lists(st.sampled_from(_WORDS), min_size=1, max_size=8).map(" ".join),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([". ", "! ", " ", ", "]),
+    st.lists(st.frozensets(st.sampled_from([w[:5] for w in _WORDS]), max_size=3), max_size=6),
+)
+def test_a_cached_line_is_what_focus_makes_for_each_query(
+    sentences: list[str], end: str, queries: list[frozenset[str]]
+) -> None:
+    """Whatever queries come in whatever order, the line cache serves what ``focus`` makes
+    for that query: its key holds every query stem that can change the line (none for a
+    text of one sentence)."""
+    text = end.join(sentences) + "."
+    message = IndexedMessage("s1", 3, "tool", text, digest=index_digest("tool", text))
+    cache = LineCache(remembered=64)
+    for stems in [*queries, *queries]:
+        for limit in (20, 60):
+            assert focus(text, limit, stems) == cache(message, limit, stems)
+
+
+def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export of rows without a sentence end is cut to head + tail whatever the query: it
+    is folded, never stemmed, for its line."""
+    rows = "\n".join(f"row {i}: refund record {10_000 + i}" for i in range(2_000))
+    message = IndexedMessage("s1", 3, "tool", rows, digest=index_digest("tool", rows))
+    calls: list[str] = []
+    real = search.term_prefixes
+    monkeypatch.setattr(
+        search, "term_prefixes", lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+    )
+    cache = LineCache(remembered=8)
+    for stems in (frozenset({"refun"}), frozenset({"recor", "row"}), frozenset()):
+        assert focus(rows, 240, stems) == cache(message, 240, stems)
+    assert [] == calls
 
 
 def test_search_tool_schema() -> None:
