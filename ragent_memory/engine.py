@@ -586,6 +586,8 @@ class MemoryEngine:
         original = None
         if key and isinstance(session_id, str):
             try:
+                if self._recaller is not None:  # a recall block's refs, still queued
+                    self._recaller.settle(session_id)
                 original = self.store.read_offload(session_id, key)
             except StoreError as err:
                 log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))

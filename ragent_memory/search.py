@@ -259,6 +259,16 @@ class Indexer:
         except Exception as err:  # the worker boundary: a failed batch is re-read on restart
             log.error("recall.index_failed", session_id=session_id, error=repr(err))
 
+    def submit(self, fn: Callable[[str], None], session_id: str) -> bool:
+        """Run ``fn(session_id)`` on the indexer's thread after what is scheduled (``flush``
+        waits for it too); False when closing."""
+        with self._lock:
+            try:
+                self._last = self._pool.submit(fn, session_id)
+            except RuntimeError:
+                return False
+        return True
+
     def forget_session(self, session_id: str) -> None:
         with self._lock:
             self._cursors.pop(session_id, None)
@@ -321,7 +331,7 @@ class Split:
     on first use (only ``focus``'s ranking and ``LineCache`` need them, and a text of one
     sentence, like a long export of rows, needs them from neither)."""
 
-    __slots__ = ("folded", "sentences", "_stems")
+    __slots__ = ("_stems", "folded", "sentences")
 
     def __init__(self, text: str) -> None:
         self.folded = " ".join(text.split())
@@ -707,6 +717,8 @@ class Recaller:
         # (session, ref) → when this engine last stored that excerpt's full text
         self._offloaded: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()  # (session, digest) → ref
+        self._unwritten: dict[str, dict[str, str]] = {}  # session → ref → full text to offload
+        self._writing = threading.Lock()  # held while queued offloads are written
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]
@@ -722,9 +734,11 @@ class Recaller:
         """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt's
         ref is computed once (a hash of its whole text), and one stored here recently is not
         written again (a write transaction per line per turn was most of recall's cost); its
-        expiry was extended when it was written."""
-        ttl = self.settings.offload_ttl_days
-        fresh_s = min(OFFLOAD_REFRESH_S, ttl * 86_400 / 2)
+        expiry was extended when it was written. The write itself is queued for the indexer's
+        thread (a turn that shows several new long excerpts spent ~0.5 ms per write on the
+        caller's thread); :meth:`settle`, which ``engine.recall`` calls first, writes what is
+        still queued, so a ref shown is readable as soon as the model can ask for it."""
+        fresh_s = min(OFFLOAD_REFRESH_S, self.settings.offload_ttl_days * 86_400 / 2)
 
         def ref_for(message: IndexedMessage) -> str:
             key = (session_id, message.digest)
@@ -738,12 +752,31 @@ class Recaller:
                 written = self._offloaded.get((session_id, known))
                 if written is not None and now - written < fresh_s:
                     return known
-            ref = self.store.offload(session_id, message.content, ttl_days=ttl)
-            with self._offloads_lock:
                 _bounded(self._offloaded, (session_id, known), now, OFFLOADS_REMEMBERED)
-            return ref
+                queued = self._unwritten.setdefault(session_id, {})
+                first = not queued
+                queued[known] = message.content
+            if first and not self.indexer.submit(self.settle, session_id):
+                self.settle(session_id)  # closing: written here
+            return known
 
         return ref_for
+
+    def settle(self, session_id: str) -> None:
+        """Write the session's queued excerpt offloads (see :meth:`_ref_for`); a write in
+        flight on the indexer's thread is waited for. One that fails is logged and queued
+        again the next time its excerpt is shown."""
+        ttl = self.settings.offload_ttl_days
+        with self._writing:
+            with self._offloads_lock:
+                queued = self._unwritten.pop(session_id, {})
+            for ref, content in queued.items():
+                try:
+                    self.store.offload(session_id, content, ttl_days=ttl)
+                except StoreError as err:
+                    log.error("recall.offload_failed", session_id=session_id, error=repr(err))
+                    with self._offloads_lock:
+                        self._offloaded.pop((session_id, ref), None)
 
     def block(
         self,
@@ -805,6 +838,8 @@ class Recaller:
         """Wait for the session's index writes, then forget its cursor (a drop follows)."""
         self.indexer.flush(self.settings.compaction_timeout_s)
         self.indexer.forget_session(session_id)
+        with self._writing, self._offloads_lock:  # its queued offloads go unwritten (and
+            self._unwritten.pop(session_id, None)  # would revive the session after the drop)
         with self._offloads_lock:  # a dropped session's offloads go: store them again
             for key in [key for key in self._offloaded if key[0] == session_id]:
                 del self._offloaded[key]
@@ -816,3 +851,5 @@ class Recaller:
 
     def close(self) -> None:
         self.indexer.close()
+        for session_id in list(self._unwritten):  # queued after the indexer's last task
+            self.settle(session_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -118,6 +119,33 @@ def test_clipped_excerpt_ref_reads_back_the_whole_message(
     block = block_of(engine.prepare(asked, session_id="s").messages[-1])
     (ref,) = find_refs(block)
     assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+
+
+def test_a_ref_is_readable_while_its_offload_is_still_queued(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A clipped excerpt's full text is written off the caller's thread; a recall of its ref
+    before the indexer's thread got to it writes it first, and reads it back."""
+    engine = make_engine(
+        make_settings(context_window_chars=8_000, compaction_timeout_s=0),
+        summarizer=ForgetfulSummarizer(),
+    )
+    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
+    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+    engine.flush()
+    held = threading.Event()
+    recaller = engine._recaller  # hold its one worker thread
+    assert recaller is not None and recaller.indexer.submit(lambda _: held.wait(30), "s")
+    try:
+        asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+        (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
+        assert engine.store.read_offload("s", ref) is None  # queued behind the held worker
+        whole = engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+        assert history[4]["content"] == whole
+    finally:
+        held.set()
 
 
 def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
