@@ -134,7 +134,10 @@ def test_a_ref_is_readable_while_its_offload_is_still_queued(
     history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
     for i in range(0, len(history), 2):
         engine.prepare(history[: i + 1], session_id="s")
-    engine.flush()
+    for _settle in range(2):  # all indexed, every summary landed and adopted
+        engine.after_turn(history, session_id="s")
+        engine.flush()
+        engine.prepare(history, session_id="s")
     held = threading.Event()
     recaller = engine._recaller  # hold its one worker thread
     assert recaller is not None and recaller.indexer.submit(lambda _: held.wait(30), "s")
