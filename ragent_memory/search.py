@@ -17,6 +17,7 @@ import hashlib
 import re
 import threading
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,7 +32,17 @@ from .mirror import RecallMirror
 from .records import IndexedMessage
 from .settings import Settings
 from .store import RecallIndex
-from .terms import date_stamp, fts_query, index_terms, search_terms, term_prefixes
+from .terms import (
+    date_stamp,
+    fts_query,
+    index_terms,
+    plain_chars,
+    plain_words,
+    prefix_positions,
+    search_terms,
+    term_prefixes,
+    word_prefixes,
+)
 
 log = get_logger(__name__)
 
@@ -309,6 +320,7 @@ class Recalled:
 
 _BREAK = re.compile(r"[.!?。！？] ")  # a sentence end in folded text (one space per gap)
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
+_SENTENCE_TERMS: Final = 1_000  # a sentence's stems: of its first this many distinct terms
 
 
 def split_sentences(folded: str) -> tuple[str, ...]:
@@ -327,25 +339,66 @@ SENTENCE_CACHE_CHARS: Final = 8_000_000  # texts kept split and stemmed, by thei
 
 
 class Split:
-    """A text whitespace-folded and cut into sentences; each sentence's stems are found
-    on first use (only ``focus``'s ranking and ``LineCache`` need them, and a text of one
-    sentence, like a long export of rows, needs them from neither)."""
+    """A text whitespace-folded and cut into sentences, and which query stems each sentence
+    holds (``term_prefixes`` of it), for ``focus`` and ``LineCache``. Text without CJK is
+    read per stem: one search over the whole text finds the sentences holding it, instead
+    of every sentence stemmed (~10 µs each: a turn that met many new long hits spent
+    milliseconds there). A text of one sentence, like a long export of rows, is never
+    stemmed: neither needs it."""
 
-    __slots__ = ("_stems", "folded", "sentences")
+    __slots__ = ("_low", "_stems", "folded", "sentences", "starts")
 
     def __init__(self, text: str) -> None:
         self.folded = " ".join(text.split())
         self.sentences = split_sentences(self.folded)
+        self.starts: list[int] = []
+        at = 0
+        for sentence in self.sentences:
+            self.starts.append(at)
+            at += len(sentence) + 1
         self._stems: tuple[frozenset[str], ...] | None = None
+        # the casefolded text when each sentence's stems are its words' prefixes, else ""
+        self._low: str | None = None
+
+    def _plain(self) -> str:
+        if self._low is None:
+            low = plain_words(self.folded) if len(self.sentences) > 1 else None
+            fits = max(map(len, self.sentences)) <= plain_chars(_SENTENCE_TERMS)
+            self._low = low if low is not None and fits else ""
+        return self._low
 
     @property
     def stems(self) -> tuple[frozenset[str], ...]:
         """Each sentence's stems (two threads may both find them: the same value)."""
         if self._stems is None:
             self._stems = tuple(
-                term_prefixes(sentence, _STEM_CHARS, limit=1_000) for sentence in self.sentences
+                term_prefixes(sentence, _STEM_CHARS, limit=_SENTENCE_TERMS)
+                for sentence in self.sentences
             )
         return self._stems
+
+    def held(self) -> frozenset[str]:
+        """The stems that can change the text's line: those of its sentences, none for a
+        text of one sentence (``focus`` cuts that to head and tail whatever the query)."""
+        if len(self.sentences) == 1:
+            return frozenset()
+        low = self._plain()
+        if low:
+            return word_prefixes(low, _STEM_CHARS)
+        return frozenset().union(*self.stems)
+
+    def shared(self, stems: frozenset[str]) -> list[int]:
+        """For each sentence, how many of ``stems`` it holds."""
+        low = self._plain()
+        if not low:
+            return [len(held & stems) for held in self.stems]
+        counts = [0] * len(self.sentences)
+        for stem in stems:
+            for i in {
+                bisect_right(self.starts, at) - 1 for at in prefix_positions(low, stem, _STEM_CHARS)
+            }:
+                counts[i] += 1
+        return counts
 
 
 class SentenceCache:
@@ -389,11 +442,8 @@ def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[s
     if len(text) <= limit:
         return text, False
     if stems and len(sentences) > 1:
-        sentence_stems = split.stems
-        ranked = sorted(
-            range(len(sentences)),
-            key=lambda i: (-len(sentence_stems[i] & stems), i),
-        )
+        shared = split.shared(stems)
+        ranked = sorted(range(len(sentences)), key=lambda i: (-shared[i], i))
         chosen: list[int] = []
         size = 0
         for i in ranked:
@@ -459,8 +509,7 @@ class LineCache:
         with self._lock:
             held = self._stems.get(message.digest)
         if held is None:
-            split = _sentences(message.content)
-            held = frozenset().union(*split.stems) if len(split.sentences) > 1 else frozenset()
+            held = _sentences(message.content).held()
             with self._lock:
                 _bounded(self._stems, message.digest, held, self.remembered)
         return held

@@ -21,6 +21,7 @@ from ragent_memory.search import (
     Indexer,
     LineCache,
     SentenceCache,
+    Split,
     focus,
     index_digest,
     place,
@@ -30,7 +31,7 @@ from ragent_memory.search import (
 )
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
-from ragent_memory.terms import date_stamp
+from ragent_memory.terms import date_stamp, term_prefixes
 
 # The index and its search on both stores (FTS5 and tsvector).
 pytestmark = pytest.mark.both_backends
@@ -341,6 +342,47 @@ def test_a_cached_line_is_what_focus_makes_for_each_query(
     for stems in [*queries, *queries]:
         for limit in (20, 60):
             assert focus(text, limit, stems) == cache(message, limit, stems)
+
+
+_TOKENS = (
+    *_WORDS,
+    *("there", "therefore", "the", "an", "which", "whichever", "ok", "x", "ab_cd", "12", "7"),
+    *("Straße", "STRASSE", "ΣΟΦΙΑ", "σοφία", "İstanbul", "ﬁne", "naïve", "中文", "東京タワー"),
+)
+
+
+@given(
+    st.lists(
+        st.lists(st.sampled_from(_TOKENS), min_size=1, max_size=6).map(" ".join),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from([". ", "! ", "?\n", "。 ", " - ", ", "]),
+    st.frozensets(
+        st.sampled_from([*(t.casefold()[:5] for t in _TOKENS), "x", "there", "an", "ab", "ab_c"]),
+        max_size=6,
+    ),
+)
+def test_the_stems_a_sentence_holds_are_its_words_prefixes(
+    sentences: list[str], end: str, stems: frozenset[str]
+) -> None:
+    """Which query stems each sentence holds, found per stem over the whole text, is what
+    stemming each sentence gives (``term_prefixes``), for any text: CJK, casefolding that
+    changes length, stopwords, underscores, one-char words."""
+    split = Split(end.join(sentences))
+    each = [term_prefixes(s, 5, limit=1_000) for s in split.sentences]
+    assert [len(held & stems) for held in each] == split.shared(stems)
+    assert (frozenset().union(*each) if len(each) > 1 else frozenset()) == split.held()
+
+
+def test_a_sentence_too_long_for_a_set_of_words_is_stemmed_as_before() -> None:
+    """A sentence long enough to hold more than 1,000 words is stemmed in full (its first
+    1,000 terms), as ``term_prefixes`` does."""
+    many = " ".join(f"w{i:04d}" for i in range(1_200))
+    split = Split(f"Short one. {many}. Last.")
+    stems = frozenset({"w0001", "w1100", "short", "last"})
+    each = [term_prefixes(s, 5, limit=1_000) for s in split.sentences]
+    assert [len(held & stems) for held in each] == split.shared(stems) == [1, 1, 1]
 
 
 def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.MonkeyPatch) -> None:
