@@ -1125,6 +1125,49 @@ def favour_the_event_loop(interval_s: float = LOOP_SWITCH_S) -> float:
     return previous
 
 
+def whole_bodies(limit: int) -> type[asyncio.Protocol] | None:
+    """uvicorn's httptools protocol, handing the app each request body whole (up to
+    ``limit`` bytes); None without httptools (uvicorn then picks its own).
+
+    uvicorn copies each piece of a body into a buffer, pauses reading past 64 KB and wakes
+    the app, which copies the buffer out and asks for more: a 2 MB history costs ~30 such
+    rounds and three copies of it before the proxy has it. Here the pieces are kept as they
+    come and joined once when the body is complete, so the app gets it in one message. Past
+    ``limit`` (``serve.max_body_bytes``) what came so far goes to uvicorn's own flow control,
+    so the app still sees the body is too big and refuses it, and at most ``limit`` bytes are
+    held per request."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+
+    class WholeBodies(HttpToolsProtocol):
+        _parts: list[bytes]
+        _size = -1  # bytes kept so far; -1: this body goes through uvicorn's flow control
+
+        def on_headers_complete(self) -> None:
+            self._parts, self._size = [], 0
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._size < 0 or self.parser.should_upgrade():
+                super().on_body(body)
+            elif not self.cycle.response_complete:  # answered already: the rest is dropped
+                self._parts.append(body)
+                self._size += len(body)
+                if self._size > limit:
+                    parts, self._parts, self._size = self._parts, [], -1
+                    super().on_body(b"".join(parts))
+
+        def on_message_complete(self) -> None:
+            parts, self._parts, self._size = self._parts, [], -1
+            if parts and not self.cycle.response_complete:
+                self.cycle.body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[assignment]
+            super().on_message_complete()
+
+    return WholeBodies
+
+
 def serve(
     settings: Settings,
     *,
@@ -1149,6 +1192,7 @@ def serve(
             timeout_graceful_shutdown=30,
             h11_max_incomplete_event_size=64 * 1024,
             proxy_headers=False,  # the client's address is never used: no per-request rewrite
+            http=whole_bodies(config.max_body_bytes) or "auto",
         )
     )
     if ready is not None:

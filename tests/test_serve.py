@@ -814,15 +814,17 @@ from ragent_memory import Settings, StoreSettings
 from ragent_memory.serve import LOOP_SWITCH_S, ServeSettings, favour_the_event_loop, serve
 
 before = sys.getswitchinterval()
-uvicorn.Server.run = lambda self, sockets=None: print(sys.getswitchinterval(), LOOP_SWITCH_S)
+uvicorn.Server.run = lambda self, sockets=None: print(
+    sys.getswitchinterval(), LOOP_SWITCH_S, self.config.http.__name__)
 serve(Settings(store=StoreSettings(path=sys.argv[1]),
                serve=ServeSettings(upstream="http://127.0.0.1:9/v1", port=0)))
 print(favour_the_event_loop(before) == LOOP_SWITCH_S < before == sys.getswitchinterval())
 """
 
 
-def test_serve_hands_the_gil_back_to_its_event_loop_sooner(tmp_path: Path) -> None:
-    # serve (not the library) shortens the switch interval for the event loop's sake
+def test_serve_favours_its_event_loop_and_reads_bodies_whole(tmp_path: Path) -> None:
+    # serve (not the library) shortens the switch interval for the event loop's sake, and
+    # runs uvicorn with the protocol that hands bodies over whole (test_whole_bodies)
     done = subprocess.run(
         [sys.executable, "-c", SWITCH, str(tmp_path / "s.db")],
         capture_output=True,
@@ -830,8 +832,9 @@ def test_serve_hands_the_gil_back_to_its_event_loop_sooner(tmp_path: Path) -> No
         check=True,
         timeout=60,
     )
-    serving, wanted, restored = done.stdout.split()
+    serving, wanted, protocol, restored = done.stdout.split()
     assert float(serving) == float(wanted)
+    assert "WholeBodies" == protocol
     assert "True" == restored
 
 
