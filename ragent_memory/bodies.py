@@ -29,8 +29,8 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import orjson
@@ -68,6 +68,45 @@ def parse_whole(raw: bytes) -> dict[str, Any]:
     return body
 
 
+class _HasRaw(Protocol):
+    raw: bytes
+
+
+_Entry = TypeVar("_Entry", bound=_HasRaw)
+
+
+class _LastPerSession(Generic[_Entry]):
+    """The last entry per session, least recently kept first out: at most ``max_sessions``
+    entries and ``max_bytes`` of their ``raw`` (an entry over that alone is not kept)."""
+
+    def __init__(self, max_sessions: int, max_bytes: int) -> None:
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def get(self, key: str | None) -> _Entry | None:
+        return self._entries.get(key) if key is not None else None
+
+    def keep(self, key: str, entry: _Entry) -> None:
+        self.drop(key)
+        if len(entry.raw) > self._max_bytes:
+            return
+        self._entries[key] = entry
+        self._bytes += len(entry.raw)
+        while len(self._entries) > self._max_sessions or self._bytes > self._max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= len(old.raw)
+
+    def drop(self, key: str) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old.raw)
+
+
 class BodyCache:
     """Per session, the last body it sent (a bounded LRU by count and by bytes).
 
@@ -76,10 +115,7 @@ class BodyCache:
     they must not be mutated (the engine never mutates messages)."""
 
     def __init__(self, *, max_sessions: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
-        self._known: collections.OrderedDict[str, _Known] = collections.OrderedDict()
-        self._max_sessions = max_sessions
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._known = _LastPerSession[_Known](max_sessions, max_bytes)
         self.tail_parses = 0  # how many bodies were parsed by their tail only (for tests)
 
     def parse(self, key: str | None, raw: bytes) -> dict[str, Any]:
@@ -89,44 +125,29 @@ class BodyCache:
     def read(self, key: str | None, raw: bytes) -> tuple[dict[str, Any], int]:
         """``parse``, and how many leading messages are the very objects of ``key``'s
         previous body (as ``adopt`` left them): 0 when it was parsed whole."""
-        known = self._known.get(key) if key is not None else None
+        known = self._known.get(key)
         if key is not None and known is not None:
             extended = _extend(known, raw)
             if extended is not None:
                 self.tail_parses += 1
-                self._keep(key, extended)
+                self._known.keep(key, extended)
                 return _fresh(extended.body), len(known.body["messages"])
         body = parse_whole(raw)
         if key is not None:
             found = _locate(raw, body)
             if found is None:
-                self._drop(key)
+                self._known.drop(key)
             else:
-                self._keep(key, _Known(raw, body, found[0], found[1], proved=False))
+                self._known.keep(key, _Known(raw, body, found[0], found[1], proved=False))
         return _fresh(body), 0
 
     def adopt(self, key: str | None, messages: list[Any]) -> None:
         """Reuse ``messages``' objects from now on: the last body's messages, some swapped
         by the caller for equal objects of its own (so the swap is done once, not on every
         later body)."""
-        known = self._known.get(key) if key is not None else None
+        known = self._known.get(key)
         if known is not None and len(messages) == len(known.body["messages"]):
             known.body = {**known.body, "messages": list(messages)}
-
-    def _keep(self, key: str, known: _Known) -> None:
-        self._drop(key)
-        if len(known.raw) > self._max_bytes:
-            return
-        self._known[key] = known
-        self._bytes += len(known.raw)
-        while len(self._known) > self._max_sessions or self._bytes > self._max_bytes:
-            _, old = self._known.popitem(last=False)
-            self._bytes -= len(old.raw)
-
-    def _drop(self, key: str) -> None:
-        old = self._known.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old.raw)
 
 
 def _fresh(body: dict[str, Any]) -> dict[str, Any]:
@@ -244,10 +265,7 @@ class BodyEncoder:
     list is encoded whole. The other keys are encoded each time (a few small values)."""
 
     def __init__(self, *, max_sessions: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self._known: collections.OrderedDict[str, _Encoded] = collections.OrderedDict()
-        self._max_sessions = max_sessions
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._known = _LastPerSession[_Encoded](max_sessions, max_bytes)
         self.reused = 0  # how many encodes reused the last one's JSON (for tests)
 
     def encode(self, key: str | None, body: Mapping[str, Any]) -> bytes:
@@ -263,7 +281,7 @@ class BodyEncoder:
                 side[name] = value
         head = orjson.dumps(before)[:-1] + (b',"messages":' if before else b'"messages":')
         end = b"," + orjson.dumps(after)[1:] if after else b"}"
-        known = self._known.get(key) if key is not None else None
+        known = self._known.get(key)
         parts = _extended(known, messages) if known is not None else None
         if parts is None:
             parts = (orjson.dumps(messages),)
@@ -271,20 +289,8 @@ class BodyEncoder:
             self.reused += 1
         raw = b"".join((head, *parts, end))
         if key is not None:
-            self._keep(key, _Encoded(list(messages), raw, len(head), len(raw) - len(end)))
+            self._known.keep(key, _Encoded(list(messages), raw, len(head), len(raw) - len(end)))
         return raw
-
-    def _keep(self, key: str, encoded: _Encoded) -> None:
-        old = self._known.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old.raw)
-        if len(encoded.raw) > self._max_bytes:
-            return
-        self._known[key] = encoded
-        self._bytes += len(encoded.raw)
-        while len(self._known) > self._max_sessions or self._bytes > self._max_bytes:
-            _, dropped = self._known.popitem(last=False)
-            self._bytes -= len(dropped.raw)
 
 
 def _extended(known: _Encoded, messages: list[Any]) -> tuple[Any, ...] | None:
