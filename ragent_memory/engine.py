@@ -184,8 +184,9 @@ class MemoryEngine:
         )
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._sessions_lock = threading.Lock()
-        # session → the plain messages after_turn was last given (a shallow copy): the next call
-        # of an app that appends converts and validates only what is new
+        # session → the plain messages after_turn was last given (a list of its own, grown by
+        # what is new each call): the next call of an app that appends converts and validates
+        # only what is new
         self._validated: OrderedDict[str, list[Message]] = OrderedDict()
         self._closed = False
 
@@ -443,11 +444,11 @@ class MemoryEngine:
         """
         self._check_open()
         _check_id("session_id", session_id)
-        given, seen = messages, self._seen_before(session_id, messages)
+        given, (seen, known) = messages, self._seen_before(session_id, messages)
         messages = self._inputs.accept(given, plain=seen)
         if user_id is None or not self.settings.long_term_enabled:
             validate_messages(messages, seen)
-            self._remember(session_id, given, messages)
+            self._remember(session_id, given, messages, known)
             self._index(messages, session_id, user_id)
             return
         _check_id("user_id", user_id)
@@ -457,33 +458,46 @@ class MemoryEngine:
             log.error("memory.record_failed", user_id=user_id, error=repr(err))
             self._index(messages, session_id, user_id)
             return
-        self._remember(session_id, given, messages)
+        self._remember(session_id, given, messages, known)
         with self._extractions_lock:
             self._pending_users.add(user_id)
         self._index(messages, session_id, user_id)
         if pending >= EXTRACTION_MIN_PENDING:
             self._schedule_extraction(user_id)
 
-    def _seen_before(self, session_id: str, messages: Sequence[Message]) -> int:
+    def _seen_before(
+        self, session_id: str, messages: Sequence[Message]
+    ) -> tuple[int, list[Message] | None]:
         """How many leading ``messages`` are the plain, valid ones the session's last
-        ``after_turn`` was given: one C-level ``==`` that meets the same objects first (an app
-        appending to its list), so only what is new is converted and validated."""
+        ``after_turn`` was given, and (when any) that list grown to ``messages``, for
+        ``_remember`` to keep. The list is extended by what is new and compared with
+        ``messages`` in one C-level ``==``, which meets the same objects without reading
+        them: an app appending to its list has only its new messages touched, converted and
+        validated (a slice or a copy of the whole history would touch every message, twice,
+        each turn). The list is this call's until ``_remember`` puts it back: a concurrent
+        call on the session reads everything."""
         with self._sessions_lock:
-            seen = self._validated.get(session_id)
-        if not seen or not isinstance(messages, list):
-            return 0
+            seen = self._validated.pop(session_id, None)
+        if not seen or not isinstance(messages, list) or len(messages) < len(seen):
+            return 0, None
+        known = len(seen)
+        seen += messages[known:]
         try:
-            return len(seen) if messages[: len(seen)] == seen else 0
+            same = seen == messages
         except Exception:  # a value whose == raises: read everything, validation names it
-            return 0
+            same = False
+        return (known, seen) if same else (0, None)
 
-    def _remember(self, session_id: str, given: Any, accepted: Sequence[Message]) -> None:
-        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts."""
+    def _remember(
+        self, session_id: str, given: Any, accepted: Sequence[Message], seen: list[Message] | None
+    ) -> None:
+        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts
+        (``seen``: ``_seen_before``'s list, already equal to it)."""
+        if accepted is not given or not isinstance(given, list):
+            return
+        kept = list(given) if seen is None else seen
         with self._sessions_lock:
-            if accepted is not given or not isinstance(given, list):
-                self._validated.pop(session_id, None)
-                return
-            self._validated[session_id] = list(given)
+            self._validated[session_id] = kept
             self._validated.move_to_end(session_id)
             while len(self._validated) > self.settings.session_cache_size:
                 self._validated.popitem(last=False)
