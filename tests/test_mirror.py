@@ -3,6 +3,8 @@ now (whoever wrote or deleted them), and never another user's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -306,3 +308,30 @@ def test_the_best_few_of_many_tied_matches_rank_as_fts5(
         assert [m.position for m in plain[0][0]] == [m.position for m in found[0]]
         assert {m.score for m in plain[0][0]} == {0.0}
         assert all(a is b for a, b in zip(plain[0][0], plain[1][0], strict=True))
+
+
+_FIRST_RANK = """
+import sys
+from ragent_memory import mirror
+from ragent_memory.records import IndexedMessage
+unit = mirror._Unit()
+for i in range(6):
+    counts, n = mirror.text_terms(f"refund {i}")
+    unit.add(IndexedMessage("s", i, "user", "x", "", f"d{i}", id=i + 1), False, counts, n)
+before = set(sys.modules)
+ranked = unit.rank(
+    mirror.query_keys(["refund"]), session_id="s", visible_from=3, shown=[5, 1, 4, 1], limit=10
+)
+print(sorted(unit.positions[row] for row, _ in ranked))
+print(sorted(name for name in set(sys.modules) - before if name.startswith("numpy")))
+"""
+
+
+def test_a_processs_first_ranking_loads_no_more_of_numpy() -> None:
+    """The first ranking with rows shown as placeholders (given unsorted, repeated) hides the
+    rest of the view and imports nothing more of numpy (``np.unique`` pulled in numpy.ma:
+    tens of ms on a process's first recall turn)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_RANK], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert ["[0, 1, 2, 4, 5]", "[]"] == out.stdout.split("\n")[:2]
