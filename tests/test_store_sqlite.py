@@ -262,3 +262,29 @@ def test_the_mapped_wal_index_follows_other_processes(tmp_path: Path) -> None:
             assert os.fstat(store._shm).st_ino == Path(shm).stat().st_ino
             assert held == _locks_held(shm)
     assert not Path(shm).exists()
+
+
+def test_the_wal_is_checkpointed_off_the_writing_thread(tmp_path: Path) -> None:
+    """The store's connection leaves checkpoints to a thread of their own (a turn's commit
+    copied thousands of WAL pages into the file on the caller's thread): past
+    ``CHECKPOINT_FRAMES`` a commit asks for one, and the WAL restarts from its start instead
+    of growing to the connection's own threshold, ten times higher."""
+    path = tmp_path / "wal.db"
+    page = 4_096
+    with Store(path) as store:
+        assert (
+            sqlite_backend.INLINE_CHECKPOINT_FRAMES
+            == (store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        )
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        largest = 0
+        for i in range(120):  # ~60 frames per write: 7,200 frames in all
+            store.offload("s", f"{i:04d}" + "x" * 240_000, ttl_days=1)
+            assert checkpointer.wait_idle(30)
+            largest = max(largest, os.path.getsize(f"{path}-wal"))
+        assert checkpointer.runs >= 3
+        frames = sqlite_backend.CHECKPOINT_FRAMES + 200  # the threshold and one write past it
+        assert largest < frames * (page + 24) + 32
+        assert 120 == store.db.execute("SELECT count(*) FROM offloads").fetchone()[0]
+    assert not os.path.exists(f"{path}-wal")  # the last connection closed: all checkpointed

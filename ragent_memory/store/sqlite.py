@@ -19,11 +19,14 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import StoreError
+from ..logs import get_logger
 from ..settings import DEFAULT_LEASE_S
 from .audit import AuditTable
 from .base import Clock, utc_now
 from .recall_index import IndexedTables
 from .schema import MIGRATIONS
+
+log = get_logger(__name__)
 
 BUSY_TIMEOUT_S = 30.0
 # The WAL index (the ``-shm`` file, https://sqlite.org/walformat.html) starts with a 48-byte
@@ -33,11 +36,90 @@ WAL_INDEX_HEADER = 48
 WAL_INDEX_VERSION = 3007000
 WAL_INDEX_VERSION_BYTES = WAL_INDEX_VERSION.to_bytes(4, sys.byteorder)
 WAL_INDEX_CHANGE = slice(8, 12)  # the header's commit counter (native order): +1 per commit
+WAL_INDEX_FRAMES = slice(16, 20)  # its mxFrame: frames in the WAL (0 after a restart)
+# A checkpoint is asked of the background checkpointer once the WAL holds this many frames
+# (SQLite's own default for the committing connection); the connection itself checkpoints
+# only past INLINE_CHECKPOINT_FRAMES, when the background one lags behind or fails.
+CHECKPOINT_FRAMES = 1_000
+INLINE_CHECKPOINT_FRAMES = 10_000
 UNKNOWN = object()
 
 
 def _commits(header: bytes) -> int:
     return int.from_bytes(header[WAL_INDEX_CHANGE], sys.byteorder)
+
+
+def _frames(header: bytes) -> int:
+    return int.from_bytes(header[WAL_INDEX_FRAMES], sys.byteorder)
+
+
+class _Checkpointer:
+    """Checkpoints the WAL on its own thread and connection, so no turn pays for one.
+
+    SQLite checkpoints in the connection whose commit took the WAL past its threshold: the
+    commit of a turn's substitutions then copied thousands of pages into the database file
+    (5-15 ms of the calling thread's CPU, a slow-model session's worst turns). Here a commit
+    past ``CHECKPOINT_FRAMES`` asks for a passive checkpoint instead, which waits for no
+    reader or writer; the next write transaction restarts the WAL once it is all copied."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._wanted = False
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
+        self._busy = False  # a checkpoint is running
+        self.runs = 0  # checkpoints run (tests)
+
+    def request(self) -> None:
+        with self._lock:
+            if self._closing or self._wanted:
+                return
+            self._wanted = True
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="ragent-checkpoint", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no checkpoint is wanted or running (tests); False on timeout."""
+        with self._lock:
+            return self._wake.wait_for(lambda: not self._wanted and not self._busy, timeout_s)
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                with self._lock:
+                    self._wake.wait_for(lambda: self._wanted or self._closing)
+                    if self._closing:
+                        return
+                    self._wanted, self._busy = False, True
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.runs += 1
+                except sqlite3.Error as err:  # the connection's own checkpoint is the fallback
+                    log.warning("store.checkpoint_failed", path=self.path, error=repr(err))
+                finally:
+                    with self._lock:
+                        self._busy = False
+                        self._wake.notify_all()
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 class _Database(sqlite_utils.Database):
@@ -120,6 +202,10 @@ class Store(IndexedTables, AuditTable):
                 self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
                 and self.path != ":memory:"
             )
+            self._checkpointer: _Checkpointer | None = None
+            if self._wal:
+                self._checkpointer = _Checkpointer(self.path)
+                self.db.execute(f"PRAGMA wal_autocheckpoint = {INLINE_CHECKPOINT_FRAMES}")
             self._shm: int | None = None  # a read-only descriptor of the -shm file
             self._header: mmap.mmap | None = None  # its WAL index header, mapped
             self._shm_lock = threading.Lock()  # opening them (read without the store lock)
@@ -203,7 +289,20 @@ class Store(IndexedTables, AuditTable):
                 # One page per step: run it to completion (execute() would step only once).
                 self.db.conn.executescript("PRAGMA incremental_vacuum;")
             if self.path != ":memory:":
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._truncate_wal()
+
+    def _truncate_wal(self) -> None:
+        """Copy the whole WAL into the file and truncate it. A checkpoint running on the
+        background checkpointer would make it give up at once: wait that one out first, and
+        try again (bounded by the busy timeout) while another connection holds one."""
+        if self._checkpointer is not None:
+            self._checkpointer.wait_idle(BUSY_TIMEOUT_S)
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+            if time.monotonic() > deadline:
+                log.warning("store.wal_not_truncated", path=self.path)
+                return
+            time.sleep(0.01)
 
     def _load_secret(self) -> bytes:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
@@ -269,11 +368,18 @@ class Store(IndexedTables, AuditTable):
         """After this connection's own commit: when nothing else was committed since
         ``last_write`` last asked (the header before the commit is the one it saw) and the
         header's commit counter moved by exactly one (this commit), its answers still hold
-        but for the sessions this commit wrote. Else the next ``last_write`` asks again."""
+        but for the sessions this commit wrote. Else the next ``last_write`` asks again.
+        A WAL of ``CHECKPOINT_FRAMES`` or more is handed to the background checkpointer."""
         touched, self._touched = self._touched, set()
+        after = self._wal_mark()
+        if (
+            after is not None
+            and self._checkpointer is not None
+            and _frames(after) >= CHECKPOINT_FRAMES
+        ):
+            self._checkpointer.request()
         if before is None or before != self._writes_mark:
             return
-        after = self._wal_mark()
         if after is None or _commits(after) != (_commits(before) + 1) % 2**32:
             return
         for session_id in touched:
@@ -325,6 +431,8 @@ class Store(IndexedTables, AuditTable):
             return [r[0] for r in self.db.execute("SELECT name FROM _migrations ORDER BY version")]
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()  # first: a checkpoint running finishes
         with self._lock, self._shm_lock:
             self._wal = False
             self.db.close()  # first: closing the -shm descriptors drops the connection's locks
