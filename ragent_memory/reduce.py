@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -57,15 +58,19 @@ class ReduceResult:
     truncations: tuple[Truncation, ...] = ()
 
 
-def recall_call_ids(view: Sequence[Message]) -> set[str]:
-    """Ids of the calls to the recall tool in ``view``; their results are never reduced."""
-    return {
-        call["id"]
-        for m in view
-        if m.get("role") == "assistant"
-        for call in m.get("tool_calls") or ()
-        if (call.get("function") or {}).get("name") == RECALL_TOOL_NAME
-    }
+def _call_name(view: Sequence[Message], index: int, call_id: Any) -> str | None:
+    """The name of the call the tool result at ``index`` answers: the nearest assistant
+    message before it carrying a call of that id (after it, in a history out of order);
+    None when none does. Usually the message just before: a look at each message of the
+    view on a turn with an oversized result took a millisecond in a long view."""
+    for position in (*range(index - 1, -1, -1), *range(index + 1, len(view))):
+        message = view[position]
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or ():
+            if call.get("id") == call_id:
+                return (call.get("function") or {}).get("name")
+    return None
 
 
 def _with_text(message: Message, text: str) -> Message:
@@ -91,7 +96,6 @@ def reduce(
     that are new since the last turn).
     """
     indexes = range(len(view)) if candidates is None else sorted(candidates)
-    recall_ids: set[str] | None = None
     out = list(view)
     done: list[Truncation] = []
     for index in indexes:
@@ -101,10 +105,8 @@ def reduce(
             text = text_of(message)
             if len(text) <= limit_chars:
                 continue
-            if recall_ids is None:
-                recall_ids = recall_call_ids(view)
-            if message.get("tool_call_id") in recall_ids:
-                continue
+            if _call_name(view, index, message.get("tool_call_id")) == RECALL_TOOL_NAME:
+                continue  # a recall result is never reduced
             ref = ref_for(text)
             shown = preview(text, limit_chars=limit_chars, language=language, ref=ref)
             done.append(Truncation(index, _with_text(message, shown), (ref,), (text,)))

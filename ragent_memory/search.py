@@ -537,20 +537,41 @@ def _line(
     return f"[{message.role}] {text}"
 
 
+def _tag(excerpt: Excerpt) -> str:
+    tag = f"— session {excerpt.session_id[:40]}"
+    if excerpt.dated:
+        tag += f" · {excerpt.dated}"
+    return tag + f" · #{excerpt.messages[0].position}"
+
+
+def _limit(excerpt: Excerpt, message: IndexedMessage) -> int:
+    return HIT_CHARS if message.position in excerpt.hits else NEIGHBOUR_CHARS
+
+
 def render_excerpt(
     excerpt: Excerpt, ref_for: RefFor | None = None, stems: frozenset[str] = frozenset()
 ) -> str:
     """One excerpt: a tag line (session, date, position), then one line per message."""
-    first = excerpt.messages[0].position
-    tag = f"— session {excerpt.session_id[:40]}"
-    if excerpt.dated:
-        tag += f" · {excerpt.dated}"
-    tag += f" · #{first}"
-    lines = [tag]
+    lines = [_tag(excerpt)]
     for message in excerpt.messages:
-        limit = HIT_CHARS if message.position in excerpt.hits else NEIGHBOUR_CHARS
-        lines.append(_line(message, limit, ref_for, stems))
+        lines.append(_line(message, _limit(excerpt, message), ref_for, stems))
     return "\n".join(lines)
+
+
+def least_chars(excerpt: Excerpt) -> int:
+    """A lower bound on ``len(render_excerpt(excerpt, …))`` whatever the refs and the query,
+    found without ``focus``: the tag line, each line's role tag, and each text within its
+    limit (shown whole, whitespace folded); a longer text counts nothing, since ``focus``
+    may cut it to one short sentence. When the recall block has little room left (a view
+    near B, as while the ceiling holds a session for a running compaction), most excerpts
+    are ruled out by this alone, not rendered to be dropped: a long hit's line is the
+    costly part (its text split and matched against the query's stems)."""
+    total = len(_tag(excerpt))
+    for message in excerpt.messages:
+        total += len(message.role) + 4  # "\n[role] "
+        if len(message.content) <= _limit(excerpt, message):
+            total += len(" ".join(message.content.split()))
+    return total
 
 
 def render_block(parts: Sequence[str], language: str) -> str:
@@ -728,6 +749,8 @@ def recall(
     for excerpt in excerpts:
         if limit is not None and len(parts) >= limit:
             break
+        if least_chars(excerpt) + 1 > room:
+            continue  # it cannot fit: not rendered
         text = render_excerpt(excerpt, ref_for, stems)
         if len(text) + 1 <= room:
             parts.append(text)

@@ -107,6 +107,29 @@ def test_results_of_the_recall_tool_are_never_reduced() -> None:
     assert () == reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref).truncations
 
 
+def test_a_recall_result_is_known_by_its_own_call_wherever_it_stands() -> None:
+    """Each result is matched to the call it answers, the nearest before it carrying its id
+    (or after it, out of order): a recall result after parallel calls stays whole, another
+    tool's result beside it is reduced, and so is a result whose id no call carries."""
+    big = "x" * 50_000
+    parallel = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call("s1", "search_knowledge"), call("r1", RECALL_TOOL_NAME)],
+    }
+    view = [
+        user("q"),
+        parallel,
+        {"role": "tool", "tool_call_id": "s1", "content": big},
+        {"role": "tool", "tool_call_id": "r1", "content": big},
+        {"role": "tool", "tool_call_id": "r2", "content": big},  # answered out of order
+        {"role": "assistant", "content": None, "tool_calls": [call("r2", RECALL_TOOL_NAME)]},
+        {"role": "tool", "tool_call_id": "nobody", "content": big},
+    ]
+    reduced = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
+    assert [2, 6] == [t.index for t in reduced.truncations]
+
+
 def test_oversized_arguments_become_a_json_preview() -> None:
     """An oversized call input is wrapped as a JSON object; id, name and the other calls stay."""
     big = json.dumps({"rows": text(9_000)})
