@@ -85,7 +85,8 @@ class _Checkpointer:
             self._wake.notify()
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no checkpoint is wanted or running (tests); False on timeout."""
+        """Wait until no checkpoint is wanted or running (``gc``'s truncation, tests); False
+        on timeout."""
         with self._lock:
             return self._wake.wait_for(lambda: not self._wanted and not self._busy, timeout_s)
 
