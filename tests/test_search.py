@@ -318,6 +318,36 @@ def test_sentences_are_cut_where_a_look_behind_cuts_them(text: str) -> None:
     assert tuple(_LOOK_BEHIND.split(folded)) == split_sentences(folded)
 
 
+# Every white space ``str.split`` knows of a kind (ASCII, separators, NEL, NBSP, ideographic).
+_RAW = "ab .!?。！？\n\t\x1c\x85\u3000\u00a0\u2028x."
+
+
+@given(st.text(alphabet=_RAW, max_size=80))
+def test_a_break_is_found_in_raw_text_where_folding_leaves_one(text: str) -> None:
+    """``has_break`` says, without folding, whether the folded text is cut in two or more."""
+    assert (len(split_sentences(" ".join(text.split()))) > 1) == search.has_break(text)
+
+
+# One sentence (an end char followed by text is no break), white space of every kind.
+_ONE_SENTENCE = ("ab", "x", "a.b", "x!y", "。z", " ", "  ", "\n", "\t", "\x1c", "\x85", "\u3000")
+
+
+@given(
+    st.lists(st.sampled_from((*_ONE_SENTENCE, "\u00a0", "\u2028")), min_size=60).map("".join),
+    st.sampled_from([30, 60, 120]),
+    st.frozensets(st.sampled_from(["ab", "x", "abx"]), max_size=2),
+)
+def test_a_long_text_of_one_sentence_is_cut_as_when_folded_whole(
+    text: str, limit: int, stems: frozenset[str]
+) -> None:
+    """Folding only a one-sentence text's two ends gives the head + tail folding it whole
+    gave (the same ``focus`` whatever the white space)."""
+    fast = focus(text, limit, stems)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(search, "has_break", lambda _text: True)  # the fold of the whole text
+        assert focus(text, limit, stems) == fast
+
+
 _WORDS = ("passport", "filler", "keeper", "refund", "ticket", "order", "x1234", "nothing")
 
 
@@ -387,7 +417,7 @@ def test_a_sentence_too_long_for_a_set_of_words_is_stemmed_as_before() -> None:
 
 def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.MonkeyPatch) -> None:
     """An export of rows without a sentence end is cut to head + tail whatever the query: it
-    is folded, never stemmed, for its line."""
+    is never stemmed, nor even folded whole (only its two ends), for its line."""
     rows = "\n".join(f"row {i}: refund record {10_000 + i}" for i in range(2_000))
     message = IndexedMessage("s1", 3, "tool", rows, digest=index_digest("tool", rows))
     calls: list[str] = []
@@ -395,6 +425,8 @@ def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.Monkey
     monkeypatch.setattr(
         search, "term_prefixes", lambda *a, **k: calls.append(a[0]) or real(*a, **k)
     )
+    real_split = search.Split
+    monkeypatch.setattr(search, "Split", lambda text: calls.append(text) or real_split(text))
     cache = LineCache(remembered=8)
     for stems in (frozenset({"refun"}), frozenset({"recor", "row"}), frozenset()):
         assert focus(rows, 240, stems) == cache(message, 240, stems)
