@@ -239,16 +239,19 @@ def _proves(known: _Known) -> bool:
 
 _MAX_DIFFERENT = 16  # earlier positions holding another object before a whole encode
 
+_Part = bytes | memoryview
+
 
 @attrs.define
 class _Encoded:
-    """A session's last encoded body: its ``messages`` (a copy), the JSON, and where the
-    ``messages`` array is in it."""
+    """A session's last encoded body: its ``messages`` (a copy), the JSON, where the
+    ``messages`` array is in it, and where the array's last item starts (from ``start``)."""
 
     messages: list[Any]
     raw: bytes
     start: int
     stop: int
+    last: int
 
 
 class BodyEncoder:
@@ -259,10 +262,14 @@ class BodyEncoder:
     session sends grows by appending: its earlier messages are the very objects encoded last
     time (the engine and the proxy never change a message object once made, as
     ``BodyCache`` relies on too), so their JSON is reused and only the appended messages are
-    encoded. An earlier position holding another object is reused only when that object
-    encodes to the same bytes (the engine rebuilds a few small messages each turn, equal to
-    the last ones); more than a few such positions, a shorter list, or a changed one, and the
-    list is encoded whole. The other keys are encoded each time (a few small values)."""
+    encoded. The last message encoded may be another object the next time: the engine sends
+    the final user message with the turn's recall block on a copy, and the view it keeps
+    holds it without (DESIGN §9b), so the JSON is reused up to where that message began and
+    it is encoded again with what follows. Any other earlier position holding another object
+    is reused only when that object encodes to the same bytes (the engine rebuilds a few
+    small messages each turn, equal to the last ones); more than a few such positions, a
+    shorter list, or a changed one, and the list is encoded whole. The other keys are encoded
+    each time (a few small values)."""
 
     def __init__(self, *, max_sessions: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._known = _LastPerSession[_Encoded](max_sessions, max_bytes)
@@ -282,32 +289,62 @@ class BodyEncoder:
         head = orjson.dumps(before)[:-1] + (b',"messages":' if before else b'"messages":')
         end = b"," + orjson.dumps(after)[1:] if after else b"}"
         known = self._known.get(key)
-        parts = _extended(known, messages) if known is not None else None
-        if parts is None:
-            parts = (orjson.dumps(messages),)
+        found = _extended(known, messages) if known is not None else None
+        if found is None:
+            parts, last = _array(messages)
         else:
+            parts, last = found
             self.reused += 1
         raw = b"".join((head, *parts, end))
         if key is not None:
-            self._known.keep(key, _Encoded(list(messages), raw, len(head), len(raw) - len(end)))
+            encoded = _Encoded(list(messages), raw, len(head), len(raw) - len(end), last)
+            self._known.keep(key, encoded)
         return raw
 
 
-def _extended(known: _Encoded, messages: list[Any]) -> tuple[Any, ...] | None:
+def _items(run: list[Any]) -> tuple[tuple[_Part, ...], int]:
+    """The JSON of a non-empty ``run`` of items, comma-separated without the brackets, in
+    parts, and where its last item starts."""
+    last = orjson.dumps(run[-1])
+    if len(run) == 1:
+        return (last,), 0
+    before = orjson.dumps(run[:-1])  # "[a,b]": "a,b" then "," then the last one
+    return (memoryview(before)[1:-1], b",", last), len(before) - 1
+
+
+def _array(messages: list[Any]) -> tuple[tuple[_Part, ...], int]:
+    """``orjson.dumps(messages)`` in parts, and where its last item starts (1 when empty)."""
+    if not messages:
+        return (b"[]",), 1
+    parts, last = _items(messages)
+    return (b"[", *parts, b"]"), 1 + last
+
+
+def _differ(one: Any, other: Any) -> bool:
+    return orjson.dumps(one) != orjson.dumps(other)
+
+
+def _extended(known: _Encoded, messages: list[Any]) -> tuple[tuple[_Part, ...], int] | None:
     """The JSON of ``messages`` in parts, from ``known``'s, when ``messages`` starts with
-    what ``known`` encoded (see ``BodyEncoder``); else None."""
+    what ``known`` encoded (see ``BodyEncoder``), and where its last item starts; else None."""
     earlier = known.messages
     count = len(earlier)
     if not count or len(messages) < count:
         return None
+    keep = count  # how many of the earlier items' JSON is reused
     different = itertools.compress(itertools.count(), map(operator.is_not, messages, earlier))
     for checked, index in enumerate(different):
-        if checked == _MAX_DIFFERENT:
-            return None
-        if orjson.dumps(messages[index]) != orjson.dumps(earlier[index]):
+        if index == count - 1:
+            keep = index  # encoded again below, with the ones that follow it
+        elif checked == _MAX_DIFFERENT or _differ(messages[index], earlier[index]):
             return None
     array = memoryview(known.raw)[known.start : known.stop]
-    if len(messages) == count:
-        return (array,)
-    added = orjson.dumps(messages[count:])
-    return (array[:-1], b",", memoryview(added)[1:])
+    if keep == len(messages):
+        return (array,), known.last
+    prefix: tuple[_Part, ...]
+    if keep < count:  # up to where the last item began: just past "[" or its comma
+        prefix, start = (array[: known.last],), known.last
+    else:
+        prefix, start = (array[:-1], b","), len(array)
+    parts, last = _items(messages[keep:])
+    return (*prefix, *parts, b"]"), start + last

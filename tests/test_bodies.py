@@ -275,6 +275,7 @@ def test_an_earlier_message_that_is_another_object(change: str, reused: bool) ->
     history: list[dict[str, Any]] = [
         *conversation(_MAX_DIFFERENT),
         {"role": "user", "content": "n", "n": 1},
+        {"role": "assistant", "content": "last"},  # the last one: see the recall block test
     ]
     encoder.encode("s", upstream_body(history))
     changed = [*history, {"role": "assistant", "content": "more"}]
@@ -285,12 +286,44 @@ def test_an_earlier_message_that_is_another_object(change: str, reused: bool) ->
     elif change == "other key order":
         changed[1] = dict(reversed(changed[1].items()))
     elif change == "float for int":
-        changed[len(history) - 1] = {**changed[len(history) - 1], "n": 1.0}
+        changed[len(history) - 2] = {**changed[len(history) - 2], "n": 1.0}
     else:
         changed[: _MAX_DIFFERENT + 1] = [dict(m) for m in changed[: _MAX_DIFFERENT + 1]]
     body = upstream_body(changed)
     assert orjson.dumps(body) == encoder.encode("s", body)
     assert reused == (encoder.reused == 1)
+
+
+def test_a_last_message_sent_with_a_recall_block_is_encoded_again_alone() -> None:
+    """The engine sends the final user message with the turn's recall block on a copy, and
+    its view holds it without: the next body reuses the JSON up to that message, which is
+    encoded again with what follows, byte for byte the whole encode; so is a last message
+    that is another object (equal or not) in a list as long as the last one."""
+    encoder = BodyEncoder()
+    view = [*conversation(6), {"role": "user", "content": "and now?"}]
+    answer = {"role": "assistant", "content": "x"}
+    asked = {"role": "user", "content": "y"}
+
+    def with_block(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        text = {"type": "text", "text": messages[-1]["content"]}
+        block = {"type": "text", "text": '[recall] ü ] "quoted"'}
+        return [*messages[:-1], {**messages[-1], "content": [block, text]}]
+
+    for sent in (
+        with_block(view),
+        with_block([*view, answer, asked]),  # the view holds "and now?" without its block
+        [*view, answer, asked],  # no block this time: "y" is the view's own
+        [*view, answer, dict(asked)],  # an equal copy
+        [*view, answer, {"role": "user", "content": "z"}],  # another message, same length
+        [*view, answer, asked, answer],
+    ):
+        body = upstream_body(sent, tools=True)
+        assert orjson.dumps(body) == encoder.encode("s", body)
+    assert 5 == encoder.reused
+    for sent in ([], [asked], [answer]):  # shorter: whole; none before; the only one replaced
+        body = upstream_body(sent)
+        assert orjson.dumps(body) == encoder.encode("s", body)
+    assert 6 == encoder.reused
 
 
 _value = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), _text, st.none())
