@@ -20,6 +20,7 @@ from ragent_memory.search import (
     SEARCH_TOOL_NAME,
     Indexer,
     LineCache,
+    Recaller,
     SentenceCache,
     Split,
     focus,
@@ -29,7 +30,7 @@ from ragent_memory.search import (
     search_tool_schema,
     split_sentences,
 )
-from ragent_memory.settings import StoreSettings
+from ragent_memory.settings import Settings, StoreSettings
 from ragent_memory.store import Backend, Store, open_store
 from ragent_memory.terms import date_stamp, term_prefixes
 
@@ -431,6 +432,35 @@ def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.Monkey
     for stems in (frozenset({"refun"}), frozenset({"recor", "row"}), frozenset()):
         assert focus(rows, 240, stems) == cache(message, 240, stems)
     assert [] == calls
+
+
+def test_a_long_message_is_split_and_stemmed_as_it_is_indexed(
+    store: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The indexer's thread splits and stems each new long message: the turn that first
+    recalls it only matches it against its query (nothing split on the caller's thread)."""
+    monkeypatch.setattr(search, "_lines", LineCache(remembered=256))
+    monkeypatch.setattr(search, "_sentences", SentenceCache(max_chars=1_000_000))
+    long = " ".join(f"The refund for order {i} was approved by the keeper." for i in range(60))
+    recaller = Recaller(store, Settings(context_window_chars=200_000), engine_headers=())
+    try:
+        recaller.after_turn(chat("Who approves refunds?", long), session_id="s1", user_id=None)
+        recaller.flush(10)
+        split: list[str] = []
+        real = search.Split
+        monkeypatch.setattr(search, "Split", lambda text: split.append(text) or real(text))
+        found = recaller.block(
+            "s1",
+            None,
+            "refund keeper order",
+            visible_from=EVERYTHING,
+            shown=(),
+            max_chars=4_000,
+            known_text="",
+        )
+        assert "was approved by the keeper" in found.text and [] == split
+    finally:
+        recaller.close()
 
 
 def test_search_tool_schema() -> None:
