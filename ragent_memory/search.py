@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -142,8 +143,8 @@ class Indexer:
     ) -> None:
         self.store = store
         self.mirror = mirror  # counts each batch's terms and reads it in (mirror.writing)
-        # after each batch of new messages is written and searchable (not those leaving a
-        # view: they were new once), on the indexer's thread
+        # on the indexer's thread, after each batch of messages that left a view (what recall
+        # can now show) is written, as a task of its own (a search waits for no more)
         self.on_indexed = on_indexed
         self.engine_headers = tuple(engine_headers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
@@ -271,10 +272,18 @@ class Indexer:
                 with self.mirror.writing(user_id, rows):
                     self.store.index_messages(user_id, rows, terms)
             self._dated[session_id] = dated
-            if self.on_indexed is not None and start >= 0:
-                self.on_indexed(rows)
+            if self.on_indexed is not None and start < 0:
+                with self._lock, contextlib.suppress(RuntimeError):  # closing: none wanted
+                    self._last = self._pool.submit(self._indexed, rows)
         except Exception as err:  # the worker boundary: a failed batch is re-read on restart
             log.error("recall.index_failed", session_id=session_id, error=repr(err))
+
+    def _indexed(self, rows: Sequence[IndexedMessage]) -> None:
+        assert self.on_indexed is not None
+        try:
+            self.on_indexed(rows)
+        except Exception as err:  # the worker boundary: it only prepares for later turns
+            log.error("recall.on_indexed_failed", error=repr(err))
 
     def submit(self, fn: Callable[[str], None], session_id: str) -> bool:
         """Run ``fn(session_id)`` on the indexer's thread after what is scheduled (``flush``
@@ -544,7 +553,7 @@ class LineCache:
 
     def warm(self, messages: Sequence[IndexedMessage]) -> None:
         """Split and stem each long message ahead of its first recall (the indexer's thread
-        calls this as it indexes new messages): the turn that first shows a long hit then
+        calls this once messages leave a view): the turn that first shows a long hit then
         only matches it against its query (a 2,600-char search result took the caller ~0.2
         ms to split and stem, and a turn often met several new ones)."""
         for message in messages:

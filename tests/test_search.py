@@ -437,14 +437,16 @@ def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.Monkey
 def test_a_long_message_is_split_and_stemmed_as_it_is_indexed(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The indexer's thread splits and stems each new long message: the turn that first
-    recalls it only matches it against its query (nothing split on the caller's thread)."""
+    """The indexer's thread splits and stems each long message that leaves the view: the
+    turn that first recalls it only matches it against its query (nothing split on the
+    caller's thread)."""
     monkeypatch.setattr(search, "_lines", LineCache(remembered=256))
     monkeypatch.setattr(search, "_sentences", SentenceCache(max_chars=1_000_000))
     long = " ".join(f"The refund for order {i} was approved by the keeper." for i in range(60))
     recaller = Recaller(store, Settings(context_window_chars=200_000), engine_headers=())
     try:
-        recaller.after_turn(chat("Who approves refunds?", long), session_id="s1", user_id=None)
+        history = chat("Who approves refunds?", long)
+        recaller.on_leave("s1", None, list(enumerate(history)))
         recaller.flush(10)
         split: list[str] = []
         real = search.Split
