@@ -237,10 +237,12 @@ class Indexer:
 
     def wait_for(self, session_id: str, before: int, timeout_s: float) -> None:
         """Wait for the session's latest batch if it indexes a position below ``before``,
-        so a search sees what left the view in the same call (deterministic output)."""
+        so a search sees what left the view in the same call (deterministic output). With
+        ``timeout_s`` 0 (``compaction_timeout_s: 0``, a turn never waits) the search goes on
+        without it, as configured: no warning."""
         with self._lock:
             batch = self._batches.get(session_id)
-        if batch is None or batch[1] >= before or batch[0].done():
+        if batch is None or batch[1] >= before or batch[0].done() or timeout_s <= 0:
             return
         # The batch's own failures end at its worker boundary (_write): only time is left.
         if wait([batch[0]], timeout=timeout_s).not_done:  # search without it this turn

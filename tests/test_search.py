@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -201,6 +203,25 @@ def counting_dict(reads: list[str]) -> type[dict[str, Any]]:
             return super().get(key, default)
 
     return Counting
+
+
+def test_a_turn_that_never_waits_searches_without_a_warning(store: Store) -> None:
+    """With ``timeout_s`` 0 (``compaction_timeout_s: 0``) a search does not wait for what is
+    still being indexed, as configured, and says nothing; a wait that runs out warns."""
+    indexer = Indexer(store)
+    held = threading.Event()
+    try:
+        indexer.submit(lambda _sid: held.wait(10), "s1")  # the worker busy until released
+        indexer.add("s1", None, [(0, {"role": "user", "content": "the keeper is Ada"})])
+        with structlog.testing.capture_logs() as logs:
+            indexer.wait_for("s1", 5, 0)
+        assert [] == logs
+        with structlog.testing.capture_logs() as logs:
+            indexer.wait_for("s1", 5, 0.01)
+        assert ["recall.index_wait_timeout"] == [e["event"] for e in logs]
+    finally:
+        held.set()
+        indexer.close()
 
 
 def test_indexer_schedules_only_what_is_new(store: Store) -> None:
