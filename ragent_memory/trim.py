@@ -134,7 +134,8 @@ class Rebuild(Exception):
     """What was appended makes an earlier loop irregular: look at the whole view again."""
 
 
-SCAN_LIMIT = 64  # messages ``protected_from`` reads back from the end, at most
+# Messages ``protected_from`` reads back from the end, and ``may_pass`` reads anew, at most.
+SCAN_LIMIT = 64
 
 
 def protected_from(messages: Sequence[Message], start: int) -> int:
@@ -192,6 +193,10 @@ class TrimState:
     reclaim: int = 0  # what the evictions among ``candidates`` free
     bound: int = 0  # at most what the others free (their placeholders are made when needed)
     odd: int = 0  # loops in ``tail`` that are not complete
+    # What ``may_pass`` read ahead of ``extend``: (start, stop, results): the messages in
+    # ``[start, stop)``, where no loop's results can continue, and among them the results
+    # ``_settling`` counts. Later turns read only from ``stop`` on while the view only grows.
+    ahead: tuple[int, int, tuple[int, ...]] = (0, 0, ())
 
     @property
     def irregular(self) -> dict[str, int]:
@@ -208,6 +213,8 @@ class TrimState:
         count = len(view.messages)
         if count < self.end:
             raise Rebuild("the view is shorter than what was looked at")
+        if not self.end:
+            self.ahead = (0, 0, ())  # read with no call ids known yet
         self._register(view, count)
         start = self.end
         if self.open:
@@ -216,6 +223,14 @@ class TrimState:
         self._parse(view, start, count)
         self.end = count
         self._settle(view)
+        # What was read ahead from the tail's new first call on still holds (that call was
+        # read as a loop's, since a result is never a call).
+        begin, read, results = self.ahead
+        start = self.tail[0].call_index if self.tail else self.end
+        if begin <= start <= read:
+            self.ahead = start, read, tuple(i for i in results if i >= start)
+        else:
+            self.ahead = start, start, ()
 
     def replaced(self, indexes: Collection[int]) -> bool:
         """Follow the view showing other forms at ``indexes`` (the ceiling's placeholders and
@@ -223,6 +238,7 @@ class TrimState:
         read the view when they settle. Returns False, and the state must be dropped, when a
         candidate there already had its placeholder made (what it freed is not kept)."""
         gone = set(indexes)
+        self.ahead = (0, 0, ())  # the sizes there change
         kept: list[Eviction | Candidate] = []
         floor = PLACEHOLDER_FLOOR[self.language]
         for candidate in self.candidates:
@@ -253,6 +269,7 @@ class TrimState:
         def back(i: int) -> int:
             return i - count if i >= stop else i
 
+        self.ahead = (0, 0, ())
         self.orphans = {back(i) for i in self.orphans}
         self.candidates = [attrs.evolve(c, index=back(c.index)) for c in self.candidates]
         self.tail = deque(
@@ -283,32 +300,48 @@ class TrimState:
         known = self.reclaim + self.bound
         if not worth_it(known + sum(sizes[start:stop]), total):
             return False
-        if messages is None or stop - start > SCAN_LIMIT:
+        if messages is None or stop - self._unread(start, stop) > SCAN_LIMIT:
             return True
         return worth_it(known + self._settling(messages, sizes, start, stop), total)
+
+    def _unread(self, start: int, stop: int) -> int:
+        """Where ``_settling`` starts reading for ``[start, stop)``: after what it read ahead
+        on earlier turns, when that still holds."""
+        begin, read, _ = self.ahead
+        return read if begin == start and read <= stop else start
 
     def _settling(
         self, messages: Sequence[Message], sizes: Sequence[int], start: int, stop: int
     ) -> int:
         """At most what the loops with a call in ``[start, stop)`` may free when they settle:
         the sizes of their results that answer an evictable tool, in complete loops (read as
-        ``loop_at`` reads them; a result elsewhere is an orphan, never evicted)."""
-        evictable, total, index = self.evictable_tools, 0, start
+        ``loop_at`` reads them; a result elsewhere is an orphan, never evicted). What it read
+        up to where no loop's results can continue (a message other than a result follows
+        them) is kept in ``ahead``: while the view only grows, later turns read only what is
+        new, so the scan is bounded by what is unread (``SCAN_LIMIT``)."""
+        evictable, count, at = self.evictable_tools, len(messages), messages.__getitem__
+        index = read = self._unread(start, stop)
+        found = list(self.ahead[2]) if read > start else []
+        kept = len(found)
         while index < stop:
             message = messages[index]
             calls = message.get("tool_calls") if message.get("role") == "assistant" else None
             if not calls:
                 index += 1
+                read, kept = index, len(found)
                 continue
-            loop, index = loop_at(messages.__getitem__, index, stop, calls, self.duplicates, set())
+            loop, index = loop_at(at, index, stop, calls, self.duplicates, set())
             if loop.is_complete:
                 names = loop.tool_names
-                total += sum(
-                    sizes[i]
+                found += [
+                    i
                     for i in loop.result_indexes
                     if names[messages[i]["tool_call_id"]] in evictable
-                )
-        return total
+                ]
+            if index < count and messages[index].get("role") != "tool":
+                read, kept = index, len(found)
+        self.ahead = start, read, tuple(found[:kept])
+        return sum(map(sizes.__getitem__, found))
 
     def due(self, total: int) -> bool:
         """The 20% rule over the candidates; placeholders are made only once the bound of

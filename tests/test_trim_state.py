@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from sessions import SYSTEM, LateSummarizer, tool_loop, user
@@ -147,6 +148,82 @@ def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
         users = [i for i, m in enumerate(view) if m.get("role") == "user"]
         assert state.last_user == (users[-1] if users else -1)
         assert state.orphans == set(map_loops(view).orphan_indexes)
+
+
+@given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
+def test_may_pass_between_extends_reads_ahead_as_a_fresh_look_would(
+    messages: list[Message], steps: list[int], data: st.DataObject
+) -> None:
+    """On quiet turns ``may_pass`` runs with no ``extend`` in between, keeping what it read
+    ahead: what it counts is what a state that never read ahead counts, and it never skips
+    a trim the whole view would make, with ceiling placeholders shown in between."""
+    kinds: dict[int, str] = {}
+    state = TrimState(TOOLS, "en", ref_for)
+    for view, sizes in fed(messages, steps):
+        if not state.end or data.draw(st.booleans()):
+            state.extend(Shown(view, sizes, {}, kinds))
+            continue
+        old = [i for i, m in enumerate(view[: state.end]) if m.get("role") == "tool"]
+        if old and data.draw(st.booleans()):  # rung 1, as ``_stick`` tells the state
+            chosen = data.draw(st.sets(st.sampled_from(old), min_size=1))
+            for index in chosen:
+                view[index] = {**view[index], "content": "[omitted]"}
+                sizes[index], kinds[index] = chars(view[index]), "trim"
+            if not state.replaced(chosen):
+                state = TrimState(TOOLS, "en", ref_for)
+                state.extend(Shown(view, sizes, {}, kinds))
+                continue
+        start = state.tail[0].call_index if state.tail else state.end
+        stop = protected_from(view, start)
+        fresh = attrs.evolve(state, ahead=(0, 0, ()))
+        counted = state._settling(view, sizes, start, stop)
+        assert fresh._settling(view, sizes, start, stop) == counted
+        total = data.draw(st.integers(1, 40_000))
+        may_pass = state.may_pass(sizes, total, view)
+        free, _ = whole_view(view, sizes, kinds)
+        assert may_pass or not worth_it(sum(free.values()), total)
+
+
+class Reads(list[Message]):
+    """A view that records which positions were read."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        super().__init__(messages)
+        self.read: set[int] = set()
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            self.read.add(index)
+        return super().__getitem__(index)
+
+
+def test_quiet_turns_read_only_what_was_appended() -> None:
+    """Turn after turn without an ``extend`` (the quiet turns), ``may_pass`` reads no loop it
+    read on an earlier turn: its cost follows what is new, not how long ago gate 1 ran, and
+    it still says no once more than ``SCAN_LIMIT`` messages wait for ``extend``."""
+    view = Reads([SYSTEM])
+    sizes: list[int] = []
+    state = TrimState(TOOLS, "en", ref_for)
+    read_up_to = None  # the end of what the last call counted
+    for turn in range(14):
+        view.append(user(f"q{turn}"))
+        for step in range(3):
+            view += tool_loop(f"c{turn}_{step}", "r" * 3_000, name="read_file")
+        sizes += [chars(m) for m in view[len(sizes) :]]
+        if turn < 2:
+            state.extend(Shown(view, sizes))
+            continue
+        start = state.tail[0].call_index
+        view.read.clear()
+        assert not state.may_pass(sizes, 30_000, view)  # nothing evictable: never worth it
+        stop = protected_from(view, start)
+        assert stop - 1 in view.read  # the first check passed: the new loops were read
+        if read_up_to is None:
+            assert start in view.read
+        else:
+            assert not {i for i in view.read if start <= i < read_up_to}
+        read_up_to = stop
+    assert stop - start > SCAN_LIMIT
 
 
 def test_placeholders_wait_until_the_rule_may_pass() -> None:
