@@ -107,6 +107,25 @@ def test_extended_state_knows_what_the_whole_view_says(
             assert not state.candidates and not state.reclaim
 
 
+def rung_one(
+    state: TrimState,
+    view: list[Message],
+    sizes: list[int],
+    kinds: dict[int, str],
+    chosen: set[int],
+) -> tuple[TrimState, bool]:
+    """The ceiling's rung 1 at ``chosen``: placeholders shown and the state told (as
+    ``_stick`` tells it), or rebuilt when it says it cannot follow (then True)."""
+    for index in chosen:
+        view[index] = {**view[index], "content": "[omitted]"}
+        sizes[index], kinds[index] = chars(view[index]), "trim"
+    if state.replaced(chosen):
+        return state, False
+    state = TrimState(TOOLS, "en", ref_for)
+    state.extend(Shown(view, sizes, {}, kinds))
+    return state, True
+
+
 @given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
 def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
     messages: list[Message], steps: list[int], data: st.DataObject
@@ -121,13 +140,9 @@ def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
         users = [i for i, m in enumerate(view) if m.get("role") == "user"]
         old = [i for i, m in enumerate(view) if m.get("role") == "tool" and users and i < users[-1]]
         if old and data.draw(st.booleans()):  # rung 1: placeholders outside the current turn
-            chosen = data.draw(st.sets(st.sampled_from(old), min_size=1))
-            for index in chosen:
-                view[index] = {**view[index], "content": "[omitted]"}
-                sizes[index], kinds[index] = chars(view[index]), "trim"
-            if not state.replaced(chosen):
-                state = TrimState(TOOLS, "en", ref_for)
-                state.extend(Shown(view, sizes, {}, kinds))
+            state, _ = rung_one(
+                state, view, sizes, kinds, data.draw(st.sets(st.sampled_from(old), min_size=1))
+            )
         if len(users) > 1 and data.draw(st.booleans()):  # rung 4: the oldest whole turns out
             stop = data.draw(st.sampled_from(users[1:]))
             start = users[0]
@@ -165,13 +180,10 @@ def test_may_pass_between_extends_reads_ahead_as_a_fresh_look_would(
             continue
         old = [i for i, m in enumerate(view[: state.end]) if m.get("role") == "tool"]
         if old and data.draw(st.booleans()):  # rung 1, as ``_stick`` tells the state
-            chosen = data.draw(st.sets(st.sampled_from(old), min_size=1))
-            for index in chosen:
-                view[index] = {**view[index], "content": "[omitted]"}
-                sizes[index], kinds[index] = chars(view[index]), "trim"
-            if not state.replaced(chosen):
-                state = TrimState(TOOLS, "en", ref_for)
-                state.extend(Shown(view, sizes, {}, kinds))
+            state, rebuilt = rung_one(
+                state, view, sizes, kinds, data.draw(st.sets(st.sampled_from(old), min_size=1))
+            )
+            if rebuilt:
                 continue
         start = state.tail[0].call_index if state.tail else state.end
         stop = protected_from(view, start)
