@@ -20,6 +20,7 @@ from ragent_memory.search import (
     EVERYTHING,
     HEADERS,
     SEARCH_TOOL_NAME,
+    ExcerptCache,
     Indexer,
     LineCache,
     Recaller,
@@ -410,20 +411,28 @@ _TOKENS = (
         max_size=8,
     ),
     st.sampled_from([". ", "! ", "?\n", "。 ", " - ", ", "]),
-    st.frozensets(
-        st.sampled_from([*(t.casefold()[:5] for t in _TOKENS), "x", "there", "an", "ab", "ab_c"]),
-        max_size=6,
+    st.lists(
+        st.frozensets(
+            st.sampled_from(
+                [*(t.casefold()[:5] for t in _TOKENS), "x", "there", "an", "ab", "ab_c"]
+            ),
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=3,
     ),
 )
 def test_the_stems_a_sentence_holds_are_its_words_prefixes(
-    sentences: list[str], end: str, stems: frozenset[str]
+    sentences: list[str], end: str, queries: list[frozenset[str]]
 ) -> None:
     """Which query stems each sentence holds, found per stem over the whole text, is what
     stemming each sentence gives (``term_prefixes``), for any text: CJK, casefolding that
-    changes length, stopwords, underscores, one-char words."""
+    changes length, stopwords, underscores, one-char words; and so for each later query
+    of the same text, whose stems an earlier query found the sentences of (kept per stem)."""
     split = Split(end.join(sentences))
     each = [term_prefixes(s, 5, limit=1_000) for s in split.sentences]
-    assert [len(held & stems) for held in each] == split.shared(stems)
+    for stems in (*queries, *queries):
+        assert [len(held & stems) for held in each] == split.shared(stems)
     assert (frozenset().union(*each) if len(each) > 1 else frozenset()) == split.held()
 
 
@@ -575,3 +584,42 @@ def test_a_small_block_renders_no_excerpt_that_cannot_fit(
     assert [] == focused  # nothing could fit: no long text was split and matched
     monkeypatch.setattr(search, "least_chars", lambda excerpt: 0)  # render every excerpt
     assert blocks == {n: find(store, query, session_id="s1", max_chars=n) for n in sizes}
+
+
+def test_an_excerpt_shown_before_is_served_as_rendered_with_its_refs_asked_again(
+    store: Store,
+) -> None:
+    """With an ``ExcerptCache``, every block is the one rendering each excerpt gives: for a
+    query that comes back, one that differs in a word (a long hit's line follows the
+    query), another session of the same user (its own refs) and a smaller room; and each
+    ref a block shows was asked for in that call (its full text is stored again)."""
+    names = ("Alvarez", "Brandt", "Chen", "Dimitrov", "Evans", "Fujita", "Gomez", "Haddad")
+    long = [
+        " ".join(
+            f"The {word} for order {i} was approved by keeper {n}." for i, n in enumerate(names)
+        )
+        for word in ("refund", "ticket", "passport")
+    ]
+    texts = [m for k in range(3) for m in ("Which one did the keeper approve?", long[k])]
+    index(store, chat(*texts, *FILLER[:4]), "s1", "u1")
+    cache = ExcerptCache(remembered=64)
+    queries = ["refund keeper Chen", "ticket Gomez", "refund keeper Haddad", "ticket Brandt"]
+    shown_refs = 0
+    for session_id, query, max_chars in [
+        *(("s1", q, 4_000) for q in [*queries, *queries]),
+        ("s2", "refund keeper Chen", 4_000),
+        ("s1", "refund keeper Chen", 900),
+    ]:
+        asked: dict[str, list[str]] = {"plain": [], "cached": []}
+
+        def ref_for(log: list[str], sid: str = session_id) -> search.RefFor:
+            return lambda m: log.append(f"rm-{sid}-{m.digest[:8]}") or log[-1]
+
+        kwargs = dict(session_id=session_id, user_id="u1", max_chars=max_chars)
+        plain = find(store, query, ref_for=ref_for(asked["plain"]), **kwargs)
+        cached = find(store, query, ref_for=ref_for(asked["cached"]), rendered=cache, **kwargs)
+        assert plain == cached, (session_id, query, max_chars)
+        refs = re.findall(r"recall (rm-\S+)\]", cached)
+        assert set(refs) <= set(asked["cached"])
+        shown_refs += len(refs)
+    assert shown_refs > 0
