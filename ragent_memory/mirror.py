@@ -350,13 +350,18 @@ class RecallMirror:
 
     def refresh(self, user_id: str | None, session_id: str) -> None:
         """Read new rows into the units a write of this user's and session's rows touched,
-        if they are held (the indexer calls this after each batch, off the caller's thread)."""
+        if they are held (the indexer calls this after each batch, off the caller's thread).
+        After a write of a user's rows, whether the session has rows without a user is
+        asked here too, as of the store's mark now: the turn's search then needs not ask
+        (a statement a turn on the caller's thread) unless rows came since."""
         with self._lock:
             for key in _keys(user_id, session_id):
                 unit = self._units.get(key)
                 if unit is not None:
                     self._sync(unit, key[1] if key[0] == "u" else None, session_id)
             self._bound()
+            if user_id is not None and session_id in self._unowned:
+                self._has_unowned(session_id, self.store.recall_mark()[0])
 
     @contextlib.contextmanager
     def writing(self, user_id: str | None, rows: Sequence[IndexedMessage]) -> Iterator[None]:

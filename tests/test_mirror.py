@@ -191,6 +191,34 @@ def test_a_users_search_over_rows_indexed_without_a_user_is_left_to_the_store(
     )
 
 
+def test_after_a_write_of_the_users_rows_a_search_asks_nothing_of_unowned_rows(
+    stores: tuple[Backend, Backend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refresh after a write of the user's rows asks whether the session has rows
+    without a user (off the caller's thread): the turn's search then asks the store
+    nothing of it, and still defers to the store once such a row comes (from any writer)."""
+    store, other = stores
+    put(store, "ann", "a2", ["The kestrel nested on the roof."])
+    mirror = RecallMirror(store)
+    terms = search_terms("kestrel")
+    search = dict(session_id="a2", user_id="ann", visible_from=99, shown=(), limit=5)
+    assert mirror.search(terms, **search)
+    asked: list[str] = []
+    real = type(store).unowned_since
+    monkeypatch.setattr(
+        type(store), "unowned_since", lambda self, *a: asked.append("x") or real(self, *a)
+    )
+    text = "A kestrel hovered over the field."
+    rows = [IndexedMessage("a2", 1, "user", text, "", index_digest("user", text))]
+    with mirror.writing("ann", rows):
+        store.index_messages("ann", rows, [index_terms(text)])
+    assert ["x"] == asked  # by the refresh
+    found = mirror.search(terms, **search)
+    assert found is not None and 2 == len(found[0]) and ["x"] == asked
+    put(other, None, "a2", ["A kestrel again, said before the user was known."], start=2)
+    assert mirror.search(terms, **search) is None and ["x", "x"] == asked
+
+
 WORDS = (
     "running runs ran happily happiness caresses ponies cats agreed plastered motoring sing"
     " conflated troubling sized hopping falling hissing fizzed failing filing happy sky"

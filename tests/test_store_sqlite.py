@@ -184,8 +184,9 @@ def test_known_answers_do_not_wait_on_the_store_lock(
 ) -> None:
     """While the recall indexer's write transaction holds the store lock (tens of ms for a
     large batch), a turn's last-write and recall-mark checks are answered from the WAL index
-    without waiting for it; a commit by any connection, this one's included, sends the
-    recall mark back to the database."""
+    without waiting for it; another connection's commit sends the recall mark back to
+    the database, this one's own commits carry it forward (rows added: their highest id),
+    but for one that deleted recall rows."""
     asked: list[int] = []
     real = RecallIndexTables.recall_mark
 
@@ -213,9 +214,19 @@ def test_known_answers_do_not_wait_on_the_store_lock(
         other.index_messages("u1", _rows("s2", ["Kettle descaled."]), ["kettle descaled"])
         assert store.recall_mark()[0] > top  # another connection's commit is seen
         top = store.recall_mark()[0]
+        assert 2 == len(asked)  # the mark between the two commits was known
         store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
-        assert store.recall_mark()[0] > top  # and this one's own
-        assert 3 == len(asked)  # the mark between the two commits was known
+        store.save_session(store.new_session("b"))  # no recall rows: the mark holds
+        assert real(store) == store.recall_mark() and store.recall_mark()[0] > top
+        assert 2 == len(asked)  # this one's own commits: carried forward, not asked
+        epoch = store.recall_mark()[1]
+        store.drop_session("s1")  # rows went: a new epoch, asked of the database
+        assert real(store) == store.recall_mark() and store.recall_mark()[1] != epoch
+        assert 3 == len(asked)
+        other.index_messages("u1", _rows("s3", ["Mug washed."]), ["mug washed"])
+        store.index_messages("u1", _rows("s4", ["Tap fixed."]), ["tap fixed"])
+        assert real(store) == store.recall_mark()  # another's commit came between: asked
+        assert 4 == len(asked)
 
 
 OTHER_WRITER = """

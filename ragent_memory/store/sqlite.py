@@ -214,6 +214,8 @@ class Store(IndexedTables, AuditTable):
             self._writes: dict[str, tuple[str, int] | None] = {}
             self._recall_marked: tuple[bytes, tuple[int, str]] | None = None
             self._touched: set[str] = set()  # sessions written in the open transaction
+            # recall rows the open transaction added, up to this id (0: none; -1: rows went)
+            self._recall_top = 0
             self._migrate()
             self._check_schema()
             self._secret = self._load_secret()
@@ -343,8 +345,10 @@ class Store(IndexedTables, AuditTable):
 
     def recall_mark(self) -> tuple[int, str]:
         """As the base class says, asked of the database only when something was committed
-        since (the WAL index header moved, by any connection, this one's indexer included),
-        and without the store lock when not (see ``last_write``)."""
+        since (the WAL index header moved) by another connection or process, or by this
+        one's own commit that deleted recall rows; this one's other commits carry the answer
+        forward (``_committed``: a turn's session write, the indexer's rows, whose highest
+        id it knows). Without the store lock when known (see ``last_write``)."""
         mark = self._wal_mark()
         marked = self._recall_marked
         if mark is not None and marked is not None and marked[0] == mark:
@@ -359,10 +363,17 @@ class Store(IndexedTables, AuditTable):
         super()._mark_written(session_id)
         self._touched.add(session_id)
 
+    def _recall_moved(self, top: int | None) -> None:
+        if top is None or self._recall_top < 0:
+            self._recall_top = -1
+        else:
+            self._recall_top = max(self._recall_top, top)
+
     def _began(self) -> bytes | None:
         """The WAL index header as this connection's write transaction starts: under the
         write lock, so it shows every other connection's commits."""
         self._touched = set()
+        self._recall_top = 0
         return self._wal_mark()
 
     def _committed(self, before: bytes | None) -> None:
@@ -370,8 +381,11 @@ class Store(IndexedTables, AuditTable):
         ``last_write`` last asked (the header before the commit is the one it saw) and the
         header's commit counter moved by exactly one (this commit), its answers still hold
         but for the sessions this commit wrote. Else the next ``last_write`` asks again.
+        ``recall_mark``'s answer is carried so too: as it was, or with the highest id of the
+        rows this commit added; one that deleted rows leaves the next call to ask.
         A WAL of ``CHECKPOINT_FRAMES`` or more is handed to the background checkpointer."""
         touched, self._touched = self._touched, set()
+        moved, self._recall_top = self._recall_top, 0
         after = self._wal_mark()
         if (
             after is not None
@@ -379,9 +393,13 @@ class Store(IndexedTables, AuditTable):
             and _frames(after) >= CHECKPOINT_FRAMES
         ):
             self._checkpointer.request()
-        if before is None or before != self._writes_mark:
+        if before is None or after is None or _commits(after) != (_commits(before) + 1) % 2**32:
             return
-        if after is None or _commits(after) != (_commits(before) + 1) % 2**32:
+        marked = self._recall_marked
+        if marked is not None and marked[0] == before and moved >= 0:
+            top, epoch = marked[1]
+            self._recall_marked = (after, (max(top, moved), epoch))
+        if before != self._writes_mark:
             return
         for session_id in touched:
             self._writes.pop(session_id, None)
