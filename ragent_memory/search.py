@@ -967,39 +967,53 @@ class Recaller:
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None
     ) -> None:
+        self._write_queued(session_id)
         self.indexer.schedule(messages, session_id=session_id, user_id=user_id)
 
     def _ref_for(self, session_id: str) -> RefFor:
         """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt's
         ref is computed once (a hash of its whole text), and one stored here recently is not
         written again (a write transaction per line per turn was most of recall's cost); its
-        expiry was extended when it was written. The write itself is queued for the indexer's
-        thread (a turn that shows several new long excerpts spent ~0.5 ms per write on the
-        caller's thread); :meth:`settle`, which ``engine.recall`` calls first, writes what is
-        still queued, so a ref shown is readable as soon as the model can ask for it."""
+        expiry was extended when it was written. The write itself is only queued here, and
+        handed to the indexer's thread by the session's ``after_turn`` (or, for an app that
+        does not call it, by its next turn's block): on the caller's thread, a turn that
+        showed several new long excerpts spent ~0.5 ms per write, and handing them over
+        during ``prepare`` ~20 µs, with the indexer's thread then writing while the turn
+        went on (the proxy's request waited on it). :meth:`settle`, which ``engine.recall``
+        calls first, writes what is still queued, so a ref shown is readable as soon as the
+        model can ask for it."""
         fresh_s = min(OFFLOAD_REFRESH_S, self.settings.offload_ttl_days * 86_400 / 2)
 
         def ref_for(message: IndexedMessage) -> str:
             key = (session_id, message.digest)
+            now = time.monotonic()
             with self._offloads_lock:
                 known = self._refs.get(key)
+                if known is not None:  # the same excerpt shown again: most calls
+                    written = self._offloaded.get((session_id, known))
+                    if written is not None and now - written < fresh_s:
+                        return known
             if known is None:
                 known = self.store.ref_for(session_id, message.content)
-            now = time.monotonic()
             with self._offloads_lock:
                 _bounded(self._refs, key, known, OFFLOADS_REMEMBERED)
                 written = self._offloaded.get((session_id, known))
                 if written is not None and now - written < fresh_s:
                     return known
                 _bounded(self._offloaded, (session_id, known), now, OFFLOADS_REMEMBERED)
-                queued = self._unwritten.setdefault(session_id, {})
-                first = not queued
-                queued[known] = message.content
-            if first and not self.indexer.submit(self.settle, session_id):
-                self.settle(session_id)  # closing: written here
+                self._unwritten.setdefault(session_id, {})[known] = message.content
             return known
 
         return ref_for
+
+    def _write_queued(self, session_id: str) -> None:
+        """Hand the session's queued offloads to the indexer's thread (written here when
+        it is closing)."""
+        with self._offloads_lock:
+            if not self._unwritten.get(session_id):
+                return
+        if not self.indexer.submit(self.settle, session_id):
+            self.settle(session_id)
 
     def settle(self, session_id: str) -> None:
         """Write the session's queued excerpt offloads (see :meth:`_ref_for`); a write in
@@ -1028,7 +1042,9 @@ class Recaller:
         max_chars: int,
         known_text: str,
     ) -> Recalled:
-        """The turn's recall block; a store failure logs and recalls nothing."""
+        """The turn's recall block; a store failure logs and recalls nothing. Offloads an
+        earlier turn queued, with no ``after_turn`` since, are handed over first."""
+        self._write_queued(session_id)
         self.indexer.wait_for(session_id, visible_from, self.settings.compaction_timeout_s)
         try:
             return recall(
@@ -1073,6 +1089,7 @@ class Recaller:
         except StoreError as err:
             log.error("search.failed", session_id=session_id, error=repr(err))
             return f"[{SEARCH_TOOL_NAME}: the store could not be read just now; try again later]"
+        self._write_queued(session_id)  # a tool's answer: the model reads it next
         return found.text or EMPTY_SEARCH[language]
 
     def forget_session(self, session_id: str) -> None:
@@ -1088,6 +1105,11 @@ class Recaller:
                 del self._refs[key]
 
     def flush(self, timeout_s: float | None) -> None:
+        """Wait until what is scheduled is indexed and every queued offload written."""
+        with self._offloads_lock:
+            queued = [session_id for session_id, refs in self._unwritten.items() if refs]
+        for session_id in queued:
+            self._write_queued(session_id)
         self.indexer.flush(timeout_s)
 
     def close(self) -> None:

@@ -151,6 +151,43 @@ def test_a_ref_is_readable_while_its_offload_is_still_queued(
         held.set()
 
 
+def test_a_shown_refs_full_text_is_written_after_the_turn_not_during_it(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """``prepare`` only queues a clipped excerpt's full text (no task handed to the indexer's
+    thread during the turn); ``after_turn`` hands it over, or, for an app that never calls
+    it, the session's next turn does; ``flush`` writes what is still queued."""
+    engine = make_engine(
+        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
+    )
+    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
+    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+    engine.flush()
+    recaller = engine._recaller
+    assert recaller is not None
+    handed: list[object] = []
+    real = recaller.indexer.submit
+    recaller.indexer.submit = lambda fn, sid: handed.append(fn) or real(fn, sid)  # type: ignore[method-assign]
+    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+    for written_by in ("after_turn", "the next turn", "flush"):
+        engine.drop_session("s")  # its offloads go: the ref is queued anew
+        for i in range(0, len(history), 2):
+            engine.prepare(history[: i + 1], session_id="s")
+        engine.flush()
+        handed.clear()
+        (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
+        assert [] == handed and engine.store.read_offload("s", ref) is None
+        if written_by == "after_turn":
+            engine.after_turn(asked, session_id="s")
+        elif written_by == "the next turn":
+            engine.prepare(asked, session_id="s")
+        assert (written_by == "flush") is (recaller.settle not in handed), written_by
+        engine.flush()
+        assert history[4]["content"] == engine.store.read_offload("s", ref), written_by
+
+
 def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
