@@ -21,6 +21,7 @@ from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
 from ragent_memory.store.hosts import HostTables
+from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.recall_index import RecallIndexTables
 
 
@@ -227,6 +228,41 @@ def test_known_answers_do_not_wait_on_the_store_lock(
         store.index_messages("u1", _rows("s4", ["Tap fixed."]), ["tap fixed"])
         assert real(store) == store.recall_mark()  # another's commit came between: asked
         assert 4 == len(asked)
+
+
+def test_memory_versions_are_asked_again_only_when_memories_may_have_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory_version`` (asked on every turn that names a user) is kept as ``last_write``'s
+    answers are: this connection's own commits that change no memories keep it, one that
+    changes a user's (a summary kept, a forget) drops that user's, and another
+    connection's commit sends every answer back to the database."""
+    asked: list[str] = []
+    real = MemoryTables.memory_version
+
+    def counting(self: Any, user_id: str) -> int:
+        asked.append(user_id)
+        return real(self, user_id)
+
+    monkeypatch.setattr(MemoryTables, "memory_version", counting)
+    db = tmp_path / "memory.db"
+    with Store(db) as store, Store(db) as other:
+        store.save_session(store.new_session("a"))
+        assert 0 == store.memory_version("ann") == store.memory_version("bob")
+        store.save_session(store.new_session("b"))  # no memory changed: both still known
+        store.index_messages("ann", _rows("s1", ["Filter changed."]), ["filter changed"])
+        assert 0 == store.memory_version("ann") == store.memory_version("bob")
+        assert ["ann", "bob"] == asked
+        store.record_summary("ann", "a", 1, "Ann likes tea.", [("ann tea", "Ann likes tea.")])
+        version = store.memory_version("ann")
+        assert version > 0 and 0 == store.memory_version("bob")
+        assert ["ann", "bob", "ann"] == asked  # only the changed user's was asked again
+        store.forget("ann")
+        assert 0 == store.memory_version("ann") and ["ann", "bob", "ann", "ann"] == asked
+        other.record_summary("bob", "b", 1, "Bob rows.", [("bob rows", "Bob rows.")])
+        assert store.memory_version("bob") > version  # another connection's change is seen
+        assert real(store, "ann") == store.memory_version("ann")
+        assert ["bob", "ann"] == asked[-2:]
 
 
 OTHER_WRITER = """

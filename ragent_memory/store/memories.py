@@ -25,6 +25,12 @@ class MemoryTables(StoreBase):
             " version = excluded.version",
             [user_id],
         )
+        self._memories_moved(user_id)
+
+    def _memories_moved(self, user_id: str) -> None:
+        """Inside a write transaction: the user's memory version changed. A backend that
+        keeps ``memory_version``'s answers across its own commits drops the user's; the
+        others need nothing."""
 
     def memory_version(self, user_id: str) -> int:
         """Changes with every change to the user's memories (0: none stored)."""
@@ -246,4 +252,5 @@ class MemoryTables(StoreBase):
             self.db.execute("DELETE FROM memory_fts WHERE user_id = ?", [user_id])
             pending = self.db.execute("DELETE FROM memory_pending WHERE user_id = ?", [user_id])
             self.db.execute("DELETE FROM memory_versions WHERE user_id = ?", [user_id])
+            self._memories_moved(user_id)
         return Forgotten(memories=int(memories.rowcount), pending=int(pending.rowcount))

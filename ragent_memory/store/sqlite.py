@@ -212,6 +212,8 @@ class Store(IndexedTables, AuditTable):
             self._shm_lock = threading.Lock()  # opening them (read without the store lock)
             self._writes_mark: bytes | None = None
             self._writes: dict[str, tuple[str, int] | None] = {}
+            self._versions: dict[str, int] = {}  # memory_version's answers, as of that mark
+            self._touched_users: set[str] = set()  # memories changed in the open transaction
             self._recall_marked: tuple[bytes, tuple[int, str]] | None = None
             self._touched: set[str] = set()  # sessions written in the open transaction
             # recall rows the open transaction added, up to this id (0: none; -1: rows went)
@@ -332,16 +334,44 @@ class Store(IndexedTables, AuditTable):
             if known is not UNKNOWN:
                 return known  # type: ignore[return-value]
         with self._lock:
-            mark = self._wal_mark()
-            if mark is None or mark != self._writes_mark:
-                self._writes.clear()
-                self._writes_mark = mark
-            elif (known := self._writes.get(session_id, UNKNOWN)) is not UNKNOWN:
+            mark = self._marked()
+            if (known := self._writes.get(session_id, UNKNOWN)) is not UNKNOWN:
                 return known  # type: ignore[return-value]
             written = super().last_write(session_id)
             if mark is not None and len(self._writes) < 10_000:
                 self._writes[session_id] = written
             return written
+
+    def _marked(self) -> bytes | None:
+        """The WAL index header now, the answers kept for an older one dropped (under the
+        store lock)."""
+        mark = self._wal_mark()
+        if mark is None or mark != self._writes_mark:
+            self._writes.clear()
+            self._versions.clear()
+            self._writes_mark = mark
+        return mark
+
+    def memory_version(self, user_id: str) -> int:
+        """As the base class says, kept as ``last_write``'s answers are (asked each turn a
+        user is named, for the memory block): this connection's own commits drop only the
+        users whose memories they changed."""
+        mark = self._wal_mark()
+        if mark is not None and mark == self._writes_mark:
+            known = self._versions.get(user_id)
+            if known is not None:
+                return known
+        with self._lock:
+            mark = self._marked()
+            if (known := self._versions.get(user_id)) is not None:
+                return known
+            version = super().memory_version(user_id)
+            if mark is not None and len(self._versions) < 10_000:
+                self._versions[user_id] = version
+            return version
+
+    def _memories_moved(self, user_id: str) -> None:
+        self._touched_users.add(user_id)
 
     def recall_mark(self) -> tuple[int, str]:
         """As the base class says, asked of the database only when something was committed
@@ -373,6 +403,7 @@ class Store(IndexedTables, AuditTable):
         """The WAL index header as this connection's write transaction starts: under the
         write lock, so it shows every other connection's commits."""
         self._touched = set()
+        self._touched_users = set()
         self._recall_top = 0
         return self._wal_mark()
 
@@ -380,11 +411,13 @@ class Store(IndexedTables, AuditTable):
         """After this connection's own commit: when nothing else was committed since
         ``last_write`` last asked (the header before the commit is the one it saw) and the
         header's commit counter moved by exactly one (this commit), its answers still hold
-        but for the sessions this commit wrote. Else the next ``last_write`` asks again.
+        but for the sessions this commit wrote, and ``memory_version``'s but for the users
+        whose memories it changed. Else the next call asks again.
         ``recall_mark``'s answer is carried so too: as it was, or with the highest id of the
         rows this commit added; one that deleted rows leaves the next call to ask.
         A WAL of ``CHECKPOINT_FRAMES`` or more is handed to the background checkpointer."""
         touched, self._touched = self._touched, set()
+        users, self._touched_users = self._touched_users, set()
         moved, self._recall_top = self._recall_top, 0
         after = self._wal_mark()
         if (
@@ -403,6 +436,8 @@ class Store(IndexedTables, AuditTable):
             return
         for session_id in touched:
             self._writes.pop(session_id, None)
+        for user_id in users:
+            self._versions.pop(user_id, None)
         self._writes_mark = after
 
     def _wal_mark(self) -> bytes | None:
