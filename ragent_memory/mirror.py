@@ -44,7 +44,7 @@ _COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped 
 _DIGITS: Final = frozenset("0123456789")
 MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
 NEIGHBOURS_KEPT: Final = 4_096  # per unit
-TEXT_CHARS: Final = 16_000_000  # row texts kept, least recently used out first
+TEXT_CHARS: Final = 16_000_000  # row texts kept, the longest kept out first
 
 
 def text_terms(text: str) -> tuple[dict[str, int], int]:
@@ -446,7 +446,6 @@ class RecallMirror:
 
     def _keep(self, row_id: int, text: str) -> None:
         if row_id in self._texts:
-            self._texts.move_to_end(row_id)
             return
         self._texts[row_id] = text
         self._chars += len(text)
@@ -455,15 +454,17 @@ class RecallMirror:
             self._chars -= len(old)
 
     def _read(self, ids: Sequence[int]) -> dict[int, str]:
-        """Row texts by id, from the cache or (those it lost) the store."""
+        """Row texts by id, from the cache or (those it lost) the store. The cache drops
+        the texts kept longest ago first, not the least recently read: a lookup moves
+        nothing (a turn reads ~90 texts), and one lost is read from the store again."""
         out: dict[int, str] = {}
         missing = []
+        texts = self._texts
         for row_id in ids:
-            text = self._texts.get(row_id)
+            text = texts.get(row_id)
             if text is None:
                 missing.append(row_id)
             else:
-                self._texts.move_to_end(row_id)
                 out[row_id] = text
         if missing:
             for row_id, text in self.store.indexed_texts(missing).items():

@@ -648,49 +648,40 @@ class ExcerptCache:
     the same neighbours, turn after turn), and rendering them was ~0.4 ms of each turn.
     Keyed by all a rendering depends on: the caller's session (a ref is per session), the
     excerpt's tag, and per message its digest (role and text), its limit and, for a text
-    over its limit, what ``LineCache`` keys its line by (the query's stems it holds). Refs
-    must be a function of (caller's session, text), as a store's are: one cache per store.
-    A hit asks ``ref_for`` again for each clipped line when it is shown, which keeps those
-    full texts stored (``Recaller._ref_for`` rewrites an offload due for refresh). Least
-    recently used first out."""
+    over its limit, what ``LineCache`` keys its line by (the query's stems it holds), all
+    in one flat tuple (a digest is a str, a limit an int, the stems a frozenset: it reads
+    one way only). Refs must be a function of (caller's session, text), as a store's are:
+    one cache per store. A hit asks ``ref_for`` again for each clipped line when it is
+    shown, which keeps those full texts stored (``Recaller._ref_for`` rewrites an offload
+    due for refresh). A plain dict, emptied when full: no lock nor order kept per lookup
+    (two threads rendering one excerpt store the same text)."""
 
     def __init__(self, remembered: int) -> None:
         self.remembered = remembered
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[_ExcerptKey, tuple[str, tuple[IndexedMessage, ...]]] = (
-            OrderedDict()
-        )
+        self._entries: dict[_ExcerptKey, tuple[str, tuple[IndexedMessage, ...]]] = {}
 
     def key(self, caller: str | None, excerpt: Excerpt, stems: frozenset[str]) -> _ExcerptKey:
         """What the excerpt renders from; () when a message has no digest (never cached)."""
+        hits = excerpt.hits
         key: list[Any] = [caller, excerpt.session_id, excerpt.dated, excerpt.messages[0].position]
         for message in excerpt.messages:
-            if not message.digest:
+            digest = message.digest
+            if not digest:
                 return ()
-            limit = _limit(excerpt, message)
-            if len(message.content) <= limit:
-                key.append((message.digest, limit))
-            else:
-                key.append((message.digest, limit, stems & _lines.held(message), bool(stems)))
+            limit = HIT_CHARS if message.position in hits else NEIGHBOUR_CHARS
+            key += (digest, limit)
+            if len(message.content) > limit:
+                key += (stems & _lines.held(message), bool(stems))
         return tuple(key)
 
     def get(self, key: _ExcerptKey) -> tuple[str, tuple[IndexedMessage, ...]] | None:
-        if not key:
-            return None
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
+        return self._entries.get(key) if key else None
 
     def put(self, key: _ExcerptKey, made: tuple[str, tuple[IndexedMessage, ...]]) -> None:
         if key:
-            with self._lock:
-                _bounded(self._entries, key, made, self.remembered)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+            if len(self._entries) >= self.remembered:
+                self._entries.clear()
+            self._entries[key] = made
 
 
 def least_chars(excerpt: Excerpt) -> int:

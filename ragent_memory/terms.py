@@ -14,6 +14,7 @@ bottom-layer module that imports nothing of the package.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from operator import itemgetter
@@ -127,25 +128,34 @@ def prefix_positions(low: str, prefix: str, chars: int) -> list[int]:
     """Where the words of the casefolded ``low`` start whose first ``chars`` chars are
     ``prefix`` (stopwords aside): the words ``word_prefixes`` maps to ``prefix``. Found by
     a plain substring search, each find checked for a word start (a look-behind in the
-    pattern made the search try every position)."""
+    pattern made the search try every position). A word found is read whole only when
+    ``prefix`` begins a stopword (most query stems begin none); a shorter prefix is a word
+    of its own, a stopword or not."""
     if not 2 <= len(prefix) <= chars or not prefix.isalnum():
         return []  # no word of two chars or more begins so
-    out = []
     size = len(prefix)
+    whole = size < chars  # then only the word ``prefix`` itself is its prefix
+    if whole and prefix in STOPWORDS:
+        return []
+    check = not whole and prefix in _stop_prefixes(chars)
+    out = []
     at = low.find(prefix)
     while at >= 0:
         end = at + size
         if at == 0 or not low[at - 1].isalnum():
-            if size == chars:  # a word starting so, whatever its length
-                word = low[at : _WORD_REST.match(low, end).end()]  # type: ignore[union-attr]
-            elif end == len(low) or not low[end].isalnum():  # a shorter word is itself
-                word = prefix
-            else:
-                word = ""
-            if word and word not in STOPWORDS:
+            if whole:
+                if end == len(low) or not low[end].isalnum():
+                    out.append(at)
+            elif not check or low[at : _WORD_REST.match(low, end).end()] not in STOPWORDS:  # type: ignore[union-attr]
                 out.append(at)
         at = low.find(prefix, end)  # no word starts inside this one
     return out
+
+
+@functools.cache
+def _stop_prefixes(chars: int) -> frozenset[str]:
+    """The first ``chars`` chars of each stopword that long or longer."""
+    return frozenset(word[:chars] for word in STOPWORDS if len(word) >= chars)
 
 
 def fts_query(terms: Sequence[str]) -> str:

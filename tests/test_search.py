@@ -35,7 +35,7 @@ from ragent_memory.search import (
 )
 from ragent_memory.settings import Settings, StoreSettings
 from ragent_memory.store import Backend, Store, open_store
-from ragent_memory.terms import date_stamp, term_prefixes
+from ragent_memory.terms import STOPWORDS, date_stamp, prefix_positions, term_prefixes
 
 # The index and its search on both stores (FTS5 and tsvector).
 pytestmark = pytest.mark.both_backends
@@ -623,3 +623,46 @@ def test_an_excerpt_shown_before_is_served_as_rendered_with_its_refs_asked_again
         assert set(refs) <= set(asked["cached"])
         shown_refs += len(refs)
     assert shown_refs > 0
+
+
+def _each_word_read_whole(low: str, prefix: str, chars: int) -> list[int]:
+    """The reference ``prefix_positions`` once was: every word found read whole."""
+    if not 2 <= len(prefix) <= chars or not prefix.isalnum():
+        return []
+    out, size = [], len(prefix)
+    at = low.find(prefix)
+    while at >= 0:
+        end = at + size
+        if at == 0 or not low[at - 1].isalnum():
+            if size == chars:
+                word = low[at : re.compile(r"[^\W_]*").match(low, end).end()]  # type: ignore[union-attr]
+            elif end == len(low) or not low[end].isalnum():
+                word = prefix
+            else:
+                word = ""
+            if word and word not in STOPWORDS:
+                out.append(at)
+        at = low.find(prefix, end)
+    return out
+
+
+_PREFIX_WORDS = (
+    *("there", "therefore", "which", "whichever", "about", "abouts", "the", "them", "an"),
+    *("and", "ab", "abc", "x", "ab_cd", "refund", "refunds", "polic", "ü", "é", "12"),
+)
+
+
+@given(
+    st.lists(
+        st.sampled_from(_PREFIX_WORDS),
+        max_size=12,
+    ).map(" ".join),
+    st.sampled_from(["there", "which", "about", "refun", "the", "them", "an", "and", "ab"]),
+    st.sampled_from([3, 5]),
+)
+def test_a_words_start_is_found_as_when_each_word_was_read_whole(
+    text: str, prefix: str, chars: int
+) -> None:
+    """``prefix_positions`` reads a found word whole only when the prefix begins a
+    stopword, and answers a shorter prefix that is a stopword at once: the same places."""
+    assert _each_word_read_whole(text, prefix, chars) == prefix_positions(text, prefix, chars)
