@@ -703,6 +703,9 @@ class Session:
         # (user_id, memory version, block text) of the last memory block built for this
         # session: rebuilt only when that user's memories change, so the prefix stays stable.
         self.recall_block = ""  # this turn's recall block (§9b), "" for none
+        # ``hidden``'s substituted raw indexes, and the view's kinds dict, its size and
+        # offset they were found for (a dict the view replaces, or grows, finds them again)
+        self._shown: tuple[dict[int, str], int, int, frozenset[int]] | None = None
         self.memory: tuple[str, int, str] | None = None
 
     @property
@@ -1427,7 +1430,14 @@ class Session:
         """Raw indexes the view no longer shows as written: those covered by the summary,
         and those shown as a substitution (placeholder or preview)."""
         covered = range(view.prefix_len, view.head + view.offset)
-        return covered, frozenset(i + view.offset for i in view.kinds)
+        kinds, offset, known = view.kinds, view.offset, self._shown
+        # ``View.show`` adds to the dict (a kind changed keeps its index), a removal
+        # replaces it: the same dict at the same size holds the same indexes.
+        if known is not None and known[0] is kinds and known[1:3] == (len(kinds), offset):
+            return covered, known[3]
+        shown = frozenset(i + offset for i in kinds)
+        self._shown = (kinds, len(kinds), offset, shown)
+        return covered, shown
 
     def _report(
         self,
