@@ -108,15 +108,29 @@ def _stemmed(counted: Mapping[str, int]) -> dict[str, int]:
 
 def query_keys(terms: Iterable[str]) -> list[str]:
     """Each query phrase (``terms.search_terms``) as the key ``text_terms`` counts it under;
-    a phrase twice (two words with one stem) counts twice, as in FTS5."""
+    a phrase twice (two words with one stem) counts twice, as in FTS5. Each phrase's key
+    is found once (a question's words mostly repeat the last ones')."""
     keys = []
     for term in terms:
-        found = tokens(index_terms(term))
-        if len(found) == 1:
-            keys.append(stem(found[0]))
-        elif len(found) == 2:
-            keys.append(found[0] + found[1])
+        key = _query_keys.get(term)
+        if key is None:
+            found = tokens(index_terms(term))
+            if len(found) == 1:
+                key = stem(found[0])
+            elif len(found) == 2:
+                key = found[0] + found[1]
+            else:
+                key = ""
+            if len(_query_keys) >= QUERY_KEYS_KEPT:
+                _query_keys.clear()
+            _query_keys[term] = key
+        if key:
+            keys.append(key)
     return keys
+
+
+QUERY_KEYS_KEPT: Final = 65_536
+_query_keys: dict[str, str] = {}  # query phrase → its key ("" for none)
 
 
 class _Unit:
