@@ -420,29 +420,42 @@ class Split:
             return word_prefixes(low, _STEM_CHARS)
         return frozenset().union(*self.stems)
 
+    def holds(self, stems: frozenset[str]) -> frozenset[str]:
+        """``stems & self.held()``, found per stem where the text allows it (a search for
+        each query stem, kept for ``shared``), not by reading all its words: the first look
+        at a long text, on the caller's thread, reads only what the query asks."""
+        if len(self.sentences) == 1 or not stems:
+            return frozenset()
+        if not self._plain():
+            return stems & self.held()
+        return frozenset(stem for stem in stems if self._holding_of(stem))
+
     def shared(self, stems: frozenset[str]) -> list[int]:
         """For each sentence, how many of ``stems`` it holds. Which sentences hold a stem is
         found once per stem: most of a query's stems were in the last one's (the topic), a
         new query differing by a word or a number (a 1,600-char result: 34 → ~8 µs)."""
-        low = self._plain()
-        if not low:
+        if not self._plain():
             return [len(held & stems) for held in self.stems]
         counts = [0] * len(self.sentences)
-        holding = self._holding
         for stem in stems:
-            found = holding.get(stem)
-            if found is None:
-                if len(holding) >= _STEMS_HELD:
-                    holding.clear()
-                found = holding[stem] = tuple(
-                    {
-                        bisect_right(self.starts, at) - 1
-                        for at in prefix_positions(low, stem, _STEM_CHARS)
-                    }
-                )
-            for i in found:
+            for i in self._holding_of(stem):
                 counts[i] += 1
         return counts
+
+    def _holding_of(self, stem: str) -> tuple[int, ...]:
+        """The sentences of a plain text (``_plain``) that hold ``stem``."""
+        holding = self._holding
+        found = holding.get(stem)
+        if found is None:
+            if len(holding) >= _STEMS_HELD:
+                holding.clear()
+            found = holding[stem] = tuple(
+                {
+                    bisect_right(self.starts, at) - 1
+                    for at in prefix_positions(self._plain(), stem, _STEM_CHARS)
+                }
+            )
+        return found
 
 
 class SentenceCache:
@@ -555,7 +568,7 @@ class LineCache:
         if len(message.content) <= limit:
             key: _LineKey = (message.digest, limit, frozenset(), False)
         else:  # the line depends on which of the query's stems the text holds, if any
-            key = (message.digest, limit, stems & self.held(message), bool(stems))
+            key = (message.digest, limit, self.holds(message, stems), bool(stems))
         with self._lock:
             found = self._entries.get(key)
             if found is not None:
@@ -574,6 +587,20 @@ class LineCache:
         for message in messages:
             if len(message.content) > NEIGHBOUR_CHARS:  # the smallest limit a line has
                 self.held(message)
+
+    def holds(self, message: IndexedMessage, stems: frozenset[str]) -> frozenset[str]:
+        """``stems & self.held(message)``: from the stems kept for a text the indexer's
+        thread warmed, else searched for one by one in its split (``Split.holds``; a turn
+        that first met many long hits at once, as when the ceiling left turns out and the
+        indexer had not reached them, spent milliseconds stemming every word of each)."""
+        if not stems:
+            return frozenset()
+        with self._lock:
+            held = self._stems.get(message.digest)
+        if held is not None:
+            return stems & held
+        text = message.content
+        return _sentences(text).holds(stems) if has_break(text) else frozenset()
 
     def held(self, message: IndexedMessage) -> frozenset[str]:
         """The stems of a long message that can change its line: every stem of its sentences
@@ -671,7 +698,7 @@ class ExcerptCache:
             limit = HIT_CHARS if message.position in hits else NEIGHBOUR_CHARS
             key += (digest, limit)
             if len(message.content) > limit:
-                key += (stems & _lines.held(message), bool(stems))
+                key += (_lines.holds(message, stems), bool(stems))
         return tuple(key)
 
     def get(self, key: _ExcerptKey) -> tuple[str, tuple[IndexedMessage, ...]] | None:

@@ -428,12 +428,21 @@ def test_the_stems_a_sentence_holds_are_its_words_prefixes(
     """Which query stems each sentence holds, found per stem over the whole text, is what
     stemming each sentence gives (``term_prefixes``), for any text: CJK, casefolding that
     changes length, stopwords, underscores, one-char words; and so for each later query
-    of the same text, whose stems an earlier query found the sentences of (kept per stem)."""
-    split = Split(end.join(sentences))
+    of the same text, whose stems an earlier query found the sentences of (kept per stem).
+    The query's stems the text holds (what its cached line is keyed by) are those too,
+    searched for one by one or read from a warmed text's stems."""
+    text = end.join(sentences)
+    split = Split(text)
     each = [term_prefixes(s, 5, limit=1_000) for s in split.sentences]
+    held = frozenset().union(*each) if len(each) > 1 else frozenset()
+    message = IndexedMessage("s1", 0, "tool", text, "", index_digest("tool", text))
+    lines = LineCache(remembered=8)  # nothing warmed: each query's stems searched for
     for stems in (*queries, *queries):
         assert [len(held & stems) for held in each] == split.shared(stems)
-    assert (frozenset().union(*each) if len(each) > 1 else frozenset()) == split.held()
+        assert stems & held == split.holds(stems) == lines.holds(message, stems)
+    assert held == split.held()
+    assert held == lines.held(message)  # as warming keeps it: then read from that
+    assert all(stems & held == lines.holds(message, stems) for stems in queries)
 
 
 def test_a_sentence_too_long_for_a_set_of_words_is_stemmed_as_before() -> None:
