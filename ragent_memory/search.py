@@ -22,7 +22,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -317,9 +317,9 @@ class Indexer:
 # ---------------------------------------------------------------------------- recall
 
 
-@attrs.frozen
-class Excerpt:
-    """Consecutive messages of one session around one or more hits."""
+class Excerpt(NamedTuple):
+    """Consecutive messages of one session around one or more hits (a tuple: ~40 are made
+    each turn)."""
 
     session_id: str
     dated: str
@@ -768,6 +768,9 @@ def _around(
     return around
 
 
+_AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
+
+
 def _excerpts(
     around: dict[tuple[str, int], IndexedMessage],
     hits: Sequence[IndexedMessage],
@@ -784,10 +787,14 @@ def _excerpts(
         sid, at = hit.session_id, hit.position
         if (sid, at) in taken:
             continue
-        group = [hit]
+        group = []  # in position order: the neighbours before it, the hit, those after
         joined = None
         own = sid == session_id  # only this session's messages can be in the view
-        for position in [at + d for d in NEIGHBOURS]:
+        for d in _AROUND:
+            if not d:
+                group.append(hit)
+                continue
+            position = at + d
             neighbour = around.get((sid, position))
             if neighbour is None or (own and position >= visible_from and position not in shown):
                 continue
@@ -797,23 +804,16 @@ def _excerpts(
         if joined is not None:
             old = out[joined]
             merged = {m.position: m for m in (*old.messages, *group)}
-            out[joined] = attrs.evolve(
-                old,
-                messages=tuple(merged[p] for p in sorted(merged)),
-                hits=old.hits | {at},
+            out[joined] = old._replace(
+                messages=tuple(merged[p] for p in sorted(merged)), hits=old.hits | {at}
             )
             for m in group:
                 taken[(sid, m.position)] = joined
             continue
-        group.sort(key=_position)
         for m in group:
             taken[(sid, m.position)] = len(out)
         out.append(Excerpt(sid, hit.dated, tuple(group), frozenset({at})))
     return out
-
-
-def _position(message: IndexedMessage) -> int:
-    return message.position
 
 
 def _within(text: str, folded: str) -> bool:
