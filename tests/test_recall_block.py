@@ -55,6 +55,27 @@ def block_of(message: dict[str, Any]) -> str:
     return ""
 
 
+LONG_FACT = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
+WAREHOUSE_QUESTION = {"role": "user", "content": "warehouse inventory audit crates count"}
+
+
+def warehouse(
+    make_engine: Callable[..., MemoryEngine], settings: Settings
+) -> tuple[MemoryEngine, list[dict[str, Any]]]:
+    """An engine on B = 8,000 that forgets everything in its summaries, and a history whose
+    long planted fact (message 4, clipped when recalled) its turns have compacted away."""
+    engine = make_engine(settings, summarizer=ForgetfulSummarizer())
+    history = chat(80, planted={2: LONG_FACT + "Final count: 9137 crates."})
+    replay(engine, history)
+    return engine, history
+
+
+def replay(engine: MemoryEngine, history: list[dict[str, Any]]) -> None:
+    """Each user turn of ``history`` prepared in order."""
+    for i in range(0, len(history), 2):
+        engine.prepare(history[: i + 1], session_id="s")
+
+
 def test_compacted_fact_comes_back_when_asked(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
@@ -108,14 +129,8 @@ def test_clipped_excerpt_ref_reads_back_the_whole_message(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """An excerpt clipped to fit names a recall ref that reads back the full message."""
-    engine = make_engine(
-        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
-    )
-    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
-    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
-    for i in range(0, len(history), 2):
-        engine.prepare(history[: i + 1], session_id="s")
-    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
+    asked = [*history, WAREHOUSE_QUESTION]
     block = block_of(engine.prepare(asked, session_id="s").messages[-1])
     (ref,) = find_refs(block)
     assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
@@ -126,14 +141,9 @@ def test_a_ref_is_readable_while_its_offload_is_still_queued(
 ) -> None:
     """A clipped excerpt's full text is written off the caller's thread; a recall of its ref
     before the indexer's thread got to it writes it first, and reads it back."""
-    engine = make_engine(
-        make_settings(context_window_chars=8_000, compaction_timeout_s=0),
-        summarizer=ForgetfulSummarizer(),
+    engine, history = warehouse(
+        make_engine, make_settings(context_window_chars=8_000, compaction_timeout_s=0)
     )
-    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
-    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
-    for i in range(0, len(history), 2):
-        engine.prepare(history[: i + 1], session_id="s")
     for _settle in range(2):  # all indexed, every summary landed and adopted
         engine.after_turn(history, session_id="s")
         engine.flush()
@@ -142,7 +152,7 @@ def test_a_ref_is_readable_while_its_offload_is_still_queued(
     recaller = engine._recaller  # hold its one worker thread
     assert recaller is not None and recaller.indexer.submit(lambda _: held.wait(30), "s")
     try:
-        asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+        asked = [*history, WAREHOUSE_QUESTION]
         (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
         assert engine.store.read_offload("s", ref) is None  # queued behind the held worker
         whole = engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
@@ -157,24 +167,17 @@ def test_a_shown_refs_full_text_is_written_after_the_turn_not_during_it(
     """``prepare`` only queues a clipped excerpt's full text (no task handed to the indexer's
     thread during the turn); ``after_turn`` hands it over, or, for an app that never calls
     it, the session's next turn does; ``flush`` writes what is still queued."""
-    engine = make_engine(
-        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
-    )
-    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
-    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
-    for i in range(0, len(history), 2):
-        engine.prepare(history[: i + 1], session_id="s")
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
     engine.flush()
     recaller = engine._recaller
     assert recaller is not None
     handed: list[object] = []
     real = recaller.indexer.submit
     recaller.indexer.submit = lambda fn, sid: handed.append(fn) or real(fn, sid)  # type: ignore[method-assign]
-    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
+    asked = [*history, WAREHOUSE_QUESTION]
     for written_by in ("after_turn", "the next turn", "flush"):
         engine.drop_session("s")  # its offloads go: the ref is queued anew
-        for i in range(0, len(history), 2):
-            engine.prepare(history[: i + 1], session_id="s")
+        replay(engine, history)
         engine.flush()
         handed.clear()
         (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
@@ -193,15 +196,11 @@ def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
 ) -> None:
     """The same excerpt shown turn after turn is stored once, yet its ref resolves in every
     block: also after drop_session erased it and the same history was replayed."""
-    engine = make_engine(
-        make_settings(context_window_chars=8_000), summarizer=ForgetfulSummarizer()
-    )
-    long_fact = "The warehouse inventory audit. " + "Shelf row details follow. " * 60
-    history = chat(80, planted={2: long_fact + "Final count: 9137 crates."})
-    asked = [*history, {"role": "user", "content": "warehouse inventory audit crates count"}]
-    for _life in range(2):
-        for i in range(0, len(history), 2):
-            engine.prepare(history[: i + 1], session_id="s")
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
+    asked = [*history, WAREHOUSE_QUESTION]
+    for life in range(2):
+        if life:
+            replay(engine, history)
         for _turn in range(2):
             (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
             whole = engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]

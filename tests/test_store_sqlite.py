@@ -96,17 +96,23 @@ def test_a_session_another_process_moved_on_is_reloaded(tmp_path: Path) -> None:
     assert ["applied"] == statuses
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[str]:
+    """What each call of the base class's ``owner.name`` (one that reached the database)
+    was asked about: its first argument."""
+    asked: list[str] = []
+    real = getattr(owner, name)
+
+    def counting(self: Any, key: str) -> Any:
+        asked.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(owner, name, counting)
+    return asked
+
+
 def _counting_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The session ids ``last_write`` asked the database about."""
-    asked: list[str] = []
-    real = HostTables.last_write
-
-    def counting(self: Any, session_id: str) -> Any:
-        asked.append(session_id)
-        return real(self, session_id)
-
-    monkeypatch.setattr(HostTables, "last_write", counting)
-    return asked
+    return _counting(monkeypatch, HostTables, "last_write")
 
 
 def test_own_commits_leave_the_write_check_answered_from_the_wal_index(
@@ -237,14 +243,8 @@ def test_memory_versions_are_asked_again_only_when_memories_may_have_changed(
     answers are: this connection's own commits that change no memories keep it, one that
     changes a user's (a summary kept, a forget) drops that user's, and another
     connection's commit sends every answer back to the database."""
-    asked: list[str] = []
     real = MemoryTables.memory_version
-
-    def counting(self: Any, user_id: str) -> int:
-        asked.append(user_id)
-        return real(self, user_id)
-
-    monkeypatch.setattr(MemoryTables, "memory_version", counting)
+    asked = _counting(monkeypatch, MemoryTables, "memory_version")
     db = tmp_path / "memory.db"
     with Store(db) as store, Store(db) as other:
         store.save_session(store.new_session("a"))
