@@ -689,13 +689,12 @@ class ExcerptCache:
 
     def key(self, caller: str | None, excerpt: Excerpt, stems: frozenset[str]) -> _ExcerptKey:
         """What the excerpt renders from; () when a message has no digest (never cached)."""
-        hits = excerpt.hits
         key: list[Any] = [caller, excerpt.session_id, excerpt.dated, excerpt.messages[0].position]
         for message in excerpt.messages:
             digest = message.digest
             if not digest:
                 return ()
-            limit = HIT_CHARS if message.position in hits else NEIGHBOUR_CHARS
+            limit = _limit(excerpt, message)
             key += (digest, limit)
             if len(message.content) > limit:
                 key += (_lines.holds(message, stems), bool(stems))
@@ -923,8 +922,11 @@ def recall(
     for excerpt in excerpts:
         if limit is not None and len(parts) >= limit:
             break
-        key = rendered.key(caller, excerpt, stems) if rendered is not None else ()
-        made = rendered.get(key) if rendered is not None else None
+        key: _ExcerptKey = ()
+        made = None
+        if rendered is not None:
+            key = rendered.key(caller, excerpt, stems)
+            made = rendered.get(key)
         if made is None:
             if least_chars(excerpt) + 1 > room:
                 continue  # it cannot fit: not rendered
