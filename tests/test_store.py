@@ -3,6 +3,8 @@ PostgreSQL database. Each concern in turn: sessions, offloads, memories and sear
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -134,6 +136,35 @@ def test_offloads_return_the_original_exactly(store: Backend, text: str) -> None
     sub = Substitution(substitution_key(1, "d"), "trim", "rm-x", {"role": "tool", "content": "-"})
     store.save_substitutions("s1", [(sub, [text])], ttl_days=7)
     assert text == store.read_offload("s1", store.ref_for("s1", text))
+
+
+def test_one_save_offloads_every_original_of_its_substitutions(
+    store: Backend, clock: Clock
+) -> None:
+    """A trim turn's save writes all its originals at once (repeats and an earlier one
+    among them): each reads back by its ref, the earlier one's expiry is extended, and a ref
+    is still what stores written before made it (HMAC-SHA256 of session and content hash under
+    the store's secret, cut to 20 hex chars), so their sticky placeholders keep resolving."""
+    first = Substitution(substitution_key(1, "d"), "trim", "rm-1", {"role": "tool", "content": "-"})
+    store.save_substitutions("s1", [(first, ["early"])], ttl_days=1)
+    clock.now += timedelta(hours=20)
+    texts = [["a", "b", "a"], ["early", "退款 \x00 \udc80"], []]
+    subs = [
+        Substitution(
+            substitution_key(i + 2, "d"), "trim", f"rm-{i}", {"role": "tool", "content": "-"}
+        )
+        for i in range(len(texts))
+    ]
+    store.save_substitutions("s1", list(zip(subs, texts, strict=True)), ttl_days=1)
+    assert {s.key for s in (first, *subs)} == set(store.substitutions("s1"))
+    for text in ("a", "b", "early", "退款 \x00 \udc80"):
+        assert text == store.read_offload("s1", store.ref_for("s1", text))
+    clock.now += timedelta(hours=20)  # past the first save's expiry, within the second's
+    store.gc()
+    assert "early" == store.read_offload("s1", store.ref_for("s1", "early"))
+    sha = hashlib.sha256(b"a").hexdigest()
+    mac = hmac.new(store._secret, f"s1\0{sha}".encode(), hashlib.sha256)  # type: ignore[attr-defined]
+    assert store.ref_for("s1", "a") == "rm-" + mac.hexdigest()[:20]
 
 
 def test_refs_are_bound_to_their_session(open_: Callable[[], Backend]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
@@ -61,6 +61,10 @@ class _Connection:
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
         return self.conn.execute(_pg_sql(sql), [pg_text(p) for p in params])
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cursor:
+            cursor.executemany(_pg_sql(sql), [[pg_text(p) for p in row] for row in rows])
 
     @contextmanager
     def atomic(self) -> Iterator[None]:

@@ -231,7 +231,7 @@ class RecallIndexTables(OffloadTables):
         (an excerpt clipped in a recall block points at its full text this way)."""
         with self._locked("write"), self.db.atomic():
             self._revive(session_id)
-            self._offload(session_id, content, ttl_days)
+            self._offload(session_id, [content], ttl_days)
         return self.ref_for(session_id, content)
 
 

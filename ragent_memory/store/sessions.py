@@ -37,23 +37,19 @@ class SessionTables(OffloadTables, HostTables):
         with self._locked("write"), self.db.atomic():
             self._revive(session_id)
             self._mark_written(session_id)
-            for sub, originals in items:
-                for original in originals:
-                    self._offload(session_id, original, ttl_days)
-                self.db.execute(
-                    "INSERT INTO substitutions (session_id, key, kind, ref, message, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, key) DO UPDATE SET"
-                    " kind = excluded.kind, ref = excluded.ref, message = excluded.message,"
-                    " created_at = excluded.created_at",
-                    [
-                        session_id,
-                        sub.key,
-                        sub.kind,
-                        sub.ref,
-                        _json_text(sub.message),
-                        now,
-                    ],
-                )
+            self._offload(
+                session_id, [text for _, originals in items for text in originals], ttl_days
+            )
+            self.db.executemany(
+                "INSERT INTO substitutions (session_id, key, kind, ref, message, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, key) DO UPDATE SET"
+                " kind = excluded.kind, ref = excluded.ref, message = excluded.message,"
+                " created_at = excluded.created_at",
+                [
+                    [session_id, sub.key, sub.kind, sub.ref, _json_text(sub.message), now]
+                    for sub, _ in items
+                ],
+            )
 
     # ------------------------------------------------------------------ sessions
 
