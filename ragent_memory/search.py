@@ -919,16 +919,20 @@ def recall(
     stems = frozenset(t[:_STEM_CHARS] for t in terms)
     caller = session_id if ref_for is not None else None
     parts: list[str] = []
+    tight = False  # an excerpt did not fit: the rest are first weighed by ``least_chars``
     for excerpt in excerpts:
         if limit is not None and len(parts) >= limit:
             break
+        if tight and least_chars(excerpt) + 1 > room:
+            continue  # it cannot fit, rendered or not: neither keyed nor rendered
         key: _ExcerptKey = ()
         made = None
         if rendered is not None:
             key = rendered.key(caller, excerpt, stems)
             made = rendered.get(key)
         if made is None:
-            if least_chars(excerpt) + 1 > room:
+            if not tight and least_chars(excerpt) + 1 > room:
+                tight = True
                 continue  # it cannot fit: not rendered
             made = _render(excerpt, ref_for, stems)
             if rendered is not None:
@@ -940,6 +944,8 @@ def recall(
         if len(text) + 1 <= room:
             parts.append(text)
             room -= len(text) + 1
+        else:
+            tight = True
     block = render_block(parts, language)
     return Recalled(block, len(parts))
 

@@ -595,6 +595,47 @@ def test_a_small_block_renders_no_excerpt_that_cannot_fit(
     assert blocks == {n: find(store, query, session_id="s1", max_chars=n) for n in sizes}
 
 
+def test_once_an_excerpt_does_not_fit_the_rest_are_weighed_before_they_are_keyed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an ``ExcerptCache`` (a recaller's), an excerpt ``least_chars`` rules out once the
+    room has run short is not keyed either: a key matches each long neighbour's text against
+    the query. The blocks are the ones keying and rendering every excerpt gives, cached or
+    not."""
+    asks = [f"Which {w} did the keeper approve for order {i}? " * 4 for i, w in enumerate(_W)]
+    long = [" ".join(f"Line {j} of batch {i} was checked." for j in range(60)) for i in range(5)]
+    turns = [
+        (*FILLER[3 * i : 3 * i + 3], ask, text)
+        for i, (ask, text) in enumerate(zip(asks, long, strict=True))
+    ]
+    index(store, chat(*[m for turn in turns for m in turn]), "s1", None)
+    keyed: list[search.Excerpt] = []
+    real_key = ExcerptCache.key
+    monkeypatch.setattr(
+        ExcerptCache, "key", lambda self, *a: keyed.append(a[1]) or real_key(self, *a)
+    )
+    query = "which keeper approve order refund ticket parcel voucher permit"
+    whole = find(store, query, session_id="s1", max_chars=8_000)
+    assert whole.count("— session") == 5
+    header, first, *_ = whole.split("\n— session")
+    room = len(header + "\n— session" + first) + 60  # the first excerpt and a little
+    keyed.clear()
+    one = find(store, query, session_id="s1", max_chars=room, rendered=ExcerptCache(256))
+    # the first shown, the second keyed then ruled out, the other three weighed only
+    assert one.count("— session") == 1 and len(keyed) == 2
+    sizes = range(200, 6_000, 150)
+    cache = ExcerptCache(remembered=256)
+    blocks = {n: find(store, query, session_id="s1", max_chars=n, rendered=cache) for n in sizes}
+    monkeypatch.setattr(search, "least_chars", lambda excerpt: 0)  # key and render every one
+    for rendered in (ExcerptCache(remembered=256), None):
+        assert blocks == {
+            n: find(store, query, session_id="s1", max_chars=n, rendered=rendered) for n in sizes
+        }
+
+
+_W = ("refund", "ticket", "parcel", "voucher", "permit")
+
+
 def test_an_excerpt_shown_before_is_served_as_rendered_with_its_refs_asked_again(
     store: Store,
 ) -> None:
