@@ -1043,18 +1043,18 @@ class Recaller:
 
     def settle(self, session_id: str) -> None:
         """Write the session's queued excerpt offloads (see :meth:`_ref_for`); a write in
-        flight on the indexer's thread is waited for. One that fails is logged and queued
-        again the next time its excerpt is shown."""
+        flight on the indexer's thread is waited for. They are written in one transaction: one
+        that fails is logged, and each of them is queued again the next time it is shown."""
         ttl = self.settings.offload_ttl_days
         with self._writing:
             with self._offloads_lock:
                 queued = self._unwritten.pop(session_id, {})
-            for ref, content in queued.items():
-                try:
-                    self.store.offload(session_id, content, ttl_days=ttl)
-                except StoreError as err:
-                    log.error("recall.offload_failed", session_id=session_id, error=repr(err))
-                    with self._offloads_lock:
+            try:
+                self.store.offload_all(session_id, list(queued.values()), ttl_days=ttl)
+            except StoreError as err:
+                log.error("recall.offload_failed", session_id=session_id, error=repr(err))
+                with self._offloads_lock:
+                    for ref in queued:
                         self._offloaded.pop((session_id, ref), None)
 
     def block(

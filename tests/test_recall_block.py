@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -14,8 +14,10 @@ from sessions import rag_turn, without_recall
 
 from ragent_memory import Settings
 from ragent_memory.engine import MemoryEngine
+from ragent_memory.errors import StoreError
 from ragent_memory.recall import find_refs
-from ragent_memory.search import HEADERS
+from ragent_memory.records import IndexedMessage
+from ragent_memory.search import HEADERS, index_digest
 from ragent_memory.summarize import SummaryOutcome, SummaryRequest
 
 # The recall block end to end on both stores (FTS5 and tsvector).
@@ -322,3 +324,36 @@ def test_drop_session_and_forget_erase_recall(make_engine: Callable[..., MemoryE
     assert "Z-2" in found and "Z-1" not in found
     engine.forget("u1")
     assert "Z-2" not in engine.search("c", "zebra code", user_id="u1")
+
+
+def test_queued_offloads_are_written_at_once_and_queued_again_when_that_fails(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The full texts a turn's block clipped are written in one store call; when it fails,
+    nothing is lost: each is queued again the next time its excerpt is shown."""
+    engine = make_engine(make_settings(context_window_chars=8_000))
+    recaller = engine._recaller
+    assert recaller is not None
+    texts = [f"the full text number {i}. " * 40 for i in range(3)]
+    shown = [
+        IndexedMessage("s", i, "tool", text, "", index_digest("tool", text))
+        for i, text in enumerate(texts)
+    ]
+    calls: list[list[str]] = []
+    real = engine.store.offload_all
+
+    def first_fails(session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
+        calls.append(list(contents))
+        if len(calls) == 1:
+            raise StoreError("disk full")
+        real(session_id, contents, ttl_days=ttl_days)
+
+    engine.store.offload_all = first_fails  # type: ignore[method-assign]
+    ref_for = recaller._ref_for("s")
+    refs = [ref_for(m) for m in shown]
+    recaller.settle("s")
+    assert [None] * 3 == [engine.store.read_offload("s", ref) for ref in refs]
+    assert refs == [ref_for(m) for m in shown]  # shown again: queued again
+    recaller.settle("s")
+    assert [texts, texts] == calls
+    assert texts == [engine.store.read_offload("s", ref) for ref in refs]

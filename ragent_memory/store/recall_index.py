@@ -234,6 +234,15 @@ class RecallIndexTables(OffloadTables):
             self._offload(session_id, [content], ttl_days)
         return self.ref_for(session_id, content)
 
+    def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
+        """``offload`` of each of ``contents``, in one transaction (the excerpts a turn's
+        recall block clipped: one write, not one per excerpt)."""
+        if not contents:
+            return
+        with self._locked("write"), self.db.atomic():
+            self._revive(session_id)
+            self._offload(session_id, contents, ttl_days)
+
 
 class IndexedTables(SessionTables, MemoryTables, RecallIndexTables):
     """Sessions and memories whose drop and forget erase their recall index rows too, in the
