@@ -26,8 +26,7 @@ class OffloadTables(StoreBase):
 
     def _ref(self, session_id: str, sha: str) -> str:
         """``ref_for`` from the content's SHA-256 (hex): an HMAC of session and hash under the
-        store's secret (``hmac.digest``, one C call: ``hmac.new`` builds two hash objects in
-        Python, ~5 µs a ref, and a trim turn asks for dozens)."""
+        store's secret (``_offload`` hashes each content once for both its row and its ref)."""
         mac = hmac.digest(self._secret, f"{session_id}\0{sha}".encode(), "sha256")
         return "rm-" + mac.hex()[:20]
 

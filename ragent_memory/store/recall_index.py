@@ -229,9 +229,7 @@ class RecallIndexTables(OffloadTables):
     def offload(self, session_id: str, content: str, *, ttl_days: float) -> str:
         """Keep ``content`` readable from ``session_id`` by its recall ref; returns the ref
         (an excerpt clipped in a recall block points at its full text this way)."""
-        with self._locked("write"), self.db.atomic():
-            self._revive(session_id)
-            self._offload(session_id, [content], ttl_days)
+        self.offload_all(session_id, [content], ttl_days=ttl_days)
         return self.ref_for(session_id, content)
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
