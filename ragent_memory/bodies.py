@@ -242,16 +242,23 @@ _MAX_DIFFERENT = 16  # earlier positions holding another object before a whole e
 _Part = bytes | memoryview
 
 
+_STARTS_KEPT = 64  # trailing items of a body whose start is remembered
+_SEPARATE = 8  # a run this short is encoded item by item, so each one's start is known
+
+
 @attrs.define
 class _Encoded:
     """A session's last encoded body: its ``messages`` (a copy), the JSON, where the
-    ``messages`` array is in it, and where the array's last item starts (from ``start``)."""
+    ``messages`` array is in it (``start``, ``stop``), and where items ``first`` on start in
+    the array (``starts``, from its "[": the last item's always, and those of the last few
+    encoded in short runs)."""
 
     messages: list[Any]
     raw: bytes
     start: int
     stop: int
-    last: int
+    first: int
+    starts: list[int]
 
 
 class BodyEncoder:
@@ -265,11 +272,15 @@ class BodyEncoder:
     encoded. The last message encoded may be another object the next time: the engine sends
     the final user message with the turn's recall block on a copy, and the view it keeps
     holds it without (DESIGN §9b), so the JSON is reused up to where that message began and
-    it is encoded again with what follows. Any other earlier position holding another object
-    is reused only when that object encodes to the same bytes (the engine rebuilds a few
-    small messages each turn, equal to the last ones); more than a few such positions, a
-    shorter list, or a changed one, and the list is encoded whole. The other keys are encoded
-    each time (a few small values)."""
+    it is encoded again with what follows; likewise a message a few positions back (the
+    block stays on the turn's user message through the turn's tool loop, and the next turn
+    shows that message without it): where each of the last items encoded began is known,
+    and the first one whose bytes changed is encoded again with all after it. Any other
+    earlier position holding another object is reused only when that object encodes to the
+    same bytes (the engine rebuilds a few small messages each turn, equal to the last ones);
+    more than a few such positions, a shorter list, or a change where no start is known,
+    and the list is encoded whole. The other keys are encoded each time (a few small
+    values)."""
 
     def __init__(self, *, max_sessions: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._known = _LastPerSession[_Encoded](max_sessions, max_bytes)
@@ -291,42 +302,59 @@ class BodyEncoder:
         known = self._known.get(key)
         found = _extended(known, messages) if known is not None else None
         if found is None:
-            parts, last = _array(messages)
+            parts, first, starts = _array(messages)
         else:
-            parts, last = found
+            parts, first, starts = found
             self.reused += 1
         raw = b"".join((head, *parts, end))
         if key is not None:
-            encoded = _Encoded(list(messages), raw, len(head), len(raw) - len(end), last)
+            drop = max(0, len(starts) - _STARTS_KEPT)
+            encoded = _Encoded(
+                list(messages), raw, len(head), len(raw) - len(end), first + drop, starts[drop:]
+            )
             self._known.keep(key, encoded)
         return raw
 
 
-def _items(run: list[Any]) -> tuple[tuple[_Part, ...], int]:
+def _items(run: list[Any]) -> tuple[tuple[_Part, ...], int, list[int]]:
     """The JSON of a non-empty ``run`` of items, comma-separated without the brackets, in
-    parts, and where its last item starts."""
-    last = orjson.dumps(run[-1])
-    if len(run) == 1:
-        return (last,), 0
+    parts; the index in ``run`` from which each item's start is known, and those starts."""
+    if len(run) <= _SEPARATE:  # item by item: every start known
+        parts: list[_Part] = []
+        starts: list[int] = []
+        at = 0
+        for item in run:
+            if parts:
+                parts.append(b",")
+                at += 1
+            starts.append(at)
+            encoded = orjson.dumps(item)
+            parts.append(encoded)
+            at += len(encoded)
+        return tuple(parts), 0, starts
     before = orjson.dumps(run[:-1])  # "[a,b]": "a,b" then "," then the last one
-    return (memoryview(before)[1:-1], b",", last), len(before) - 1
+    last = orjson.dumps(run[-1])
+    return (memoryview(before)[1:-1], b",", last), len(run) - 1, [len(before) - 1]
 
 
-def _array(messages: list[Any]) -> tuple[tuple[_Part, ...], int]:
-    """``orjson.dumps(messages)`` in parts, and where its last item starts (1 when empty)."""
+def _array(messages: list[Any]) -> tuple[tuple[_Part, ...], int, list[int]]:
+    """``orjson.dumps(messages)`` in parts, and where its items start (see ``_items``)."""
     if not messages:
-        return (b"[]",), 1
-    parts, last = _items(messages)
-    return (b"[", *parts, b"]"), 1 + last
+        return (b"[]",), 0, []
+    parts, first, starts = _items(messages)
+    return (b"[", *parts, b"]"), first, [1 + at for at in starts]
 
 
 def _differ(one: Any, other: Any) -> bool:
     return orjson.dumps(one) != orjson.dumps(other)
 
 
-def _extended(known: _Encoded, messages: list[Any]) -> tuple[tuple[_Part, ...], int] | None:
+def _extended(
+    known: _Encoded, messages: list[Any]
+) -> tuple[tuple[_Part, ...], int, list[int]] | None:
     """The JSON of ``messages`` in parts, from ``known``'s, when ``messages`` starts with
-    what ``known`` encoded (see ``BodyEncoder``), and where its last item starts; else None."""
+    what ``known`` encoded but for items from one whose start is known (see ``BodyEncoder``),
+    and where its items start; else None."""
     earlier = known.messages
     count = len(earlier)
     if not count or len(messages) < count:
@@ -334,17 +362,24 @@ def _extended(known: _Encoded, messages: list[Any]) -> tuple[tuple[_Part, ...], 
     keep = count  # how many of the earlier items' JSON is reused
     different = itertools.compress(itertools.count(), map(operator.is_not, messages, earlier))
     for checked, index in enumerate(different):
-        if index == count - 1:
+        if index == count - 1 or _differ(messages[index], earlier[index]):
+            if index < known.first:
+                return None
             keep = index  # encoded again below, with the ones that follow it
-        elif checked == _MAX_DIFFERENT or _differ(messages[index], earlier[index]):
+            break
+        if checked == _MAX_DIFFERENT:
             return None
     array = memoryview(known.raw)[known.start : known.stop]
     if keep == len(messages):
-        return (array,), known.last
+        return (array,), known.first, known.starts
     prefix: tuple[_Part, ...]
-    if keep < count:  # up to where the last item began: just past "[" or its comma
-        prefix, start = (array[: known.last],), known.last
+    if keep < count:  # up to where that item began: just past "[" or its comma
+        start = known.starts[keep - known.first]
+        prefix, kept = (array[:start],), known.starts[: keep - known.first]
     else:
-        prefix, start = (array[:-1], b","), len(array)
-    parts, last = _items(messages[keep:])
-    return (*prefix, *parts, b"]"), start + last
+        prefix, start, kept = (array[:-1], b","), len(array), known.starts
+    parts, first, starts = _items(messages[keep:])
+    moved = [start + at for at in starts]
+    if first or not kept:  # the known starts no longer run on into the new ones
+        return (*prefix, *parts, b"]"), keep + first, moved
+    return (*prefix, *parts, b"]"), known.first, [*kept, *moved]

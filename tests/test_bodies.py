@@ -9,6 +9,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sessions import tool_loop
 
 from ragent_memory.bodies import _MAX_DIFFERENT, BodyCache, BodyEncoder, BodyError, _Known, _proves
 
@@ -326,6 +327,34 @@ def test_a_last_message_sent_with_a_recall_block_is_encoded_again_alone() -> Non
     assert 6 == encoder.reused
 
 
+def test_a_turns_block_kept_through_its_tool_loop_is_encoded_again_from_its_message() -> None:
+    """The turn's recall block stays on its user message through the turn's tool loop and is
+    gone from it on the next turn, a few positions back: the JSON is reused up to that
+    message, which is encoded again with all after it, byte for byte the whole encode."""
+    encoder = BodyEncoder()
+    view = [*conversation(12), {"role": "user", "content": "and now?"}]
+    block = {"type": "text", "text": '[recall] ü ] "quoted"'}
+    shown = {**view[-1], "content": [block, {"type": "text", "text": "and now?"}]}
+    call, result = tool_loop("c1", "found")
+    answer = {"role": "assistant", "content": "done"}
+    asked = {"role": "user", "content": [block, {"type": "text", "text": "next?"}]}
+    for sent in (
+        [*view[:-1], shown],
+        [*view[:-1], dict(shown), call, result],  # the block again, on an equal copy
+        [*view[:-1], dict(shown), call, result, *tool_loop("c2", "more")],
+        [*view, call, result, *tool_loop("c2", "more"), answer, asked],  # gone: 5 back
+    ):
+        body = upstream_body(sent, tools=True)
+        assert orjson.dumps(body) == encoder.encode("s", body)
+    assert 3 == encoder.reused
+    long_run = [*view, *(m for i in range(12) for m in tool_loop(f"x{i}", "r"))]
+    encoder.encode("t", upstream_body(long_run))  # encoded whole: only the last start known
+    edited = [*long_run[:-3], {"role": "assistant", "content": "other"}, *long_run[-2:]]
+    body = upstream_body(edited)
+    assert orjson.dumps(body) == encoder.encode("t", body)
+    assert 3 == encoder.reused  # no start known there: encoded whole
+
+
 _value = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), _text, st.none())
 
 
@@ -333,7 +362,7 @@ _value = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), _text, st.non
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["append", "append", "copy", "edit", "drop", "key", "round"]),
+            st.sampled_from(["append", "append", "copy", "back", "edit", "drop", "key", "round"]),
             st.lists(_message, min_size=0, max_size=3),
             _value,
         ),
@@ -345,8 +374,8 @@ _value = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), _text, st.non
 def test_any_sequence_of_bodies_encodes_as_the_whole_encode(
     steps: list[tuple[str, list[dict[str, Any]]], Any], where: str
 ) -> None:
-    """Whatever a session's views do (grow, rebuild equal messages, change or drop one, a
-    tool round appended and gone again), and wherever ``messages`` sits among the keys,
+    """Whatever a session's views do (grow, rebuild equal messages, change or drop one,
+    change one a few back, a tool round appended and gone again), and wherever ``messages`` sits among the keys,
     encode == orjson.dumps."""
     encoder = BodyEncoder(max_sessions=2, max_bytes=4096)
     history: list[dict[str, Any]] = []
@@ -357,6 +386,9 @@ def test_any_sequence_of_bodies_encodes_as_the_whole_encode(
             view[-1] = dict(view[-1])
         elif op == "edit" and view:
             view[0] = {**view[0], "content": value}
+        elif op == "back" and view:  # a turn's block gone from its message a few back
+            back = len(view) - min(len(view), 3)
+            view[back] = {**view[back], "content": value}
         elif op == "drop" and view:
             del view[0]
         elif op == "key":
