@@ -329,7 +329,8 @@ class MemoryEngine:
                 block = self._memory_block(session, user_id)
                 out = hand_out(view, block)
                 if session.recall_block:  # on the copy: the view never holds it (§9b)
-                    out[-1] = place(out[-1], session.recall_block)
+                    at = session.recall_at - view.offset + bool(block)
+                    out[at] = place(out[at], session.recall_block)
                 if self.settings.strict_alternation:  # engine-inserted run: block + summary
                     out = alternate(out, range(view.prefix_len, view.head + bool(block)))
         finally:

@@ -307,6 +307,11 @@ class RecallMirror:
         self._counted: dict[tuple[str, int, str], tuple[dict[str, int], int]] = {}
         self._chars = 0
 
+    @property
+    def epoch(self) -> str | None:
+        """The deletion epoch the last search read (None before the first)."""
+        return self._epoch
+
     def search(
         self,
         terms: Sequence[str],

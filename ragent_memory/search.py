@@ -993,7 +993,7 @@ class Recaller:
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None
     ) -> None:
-        self._write_queued(session_id)
+        self.hand_over(session_id)
         self.indexer.schedule(messages, session_id=session_id, user_id=user_id)
 
     def _ref_for(self, session_id: str) -> RefFor:
@@ -1032,7 +1032,7 @@ class Recaller:
 
         return ref_for
 
-    def _write_queued(self, session_id: str) -> None:
+    def hand_over(self, session_id: str) -> None:
         """Hand the session's queued offloads to the indexer's thread (written here when
         it is closing)."""
         with self._offloads_lock:
@@ -1070,7 +1070,7 @@ class Recaller:
     ) -> Recalled:
         """The turn's recall block; a store failure logs and recalls nothing. Offloads an
         earlier turn queued, with no ``after_turn`` since, are handed over first."""
-        self._write_queued(session_id)
+        self.hand_over(session_id)
         self.indexer.wait_for(session_id, visible_from, self.settings.compaction_timeout_s)
         try:
             return recall(
@@ -1115,8 +1115,22 @@ class Recaller:
         except StoreError as err:
             log.error("search.failed", session_id=session_id, error=repr(err))
             return f"[{SEARCH_TOOL_NAME}: the store could not be read just now; try again later]"
-        self._write_queued(session_id)  # a tool's answer: the model reads it next
+        self.hand_over(session_id)  # a tool's answer: the model reads it next
         return found.text or EMPTY_SEARCH[language]
+
+    def epoch(self) -> str | None:
+        """The store's recall deletion epoch, which every delete of index rows (``forget``,
+        ``drop_session``, by any process or host) replaces; None when the store cannot say."""
+        try:
+            return self.store.recall_mark()[1]
+        except StoreError as err:
+            log.error("recall.mark_failed", error=repr(err))
+            return None
+
+    def searched_epoch(self) -> str | None:
+        """The deletion epoch the last search read (no more recent than what it found): a
+        block found then still holds only rows that exist while :meth:`epoch` returns it."""
+        return self.mirror.epoch
 
     def forget_session(self, session_id: str) -> None:
         """Wait for the session's index writes, then forget its cursor (a drop follows)."""
@@ -1135,7 +1149,7 @@ class Recaller:
         with self._offloads_lock:
             queued = [session_id for session_id, refs in self._unwritten.items() if refs]
         for session_id in queued:
-            self._write_queued(session_id)
+            self.hand_over(session_id)
         self.indexer.flush(timeout_s)
 
     def close(self) -> None:

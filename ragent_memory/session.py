@@ -20,8 +20,10 @@ record     new substitutions persisted (originals offloaded), then shown; the st
 compact    gate 2 (§5) on the engine's pool, waited at most ``compaction_timeout_s``
 ceiling    §4b, while the view is over B: may add sticky substitutions, compact mid-turn,
            leave the oldest whole turns out (``over_budget``, ``dropped_turns``)
-recall     §9b, when the last message is the user's: a leading text part on the final user
-           message (``recalled``, ``recalled_chars``); ``hidden`` says what is out of view
+recall     §9b, for the current turn's user message: a leading text part on it
+           (``recalled``, ``recalled_chars``), searched when the last message is the user's and
+           shown again on the turn's later calls while it fits; ``hidden`` says what is out
+           of view
 report     the ``TurnReport``
 =========  ==================================================================================
 
@@ -43,7 +45,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -408,6 +410,20 @@ class LeftOut:
     raw_chars: int = 0
 
 
+class _TurnBlock(NamedTuple):
+    """The recall block found for a turn's user message (``at``, a raw index; -1: none yet),
+    and what it depends on beyond the view's room: the question, the user whose sessions were
+    searched and the store's deletion epoch then (a ``forget`` or ``drop_session`` since, by
+    any process, replaces it)."""
+
+    at: int = -1
+    text: str = ""
+    user_id: str | None = None
+    epoch: str | None = None
+    block: str = ""
+    excerpts: int = 0
+
+
 @attrs.define
 class View:
     """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
@@ -703,6 +719,12 @@ class Session:
         # (user_id, memory version, block text) of the last memory block built for this
         # session: rebuilt only when that user's memories change, so the prefix stays stable.
         self.recall_block = ""  # this turn's recall block (§9b), "" for none
+        self.recall_at = -1  # the raw index of the user message it rides on
+        # the block found for the turn's user message and what it was found for: the same
+        # turn's later calls (a tool loop) show it again while it fits
+        self._turn_block = _TurnBlock()
+        # (raw index of the last user message or -1, raw length looked at, that message)
+        self._turn_user: tuple[int, int, Message | None] = (-1, 0, None)
         # ``hidden``'s substituted raw indexes, and the view's kinds dict, its size and
         # offset they were found for (a dict the view replaces, or grows, finds them again)
         self._shown: tuple[dict[int, str], int, int, frozenset[int]] | None = None
@@ -1396,35 +1418,91 @@ class Session:
         view.trim_hint = self._record(view, new, hint or view.trim_hint, user_id)
 
     def _recall(self, view: View, user_id: str | None) -> tuple[int, int]:
-        """DESIGN §9b, the last step: when the last message is the user's, excerpts of what
-        ``hidden`` says is out of view go in a leading text part of the final user message
-        (``recall_block``, which the engine puts on its copy: the view itself, kept from turn to
-        turn, never holds it), within ``recall_max_chars`` and never past B: the block is not part
-        of the view (it never makes the view reach the compaction trigger), and what is sent
-        stays within the ceiling (§4b). Room up to the trigger only starved recall exactly when
-        the view had grown near it (LoCoMo, B = 20,000: 0.548 → 0.617).
+        """DESIGN §9b, the last step: excerpts of what ``hidden`` says is out of view, for the
+        current turn's user message, go in a leading text part of that message
+        (``recall_block`` at raw index ``recall_at``, which the engine puts on its copy: the
+        view itself, kept from turn to turn, never holds it), within ``recall_max_chars`` and
+        never past B: the block is not part of the view (it never makes the view reach the
+        compaction trigger), and what is sent stays within the ceiling (§4b). Room up to the
+        trigger only starved recall exactly when the view had grown near it (LoCoMo,
+        B = 20,000: 0.548 → 0.617).
+
+        The block is searched for when the last message is the user's. The same turn's later
+        calls (its tool loop: the last message is a tool result) show that turn's block again,
+        byte for byte, while it fits: the model keeps what was
+        recalled for the question it is still answering, and the provider's prompt cache
+        keeps hitting past the user message. When it no longer fits (the loop's results grew
+        the view), or the session has no block for this turn (a restart, another host), the
+        search runs again for the turn's user message with the room there is, over what was
+        out of view before it (the turn's own results, trimmed or previewed, are the loop's).
         Returns (excerpts shown, their chars)."""
-        self.recall_block = ""
+        kept, self._turn_block = self._turn_block, _TurnBlock()
+        self.recall_block, self.recall_at = "", -1
         recaller, settings, raw = self.services.recaller, self.settings, self.raw.messages
         if recaller is None or not settings.recall_enabled or not raw or not view.messages:
             return 0, 0
-        if raw[-1].get("role") != "user" or view.messages[-1].get("role") != "user":
+        role = raw[-1].get("role")
+        mid_turn = role == "tool"  # the turn's tool loop: the model is called again
+        if mid_turn:
+            at = self._turn_start(view)
+            if at < 0:
+                return 0, 0
+        elif role == "user" and view.messages[-1].get("role") == "user":
+            at = len(raw) - 1
+        else:
             return 0, 0
+        text = text_of(raw[at])
         room = min(settings.recall_max_chars, settings.context_window_chars - view.total)
+        if (
+            mid_turn
+            and kept[:3] == (at, text, user_id)
+            and len(kept.block) <= room  # none found stays none: one search a turn
+            and kept.epoch is not None
+            and kept.epoch == recaller.epoch()  # nothing forgotten or dropped since
+        ):
+            self._turn_block = kept
+            self.recall_block, self.recall_at = kept.block, at
+            recaller.hand_over(self.session_id)  # as a search would: excerpts queued earlier
+            return kept.excerpts, len(kept.block)
         if room <= 0:
             return 0, 0
         covered, shown = self.hidden(view)
+        if mid_turn and shown and max(shown) > at:  # the turn's own results: already in view
+            shown = frozenset(i for i in shown if i < at)
         found = recaller.block(
             self.session_id,
             user_id,
-            text_of(raw[-1]),
+            text,
             visible_from=covered.stop,
             shown=shown,
             max_chars=room,
             known_text=self.state.summary,
         )
-        self.recall_block = found.text
+        self.recall_block, self.recall_at = found.text, at
+        epoch = recaller.searched_epoch()
+        self._turn_block = _TurnBlock(at, text, user_id, epoch, found.text, found.excerpts)
         return found.excerpts, len(found.text)
+
+    def _turn_start(self, view: View) -> int:
+        """The raw index of the current turn's user message (the last user message) when the
+        view shows it as written, else -1. Reads only the messages appended since the last
+        call (all of the view's tail when an earlier one changed)."""
+        raw = self.raw.messages
+        low = view.head + view.offset  # the first raw index the tail shows
+        at, seen, message = self._turn_user
+        changed = self.raw.changed
+        if (
+            seen > len(raw)
+            or (changed and changed[0] < seen)
+            or (at >= 0 and raw[at] is not message)
+        ):
+            at, seen = -1, low
+        for index in range(len(raw) - 1, max(seen, low) - 1, -1):
+            if raw[index].get("role") == "user":
+                at = index
+                break
+        self._turn_user = (at, len(raw), raw[at] if at >= 0 else None)
+        return at if at >= low else -1
 
     def hidden(self, view: View) -> tuple[range, frozenset[int]]:
         """Raw indexes the view no longer shows as written: those covered by the summary,

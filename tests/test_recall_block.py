@@ -4,13 +4,14 @@ cache safety and the settings that switch it."""
 from __future__ import annotations
 
 import copy
+import json
 import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from sessions import rag_turn, without_recall
+from sessions import tool_loop, without_recall
 
 from ragent_memory import Settings
 from ragent_memory.engine import MemoryEngine
@@ -210,24 +211,77 @@ def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
         engine.drop_session("s")
 
 
-def test_no_block_when_disabled_or_last_is_not_user(
+def test_no_block_when_disabled(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
-    """recall_enabled: false shows nothing; neither does a turn ending in a tool result."""
+    """recall_enabled: false shows nothing, at the user's call or in the turn's tool loop."""
     history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
     asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
     off = make_engine(make_settings(context_window_chars=8_000, recall_enabled=False))
-    prepared = off.prepare(asked, session_id="s")
-    assert (0, 0, asked[-1]) == (
-        prepared.report.recalled,
-        prepared.report.recalled_chars,
-        prepared.messages[-1],
+    for messages in (asked, [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.")]):
+        prepared = off.prepare(messages, session_id="s")
+        assert (0, 0) == (prepared.report.recalled, prepared.report.recalled_chars)
+        assert not any(block_of(m) for m in prepared.messages)
+
+
+def test_a_turns_tool_loop_keeps_the_turns_block(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The turn's later calls (the last message a tool result) show the block found for the
+    turn's user message again, byte for byte, on that message: the prefix stays and the model
+    keeps what was recalled. The next user turn moves the block to its own message. Without a
+    block kept (another engine on the store), the turn's user message is searched for; a block
+    that no longer fits is searched again within the room left, never past B."""
+    budget = 8_000
+    settings = make_settings(context_window_chars=budget)
+    engine = make_engine(settings)
+    planted = {2: "My locker code at the Lisbon gym is 4471.", 9: "The gym locker room is blue."}
+    history = chat(80, planted=planted)
+    asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
+    first = engine.prepare(asked, session_id="s")
+    block = block_of(first.messages[-1])
+    assert "4471" in block and first.report.recalled >= 2
+    at = len(first.messages) - 1
+    looped = [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.", name="lookup")]
+    second = engine.prepare(looped, session_id="s")
+    assert (0, False) == (second.report.trimmed, second.report.compacted)  # no gate moved it
+    assert encoded(first.messages) == encoded(second.messages[: at + 1])
+    assert looped[-2:] == second.messages[at + 1 :]
+    assert (first.report.recalled, len(block)) == (
+        second.report.recalled,
+        second.report.recalled_chars,
     )
-    on = make_engine(make_settings(context_window_chars=8_000, store=off.settings.store))
-    rng = random.Random(2)
-    tooled = [*asked, *rag_turn(0, rng)[1:3]]  # an assistant call and its result: mid-turn
-    assert "tool" == tooled[-1]["role"]
-    assert 0 == on.prepare(tooled, session_id="t").report.recalled
+    # another engine on the same store has no block kept: it searches for the turn's question
+    other = make_engine(settings)
+    elsewhere = other.prepare(looped, session_id="s")
+    assert "4471" in block_of(elsewhere.messages[at])
+    assert not any(block_of(m) for i, m in enumerate(elsewhere.messages) if i != at)
+    # a loop result that leaves less room than the block takes: searched again to fit
+    room = budget - second.report.chars_out
+    size = room - len(block) + 80  # in loops under the oversized limit, so none is clipped
+    parts = -(-size // (settings.oversized_tool_result_chars - 100))
+    grown_loops = [
+        m
+        for i in range(parts)
+        for m in tool_loop(
+            f"g{i}", "Gym rules, item by item. " * (size // parts // 25), name="lookup"
+        )
+    ]
+    grown = engine.prepare([*looped, *grown_loops], session_id="s")
+    assert (0, 0, False) == (grown.report.trimmed, grown.report.truncated, grown.report.compacted)
+    shown = grown.report.chars_out + grown.report.recalled_chars
+    assert 0 < grown.report.recalled < first.report.recalled and shown <= budget
+    assert grown.report.recalled_chars == len(block_of(grown.messages[at]))
+    # the next turn: the block rides on its own question, the last one's is gone
+    nxt = [*looped, {"role": "assistant", "content": "Open 7 to 22."}]
+    nxt.append({"role": "user", "content": "And what is my gym locker code again?"})
+    third = engine.prepare(nxt, session_id="s")
+    assert "4471" in block_of(third.messages[-1])
+    assert without_recall(first.messages[at]) == third.messages[at] == asked[-1]
+
+
+def encoded(messages: Sequence[dict[str, Any]]) -> list[str]:
+    return [json.dumps(m, sort_keys=True) for m in messages]
 
 
 def test_caller_messages_never_mutated(make_engine: Callable[..., MemoryEngine]) -> None:
@@ -357,3 +411,30 @@ def test_queued_offloads_are_written_at_once_and_queued_again_when_that_fails(
     recaller.settle("s")
     assert [texts, texts] == calls
     assert texts == [engine.store.read_offload("s", ref) for ref in refs]
+
+
+def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The turn's block is shown again mid-turn only to the user it was searched for, and
+    only while nothing was forgotten or dropped since: otherwise the tool loop's call gets
+    what a search gives now."""
+    settings = make_settings(context_window_chars=8_000)
+    engine = make_engine(settings)
+    history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
+    asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
+    looped = [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.", name="lookup")]
+    at = len(engine.prepare(asked, session_id="s", user_id="u1").messages) - 1
+    kept = engine.prepare(looped, session_id="s", user_id="u1")
+    assert "4471" in block_of(kept.messages[at])
+    searched = make_engine(settings).prepare(looped, session_id="s", user_id="u2")
+    other = engine.prepare(looped, session_id="s", user_id="u2")
+    assert (
+        block_of(searched.messages[at])
+        == block_of(other.messages[at])
+        != block_of(kept.messages[at])
+    )
+    engine.prepare(looped, session_id="s", user_id="u1")
+    engine.forget("u1")
+    forgotten = engine.prepare(looped, session_id="s", user_id="u1")
+    assert not any("4471" in block_of(m) for m in forgotten.messages)

@@ -342,9 +342,10 @@ def drive(engine: MemoryEngine, sessions: list[int], out: dict[tuple[int, int], 
         rng = random.Random(number)
         for step, history in enumerate(growing_history(rng, 10_000)):
             prepared = engine.prepare(history, session_id=f"t{number}", user_id=user_of(number))
-            view = [*prepared.messages[:-1], without_recall(prepared.messages[-1])]
-            recalled = view[-1] != prepared.messages[-1]
-            block = prepared.messages[-1]["content"][0]["text"] if recalled else ""
+            view = [without_recall(m) for m in prepared.messages]
+            carriers = [m for m, own in zip(prepared.messages, view, strict=True) if m != own]
+            assert len(carriers) <= 1  # the block rides on the turn's user message alone
+            block = carriers[0]["content"][0]["text"] if carriers else ""
             report = attrs.asdict(prepared.report)
             for timing in ("duration_ms", "recalled", "recalled_chars"):
                 report.pop(timing)
