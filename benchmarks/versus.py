@@ -27,6 +27,12 @@ turn's, and the mean share of the previous turn's chars that the new one repeats
 prefix); summarizer chars per compaction ÷ B; summarizer calls per 100k chars of history.
 Conversion between dicts and LangChain messages is the app's own cost there and is not timed.
 
+A real tool-calling agent calls the model again after every tool loop, through the engine
+each time: the RAG and tool-heavy workloads are run that way too ("every call": ragent_memory
+with and without recall, and LangChain's full stack, on the same calls), where the prefix is
+measured between consecutive calls and ragent_memory reports how many of its tool-loop calls
+still carry the turn's recall block.
+
 Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workloads.
 """
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -135,6 +142,17 @@ def tool_heavy_session(turns: int, *, seed: int = 11) -> Turns:
     return out
 
 
+def model_calls(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Where a turn's model calls happen, as how many of its messages precede each: after the
+    user's message, and after each tool loop's last result (the agent calls the model again)."""
+    stops = [1]
+    for index, message in enumerate(messages[1:], 1):
+        following = messages[index + 1]["role"] if index + 1 < len(messages) else None
+        if message["role"] == "tool" and following != "tool":
+            stops.append(index + 1)
+    return stops
+
+
 def workloads(quick: bool) -> Iterator[tuple[str, int, Turns]]:
     scale = 4 if quick else 1
     yield "rag_2000_en", 200_000, simulate_session(2_000 // scale)
@@ -195,6 +213,10 @@ class Run:
         self.compacted.append(compacted)
 
 
+def _dict_copies(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(map(dict, messages))
+
+
 def _repeat_ms(action: Callable[[], object], times: int = 20) -> float:
     started = time.process_time()
     for _ in range(times):
@@ -203,8 +225,16 @@ def _repeat_ms(action: Callable[[], object], times: int = 20) -> float:
 
 
 def run_ragent(
-    turns: Turns, budget: int, language: str, db: Path, *, recall: bool = True
+    turns: Turns,
+    budget: int,
+    language: str,
+    db: Path,
+    *,
+    recall: bool = True,
+    every_call: bool = False,
 ) -> tuple[Run, Meter, dict]:
+    """One arm over ``turns``: ``prepare`` at each user message, or with ``every_call``
+    before every model call of the turn (its tool loop's too), then ``after_turn``."""
     meter = Meter(language)
     settings = Settings(
         context_window_chars=budget,
@@ -215,19 +245,27 @@ def run_ragent(
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
     run = Run()
     stability = Stability()
+    loop_calls = loop_blocks = 0
     with MemoryEngine(settings, summarizer=meter) as engine:
         for messages in turns:
-            history.append(messages[0])
-            started = time.process_time()
-            prepared = engine.prepare(history, session_id="bench")
-            cpu_ms = (time.process_time() - started) * 1000
-            sent = prepared.messages
-            run.floor_list_ms.append(_repeat_ms(lambda sent=sent: list(sent)))  # type: ignore[misc]
-            # Copying every dict takes 0.1 ms and up: five repeats resolve it well.
-            run.floor_dicts_ms.append(_repeat_ms(lambda sent=sent: list(map(dict, sent)), 5))  # type: ignore[misc]
-            stability.add(sent, prepared.report.compacted)
-            run.record(cpu_ms, prepared.report.compacted)
-            history.extend(messages[1:])
+            done = 0
+            for call, stop in enumerate(model_calls(messages) if every_call else [1]):
+                history.extend(messages[done:stop])
+                done = stop
+                started = time.process_time()
+                prepared = engine.prepare(history, session_id="bench")
+                cpu_ms = (time.process_time() - started) * 1000
+                sent = prepared.messages
+                if not every_call:
+                    run.floor_list_ms.append(_repeat_ms(functools.partial(list, sent)))
+                    # Copying every dict takes 0.1 ms and up: five repeats resolve it well.
+                    run.floor_dicts_ms.append(_repeat_ms(functools.partial(_dict_copies, sent), 5))
+                stability.add(sent, prepared.report.compacted)
+                run.record(cpu_ms, prepared.report.compacted)
+                if call:  # a tool loop's call: does it still carry the turn's recall block?
+                    loop_calls += 1
+                    loop_blocks += prepared.report.recalled > 0
+            history.extend(messages[done:])
             started = time.process_time()
             engine.after_turn(history, session_id="bench")
             run.after_turn_ms.append((time.process_time() - started) * 1000)
@@ -237,6 +275,7 @@ def run_ragent(
         "stability": stability.result(),
         "audit_material_chars_equal_read": [r["material_chars"] for r in applied] == meter.material,
         "history_chars": sum(chars(m) for m in history),
+        **({"loop_calls": loop_calls, "loop_calls_with_block": loop_blocks} if every_call else {}),
     }
     return run, meter, extra
 
@@ -337,7 +376,7 @@ class _Model:
 
 
 def run_langchain(
-    turns: Turns, budget: int, meter: Meter, *, full: bool
+    turns: Turns, budget: int, meter: Meter, *, full: bool, every_call: bool = False
 ) -> tuple[Run, dict] | None:
     try:
         from langchain.agents.middleware import (
@@ -361,19 +400,22 @@ def run_langchain(
     run, stability, handler = Run(), Stability(_peer_chars, _peer_same), _Model()
     for messages in turns:
         converted = convert_to_messages(messages)
-        state.append(converted[0])
-        started = time.process_time()
-        update = summarization.before_model({"messages": state}, None)  # type: ignore[arg-type]
-        if update is not None:  # RemoveMessage(all) + summary + kept, as the agent applies it
-            state = list(update["messages"][1:])
-        sent = state
-        if full:
-            editing.wrap_model_call(ModelRequest(model=model, messages=list(state)), handler)
-            sent = handler.sent
-        cpu_ms = (time.process_time() - started) * 1000
-        stability.add(sent, update is not None)
-        run.record(cpu_ms, update is not None)
-        state.extend(converted[1:])
+        done = 0
+        for stop in model_calls(messages) if every_call else [1]:
+            state.extend(converted[done:stop])
+            done = stop
+            started = time.process_time()
+            update = summarization.before_model({"messages": state}, None)  # type: ignore[arg-type]
+            if update is not None:  # RemoveMessage(all) + summary + kept, as the agent does
+                state = list(update["messages"][1:])
+            sent = state
+            if full:
+                editing.wrap_model_call(ModelRequest(model=model, messages=list(state)), handler)
+                sent = handler.sent
+            cpu_ms = (time.process_time() - started) * 1000
+            stability.add(sent, update is not None)
+            run.record(cpu_ms, update is not None)
+        state.extend(converted[done:])
     return run, {"stability": stability.result()}
 
 
@@ -544,7 +586,9 @@ def slow_model(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of every workload")
-    parser.add_argument("--only", help="comma-separated workload names (and/or 'slow_model')")
+    parser.add_argument(
+        "--only", help="comma-separated workload names (and/or 'slow_model', 'every_call')"
+    )
     parser.add_argument("--no-peers", action="store_true", help="ragent_memory's arms alone")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
@@ -591,6 +635,13 @@ def main() -> None:
         results["workloads"][name] = {"budget": budget, "history_chars": history_chars, **rows}
         print_table(name, budget, rows)
         write(results, out)  # after every workload: a run cut short keeps what it measured
+    for name, budget, turns in workloads(args.quick):
+        if name not in EVERY_CALL or (only is not None and "every_call" not in only):
+            continue
+        rows = every_call(turns, budget, clock, name, peers=not args.no_peers)
+        results.setdefault("every_call", {})[name] = {"budget": budget, **rows}
+        print_table(f"{name}, a model call after every tool loop", budget, rows)
+        write(results, out)
     for key, recall in (("slow_model", True), ("slow_model_recall_off", False)):
         if only is not None and "slow_model" not in only:
             break
@@ -612,6 +663,45 @@ def main() -> None:
     print(f"\nwritten: {out}\n\n{'part':<36} {'wall s':>8} {'CPU s':>8}")
     for part, (wall_s, cpu_s) in clock.parts.items():
         print(f"{part:<36} {wall_s:>8.1f} {cpu_s:>8.1f}")
+
+
+# A real tool-calling agent calls the model again after each tool loop, and each call goes
+# through the memory engine (``prepare``, or the peer's middleware) first; the tables above
+# prepare at each user message only. These workloads are run again that way.
+EVERY_CALL = ("rag_2000_en", "tools_5_per_turn")
+
+
+def every_call(
+    turns: Turns, budget: int, clock: Clock, name: str, *, peers: bool
+) -> dict[str, Any]:
+    """``turns`` with a call before every model call: ragent_memory with and without recall
+    (how many tool-loop calls still carry the turn's recall block), and LangChain's full
+    stack, each arm on the same calls."""
+    rows: dict[str, Any] = {}
+    history_chars = sum(chars(m) for t in turns for m in t)
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm, recall in (("ragent_memory", True), ("ragent_memory_recall_off", False)):
+            gc.collect()
+            with clock.part(f"{name} every call {arm}"):
+                run, meter, extra = run_ragent(
+                    turns, budget, "en", Path(tmp) / f"{arm}.db", recall=recall, every_call=True
+                )
+            rows[arm] = {**summary(run, meter.sent, budget, history_chars), **extra}
+    if peers:
+        gc.collect()
+        meter = Meter("en")
+        with clock.part(f"{name} every call langchain_full"):
+            outcome = run_langchain(turns, budget, meter, full=True, every_call=True)
+        if outcome is None:
+            rows["langchain_full"] = {"missing": "package not installed"}
+        else:
+            run, extra = outcome
+            rows["langchain_full"] = {**summary(run, meter.sent, budget, history_chars), **extra}
+    ours = rows["ragent_memory"]["p50_ms"]
+    for arm, row in rows.items():
+        if arm != "ragent_memory" and "p50_ms" in row:
+            row["ratio_to_ragent_p50"] = row["p50_ms"] / ours
+    return rows
 
 
 def write(results: dict[str, Any], out: Path) -> None:
@@ -647,6 +737,11 @@ def print_table(name: str, budget: int, rows: dict[str, Any]) -> None:
         )
         if "after_turn_p50_ms" in row:
             print(f"{'  + after_turn':<24} {row['after_turn_p50_ms']:>8.3f}")
+        if "loop_calls" in row:
+            print(
+                f"{'  tool-loop calls':<24} {row['loop_calls_with_block']:,} of "
+                f"{row['loop_calls']:,} carry the turn's recall block"
+            )
 
 
 if __name__ == "__main__":
