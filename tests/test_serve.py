@@ -567,6 +567,36 @@ def test_search_round_trip_reaches_the_users_other_session(
     assert ("tool", "call_search") == (answer["role"], answer["tool_call_id"])
 
 
+def test_an_app_tool_loop_keeps_the_turns_recall_block(workdir: Path, upstream: FakeOpenAI) -> None:
+    """Through the proxy, the app's own tool loop: the upstream gets the turn's question with
+    the same recall block (what the user said in an earlier session) on the loop's call as on
+    the first, byte for byte, so the answer is written with it."""
+    upstream.default = lambda body: "Noted."
+    config = write_config(workdir, "loop")
+    app_tool = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    with ProxyProcess(config, upstream.base_url, cwd=workdir) as process:
+        talk(client_for(process, "erin-1", "erin"), ["My locker code is 4417 at the gym."])
+        upstream.reset()
+        upstream.enqueue(Answer.reply(None, "tool_calls", tool_calls=[call]))
+        upstream.enqueue(Answer.reply("It is 4417."))
+        client = client_for(process, "erin-2", "erin")
+        history: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "My locker code?"}]
+        first = client.chat.completions.create(model="m", messages=history, tools=[app_tool])
+        assert ["lookup"] == [c.function.name for c in first.choices[0].message.tool_calls or []]
+        history += tool_loop("c1", "Gym hours: 7 to 22.", name="lookup")
+        second = client.chat.completions.create(model="m", messages=history, tools=[app_tool])
+    assert "It is 4417." == second.choices[0].message.content
+    asked, looped = sent_messages(upstream)
+    question = asked[-1]
+    assert "user" == question["role"] and "locker code is 4417" in json.dumps(question)
+    assert json.dumps(question) == json.dumps(looped[len(asked) - 1])
+    assert looped[len(asked) :] == history[2:]
+
+
 def test_key_is_never_stored_or_logged(
     proxy: ProxyProcess, upstream: FakeOpenAI, workdir: Path
 ) -> None:
