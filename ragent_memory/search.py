@@ -329,10 +329,26 @@ class Excerpt(NamedTuple):
 
 @attrs.frozen
 class Recalled:
-    """The block and what it holds."""
+    """The block and what it holds: ``parts``, its excerpts as rendered, best first."""
 
     text: str = ""
     excerpts: int = 0
+    parts: tuple[str, ...] = ()
+
+    def within(self, max_chars: int, language: str) -> Recalled:
+        """The block cut to its leading excerpts that fit ``max_chars`` (itself when it
+        fits): what a block made with that room would start with, without a search."""
+        if len(self.text) <= max_chars:
+            return self
+        room = max_chars - len(HEADERS[language])
+        count = 0
+        for part in self.parts:
+            room -= len(part) + 1
+            if room < 0:
+                break
+            count += 1
+        kept = self.parts[:count]
+        return Recalled(render_block(kept, language), count, kept)
 
 
 _BREAK = re.compile(r"[.!?。！？] ")  # a sentence end in folded text (one space per gap)
@@ -947,7 +963,7 @@ def recall(
         else:
             tight = True
     block = render_block(parts, language)
-    return Recalled(block, len(parts))
+    return Recalled(block, len(parts), tuple(parts))
 
 
 def place(message: Message, block: str) -> Message:

@@ -55,7 +55,7 @@ from .copies import Flag, watched_copy
 from .errors import InvalidMessagesError, RagentMemoryError, StoreError
 from .logs import EventCallback, get_logger
 from .reduce import reduce
-from .search import Recaller
+from .search import Recalled, Recaller
 from .settings import Settings
 from .store import Backend, SessionState, Substitution, substitution_key
 from .summarize import Summarizer
@@ -420,8 +420,7 @@ class _TurnBlock(NamedTuple):
     text: str = ""
     user_id: str | None = None
     epoch: str | None = None
-    block: str = ""
-    excerpts: int = 0
+    found: Recalled = Recalled()
 
 
 @attrs.define
@@ -1429,58 +1428,49 @@ class Session:
 
         The block is searched for when the last message is the user's. The same turn's later
         calls (its tool loop: the last message is a tool result) show that turn's block again,
-        byte for byte, while it fits: the model keeps what was
-        recalled for the question it is still answering, and the provider's prompt cache
-        keeps hitting past the user message. When it no longer fits (the loop's results grew
-        the view), or the session has no block for this turn (a restart, another host), the
-        search runs again for the turn's user message with the room there is, over what was
-        out of view before it (the turn's own results, trimmed or previewed, are the loop's).
+        on the same message, while it fits (byte for byte; cut to its leading excerpts when
+        the loop's results left less room): the model keeps what was recalled for the
+        question it is still answering, and the provider's prompt cache keeps hitting past
+        that message. They search nothing: a session without the turn's block (a restart,
+        another host) shows none until the next user message.
         Returns (excerpts shown, their chars)."""
         kept, self._turn_block = self._turn_block, _TurnBlock()
         self.recall_block, self.recall_at = "", -1
         recaller, settings, raw = self.services.recaller, self.settings, self.raw.messages
         if recaller is None or not settings.recall_enabled or not raw or not view.messages:
             return 0, 0
-        role = raw[-1].get("role")
-        mid_turn = role == "tool"  # the turn's tool loop: the model is called again
-        if mid_turn:
-            at = self._turn_start(view)
-            if at < 0:
-                return 0, 0
-        elif role == "user" and view.messages[-1].get("role") == "user":
-            at = len(raw) - 1
-        else:
-            return 0, 0
-        text = text_of(raw[at])
         room = min(settings.recall_max_chars, settings.context_window_chars - view.total)
-        if (
-            mid_turn
-            and kept[:3] == (at, text, user_id)
-            and len(kept.block) <= room  # none found stays none: one search a turn
-            and kept.epoch is not None
-            and kept.epoch == recaller.epoch()  # nothing forgotten or dropped since
-        ):
-            self._turn_block = kept
-            self.recall_block, self.recall_at = kept.block, at
+        role = raw[-1].get("role")
+        if role == "tool":  # the turn's tool loop: the model is called again
+            at = self._turn_start(view)
+            if (
+                at < 0
+                or kept[:3] != (at, text_of(raw[at]), user_id)
+                or kept.epoch is None
+                or kept.epoch != recaller.epoch()  # something forgotten or dropped since
+            ):
+                return 0, 0
+            shown = kept.found.within(room, settings.language)
+            self._turn_block = kept._replace(found=shown)
+            self.recall_block, self.recall_at = shown.text, at
             recaller.hand_over(self.session_id)  # as a search would: excerpts queued earlier
-            return kept.excerpts, len(kept.block)
-        if room <= 0:
+            return shown.excerpts, len(shown.text)
+        if role != "user" or view.messages[-1].get("role") != "user" or room <= 0:
             return 0, 0
-        covered, shown = self.hidden(view)
-        if mid_turn and shown and max(shown) > at:  # the turn's own results: already in view
-            shown = frozenset(i for i in shown if i < at)
+        at = len(raw) - 1
+        text = text_of(raw[at])
+        covered, substituted = self.hidden(view)
         found = recaller.block(
             self.session_id,
             user_id,
             text,
             visible_from=covered.stop,
-            shown=shown,
+            shown=substituted,
             max_chars=room,
             known_text=self.state.summary,
         )
         self.recall_block, self.recall_at = found.text, at
-        epoch = recaller.searched_epoch()
-        self._turn_block = _TurnBlock(at, text, user_id, epoch, found.text, found.excerpts)
+        self._turn_block = _TurnBlock(at, text, user_id, recaller.searched_epoch(), found)
         return found.excerpts, len(found.text)
 
     def _turn_start(self, view: View) -> int:

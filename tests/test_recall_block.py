@@ -229,9 +229,10 @@ def test_a_turns_tool_loop_keeps_the_turns_block(
 ) -> None:
     """The turn's later calls (the last message a tool result) show the block found for the
     turn's user message again, byte for byte, on that message: the prefix stays and the model
-    keeps what was recalled. The next user turn moves the block to its own message. Without a
-    block kept (another engine on the store), the turn's user message is searched for; a block
-    that no longer fits is searched again within the room left, never past B."""
+    keeps what was recalled. They search nothing (DESIGN §9b searches when the last message is
+    the user's): an engine without the turn's block shows none. A block the loop's results
+    leave too little room for is cut to its leading excerpts, never past B. The next user turn
+    moves the block to its own message."""
     budget = 8_000
     settings = make_settings(context_window_chars=budget)
     engine = make_engine(settings)
@@ -251,12 +252,9 @@ def test_a_turns_tool_loop_keeps_the_turns_block(
         second.report.recalled,
         second.report.recalled_chars,
     )
-    # another engine on the same store has no block kept: it searches for the turn's question
-    other = make_engine(settings)
-    elsewhere = other.prepare(looped, session_id="s")
-    assert "4471" in block_of(elsewhere.messages[at])
-    assert not any(block_of(m) for i, m in enumerate(elsewhere.messages) if i != at)
-    # a loop result that leaves less room than the block takes: searched again to fit
+    elsewhere = make_engine(settings).prepare(looped, session_id="s")  # no block kept there
+    assert (0, []) == (elsewhere.report.recalled, [m for m in elsewhere.messages if block_of(m)])
+    # a loop result that leaves less room than the block takes: its leading excerpts that fit
     room = budget - second.report.chars_out
     size = room - len(block) + 80  # in loops under the oversized limit, so none is clipped
     parts = -(-size // (settings.oversized_tool_result_chars - 100))
@@ -269,9 +267,10 @@ def test_a_turns_tool_loop_keeps_the_turns_block(
     ]
     grown = engine.prepare([*looped, *grown_loops], session_id="s")
     assert (0, 0, False) == (grown.report.trimmed, grown.report.truncated, grown.report.compacted)
-    shown = grown.report.chars_out + grown.report.recalled_chars
-    assert 0 < grown.report.recalled < first.report.recalled and shown <= budget
-    assert grown.report.recalled_chars == len(block_of(grown.messages[at]))
+    cut = block_of(grown.messages[at])
+    assert 0 < grown.report.recalled < first.report.recalled
+    assert grown.report.recalled_chars == len(cut) and block.startswith(cut + "\n")
+    assert grown.report.chars_out + len(cut) <= budget
     # the next turn: the block rides on its own question, the last one's is gone
     nxt = [*looped, {"role": "assistant", "content": "Open 7 to 22."}]
     nxt.append({"role": "user", "content": "And what is my gym locker code again?"})
@@ -417,8 +416,8 @@ def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """The turn's block is shown again mid-turn only to the user it was searched for, and
-    only while nothing was forgotten or dropped since: otherwise the tool loop's call gets
-    what a search gives now."""
+    only while nothing was forgotten or dropped since: otherwise the tool loop's call shows
+    none, as an engine that never saw the turn's question."""
     settings = make_settings(context_window_chars=8_000)
     engine = make_engine(settings)
     history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
@@ -434,7 +433,9 @@ def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
         == block_of(other.messages[at])
         != block_of(kept.messages[at])
     )
-    engine.prepare(looped, session_id="s", user_id="u1")
+    engine.prepare(asked, session_id="s", user_id="u1")
+    again = engine.prepare(looped, session_id="s", user_id="u1")
+    assert block_of(again.messages[at]) == block_of(kept.messages[at])
     engine.forget("u1")
     forgotten = engine.prepare(looped, session_id="s", user_id="u1")
     assert not any("4471" in block_of(m) for m in forgotten.messages)
