@@ -22,7 +22,7 @@ ceiling    §4b, while the view is over B: may add sticky substitutions, compact
            leave the oldest whole turns out (``over_budget``, ``dropped_turns``)
 recall     §9b, for the current turn's user message: a leading text part on it
            (``recalled``, ``recalled_chars``), searched when the last message is the user's and
-           shown again on the turn's later calls while it fits; ``hidden`` says what is out
+           shown again (cut to fit) on the turn's tool-loop calls; ``hidden`` says what is out
            of view
 report     the ``TurnReport``
 =========  ==================================================================================
