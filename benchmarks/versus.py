@@ -153,6 +153,11 @@ def model_calls(messages: Sequence[dict[str, Any]]) -> list[int]:
     return stops
 
 
+def language_of(workload: str) -> str:
+    """A workload's language, from its name (``rag_2000_zh``: Chinese)."""
+    return "zh" if workload.endswith("_zh") else "en"
+
+
 def workloads(quick: bool) -> Iterator[tuple[str, int, Turns]]:
     scale = 4 if quick else 1
     yield "rag_2000_en", 200_000, simulate_session(2_000 // scale)
@@ -603,7 +608,7 @@ def main() -> None:
         rag_en = rag_en or turns  # the slow-model run replays the 2,000-turn RAG session
         if only is not None and name not in only:
             continue
-        language = "zh" if name.endswith("_zh") else "en"
+        language = language_of(name)
         history_chars = sum(chars(m) for t in turns for m in t)
         rows: dict[str, Any] = {}
         with tempfile.TemporaryDirectory() as tmp:
@@ -679,17 +684,23 @@ def every_call(
     stack, each arm on the same calls."""
     rows: dict[str, Any] = {}
     history_chars = sum(chars(m) for t in turns for m in t)
+    language = language_of(name)
     with tempfile.TemporaryDirectory() as tmp:
         for arm, recall in (("ragent_memory", True), ("ragent_memory_recall_off", False)):
             gc.collect()
             with clock.part(f"{name} every call {arm}"):
                 run, meter, extra = run_ragent(
-                    turns, budget, "en", Path(tmp) / f"{arm}.db", recall=recall, every_call=True
+                    turns,
+                    budget,
+                    language,
+                    Path(tmp) / f"{arm}.db",
+                    recall=recall,
+                    every_call=True,
                 )
             rows[arm] = {**summary(run, meter.sent, budget, history_chars), **extra}
     if peers:
         gc.collect()
-        meter = Meter("en")
+        meter = Meter(language)
         with clock.part(f"{name} every call langchain_full"):
             outcome = run_langchain(turns, budget, meter, full=True, every_call=True)
         if outcome is None:
