@@ -136,7 +136,8 @@ _query_keys: dict[str, str] = {}  # query phrase → its key ("" for none)
 class _Unit:
     """One user's rows (or one session's): the inverted index and what rows carry."""
 
-    def __init__(self) -> None:
+    def __init__(self, neighbours: Sequence[int] = (-1, 1)) -> None:
+        self.neighbours = tuple(neighbours)
         self.last = 0  # highest row id held
         self.ids = array("q")
         self.positions = array("q")
@@ -151,6 +152,9 @@ class _Unit:
         self.total = 0.0
         self.bytes = 0
         self.made: dict[int, IndexedMessage] = {}  # row → as a neighbour
+        # row → it as a hit and its neighbours by (session, position), made once: the same
+        # rows come back as hits turn after turn (see ``RecallMirror.search``)
+        self.near: dict[int, tuple[IndexedMessage, Neighbours]] = {}
 
     def add(
         self, message: IndexedMessage, owned: bool, text_counts: dict[str, int], n: int
@@ -170,7 +174,11 @@ class _Unit:
         self.last = max(self.last, message.id)
         held = self.at.get((code, message.position))
         if held is None or self.ids[held] < message.id:
+            if held is not None:  # superseded: kept in ``near`` no more (see ``_assemble``)
+                self.near.pop(held, None)
             self.at[(code, message.position)] = row
+            for offset in self.neighbours:  # rows this one is now the neighbour of
+                self.near.pop(self.at.get((code, message.position - offset), -1), None)
         postings = self.postings
         shifted = row << _COUNT_BITS
         for key, count in text_counts.items():
@@ -274,6 +282,7 @@ class _Unit:
 
 
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
+Neighbours = tuple[tuple[tuple[str, int], IndexedMessage], ...]
 
 
 def _keys(user_id: str | None, session_id: str) -> tuple[tuple[str, str], ...]:
@@ -338,7 +347,7 @@ class RecallMirror:
             key = ("u", user_id) if user_id is not None else ("s", session_id)
             unit = self._units.get(key)
             if unit is None:
-                unit = self._units[key] = _Unit()
+                unit = self._units[key] = _Unit(self.neighbours)
             self._units.move_to_end(key)
             if unit.last < top:
                 self._sync(unit, user_id, session_id, searching=True)
@@ -350,28 +359,59 @@ class RecallMirror:
                 shown=shown,
                 limit=limit,
             )
-            wanted: dict[tuple[int, int], int] = {}
-            for row, _ in ranked:
-                code, position = unit.rows[row][0], unit.positions[row]
-                for offset in self.neighbours:
-                    near = unit.at.get((code, position + offset))
-                    if near is not None:
-                        wanted[(code, position + offset)] = near
-            texts = self._read([unit.ids[r] for r in (*(r for r, _ in ranked), *wanted.values())])
-            # A row another process deleted since the mark is left out (its epoch is seen next).
-            hits = [
-                unit.message(r, texts[unit.ids[r]], score)
-                if scored
-                else unit.unscored(r, texts[unit.ids[r]])
-                for r, score in ranked
-                if unit.ids[r] in texts
-            ]
-            around = {
-                (unit.names[code], position): unit.unscored(row, texts[unit.ids[row]])
-                for (code, position), row in wanted.items()
-                if unit.ids[row] in texts
-            }
+            near = unit.near
+            if len(near) + len(ranked) > NEIGHBOURS_KEPT:
+                near.clear()
+            new = [row for row, _ in ranked if row not in near]
+            made = self._assemble(unit, new) if new else near
+            hits = []
+            around: dict[tuple[str, int], IndexedMessage] = {}
+            for row, score in ranked:
+                entry = near.get(row) or made.get(row)
+                if entry is None:  # another process deleted it since the mark
+                    continue  # (its epoch is seen next)
+                hit, neighbours = entry
+                hits.append(unit.message(row, hit.content, score) if scored else hit)
+                around.update(neighbours)
         return hits, around
+
+    def _assemble(
+        self, unit: _Unit, rows: Sequence[int]
+    ) -> dict[int, tuple[IndexedMessage, Neighbours]]:
+        """Each of ``rows`` as a hit with its neighbours, its texts read (cache or store) and
+        kept in ``unit.near``, except a row whose text or a neighbour's another process
+        deleted (returned, not kept: it is left out, or shown without that neighbour) and a
+        row a newer one at its position superseded (``_Unit.add`` keeps ``near`` right by
+        dropping the entries of the newest rows next to a row it adds)."""
+        wanted: dict[tuple[int, int], int] = {}  # (row, offset) → neighbour row
+        for row in rows:
+            code, position = unit.rows[row][0], unit.positions[row]
+            for offset in self.neighbours:
+                near = unit.at.get((code, position + offset))
+                if near is not None:
+                    wanted[(row, offset)] = near
+        texts = self._read([unit.ids[r] for r in (*rows, *wanted.values())])
+        made = {}
+        for row in rows:
+            text = texts.get(unit.ids[row])
+            if text is None:
+                continue
+            name, position = unit.names[unit.rows[row][0]], unit.positions[row]
+            whole = True
+            neighbours = []
+            for offset in self.neighbours:
+                near = wanted.get((row, offset))
+                if near is None:
+                    continue
+                near_text = texts.get(unit.ids[near])
+                if near_text is None:
+                    whole = False
+                    continue
+                neighbours.append(((name, position + offset), unit.unscored(near, near_text)))
+            made[row] = (unit.unscored(row, text), tuple(neighbours))
+            if whole and unit.at.get((unit.rows[row][0], position)) == row:
+                unit.near[row] = made[row]
+        return made
 
     def refresh(self, user_id: str | None, session_id: str) -> None:
         """Read new rows into the units a write of this user's and session's rows touched,

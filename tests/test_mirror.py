@@ -13,7 +13,7 @@ from ragent_memory import StoreSettings
 from ragent_memory import mirror as mirror_module
 from ragent_memory.mirror import RecallMirror
 from ragent_memory.records import IndexedMessage
-from ragent_memory.search import index_digest
+from ragent_memory.search import _around, index_digest
 from ragent_memory.store import open_store
 from ragent_memory.store.contract import Backend
 from ragent_memory.terms import fts_query, index_terms, search_terms
@@ -110,6 +110,48 @@ def test_mirror_ranks_as_fts5_bm25(
         assert {m.id for m in mine} == {m.id for m in stored}
     # this session's rows from position 3 on are in the view; 1 is shown as a placeholder
     assert not [m for m in mine if m.session_id == "s2" and m.position >= 3 and m.position != 1]
+
+
+def test_a_hits_neighbours_are_the_stores_as_rows_arrive_beside_it(
+    stores: tuple[Backend, Backend],
+) -> None:
+    """A hit and its neighbours are made once and kept (``_Unit.near``), yet each search
+    shows the neighbours the store holds now: one indexed later beside a hit (written by
+    this process or another), and a newer row at a neighbour's position or the hit's own
+    (an edited message indexed again) instead of the old one, beside the old row at the
+    hit's position as well (it is still a hit)."""
+    store, other = stores
+    mirror = RecallMirror(store)
+
+    def check(query: str) -> list[IndexedMessage]:
+        found = mirror.search(
+            search_terms(query),
+            session_id="s9",
+            user_id="ann",
+            visible_from=1 << 62,
+            shown=(),
+            limit=40,
+            scored=False,
+        )
+        assert found is not None
+        hits, around = found
+        assert around == _around(store, hits)
+        return hits
+
+    put(store, "ann", "s1", ["Dana asked about the refund for parcel 12."], start=4)
+    assert [4] == [m.position for m in check("refund parcel")]
+    put(store, "ann", "s1", ["The parcel went out on Monday."], start=5)
+    check("refund parcel")
+    put(other, "ann", "s1", ["Her parcel was a kettle."], start=3)
+    hits = check("refund parcel")
+    assert {3, 4, 5} == {m.position for m in hits}
+    put(store, "ann", "s1", ["The parcel went out on Tuesday, not Monday."], start=5)
+    check("refund parcel")
+    put(other, "ann", "s1", ["Refund of parcel 13, not 12."], start=4)  # ranks above the old
+    hits = check("refund parcel")
+    assert any("13" in m.content for m in hits if m.position == 4)
+    put(store, "ann", "s1", ["The parcel went out on Wednesday."], start=5)  # beside both 4s
+    check("refund parcel")
 
 
 def test_mirror_sees_rows_another_process_writes_and_forgets(
