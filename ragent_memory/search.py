@@ -394,7 +394,7 @@ class Split:
     milliseconds there). A text of one sentence, like a long export of rows, is never
     stemmed: neither needs it."""
 
-    __slots__ = ("_holding", "_low", "_stems", "folded", "sentences", "starts")
+    __slots__ = ("_every", "_holding", "_low", "_stems", "folded", "sentences", "starts")
 
     def __init__(self, text: str) -> None:
         self.folded = " ".join(text.split())
@@ -408,6 +408,8 @@ class Split:
         # the casefolded text when each sentence's stems are its words' prefixes, else ""
         self._low: str | None = None
         self._holding: dict[str, tuple[int, ...]] = {}  # stem → the sentences holding it
+        # every stem → the sentences holding it, once ``invert`` has found them all
+        self._every: dict[str, tuple[int, ...]] | None = None
 
     def _plain(self) -> str:
         if self._low is None:
@@ -458,8 +460,30 @@ class Split:
                 counts[i] += 1
         return counts
 
+    def invert(self) -> None:
+        """Find which sentences hold each stem of a plain text, all at once: the indexer's
+        thread does this as a long message leaves a view (``LineCache.warm``), so the turn
+        that first recalls it matches its query by lookups (the per-stem searches of
+        ``_holding_of`` were ~half of the ~45 µs each new long hit cost a turn). Kept only
+        for a text of at most ``_STEMS_HELD`` stems, the bound ``_holding`` keeps."""
+        if self._every is not None or len(self.sentences) == 1:
+            return
+        low = self._plain()
+        if not low:
+            return
+        every: dict[str, list[int]] = {}
+        for i, (start, sentence) in enumerate(zip(self.starts, self.sentences, strict=True)):
+            for stem in word_prefixes(low[start : start + len(sentence)], _STEM_CHARS):
+                every.setdefault(stem, []).append(i)
+                if len(every) > _STEMS_HELD:
+                    return
+        self._every = {stem: tuple(held) for stem, held in every.items()}
+
     def _holding_of(self, stem: str) -> tuple[int, ...]:
         """The sentences of a plain text (``_plain``) that hold ``stem``."""
+        every = self._every
+        if every is not None:
+            return every.get(stem, ())
         holding = self._holding
         found = holding.get(stem)
         if found is None:
@@ -520,7 +544,8 @@ def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[s
         return text, False
     if stems and len(sentences) > 1:
         shared = split.shared(stems)
-        ranked = sorted(range(len(sentences)), key=lambda i: (-shared[i], i))
+        # most shared first, in text order among equals (a stable sort reversed keeps it)
+        ranked = sorted(range(len(sentences)), key=shared.__getitem__, reverse=True)
         chosen: list[int] = []
         size = 0
         for i in ranked:
@@ -601,8 +626,9 @@ class LineCache:
         only matches it against its query (a 2,600-char search result took the caller ~0.2
         ms to split and stem, and a turn often met several new ones)."""
         for message in messages:
-            if len(message.content) > NEIGHBOUR_CHARS:  # the smallest limit a line has
-                self.held(message)
+            # NEIGHBOUR_CHARS: the smallest limit a line has
+            if len(message.content) > NEIGHBOUR_CHARS and self.held(message):
+                _sentences(message.content).invert()
 
     def holds(self, message: IndexedMessage, stems: frozenset[str]) -> frozenset[str]:
         """``stems & self.held(message)``: from the stems kept for a text the indexer's
@@ -767,6 +793,21 @@ def render_block(parts: Sequence[str], language: str) -> str:
 # An excerpt's message → a recall ref for its full text readable from the caller's session, or
 # "" when none can be made.
 RefFor = Callable[[IndexedMessage], str]
+
+
+class SessionRefs:
+    """A ``RefFor`` and its batch form, ``keep``, which asks it for each of the messages an
+    excerpt shown again clipped (the answers unused: what matters is that their full
+    texts stay stored), faster than one call each."""
+
+    __slots__ = ("keep", "ref_for")
+
+    def __init__(self, ref_for: RefFor, keep: Callable[[Sequence[IndexedMessage]], None]):
+        self.ref_for = ref_for
+        self.keep = keep
+
+    def __call__(self, message: IndexedMessage) -> str:
+        return self.ref_for(message)
 
 
 def _around(
@@ -934,6 +975,7 @@ def recall(
     room = max_chars - len(HEADERS[language]) - 1
     stems = frozenset(t[:_STEM_CHARS] for t in terms)
     caller = session_id if ref_for is not None else None
+    again: list[IndexedMessage] = []  # clipped messages of excerpts shown again
     parts: list[str] = []
     tight = False  # an excerpt did not fit: the rest are first weighed by ``least_chars``
     for excerpt in excerpts:
@@ -954,14 +996,19 @@ def recall(
             if rendered is not None:
                 rendered.put(key, made)
         elif ref_for is not None and len(made[0]) + 1 <= room:
-            for message in made[1]:  # shown again: its full texts stay stored
-                ref_for(message)
+            again += made[1]  # shown again: its full texts stay stored
         text = made[0]
         if len(text) + 1 <= room:
             parts.append(text)
             room -= len(text) + 1
         else:
             tight = True
+    if again:
+        if isinstance(ref_for, SessionRefs):
+            ref_for.keep(again)
+        elif ref_for is not None:
+            for message in again:
+                ref_for(message)
     block = render_block(parts, language)
     return Recalled(block, len(parts), tuple(parts))
 
@@ -991,7 +1038,7 @@ class Recaller:
             store,
             engine_headers=(*engine_headers, *HEADERS.values()),
             mirror=self.mirror,
-            on_indexed=lambda rows: _lines.warm(rows),  # ``_lines`` as it is then
+            on_indexed=self._warm,
         )
         self._offloads_lock = threading.Lock()
         # (session, ref) → when this engine last stored that excerpt's full text
@@ -1000,6 +1047,22 @@ class Recaller:
         self._unwritten: dict[str, dict[str, str]] = {}  # session → ref → full text to offload
         self.rendered = ExcerptCache(EXCERPTS_REMEMBERED)
         self._writing = threading.Lock()  # held while queued offloads are written
+
+    def _warm(self, rows: Sequence[IndexedMessage]) -> None:
+        """Ahead of their first recall, on the indexer's thread: each long row split and
+        stemmed (``LineCache.warm``) and its ref in its own session found (a hash of its
+        whole text, ~20 µs of the turn that first showed it clipped; another session's
+        recall of it still finds its own)."""
+        _lines.warm(rows)
+        found = {}
+        for row in rows:
+            key = (row.session_id, row.digest)
+            if len(row.content) > NEIGHBOUR_CHARS and key not in self._refs:
+                found[key] = self.store.ref_for(row.session_id, row.content)
+        with self._offloads_lock:
+            for key, ref in found.items():
+                if key not in self._refs:
+                    _bounded(self._refs, key, ref, OFFLOADS_REMEMBERED)
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]
@@ -1012,7 +1075,7 @@ class Recaller:
         self.hand_over(session_id)
         self.indexer.schedule(messages, session_id=session_id, user_id=user_id)
 
-    def _ref_for(self, session_id: str) -> RefFor:
+    def _ref_for(self, session_id: str) -> SessionRefs:
         """Refs for clipped excerpts. The same hits come back turn after turn: an excerpt's
         ref is computed once (a hash of its whole text), and one stored here recently is not
         written again (a write transaction per line per turn was most of recall's cost); its
@@ -1026,15 +1089,23 @@ class Recaller:
         model can ask for it."""
         fresh_s = min(OFFLOAD_REFRESH_S, self.settings.offload_ttl_days * 86_400 / 2)
 
+        def fresh(key: tuple[str, str], now: float) -> str | None:
+            """The excerpt's ref when its full text was stored here recently (lock held)."""
+            known = self._refs.get(key)
+            if known is not None:
+                written = self._offloaded.get((session_id, known))
+                if written is not None and now - written < fresh_s:
+                    return known
+            return None
+
         def ref_for(message: IndexedMessage) -> str:
             key = (session_id, message.digest)
             now = time.monotonic()
             with self._offloads_lock:
+                known = fresh(key, now)  # the same excerpt shown again: most calls
+                if known is not None:
+                    return known
                 known = self._refs.get(key)
-                if known is not None:  # the same excerpt shown again: most calls
-                    written = self._offloaded.get((session_id, known))
-                    if written is not None and now - written < fresh_s:
-                        return known
             if known is None:
                 known = self.store.ref_for(session_id, message.content)
             with self._offloads_lock:
@@ -1046,7 +1117,16 @@ class Recaller:
                 self._unwritten.setdefault(session_id, {})[known] = message.content
             return known
 
-        return ref_for
+        def keep(messages: Sequence[IndexedMessage]) -> None:
+            """``ref_for`` of each, for excerpts shown again: one clock read and one lock
+            for those stored recently (a turn's ~20, ~2.5 µs each one by one)."""
+            now = time.monotonic()
+            with self._offloads_lock:
+                stale = [m for m in messages if fresh((session_id, m.digest), now) is None]
+            for message in stale:
+                ref_for(message)
+
+        return SessionRefs(ref_for, keep)
 
     def hand_over(self, session_id: str) -> None:
         """Hand the session's queued offloads to the indexer's thread (written here when

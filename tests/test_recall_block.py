@@ -211,6 +211,44 @@ def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
         engine.drop_session("s")
 
 
+def test_a_long_hit_is_hashed_for_its_ref_off_the_turn(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The ref of a long message is found on the indexer's thread as it is indexed: the turn
+    that first shows it clipped hashes nothing on the caller's thread, and the ref reads
+    back its whole text."""
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
+    engine.flush()
+    hashed: list[str] = []
+    real = engine.store.ref_for
+    engine.store.ref_for = lambda sid, text: hashed.append(text) or real(sid, text)  # type: ignore[method-assign]
+    (ref,) = find_refs(
+        block_of(engine.prepare([*history, WAREHOUSE_QUESTION], session_id="s").messages[-1])
+    )
+    assert [] == hashed
+    assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+
+
+def test_an_excerpt_shown_again_once_its_offload_aged_is_queued_again(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """An excerpt served from the rendered cache still keeps its full text stored: shown
+    again after its offload was written long enough ago to need refreshing, the text is
+    queued to be written again (and is not while it is fresh)."""
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
+    recaller = engine._recaller
+    assert recaller is not None
+    asked = [*history, WAREHOUSE_QUESTION]
+    first = block_of(engine.prepare(asked, session_id="s").messages[-1])
+    engine.flush()
+    assert first == block_of(engine.prepare(asked, session_id="s").messages[-1])
+    assert not recaller._unwritten.get("s")  # written a moment ago: nothing to do
+    for key in recaller._offloaded:
+        recaller._offloaded[key] = float("-inf")
+    assert first == block_of(engine.prepare(asked, session_id="s").messages[-1])
+    assert history[4]["content"] in recaller._unwritten.get("s", {}).values()
+
+
 def test_no_block_when_disabled(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:

@@ -430,9 +430,12 @@ def test_the_stems_a_sentence_holds_are_its_words_prefixes(
     changes length, stopwords, underscores, one-char words; and so for each later query
     of the same text, whose stems an earlier query found the sentences of (kept per stem).
     The query's stems the text holds (what its cached line is keyed by) are those too,
-    searched for one by one or read from a warmed text's stems."""
+    searched for one by one or read from a warmed text's stems; and so are both when the
+    sentences of every stem were found at once (``invert``, as the indexer's thread does)."""
     text = end.join(sentences)
     split = Split(text)
+    inverted = Split(text)
+    inverted.invert()
     each = [term_prefixes(s, 5, limit=1_000) for s in split.sentences]
     held = frozenset().union(*each) if len(each) > 1 else frozenset()
     message = IndexedMessage("s1", 0, "tool", text, "", index_digest("tool", text))
@@ -440,6 +443,8 @@ def test_the_stems_a_sentence_holds_are_its_words_prefixes(
     for stems in (*queries, *queries):
         assert [len(held & stems) for held in each] == split.shared(stems)
         assert stems & held == split.holds(stems) == lines.holds(message, stems)
+        assert split.shared(stems) == inverted.shared(stems)
+        assert split.holds(stems) == inverted.holds(stems)
     assert held == split.held()
     assert held == lines.held(message)  # as warming keeps it: then read from that
     assert all(stems & held == lines.holds(message, stems) for stems in queries)
@@ -476,9 +481,9 @@ def test_a_long_text_of_one_sentence_is_never_stemmed(monkeypatch: pytest.Monkey
 def test_a_long_message_is_split_and_stemmed_as_it_is_indexed(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The indexer's thread splits and stems each long message that leaves the view: the
-    turn that first recalls it only matches it against its query (nothing split on the
-    caller's thread)."""
+    """The indexer's thread splits and stems each long message that leaves the view, and
+    finds which sentences hold each stem: the turn that first recalls it only looks its
+    query up (nothing split nor searched for on the caller's thread)."""
     monkeypatch.setattr(search, "_lines", LineCache(remembered=256))
     monkeypatch.setattr(search, "_sentences", SentenceCache(max_chars=1_000_000))
     long = " ".join(f"The refund for order {i} was approved by the keeper." for i in range(60))
@@ -490,6 +495,10 @@ def test_a_long_message_is_split_and_stemmed_as_it_is_indexed(
         split: list[str] = []
         real = search.Split
         monkeypatch.setattr(search, "Split", lambda text: split.append(text) or real(text))
+        searched = search.prefix_positions
+        monkeypatch.setattr(
+            search, "prefix_positions", lambda *a: split.append(a[1]) or searched(*a)
+        )
         found = recaller.block(
             "s1",
             None,
