@@ -637,8 +637,8 @@ class LineCache:
         indexer had not reached them, spent milliseconds stemming every word of each)."""
         if not stems:
             return frozenset()
-        with self._lock:
-            held = self._stems.get(message.digest)
+        # One lookup, atomic under the GIL: no lock taken (a turn asks ~20 times)
+        held = self._stems.get(message.digest)
         if held is not None:
             return stems & held
         text = message.content
@@ -716,10 +716,12 @@ class ExcerptCache:
     turn of the demo's session shows, ~20 were shown before (the same hits come back with
     the same neighbours, turn after turn), and rendering them was ~0.4 ms of each turn.
     Keyed by all a rendering depends on: the caller's session (a ref is per session), the
-    excerpt's tag, and per message its digest (role and text), its limit and, for a text
-    over its limit, what ``LineCache`` keys its line by (the query's stems it holds), all
-    in one flat tuple (a digest is a str, a limit an int, the stems a frozenset: it reads
-    one way only). Refs must be a function of (caller's session, text), as a store's are:
+    excerpt's tag, and per message its digest (role and text) and its limit, then, for the
+    texts over their limit, what ``LineCache`` keys their lines by (whether the query has
+    stems, and the ones each text holds; which texts those are follows from the digests
+    and limits before them: it reads one way only). The part the query leaves alone is
+    found once per excerpt object (``_shape``). Refs must be a function of (caller's
+    session, text), as a store's are:
     one cache per store. A hit asks ``ref_for`` again for each clipped line when it is
     shown, which keeps those full texts stored (``Recaller._ref_for`` rewrites an offload
     due for refresh). A plain dict, emptied when full: no lock nor order kept per lookup
@@ -728,19 +730,41 @@ class ExcerptCache:
     def __init__(self, remembered: int) -> None:
         self.remembered = remembered
         self._entries: dict[_ExcerptKey, tuple[str, tuple[IndexedMessage, ...]]] = {}
+        # id(excerpt) → (the excerpt, its key's part the query leaves alone or None when a
+        # message has no digest, its messages over their limit): the same excerpt objects
+        # come back turn after turn (see ``_lone``), each read once
+        self._shapes: dict[int, tuple[Excerpt, tuple[Any, ...] | None, tuple[Any, ...]]] = {}
 
     def key(self, caller: str | None, excerpt: Excerpt, stems: frozenset[str]) -> _ExcerptKey:
         """What the excerpt renders from; () when a message has no digest (never cached)."""
-        key: list[Any] = [caller, excerpt.session_id, excerpt.dated, excerpt.messages[0].position]
+        shape = self._shapes.get(id(excerpt))
+        if shape is None or shape[0] is not excerpt:
+            shape = self._shape(excerpt)
+        _, fixed, long = shape
+        if fixed is None:
+            return ()
+        if not long:
+            return (caller, fixed)
+        return (caller, fixed, bool(stems), *[_lines.holds(m, stems) for m in long])
+
+    def _shape(
+        self, excerpt: Excerpt
+    ) -> tuple[Excerpt, tuple[Any, ...] | None, tuple[IndexedMessage, ...]]:
+        fixed: list[Any] | None = [excerpt.session_id, excerpt.dated, excerpt.messages[0].position]
+        long = []
         for message in excerpt.messages:
-            digest = message.digest
-            if not digest:
-                return ()
+            if not message.digest:
+                fixed = None
+                break
             limit = _limit(excerpt, message)
-            key += (digest, limit)
+            fixed += (message.digest, limit)  # type: ignore[operator]
             if len(message.content) > limit:
-                key += (_lines.holds(message, stems), bool(stems))
-        return tuple(key)
+                long.append(message)
+        shape = (excerpt, None if fixed is None else tuple(fixed), tuple(long))
+        if len(self._shapes) >= self.remembered:
+            self._shapes.clear()
+        self._shapes[id(excerpt)] = shape  # it holds the excerpt: the id stays its own
+        return shape
 
     def get(self, key: _ExcerptKey) -> tuple[str, tuple[IndexedMessage, ...]] | None:
         return self._entries.get(key) if key else None
@@ -868,8 +892,24 @@ def _excerpts(
             continue
         for m in group:
             taken[(sid, m.position)] = len(out)
-        out.append(Excerpt(sid, hit.dated, tuple(group), frozenset({at})))
+        shape = (id(hit), *map(id, group))
+        excerpt = _lone.get(shape)
+        if excerpt is None:
+            excerpt = Excerpt(sid, hit.dated, tuple(group), frozenset({at}))
+            if len(_lone) >= LONE_KEPT:
+                _lone.clear()
+            _lone[shape] = excerpt
+        out.append(excerpt)
     return out
+
+
+LONE_KEPT: Final = 8_192
+# A lone excerpt (a hit and its neighbours, joined to no other) by the ids of its hit and
+# messages: the mirror hands out the same message objects for the same rows turn after
+# turn, so the same excerpt object comes back too, and ``ExcerptCache.key`` reads what it
+# keeps for it. An entry holds its messages, so no other object can have those ids while
+# it is kept. A plain dict, emptied when full (two threads making one store equal values).
+_lone: dict[tuple[int, ...], Excerpt] = {}
 
 
 def _within(text: str, folded: str) -> bool:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ragent_memory import StoreSettings
 from ragent_memory import mirror as mirror_module
@@ -32,6 +34,18 @@ TEXTS = [
     "The happiest day was when the painting won a prize at the county fair.",
     "Running every morning keeps him happy; he ran the Boston marathon twice.",
 ]
+
+
+_RANK_WORDS = ("refund", "refunds", "parcel", "kettle", "blue", "order", "4711", "the", "a")
+
+
+@pytest.fixture(params=["in Python", "with numpy"])
+def ranking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each ranking test runs on both of ``_Unit.rank``'s paths: few postings are ranked in
+    Python, many with numpy (here every query, its threshold set to 0)."""
+    if request.param == "with numpy":
+        monkeypatch.setattr(mirror_module, "PYTHON_POSTINGS", 0)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -93,7 +107,7 @@ def both(
     ],
 )
 def test_mirror_ranks_as_fts5_bm25(
-    stores: tuple[Backend, Backend], backend: str, query: str
+    stores: tuple[Backend, Backend], backend: str, query: str, ranking: str
 ) -> None:
     store, _ = stores
     put(store, "ann", "s1", TEXTS[:5])
@@ -331,7 +345,7 @@ def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
 
 
 def test_the_best_few_of_many_tied_matches_rank_as_fts5(
-    stores: tuple[Backend, Backend], backend: str
+    stores: tuple[Backend, Backend], backend: str, ranking: str
 ) -> None:
     """With more matches than the limit (and ties at the cut) the mirror keeps what FTS5
     keeps, in its order: by score, then newest first; hits without scores are the same rows,
@@ -384,6 +398,7 @@ _FIRST_RANK = """
 import sys
 from ragent_memory import mirror
 from ragent_memory.records import IndexedMessage
+mirror.PYTHON_POSTINGS = 0  # the numpy path
 unit = mirror._Unit()
 for i in range(6):
     counts, n = mirror.text_terms(f"refund {i}")
@@ -405,3 +420,47 @@ def test_a_processs_first_ranking_loads_no_more_of_numpy() -> None:
         [sys.executable, "-c", _FIRST_RANK], capture_output=True, text=True, check=True, timeout=60
     )
     assert ["[0, 1, 2, 4, 5]", "[]"] == out.stdout.split("\n")[:2]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["s1", "s2", "s3"]),
+            st.integers(0, 40),
+            st.lists(st.sampled_from(_RANK_WORDS), min_size=1, max_size=12),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.lists(st.sampled_from(_RANK_WORDS), min_size=1, max_size=6),
+    st.integers(0, 45),
+    st.lists(st.integers(0, 45), max_size=6),
+    st.integers(1, 45),
+)
+def test_both_ranking_paths_give_the_same_rows_and_scores(
+    rows: list[tuple[str, int, list[str]]],
+    query: list[str],
+    visible_from: int,
+    shown: list[int],
+    limit: int,
+) -> None:
+    """Ranked in Python or with numpy, a query gets the same rows in the same order with
+    the same scores to the last bit (the same sums in the same order), for any rows: several
+    sessions, a position indexed again, repeated words and query terms, rows the view shows
+    or shows as placeholders, ties at the limit."""
+    unit = mirror_module._Unit()
+    for number, (session, position, words) in enumerate(rows):
+        text = " ".join(words)
+        counts, n = mirror_module.text_terms(text)
+        message = IndexedMessage(session, position, "user", text, "", f"d{number}", id=number + 1)
+        unit.add(message, number % 2 == 0, counts, n)
+    keys = mirror_module.query_keys(query)
+    asked = dict(session_id="s2", visible_from=visible_from, shown=shown, limit=limit)
+    in_python = unit.rank(keys, **asked)
+    saved = mirror_module.PYTHON_POSTINGS
+    try:
+        mirror_module.PYTHON_POSTINGS = 0
+        with_numpy = unit.rank(keys, **asked)
+    finally:
+        mirror_module.PYTHON_POSTINGS = saved
+    assert in_python == with_numpy
