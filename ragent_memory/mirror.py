@@ -5,8 +5,10 @@ match on each call: with a question's common words matching a quarter of the ind
 most of ``prepare``'s time, growing with the history. Here each user's rows (or, without a
 user, each session's) are held as an inverted index: term → (row numbers, term counts), row
 lengths, and the exact BM25 FTS5 computes (k1 = 1.2, b = 0.75, its idf floor, the row's
-length in tokens of both columns) over those rows, vectorised with numpy. Neighbouring rows
-and texts come from here too (texts cached by row id: rows never change, only go).
+length in tokens of both columns) over those rows: in Python for a query with few postings
+(this session's rows in the view passed over first), vectorised with numpy for one with
+many (``PYTHON_POSTINGS``). Neighbouring rows and texts come from here too (texts cached by
+row id: rows never change, only go), each hit with its neighbours made once and kept.
 
 The store stays the source of truth. Before each search one statement reads the highest row
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
