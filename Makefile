@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 lint: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/ruff check ragent_memory tests benchmarks
 	$(BIN)/ruff format --check ragent_memory tests benchmarks
 	$(BIN)/mypy ragent_memory

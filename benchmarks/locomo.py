@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.chars import chars, text_of
+from ragent_memory.core.chars import chars, text_of
 
 ROOT = Path(__file__).resolve().parent.parent
 # ../shared/bench-data beside the checkout (or beside its parent, for a git worktree), or

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.demo import simulate_session
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.cli.demo import simulate_session
+from ragent_memory.engine.memory_engine import MemoryEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

@@ -53,7 +53,7 @@ from typing import Any
 import httpx2
 import uvloop
 
-from ragent_memory.demo import simulate_session
+from ragent_memory.cli.demo import simulate_session
 
 BUDGET = 200_000
 TARGET_P50_MS = 2.0

@@ -24,8 +24,8 @@ from typing import Any
 import structlog
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.demo import simulate_session
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.cli.demo import simulate_session
+from ragent_memory.engine.memory_engine import MemoryEngine
 
 
 def run(mode: str, turns: list[list[dict[str, Any]]], budget: int, db: Path) -> list[float]:

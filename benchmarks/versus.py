@@ -54,10 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.chars import chars
-from ragent_memory.demo import simulate_session
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.cli.demo import simulate_session
+from ragent_memory.core.chars import chars
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 RESULTS = Path(__file__).parent / "results"
 # The peers clip what they send their summarizer to 4,000 tokens by default; counted in chars

@@ -13,9 +13,9 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .chars import chars
-from .engine import MemoryEngine, PreparedContext, TurnReport
-from .errors import (
+from ragent_memory.core.chars import chars
+from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
+from ragent_memory.errors import (
     ConfigError,
     EngineClosedError,
     InvalidMessagesError,
@@ -24,9 +24,15 @@ from .errors import (
     StoreError,
     SummaryError,
 )
-from .longterm import Fact
-from .settings import EndpointSettings, LLMSettings, Settings, StoreSettings, load_settings
-from .store import GCReport
+from ragent_memory.longterm.batch import Fact
+from ragent_memory.settings import (
+    EndpointSettings,
+    LLMSettings,
+    Settings,
+    StoreSettings,
+    load_settings,
+)
+from ragent_memory.store import GCReport
 
 try:
     __version__ = version("ragent-memory")

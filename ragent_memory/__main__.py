@@ -1,3 +1,3 @@
-from .cli import main
+from ragent_memory.cli.main import main
 
 main()

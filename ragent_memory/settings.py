@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import attrs
 import yaml
 
-from .errors import ConfigError
+from ragent_memory.errors import ConfigError
 
 MIN_CONTEXT_WINDOW_CHARS = 8_000
 

@@ -7,8 +7,8 @@ import json
 import re
 from typing import Any
 
-from ragent_memory import chars
-from ragent_memory.longterm import HEADERS
+from ragent_memory.core import chars
+from ragent_memory.longterm.batch import HEADERS
 
 REF = re.compile(r"recall: (rm-[0-9a-f]{20})")
 TOPICS = ("refund policy", "shipping times", "warranty terms", "invoice format", "api limits")

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from pg_server import PASSWORD, PostgresUnavailable, postgres_server
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.engine.memory_engine import MemoryEngine
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

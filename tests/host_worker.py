@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sessions import rag_turn
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 CONTEXT_WINDOW_CHARS = 12_000
 

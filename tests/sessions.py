@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "config" / "ragent-memory.yaml"  # the documented default config

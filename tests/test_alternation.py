@@ -12,7 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sessions import rag_turn
 
 from ragent_memory import MemoryEngine, Settings
-from ragent_memory.alternation import alternate, join_content
+from ragent_memory.core.alternation import alternate, join_content
 
 # A Mistral-style template: after an optional system message, user and assistant turns must
 # alternate (tool results and assistant tool calls are left out of the count, as Mistral's

@@ -1,4 +1,4 @@
-"""Request bodies parsed by their new tail (``ragent_memory.bodies``): always the whole parse."""
+"""Request bodies parsed by their new tail (``ragent_memory.serve.bodies``): always the whole parse."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sessions import tool_loop
 
-from ragent_memory.bodies import _MAX_DIFFERENT, BodyCache, BodyEncoder, BodyError, _Known, _proves
+from ragent_memory.serve.bodies import (
+    _MAX_DIFFERENT,
+    BodyCache,
+    BodyEncoder,
+    BodyError,
+    _Known,
+    _proves,
+)
 
 TOOLS = [
     {

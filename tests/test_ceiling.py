@@ -11,20 +11,22 @@ import pytest
 import structlog
 from sessions import tool_loop, without_recall
 
-from ragent_memory import Settings, ceiling, compact
-from ragent_memory.ceiling import (
+from ragent_memory import Settings
+from ragent_memory.core.chars import Message, chars
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine import compaction as compact
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.gates import ceiling
+from ragent_memory.gates.ceiling import (
     MIN_PREVIEW_CHARS,
     current_turn_start,
     preview_turn,
     trim_all,
     turns_to_leave_out,
 )
-from ragent_memory.chars import Message, chars
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.loops import map_loops
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.reduce import Truncation
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.gates.reduce import Truncation
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 
 def ref_for(text: str) -> str:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragent_memory import InvalidMessagesError
-from ragent_memory.chars import chars, clip, measured, validate_message, validate_messages
+from ragent_memory.core.chars import chars, clip, measured, validate_message, validate_messages
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def _agree(message: Any) -> None:
 
 def test_measured_takes_the_usual_shapes_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Text messages, tool results and plain tool calls never reach the full validation."""
-    module = importlib.import_module("ragent_memory.chars")  # the package exports chars()
+    module = importlib.import_module("ragent_memory.core.chars")  # the package exports chars()
 
     def refuse(message: Any, index: int) -> None:
         raise AssertionError(f"full validation of {message!r}")

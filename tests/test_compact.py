@@ -16,13 +16,13 @@ from sessions import rag_turn, without_recall
 from strategies import conversations, texts
 
 from ragent_memory import LLMError, Settings
-from ragent_memory.chars import chars
-from ragent_memory.compact import Plan, plan
-from ragent_memory.engine import MemoryEngine, leading_system_count
-from ragent_memory.loops import map_loops
-from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.core.chars import chars
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.compaction import Plan, plan
+from ragent_memory.engine.memory_engine import MemoryEngine, leading_system_count
 from ragent_memory.settings import MIN_CONTEXT_WINDOW_CHARS
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest, section_count
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest, section_count
 
 CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
 

@@ -15,7 +15,7 @@ import pytest
 from test_compact import build_history
 
 from ragent_memory import EngineClosedError, InvalidMessagesError, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine, PreparedContext, TurnReport
+from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
 
 # The engine end to end on both stores (DESIGN §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
@@ -191,8 +191,8 @@ def test_incremental_paths_change_nothing(
     import re
 
     from ragent_memory import StoreSettings
-    from ragent_memory import session as session_module
-    from ragent_memory.demo import simulate_session
+    from ragent_memory.cli.demo import simulate_session
+    from ragent_memory.engine import session as session_module
 
     def replay(name: str) -> list[str]:
         settings = Settings(
@@ -220,7 +220,7 @@ def test_fresh_system_prompt_each_turn_stays_incremental(
 ) -> None:
     """An app that rebuilds only its system message every turn measures just that message
     and the new ones, and hashes none of the history (digests are computed when needed)."""
-    from ragent_memory import session as session_module
+    from ragent_memory.engine import session as session_module
 
     hashed: list[int] = []
     measured: list[int] = []

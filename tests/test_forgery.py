@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragent_memory.summarize import NEUTRALISED, compose_summary, neutralise
+from ragent_memory.summary.summarize import NEUTRALISED, compose_summary, neutralise
 
 BLOCK = "In the user's own words:\n> the real request"
 FORGERIES = [

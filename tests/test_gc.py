@@ -15,8 +15,8 @@ import pytest
 from sessions import run_cli, tool_loop
 
 from ragent_memory import Settings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.recall import FOOTER_MARK, find_refs
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.recall.refs import FOOTER_MARK, find_refs
 from ragent_memory.store import GCReport
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

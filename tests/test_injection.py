@@ -18,15 +18,15 @@ import pytest
 from fake_openai import Answer, FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
-from ragent_memory import summarize as summarize_module
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.summarize import (
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.summary import summarize as summarize_module
+from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.summarize import (
     NEUTRALISED,
     SECTIONS,
     neutralise,
     render_transcript,
 )
-from ragent_memory.summarizers import build_summarizer
 
 CORPUS = Path(__file__).parent / "injection"
 CASES = json.loads((CORPUS / "cases.json").read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import InvalidMessagesError
 
 
@@ -93,7 +93,7 @@ def test_after_turn_without_a_user_validates_what_is_new_and_all_of_a_rebuilt_hi
 ) -> None:
     """An app appending to its list gets only its new messages validated each turn; a history
     whose last message is another object is validated whole, so a bad earlier one is named."""
-    import ragent_memory.engine as engine_module
+    import ragent_memory.engine.memory_engine as engine_module
 
     starts: list[int] = []
     real = engine_module.validate_messages

@@ -15,7 +15,7 @@ from openai.types.chat.chat_completion_message_function_tool_call import (
 )
 
 from ragent_memory import InvalidMessagesError, MemoryEngine
-from ragent_memory.inputs import Inputs, to_message
+from ragent_memory.core.inputs import Inputs, to_message
 
 
 def _sdk_history() -> list[Any]:

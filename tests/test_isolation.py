@@ -18,8 +18,8 @@ from openai import OpenAI
 from test_compact import CountingSummarizer, build_history
 
 from ragent_memory import Settings
-from ragent_memory.chars import chars
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.core.chars import chars
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.store import SessionState
 
 
@@ -135,7 +135,7 @@ def test_in_place_edit_of_a_covered_message_is_caught_by_the_rotating_window(
     """With no compaction due (the last message is not the user's), an edit in place of a
     covered message is still caught by the rotating window of content and tool_calls
     identity, within history length ÷ ROLLING_PARTS_CHECK turns: the summary is dropped."""
-    from ragent_memory.session import ROLLING_PARTS_CHECK
+    from ragent_memory.engine.session import ROLLING_PARTS_CHECK
 
     with _summarized(make_settings) as (engine, history, state):
         role = "user" if edit == "content" else "assistant"

@@ -13,7 +13,7 @@ import pytest
 from test_compact import CountingSummarizer, build_history
 
 from ragent_memory import EngineClosedError, Settings
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.engine.memory_engine import MemoryEngine
 
 
 def _due(turns: int = 60) -> list[dict[str, Any]]:
@@ -155,7 +155,7 @@ def test_session_cache_is_bounded_and_an_evicted_session_continues_byte_identica
     import re
 
     from ragent_memory import StoreSettings
-    from ragent_memory.demo import simulate_session
+    from ragent_memory.cli.demo import simulate_session
 
     def normalised(messages: list[dict[str, Any]]) -> str:
         return re.sub(r"rm-[0-9a-f]+", "REF", repr(messages))

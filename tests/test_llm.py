@@ -18,7 +18,7 @@ from fake_openai import (  # noqa: F401
 )
 
 from ragent_memory.errors import LLMError, SummaryError
-from ragent_memory.llm import CircuitBreaker, Completion, LLMClient, retry_delay_s
+from ragent_memory.llm.client import CircuitBreaker, Completion, LLMClient, retry_delay_s
 from ragent_memory.settings import EndpointSettings, LLMSettings
 
 MESSAGES = [

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from sessions import ROOT, rag_turn, run_cli
 
-from ragent_memory.logs import EVENT_ATTR, get_logger
+from ragent_memory.core.logs import EVENT_ATTR, get_logger
 
 # 100 compacting turns driven by an app that only configured ``logging``.
 SCRIPT = """
@@ -92,9 +92,11 @@ def unconfigured_structlog() -> None:
 def test_event_fields_ride_on_the_log_record(caplog: pytest.LogCaptureFixture) -> None:
     """A structured handler finds the event and its fields on the record, not only as text."""
     caplog.set_level(logging.INFO, logger="ragent_memory")
-    get_logger("ragent_memory.engine").info("trim.applied", session_id="s1", trimmed=3)
+    get_logger("ragent_memory.engine.memory_engine").info(
+        "trim.applied", session_id="s1", trimmed=3
+    )
     (record,) = caplog.records
-    assert "ragent_memory.engine" == record.name
+    assert "ragent_memory.engine.memory_engine" == record.name
     assert "trim.applied session_id='s1' trimmed=3" == record.getMessage()
     assert {"event": "trim.applied", "session_id": "s1", "trimmed": 3} == getattr(
         record, EVENT_ATTR
@@ -104,7 +106,9 @@ def test_event_fields_ride_on_the_log_record(caplog: pytest.LogCaptureFixture) -
 def test_level_below_the_logger_threshold_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
     """``getLogger('ragent_memory').setLevel(ERROR)`` silences warnings of every module."""
     caplog.set_level(logging.ERROR, logger="ragent_memory")
-    get_logger("ragent_memory.compact").warning("compaction.skipped", reason="no_safe_cut")
+    get_logger("ragent_memory.engine.compaction").warning(
+        "compaction.skipped", reason="no_safe_cut"
+    )
     assert [] == caplog.records
 
 

@@ -19,9 +19,9 @@ import structlog
 from sessions import SYSTEM, chat, query, rag_turn, run_cli, without_recall
 
 from ragent_memory import InvalidMessagesError, Settings
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ExtractionError
-from ragent_memory.longterm import (
+from ragent_memory.longterm.batch import (
     EXCERPTS_LABEL,
     HEADERS,
     Add,
@@ -41,7 +41,7 @@ from ragent_memory.longterm import (
     parse_operations,
     plan_batch,
 )
-from ragent_memory.offline_facts import (
+from ragent_memory.longterm.offline import (
     OfflineExtractor,
     candidates,
     consolidate_drafts,
@@ -49,7 +49,7 @@ from ragent_memory.offline_facts import (
     read_fact,
 )
 from ragent_memory.store import Store
-from ragent_memory.terms import fts_query, search_terms
+from ragent_memory.text.terms import fts_query, search_terms
 
 SAID_THREE = ("My name is Anna.", "I live in Lisbon.", "I like tea.")
 
@@ -296,7 +296,7 @@ def test_operations_parse_with_prompt_numbers(caplog: pytest.LogCaptureFixture) 
   {"op": "RETRACT", "id": "2"}, {"op": "NOOP"},
   {"op": "SUPERSEDE", "id": 9, "content": "Has a dog"}, {"op": "RETRACT", "id": 7}]}
 ```"""
-    with caplog.at_level(logging.WARNING, logger="ragent_memory.longterm"):
+    with caplog.at_level(logging.WARNING, logger="ragent_memory.longterm.batch"):
         parsed = parse_operations(reply, FACTS)
     assert 2 == parsed.rejected
     assert [

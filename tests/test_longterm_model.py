@@ -14,8 +14,8 @@ from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 from sessions import chat, query
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.summarize import NEUTRALISED
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.summary.summarize import NEUTRALISED
 
 MODEL = "memory-model"
 SAID = ("My name is Anna.", "I live in Lisbon.", "I like tea.")

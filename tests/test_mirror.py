@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory import StoreSettings
-from ragent_memory import mirror as mirror_module
-from ragent_memory.mirror import RecallMirror
-from ragent_memory.records import IndexedMessage
-from ragent_memory.search import _around, index_digest
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.recall import mirror as mirror_module
+from ragent_memory.recall.mirror import RecallMirror
+from ragent_memory.recall.search import _around, index_digest
 from ragent_memory.store import open_store
 from ragent_memory.store.contract import Backend
-from ragent_memory.terms import fts_query, index_terms, search_terms
+from ragent_memory.text.terms import fts_query, index_terms, search_terms
 
 pytestmark = pytest.mark.both_backends
 
@@ -294,7 +294,7 @@ def test_the_mirrors_tokens_are_fts5s() -> None:
     remove_diacritics 2): a drift would rank differently from the store."""
     import sqlite3
 
-    from ragent_memory.porter import stem, tokens
+    from ragent_memory.text.porter import stem, tokens
 
     db = sqlite3.connect(":memory:")
     db.execute(
@@ -396,8 +396,8 @@ def test_the_best_few_of_many_tied_matches_rank_as_fts5(
 
 _FIRST_RANK = """
 import sys
-from ragent_memory import mirror
-from ragent_memory.records import IndexedMessage
+from ragent_memory.recall import mirror
+from ragent_memory.core.records import IndexedMessage
 mirror.PYTHON_POSTINGS = 0  # the numpy path
 unit = mirror._Unit()
 for i in range(6):

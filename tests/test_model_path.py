@@ -16,11 +16,11 @@ from fake_openai import CHAT_PATH, Answer, FakeOpenAI, fake_openai  # noqa: F401
 from sessions import without_recall
 
 from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.loops import map_loops
-from ragent_memory.offline import NAME as OFFLINE
-from ragent_memory.summarize import SECTIONS, SummaryRequest
-from ragent_memory.summarizers import build_summarizer
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.offline import NAME as OFFLINE
+from ragent_memory.summary.summarize import SECTIONS, SummaryRequest
 
 MODEL = "summary-model"
 KEY_ENV = "RAGENT_MODEL_PATH_KEY"

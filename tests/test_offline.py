@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ragent_memory.offline import OfflineSummarizer, parse_sections, summarize_offline
-from ragent_memory.summarize import SECTIONS, SummaryRequest, section_count
+from ragent_memory.summary.offline import OfflineSummarizer, parse_sections, summarize_offline
+from ragent_memory.summary.summarize import SECTIONS, SummaryRequest, section_count
 
 
 def material(topic: str, n: int = 3) -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ def test_chinese_sections() -> None:
 
 def test_salience_prefers_facts_over_chit_chat() -> None:
     """Names, numbers and first-person facts outrank greetings; metadata tags don't count."""
-    from ragent_memory.offline import salience
+    from ragent_memory.summary.offline import salience
 
     fact = "I moved to Lisbon in March 2021 to work for Acme Robotics."
     assert salience(fact) > salience("Hey Mel! Good to see you!")
@@ -106,7 +106,7 @@ def test_salient_findings_survive_later_generations() -> None:
 
 def test_small_talk_weighs_nothing() -> None:
     """Greetings and pleasantries score 0 and make neither findings nor to-dos."""
-    from ragent_memory.offline import is_small_talk, salience
+    from ragent_memory.summary.offline import is_small_talk, salience
 
     for chatter in ("Hey Mel! Good to see you!", "Thanks so much, that's awesome!", "Bye!"):
         assert is_small_talk(chatter) and salience(chatter) == 0.0

@@ -19,9 +19,9 @@ from pg_server import PASSWORD
 from sessions import run_cli, user
 
 from ragent_memory import ConfigError, MemoryEngine, Settings, StoreError, StoreSettings
-from ragent_memory.offline import OfflineSummarizer
 from ragent_memory.store import Backend, Store, open_store, utc_now
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 
 def test_the_password_is_read_from_the_named_variable(

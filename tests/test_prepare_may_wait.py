@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ragent_memory import MemoryEngine
-from ragent_memory.demo import simulate_session
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.cli.demo import simulate_session
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 B = 20_000
 SYSTEM = {"role": "system", "content": "You are a support agent for ACME."}

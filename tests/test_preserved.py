@@ -9,8 +9,8 @@ import pytest
 from test_compact import run_session
 
 from ragent_memory import Settings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.preserved import render_preserved, update_preserved
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.summary.preserved import render_preserved, update_preserved
 
 SKILL = (
     "SKILL refund-playbook v7. Step 1: confirm the order id. Step 2: check the 30-day window. "

@@ -10,7 +10,7 @@ from sessions import SHIPPED, tool_loop
 
 import ragent_memory
 from ragent_memory import MemoryEngine, StoreSettings, load_settings
-from ragent_memory.recall import FOOTER_MARK, find_refs
+from ragent_memory.recall.refs import FOOTER_MARK, find_refs
 from ragent_memory.store import GCReport
 
 

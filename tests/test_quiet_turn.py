@@ -17,7 +17,7 @@ import pytest
 from sessions import SYSTEM, LateSummarizer, rag_turn
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.session import Session, View
+from ragent_memory.engine.session import Session, View
 
 Message = dict[str, Any]
 REF = re.compile(r"rm-[0-9a-f]{20}")  # recall refs: each store signs its own

@@ -18,11 +18,17 @@ from sessions import rag_turn, tool_loop, without_recall
 from strategies import conversations
 
 from ragent_memory import RagentMemoryError, Settings, StoreError, StoreSettings
-from ragent_memory.chars import text_of
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.recall import DEFAULT_LIMIT, FOOTER_MARK, find_refs, recall_tool_schema
-from ragent_memory.reduce import ARGUMENTS_KEY, RECALL_TOOL_NAME
-from ragent_memory.trim import PLACEHOLDERS
+from ragent_memory.core.chars import text_of
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.gates.reduce import ARGUMENTS_KEY
+from ragent_memory.gates.trim import PLACEHOLDERS
+from ragent_memory.recall.refs import (
+    DEFAULT_LIMIT,
+    FOOTER_MARK,
+    RECALL_TOOL_NAME,
+    find_refs,
+    recall_tool_schema,
+)
 
 # The engine end to end on both stores (DESIGN §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends

@@ -14,12 +14,12 @@ import pytest
 from sessions import tool_loop, without_recall
 
 from ragent_memory import Settings
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import StoreError
-from ragent_memory.recall import find_refs
-from ragent_memory.records import IndexedMessage
-from ragent_memory.search import HEADERS, index_digest
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.recall.refs import find_refs
+from ragent_memory.recall.search import HEADERS, index_digest
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 # The recall block end to end on both stores (FTS5 and tsvector).
 pytestmark = pytest.mark.both_backends

@@ -12,10 +12,10 @@ import pytest
 from sessions import tool_loop, user
 
 from ragent_memory import Settings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.loops import map_loops
-from ragent_memory.recall import FOOTER_MARK, find_refs
-from ragent_memory.reduce import ARGUMENTS_KEY, RECALL_TOOL_NAME, preview, reduce
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.gates.reduce import ARGUMENTS_KEY, preview, reduce
+from ragent_memory.recall.refs import FOOTER_MARK, RECALL_TOOL_NAME, find_refs
 
 
 def text(n: int, seed: int = 0) -> str:

@@ -39,10 +39,10 @@ from hypothesis import strategies as st
 from sessions import without_recall
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.chars import Message
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.core.chars import Message
+from ragent_memory.core.toolloops import last_user_index, map_loops
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import InvalidMessagesError
-from ragent_memory.loops import last_user_index, map_loops
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,12 @@ import pytest
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.core.identifiers import identifiers, lost, sentences, shortest_sentence
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import SummaryError
-from ragent_memory.identifiers import identifiers, lost, sentences, shortest_sentence
-from ragent_memory.retention import reject_repeat, restore, wanted
-from ragent_memory.summarize import SECTIONS
-from ragent_memory.summarizers import build_summarizer
+from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.retention import reject_repeat, restore, wanted
+from ragent_memory.summary.summarize import SECTIONS
 
 # ---------------------------------------------------------------------------- identifiers
 

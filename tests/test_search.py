@@ -13,10 +13,10 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragent_memory import search
-from ragent_memory.mirror import RecallMirror
-from ragent_memory.records import IndexedMessage
-from ragent_memory.search import (
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.recall import search
+from ragent_memory.recall.mirror import RecallMirror
+from ragent_memory.recall.search import (
     EVERYTHING,
     HEADERS,
     SEARCH_TOOL_NAME,
@@ -35,7 +35,7 @@ from ragent_memory.search import (
 )
 from ragent_memory.settings import Settings, StoreSettings
 from ragent_memory.store import Backend, Store, open_store
-from ragent_memory.terms import STOPWORDS, date_stamp, prefix_positions, term_prefixes
+from ragent_memory.text.terms import STOPWORDS, date_stamp, prefix_positions, term_prefixes
 
 # The index and its search on both stores (FTS5 and tsvector).
 pytestmark = pytest.mark.both_backends

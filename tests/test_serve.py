@@ -25,8 +25,8 @@ from serve_process import ProxyProcess
 from sessions import run_cli, tool_loop
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.chars import chars
-from ragent_memory.recall import REF_PATTERN
+from ragent_memory.core.chars import chars
+from ragent_memory.recall.refs import REF_PATTERN
 
 B = 20_000
 KEY = "sk-caller-secret-7f3a9c51d2"
@@ -809,7 +809,7 @@ def test_serve_section_errors_name_the_key(section: dict[str, Any], key_path: st
 
 FREED = """
 import ctypes, ctypes.util, sys
-from ragent_memory.serve import keep_freed_memory
+from ragent_memory.serve.proxy import keep_freed_memory
 
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -841,7 +841,7 @@ def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> Non
 SWITCH = """
 import sys, uvicorn
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.serve import LOOP_SWITCH_S, ServeSettings, favour_the_event_loop, serve
+from ragent_memory.serve.proxy import LOOP_SWITCH_S, ServeSettings, favour_the_event_loop, serve
 
 before = sys.getswitchinterval()
 uvicorn.Server.run = lambda self, sockets=None: print(

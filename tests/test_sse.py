@@ -1,4 +1,4 @@
-"""Reading along a streamed chat completion (``ragent_memory.sse``), without a network."""
+"""Reading along a streamed chat completion (``ragent_memory.serve.sse``), without a network."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from fake_openai import sse_events
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragent_memory import MemoryEngine, sse
-from ragent_memory.serve import identify, report_headers
+from ragent_memory import MemoryEngine
+from ragent_memory.serve import sse
+from ragent_memory.serve.proxy import identify, report_headers
 
 STREAM = b"".join(
     [
@@ -109,7 +110,7 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
     """The upstream's headers go out lower-cased and in order, a repeated one (two cookies)
     as often as it came; hop-by-hop ones are dropped, and an upstream header named like one
     the proxy sets is replaced by the proxy's."""
-    from ragent_memory.serve import _response_headers
+    from ragent_memory.serve.proxy import _response_headers
 
     upstream = [
         (b"Set-Cookie", b"a=1"),
@@ -129,7 +130,7 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
 def test_histories_hand_back_the_earlier_objects() -> None:
     """Messages equal to last time's at the same position become last time's objects, so the
     engine's identity check sees an append-only history; changed ones stay as they are."""
-    from ragent_memory.serve import _Histories
+    from ragent_memory.serve.proxy import _Histories
 
     histories = _Histories(max_sessions=1)
     first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
@@ -146,7 +147,7 @@ def test_histories_hand_back_the_earlier_objects() -> None:
 
 def test_histories_compare_only_from_where_the_body_cache_stopped() -> None:
     """Positions before ``start`` (the body cache's own objects) are left as they are."""
-    from ragent_memory.serve import _Histories
+    from ragent_memory.serve.proxy import _Histories
 
     histories = _Histories()
     first = [{"role": "user", "content": str(n)} for n in range(4)]

@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from conftest import PASSWORD_ENV
 
+from ragent_memory.core.records import Draft, Plan, SessionState, Substitution
 from ragent_memory.errors import StoreError
-from ragent_memory.records import Draft, Plan, SessionState, Substitution
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import COMPACTION_COLUMNS, Backend, open_store, substitution_key
-from ragent_memory.terms import fts_query, index_terms, search_terms
+from ragent_memory.text.terms import fts_query, index_terms, search_terms
 
 pytestmark = pytest.mark.both_backends
 

@@ -17,12 +17,12 @@ import pytest
 from sessions import run_cli, tool_loop
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.chars import chars
-from ragent_memory.engine import MemoryEngine
+from ragent_memory.core.chars import chars
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import StoreError
-from ragent_memory.offline import OfflineSummarizer
 from ragent_memory.store import MIGRATIONS, Store
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 NOBODY = 65534
 

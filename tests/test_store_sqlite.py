@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from ragent_memory import MemoryEngine, Settings
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.records import IndexedMessage, Substitution
-from ragent_memory.search import index_digest
+from ragent_memory.core.records import IndexedMessage, Substitution
+from ragent_memory.recall.search import index_digest
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
 from ragent_memory.store.hosts import HostTables
 from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.recall_index import RecallIndexTables
+from ragent_memory.summary.offline import OfflineSummarizer
 
 
 def test_substitution_keys_survive_the_rename_migration(
@@ -51,7 +51,7 @@ def test_substitution_keys_survive_the_rename_migration(
 OTHER_PROCESS = """
 import json, sys
 from ragent_memory import MemoryEngine, Settings
-from ragent_memory.offline import OfflineSummarizer
+from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.settings import StoreSettings
 db, path = sys.argv[1], sys.argv[2]
 history = json.loads(open(path).read())

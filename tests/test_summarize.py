@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ragent_memory import SummaryError
-from ragent_memory.summarize import (
+from ragent_memory.summary.summarize import (
     DEFAULT_CLIP,
     NEUTRALISED,
     Transcript,
@@ -206,7 +206,7 @@ def test_transcript_folds_in_chunks_at_user_turns() -> None:
 
 def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
     """A body without `## User requests` gets the section added and still fits the clamp."""
-    from ragent_memory.summarize import fit_summary
+    from ragent_memory.summary.summarize import fit_summary
 
     body = "\n\n".join(f"## To-do\n- {'x' * 300}" for _ in range(6))
     block = "In the user's own words:\n> never exceed 4,321 euros"

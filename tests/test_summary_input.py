@@ -14,11 +14,12 @@ from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 from test_model_path import rows
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.identifiers import identifiers
-from ragent_memory.offline import NAME as OFFLINE
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import (
+from ragent_memory.core.identifiers import identifiers
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.offline import NAME as OFFLINE
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import (
     DEFAULT_CLIP,
     SECTIONS,
     UNCLIPPED,
@@ -27,7 +28,6 @@ from ragent_memory.summarize import (
     Transcript,
     clip_text,
 )
-from ragent_memory.summarizers import build_summarizer
 
 B = 20_000
 TASK = "Reconcile the ledgers and never approve more than 500 euros without my OK."

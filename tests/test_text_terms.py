@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from ragent_memory.demo import simulate_session
-from ragent_memory.mirror import text_terms
-from ragent_memory.porter import stem, tokens
-from ragent_memory.terms import index_terms, is_cjk
+from ragent_memory.cli.demo import simulate_session
+from ragent_memory.recall.mirror import text_terms
+from ragent_memory.text.porter import stem, tokens
+from ragent_memory.text.terms import index_terms, is_cjk
 
 
 def token_by_token(text: str) -> tuple[dict[str, int], int]:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ragent_memory import MemoryEngine
-from ragent_memory.recall import find_refs
-from ragent_memory.tools import as_int, call_tool, parse_arguments
+from ragent_memory.engine.tools import as_int, call_tool, parse_arguments
+from ragent_memory.recall.refs import find_refs
 
 
 @pytest.mark.parametrize(

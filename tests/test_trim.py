@@ -14,9 +14,9 @@ from sessions import tool_loop, user, without_recall
 from strategies import conversations
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.loops import map_loops
-from ragent_memory.trim import placeholder, protected_loops, trim
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.gates.trim import placeholder, protected_loops, trim
 
 
 def ref_for(text: str) -> str:

@@ -16,9 +16,9 @@ from sessions import SYSTEM, LateSummarizer, tool_loop, user
 from strategies import conversations
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
-from ragent_memory.chars import chars
-from ragent_memory.loops import map_loops
-from ragent_memory.trim import (
+from ragent_memory.core.chars import chars
+from ragent_memory.core.toolloops import map_loops
+from ragent_memory.gates.trim import (
     SCAN_LIMIT,
     Eviction,
     Rebuild,

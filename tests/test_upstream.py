@@ -1,4 +1,4 @@
-"""``ragent_memory.upstream``: the proxy's lean HTTP/1.1 client, against a real TCP server on
+"""``ragent_memory.serve.upstream``: the proxy's lean HTTP/1.1 client, against a real TCP server on
 127.0.0.1 that answers each request with scripted bytes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ragent_memory.upstream import Client, UpstreamBroke, lean_target
+from ragent_memory.serve.upstream import Client, UpstreamBroke, lean_target
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

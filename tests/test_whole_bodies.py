@@ -10,7 +10,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from ragent_memory.serve import whole_bodies
+from ragent_memory.serve.proxy import whole_bodies
 
 LIMIT = 10_000
 

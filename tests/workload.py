@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sessions import rag_turn
 
 from ragent_memory import Settings, StoreSettings
-from ragent_memory.engine import MemoryEngine
-from ragent_memory.longterm import build_extractor
-from ragent_memory.offline import OfflineSummarizer
-from ragent_memory.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.longterm.batch import build_extractor
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 
 class Sleepy:

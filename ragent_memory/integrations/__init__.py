@@ -8,7 +8,7 @@
   (extra ``openai-agents``)
 
 Each converts the framework's messages to chat dicts, runs ``prepare`` before the model call,
-registers the engine's tools (answered through :func:`ragent_memory.tools.call_tool`) and feeds
+registers the engine's tools (answered through :func:`ragent_memory.engine.tools.call_tool`) and feeds
 ``after_turn``. The caller's history in the framework is never changed: only what the model
 sees is.
 """

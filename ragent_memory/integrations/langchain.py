@@ -23,9 +23,9 @@ from langchain_core.messages.utils import convert_to_messages
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.config import get_config
 
-from ..engine import MemoryEngine, PreparedContext
-from ..inputs import Inputs
-from ..tools import call_tool, memory_tools
+from ragent_memory.core.inputs import Inputs
+from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext
+from ragent_memory.engine.tools import call_tool, memory_tools
 
 __all__ = ["RagentMemoryMiddleware", "from_langchain", "to_langchain"]
 

@@ -25,8 +25,8 @@ from agents import FunctionTool, RunConfig, RunContextWrapper
 from agents.memory import SessionABC
 from agents.run_config import CallModelData, ModelInputData
 
-from ..engine import MemoryEngine
-from ..tools import call_tool, memory_tools
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.engine.tools import call_tool, memory_tools
 
 __all__ = ["RagentSession", "from_items", "to_items"]
 

@@ -35,8 +35,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.toolsets import FunctionToolset
 
-from ..engine import MemoryEngine
-from ..tools import call_tool, memory_tools
+from ragent_memory.engine.memory_engine import MemoryEngine
+from ragent_memory.engine.tools import call_tool, memory_tools
 
 __all__ = [
     "HistoryProcessor",

@@ -5,7 +5,7 @@ substitutions, drop), ``offloads`` (recall originals, gc), ``memories`` (long-te
 its search index), ``audit`` (``compactions``), ``hosts`` (compaction leases, who wrote a
 session last), ``schema`` (columns and migrations). Two backends compose them: ``sqlite`` (the
 :class:`Store`) and ``postgres`` (``PostgresStore``, schema in ``pg_schema``); ``open_store``
-picks one from the settings. Value types are in :mod:`ragent_memory.records`.
+picks one from the settings. Value types are in :mod:`ragent_memory.core.records`.
 
 Tables:
 
@@ -33,8 +33,7 @@ Tables:
 - ``recall_messages`` / ``recall_fts``: the recall index (DESIGN §9b), see ``recall_index``.
 """
 
-from ..errors import StoreError
-from ..records import (
+from ragent_memory.core.records import (
     Forgotten,
     GCReport,
     PendingMessage,
@@ -42,11 +41,20 @@ from ..records import (
     Substitution,
     substitution_key,
 )
-from ..settings import StoreSettings
-from .base import Clock, iso, utc_now
-from .contract import Audit, Backend, Hosts, Memories, Offloads, RecallIndex, Sessions
-from .schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
-from .sqlite import Store
+from ragent_memory.errors import StoreError
+from ragent_memory.settings import StoreSettings
+from ragent_memory.store.base import Clock, iso, utc_now
+from ragent_memory.store.contract import (
+    Audit,
+    Backend,
+    Hosts,
+    Memories,
+    Offloads,
+    RecallIndex,
+    Sessions,
+)
+from ragent_memory.store.schema import COMPACTION_COLUMNS, FTS_ROWS_PER_MEMORY, MIGRATIONS
+from ragent_memory.store.sqlite import Store
 
 
 def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
@@ -54,7 +62,7 @@ def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
     if settings.url is None:
         return Store(settings.path, clock=clock, lease_s=settings.lease_s)
     try:
-        from .postgres import PostgresStore
+        from ragent_memory.store.postgres import PostgresStore
     except ImportError as err:
         raise StoreError(
             f"store.url needs the PostgreSQL driver: pip install 'ragent-memory[postgres]' ({err})"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import StoreError
-from .base import StoreBase, iso
-from .schema import COMPACTION_COLUMNS
+from ragent_memory.errors import StoreError
+from ragent_memory.store.base import StoreBase, iso
+from ragent_memory.store.schema import COMPACTION_COLUMNS
 
 
 def audit_record(row: dict[str, Any], now: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import StoreError
-from .schema import tables_created
+from ragent_memory.errors import StoreError
+from ragent_memory.store.schema import tables_created
 
 Clock = Callable[[], datetime]
 

@@ -2,7 +2,7 @@
 
 One protocol per concern, each small enough to read at a glance, and ``Backend`` for all of
 them: the SQLite :class:`~ragent_memory.store.Store` and the PostgreSQL ``PostgresStore``
-implement it. The value types it speaks in live in :mod:`ragent_memory.records`.
+implement it. The value types it speaks in live in :mod:`ragent_memory.core.records`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..records import (
+from ragent_memory.core.records import (
     Fact,
     Forgotten,
     GCReport,

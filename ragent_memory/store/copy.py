@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import StoreError
-from .postgres import PostgresStore, pg_text
-from .sqlite import Store
+from ragent_memory.errors import StoreError
+from ragent_memory.store.postgres import PostgresStore, pg_text
+from ragent_memory.store.sqlite import Store
 
 # Copied in this order; columns as the SQLite store has them. Leases and last writers are
 # per running host and start afresh.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from ..settings import DEFAULT_LEASE_S
-from .base import StoreBase, iso
+from ragent_memory.settings import DEFAULT_LEASE_S
+from ragent_memory.store.base import StoreBase, iso
 
 
 class HostTables(StoreBase):

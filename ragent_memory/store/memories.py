@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import StoreError
-from ..records import Fact, Forgotten, PendingMessage, Plan
-from .base import StoreBase, iso
-from .schema import FTS_ROWS_PER_MEMORY
+from ragent_memory.core.records import Fact, Forgotten, PendingMessage, Plan
+from ragent_memory.errors import StoreError
+from ragent_memory.store.base import StoreBase, iso
+from ragent_memory.store.schema import FTS_ROWS_PER_MEMORY
 
 
 class MemoryTables(StoreBase):

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import attrs
 
-from ..records import GCReport
-from .base import StoreBase, iso
+from ragent_memory.core.records import GCReport
+from ragent_memory.store.base import StoreBase, iso
 
 
 def _sha256(content: str) -> str:

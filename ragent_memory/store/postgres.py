@@ -21,13 +21,13 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from ..errors import StoreError
-from ..records import IndexedMessage
-from ..settings import DEFAULT_LEASE_S
-from .audit import AuditTable
-from .base import Clock, utc_now
-from .pg_schema import MIGRATIONS
-from .recall_index import COLUMNS, IndexedTables, indexed
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.errors import StoreError
+from ragent_memory.settings import DEFAULT_LEASE_S
+from ragent_memory.store.audit import AuditTable
+from ragent_memory.store.base import Clock, utc_now
+from ragent_memory.store.pg_schema import MIGRATIONS
+from ragent_memory.store.recall_index import COLUMNS, IndexedTables, indexed
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74

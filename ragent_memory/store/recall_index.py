@@ -18,11 +18,11 @@ from typing import Any
 
 import sqlite_utils
 
-from ..records import Forgotten, IndexedMessage
-from .base import iso
-from .memories import MemoryTables
-from .offloads import OffloadTables
-from .sessions import SessionTables
+from ragent_memory.core.records import Forgotten, IndexedMessage
+from ragent_memory.store.base import iso
+from ragent_memory.store.memories import MemoryTables
+from ragent_memory.store.offloads import OffloadTables
+from ragent_memory.store.sessions import SessionTables
 
 COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
 

@@ -7,11 +7,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import SessionState, Substitution
-from .audit import audit_record, insert_audit
-from .base import _json_text, iso
-from .hosts import HostTables
-from .offloads import OffloadTables
+from ragent_memory.core.records import SessionState, Substitution
+from ragent_memory.store.audit import audit_record, insert_audit
+from ragent_memory.store.base import _json_text, iso
+from ragent_memory.store.hosts import HostTables
+from ragent_memory.store.offloads import OffloadTables
 
 
 class SessionTables(OffloadTables, HostTables):

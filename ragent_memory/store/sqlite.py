@@ -19,13 +19,13 @@ from typing import Any
 
 import sqlite_utils
 
-from ..errors import StoreError
-from ..logs import get_logger
-from ..settings import DEFAULT_LEASE_S
-from .audit import AuditTable
-from .base import Clock, utc_now
-from .recall_index import IndexedTables
-from .schema import MIGRATIONS
+from ragent_memory.core.logs import get_logger
+from ragent_memory.errors import StoreError
+from ragent_memory.settings import DEFAULT_LEASE_S
+from ragent_memory.store.audit import AuditTable
+from ragent_memory.store.base import Clock, utc_now
+from ragent_memory.store.recall_index import IndexedTables
+from ragent_memory.store.schema import MIGRATIONS
 
 log = get_logger(__name__)
 

@@ -1,0 +1,5 @@
+"""The ``ragent-memory`` command line (DESIGN §14): commands, the demo, transcripts."""
+
+from ragent_memory.cli.main import cli, main
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,497 @@
+"""The ``ragent-memory`` command line. The only place that configures logging and turns
+errors into exit codes (user errors: exit 2, one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+import structlog
+
+from ragent_memory.core.logs import EVENT_ATTR, ROOT
+from ragent_memory.errors import RagentMemoryError
+from ragent_memory.settings import Settings, StoreSettings, load_settings
+
+if TYPE_CHECKING:
+    from ragent_memory.store import Backend
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CONFIG = "config/ragent-memory.yaml"
+
+
+class _EventFormatter(logging.Formatter):
+    """Render the library's events (DESIGN §13) for a terminal or as JSON lines."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self._render: Any = (
+            structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = dict(getattr(record, EVENT_ATTR, None) or {"event": record.getMessage()})
+        stamp = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        event = {"timestamp": stamp, "level": record.levelname.lower(), **fields}
+        return str(self._render(None, record.levelname.lower(), event))
+
+
+def _configure_logging(as_json: bool, verbose: bool) -> None:
+    """The app side of §13: the library logs to ``logging``; the CLI shows it on stderr."""
+    logger = logging.getLogger(ROOT)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_EventFormatter(as_json))
+    logger.handlers = [h for h in logger.handlers if isinstance(h, logging.NullHandler)]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn library and input errors into one line on stderr and exit code 2."""
+    try:
+        yield
+    except (RagentMemoryError, ValueError, OSError) as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        sys.exit(2)
+
+
+def _settings(config: str | None, db: str | None = None) -> Settings:
+    if config is None and Path(DEFAULT_CONFIG).is_file():
+        config = DEFAULT_CONFIG
+    settings = load_settings(config) if config else Settings()
+    if db is not None:
+        import attrs
+
+        settings = attrs.evolve(settings, store=StoreSettings(path=db))
+    return settings
+
+
+def _json_wanted(as_json: bool) -> bool:
+    """``--json`` after the subcommand, or the group's ``--json`` before it."""
+    root = click.get_current_context().find_root()
+    return as_json or bool(root.params.get("as_json"))
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [line.format(*headers), line.format(*("-" * w for w in widths))]
+    out += [line.format(*map(str, r)) for r in rows]
+    return "\n".join(out)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON: log lines on stderr, and tables as JSON."
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log engine events (info level).")
+@click.version_option(package_name="ragent-memory")
+def cli(as_json: bool, verbose: bool) -> None:
+    """ragent-memory: keep an agent's prompt inside one character budget."""
+    _configure_logging(as_json, verbose)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The console entry point: usage errors, like every user error, are one line and exit 2
+    (click's own handling would print a usage block)."""
+    try:
+        cli.main(args=argv, prog_name="ragent-memory", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:
+        click.echo(err.ctx.get_help() if err.ctx else err.format_message())
+    except click.UsageError as err:
+        hint = f" (see {err.ctx.command_path} --help)" if err.ctx else ""
+        click.echo(f"error: {err.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        sys.exit(2)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+
+
+@cli.command()
+@click.option(
+    "--config", "config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG})."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+def inspect(config: str | None, as_json: bool) -> None:
+    """Print the gates derived from context_window_chars."""
+    with user_errors():
+        settings = _settings(config)
+    derived = settings.derived()
+    if _json_wanted(as_json):
+        click.echo(json.dumps(derived, indent=2))
+        return
+    labels = {
+        "context_window_chars": "budget B (context_window_chars)",
+        "trim_trigger_chars": "trim gate (50%)",
+        "compact_trigger_chars": "compaction gate (80%)",
+        "keep_recent_chars": "raw tail kept (20%)",
+        "summary_max_chars": "summary max (10%, 1500..6000)",
+        "memory_max_chars": "memory block max (0.5%, 1500..6000)",
+        "memory_consolidate_chars": "memory consolidation stop (75%)",
+        "oversized_tool_result_chars": "oversized tool result (5%, 4000..50000)",
+        "recall_max_chars": "recall block max (20%, 1000..40000)",
+    }
+    rows = [[labels[k], f"{v:,}"] for k, v in derived.items()]
+    click.echo(_table(rows, ["gate", "chars"]))
+    click.echo(
+        f"\nsummary: {'on' if settings.summary_enabled else 'off'} · long-term memory: "
+        f"{'on' if settings.long_term_enabled else 'off'} · evictable tools: "
+        f"{', '.join(settings.evictable_tools)} · language: {settings.language} · "
+        f"summarizer: {settings.llm.model if settings.llm else 'offline (extractive)'}"
+    )
+
+
+@cli.command()
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--session", "session_id", help="Only this session.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON array.")
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per line.")
+@click.option("--summaries", is_flag=True, help="Print each applied summary too.")
+def audit(
+    db: str | None,
+    config: str | None,
+    session_id: str | None,
+    as_json: bool,
+    as_jsonl: bool,
+    summaries: bool,
+) -> None:
+    """Print the compaction log (the compactions table)."""
+    with user_errors():
+        store = _existing_store(config, db)
+        try:
+            rows = store.compactions(session_id)
+        finally:
+            store.close()
+    if _json_wanted(as_json):
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    if as_jsonl:
+        for row in rows:
+            click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no compactions recorded")
+        return
+    cols = [
+        "id",
+        "session_id",
+        "generation",
+        "status",
+        "reason",
+        "model",
+        "material_messages",
+        "chars_before",
+        "chars_after",
+        "summary_chars",
+        "duration_ms",
+        "created_at",
+    ]
+    click.echo(_table([[r[c] if r[c] is not None else "" for c in cols] for r in rows], cols))
+    for row in rows:
+        if row["error"]:
+            click.echo(f"\n#{row['id']} error: {row['error']}")
+        if summaries and row["summary"]:
+            click.echo(
+                f"\n#{row['id']} summary (generation {row['generation']}):\n{row['summary']}"
+            )
+
+
+@cli.command()
+@click.argument("file", type=click.Path())
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option(
+    "--db",
+    type=click.Path(),
+    help="SQLite store to keep the session in (default: store.path of --config, else a "
+    "fresh temporary store, printed).",
+)
+@click.option("--session", "session_id", default="cli", show_default=True, help="Session id.")
+@click.option("--user", "user_id", default=None, help="User id.")
+@click.option("--out", type=click.Path(), help="Write the result JSON here (default stdout).")
+def compact(
+    file: str,
+    config: str | None,
+    db: str | None,
+    session_id: str,
+    user_id: str | None,
+    out: str | None,
+) -> None:
+    """Run the engine over a transcript (JSON array of messages, or JSONL) turn by turn."""
+    from ragent_memory.cli.transcript import read_transcript, replay
+    from ragent_memory.engine.memory_engine import MemoryEngine
+
+    with user_errors(), tempfile.TemporaryDirectory(prefix="ragent-compact-") as scratch:
+        messages = read_transcript(file)
+        if db is None and config is None:  # never ./ragent-memory.db by surprise
+            db = str(Path(scratch) / "compact.db")
+            click.echo(f"store: {db} (temporary; pass --db to keep it)", err=True)
+        settings = _settings(config, db)
+        path = settings.store.path
+        if not settings.store.url and path != ":memory:" and not Path(path).parent.is_dir():
+            raise click.ClickException(f"{path}: directory {Path(path).parent} does not exist")
+        with MemoryEngine(settings) as engine:
+            result = replay(engine, messages, session_id=session_id, user_id=user_id)
+        text = json.dumps(result, ensure_ascii=False, indent=2)
+        if out:
+            Path(out).write_text(text + "\n", encoding="utf-8")
+        else:
+            click.echo(text)
+    last = result["turns"][-1] if result["turns"] else None
+    if out and last:
+        click.echo(
+            f"{len(result['turns'])} turns · final context {last['chars_out']:,} chars "
+            f"(history {last['chars_raw']:,}) · generation {last['generation']} → {out}",
+            err=True,
+        )
+
+
+@cli.command()
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--vacuum",
+    is_flag=True,
+    help="Also rewrite the file to hand all free pages back to the disk (needed once for "
+    "stores created before incremental vacuum; takes a write lock while it runs).",
+)
+def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
+    """Delete expired offloads and what is left of dropped sessions; report what was freed."""
+    import attrs
+
+    with user_errors():
+        store = _existing_store(config, db)
+        try:
+            report = store.gc(vacuum=vacuum)
+        finally:
+            store.close()
+    sizes = ("file_bytes_before", "file_bytes_after")
+    if _json_wanted(as_json):
+        fields = attrs.asdict(report)
+        click.echo(
+            json.dumps(fields if vacuum else {k: fields[k] for k in fields if k not in sizes})
+        )
+        return
+    click.echo(
+        f"removed {report.expired_offloads} expired offloads and {report.dropped_offloads} "
+        f"offloads of {report.dropped_sessions} dropped sessions; "
+        f"freed {report.freed_bytes:,} bytes"
+    )
+    if vacuum:
+        click.echo(
+            f"database file {report.file_bytes_before:,} → {report.file_bytes_after:,} bytes"
+        )
+
+
+def _existing_store(config: str | None, db: str | None) -> Backend:
+    """The store of the config (or ``--db``); never creates an empty SQLite file by accident."""
+    from ragent_memory.errors import StoreError
+    from ragent_memory.store import open_store
+
+    settings = _settings(config, db).store
+    if settings.url is None and (settings.path == ":memory:" or not Path(settings.path).is_file()):
+        raise StoreError(f"no store at {settings.path}")
+    return open_store(settings)
+
+
+@cli.command()
+@click.option("--from", "source", required=True, type=click.Path(), help="SQLite store file.")
+@click.option("--to", "target", required=True, help="postgresql://user@host/database")
+@click.option(
+    "--password-env",
+    help="Environment variable holding the PostgreSQL password (else libpq's PGPASSWORD).",
+)
+def migrate(source: str, target: str, password_env: str | None) -> None:
+    """Copy a SQLite store into an empty PostgreSQL database (DESIGN §10, many hosts)."""
+    from ragent_memory.errors import StoreError
+    from ragent_memory.store import Store
+    from ragent_memory.store.copy import copy_store
+    from ragent_memory.store.postgres import PostgresStore
+
+    with user_errors():
+        if not Path(source).is_file():
+            raise StoreError(f"no store at {source}")
+        settings = StoreSettings(url=target, password_env=password_env)  # checks both
+        with (
+            Store(source) as sqlite,
+            PostgresStore(target, password=settings.password()) as postgres,
+        ):
+            counts = copy_store(sqlite, postgres)
+    copied = ", ".join(f"{table} {n}" for table, n in counts.items() if n)
+    click.echo(f"copied {sum(counts.values()):,} rows into {target}: {copied or 'nothing'}")
+
+
+def _user(user_id: str | None) -> str:
+    if not user_id:
+        raise click.ClickException("--user is required (the user's id)")
+    return user_id
+
+
+@cli.group()
+def memory() -> None:
+    """Long-term memory: what is remembered about a user, and how to erase it."""
+
+
+@memory.command("list")
+@click.option("--user", "user_id", help="The user's id (required).")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+@click.option("--all", "show_all", is_flag=True, help="Also superseded, retracted and evicted.")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as a JSON array.")
+def memory_list(
+    user_id: str | None, db: str | None, config: str | None, show_all: bool, as_json: bool
+) -> None:
+    """List the facts remembered about a user (active ones unless --all)."""
+    with user_errors():
+        user = _user(user_id)
+        store = _existing_store(config, db)
+        try:
+            rows = store.memory_rows(user, kind="fact")
+        finally:
+            store.close()
+    if not show_all:
+        rows = [r for r in rows if r["status"] == "active"]
+    facts = [
+        {k: r[k] for k in ("id", "content", "status", "superseded_by", "created_at", "updated_at")}
+        for r in rows
+    ]
+    if _json_wanted(as_json):
+        click.echo(json.dumps(facts, ensure_ascii=False, indent=2))
+        return
+    if not facts:
+        click.echo(f"nothing remembered about {user}")
+        return
+    cols = (
+        ["id", "status", "created_at", "content"] if show_all else ["id", "created_at", "content"]
+    )
+    click.echo(_table([[f[c] for c in cols] for f in facts], cols))
+
+
+@memory.command("forget")
+@click.option("--user", "user_id", help="The user's id (required).")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+def memory_forget(user_id: str | None, db: str | None, config: str | None) -> None:
+    """Erase everything remembered about a user: facts, summaries, pending messages."""
+    with user_errors():
+        user = _user(user_id)
+        store = _existing_store(config, db)
+        try:
+            forgotten = store.forget(user)
+        finally:
+            store.close()
+    click.echo(
+        f"forgot {user}: {forgotten.memories} memories and {forgotten.pending} pending messages"
+    )
+
+
+@cli.command()
+@click.option("--config", type=click.Path(), help="YAML config (default: the built-in demo).")
+@click.option("--turns", default=200, show_default=True, type=click.IntRange(1, 5000))
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path())
+@click.option("--db", type=click.Path(), help="SQLite store (default: OUT/demo.db, started fresh).")
+@click.option(
+    "--chart", type=click.Path(), help="PNG of context size per turn (default: OUT/context.png)."
+)
+def demo(config: str | None, turns: int, out_dir: str, db: str | None, chart: str | None) -> None:
+    """Run a simulated RAG-agent session through the engine, offline, and report each gate."""
+    from ragent_memory.cli.demo import run_demo
+
+    with user_errors():
+        for path in (db, chart):
+            if path is not None and not Path(path).parent.is_dir():
+                raise click.ClickException(f"{path}: directory {Path(path).parent} does not exist")
+        run_demo(
+            config=config,
+            turns=turns,
+            out_dir=Path(out_dir),
+            db_path=Path(db) if db else None,
+            chart_path=Path(chart) if chart else None,
+        )
+
+
+@cli.command()
+@click.option("--config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG}).")
+@click.option(
+    "--upstream",
+    help="The model's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+    "(default: serve.upstream of the config).",
+)
+@click.option("--host", help="Interface to listen on (default: serve.host, 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default: serve.port, 8089; 0 picks a free one).")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    config: str | None,
+    upstream: str | None,
+    host: str | None,
+    port: int | None,
+) -> None:
+    """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
+    import attrs
+
+    from ragent_memory.errors import ConfigError
+
+    with user_errors():
+        settings = _settings(config)
+        given: dict[str, Any] = {"upstream": upstream, "host": host, "port": port}
+        section = attrs.evolve(settings.serve, **{k: v for k, v in given.items() if v is not None})
+        if not section.upstream:
+            raise ConfigError("serve.upstream", "no upstream: pass --upstream URL or set it")
+        settings = attrs.evolve(settings, serve=section)
+        try:
+            from ragent_memory.serve.proxy import serve as run_proxy
+            from ragent_memory.serve.proxy import shown_url
+        except ImportError as err:
+            raise click.ClickException(
+                f"serve needs the 'serve' extra ({err.name} is missing): "
+                "pip install 'ragent-memory[serve]'"
+            ) from err
+        verbose = bool(ctx.find_root().params.get("verbose"))
+        target = shown_url(section.upstream)
+        run_proxy(
+            settings,
+            verbose=verbose,
+            ready=lambda url: click.echo(f"ragent-memory serve: {url} → {target}", err=True),
+        )
+
+
+def default_config_text() -> str:
+    """The documented default config shipped in the wheel (``config/ragent-memory.yaml``)."""
+    from importlib.resources import files
+
+    return (files("ragent_memory") / "data" / "ragent-memory.yaml").read_text(encoding="utf-8")
+
+
+@cli.command()
+@click.argument("path", default=DEFAULT_CONFIG, type=click.Path())
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init(path: str, force: bool) -> None:
+    """Write the documented default config to PATH (default config/ragent-memory.yaml)."""
+    target = Path(path)
+    with user_errors():
+        if target.exists() and not force:
+            raise click.ClickException(f"{path} already exists (use --force to overwrite)")
+        if path == DEFAULT_CONFIG:
+            target.parent.mkdir(exist_ok=True)
+        elif not target.parent.is_dir():
+            raise click.ClickException(f"{path}: directory {target.parent} does not exist")
+        target.write_text(default_config_text(), encoding="utf-8")
+    click.echo(f"wrote {path}")

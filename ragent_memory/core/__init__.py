@@ -1,0 +1,1 @@
+"""The core room (DESIGN §16)."""

@@ -1,0 +1,75 @@
+"""The engine's own tools as a model calls them: untrusted arguments in, one text answer out.
+
+Models add arguments nobody declared (``reason``), send numbers as strings (``"8000"``) or
+forget required ones. :func:`call_tool` ignores unknown keys, coerces what is clearly meant,
+and answers everything else with a one-line refusal the model can read — never an exception.
+The framework adapters (``ragent_memory.integrations``) route their tool calls through it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME
+from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
+
+if TYPE_CHECKING:
+    from ragent_memory.engine.memory_engine import MemoryEngine
+
+
+def parse_arguments(arguments: Any) -> dict[str, Any] | None:
+    """A tool call's arguments as a dict (JSON text or a mapping); None when they are neither."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            return None
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    return None
+
+
+def as_int(value: Any) -> Any:
+    """``"8000"`` and ``8000.0`` as 8000; anything else unchanged (the callee refuses it)."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def memory_tools(engine: MemoryEngine) -> list[dict[str, Any]]:
+    """The OpenAI schemas of the engine's tools: recall, and search unless recall is off."""
+    if not engine.settings.recall_enabled:
+        return [engine.recall_tool()]
+    return [engine.recall_tool(), engine.search_tool()]
+
+
+def call_tool(
+    engine: MemoryEngine,
+    name: str,
+    arguments: Any,
+    *,
+    session_id: str,
+    user_id: str | None = None,
+) -> str:
+    """Answer one call of the engine's tools ``name`` with ``arguments`` (JSON or a mapping)."""
+    args = parse_arguments(arguments)
+    if args is None:
+        return f"[{name}: arguments must be a JSON object, got {str(arguments)[:80]!r}]"
+    if name == RECALL_TOOL_NAME:
+        ref = args.get("ref")
+        if not isinstance(ref, str) or not ref.strip():
+            return '[recall: "ref" is required, e.g. {"ref": "rm-…"}]'
+        offset = as_int(args.get("offset", 0))
+        limit = as_int(args.get("limit", DEFAULT_LIMIT))
+        return engine.recall(session_id, ref, offset, limit)
+    if name == SEARCH_TOOL_NAME:
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            return '[search_memory: "query" is required, e.g. {"query": "refund window"}]'
+        limit = as_int(args.get("limit", DEFAULT_SEARCH_LIMIT))
+        return engine.search(session_id, query, user_id, limit)
+    return f"[{name}: not a ragent_memory tool]"

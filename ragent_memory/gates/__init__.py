@@ -1,0 +1,1 @@
+"""The gates room (DESIGN §16)."""

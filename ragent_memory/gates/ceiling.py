@@ -1,0 +1,155 @@
+"""The ceiling (DESIGN §4b): B is a promise, not a hope.
+
+After the gates, while the view is over B, the session climbs a ladder and stops on the first
+rung that fits. This module holds the rungs that only look at the view, as pure functions
+returning what to change; the session applies them (sticky substitutions are recorded in the
+store, the mid-turn compaction runs on its pool):
+
+1. ``trim_all``: every tool result before the current turn becomes its placeholder, oldest
+   first, whatever its tool, ignoring the 20% rule and the 2-loop protection.
+2. (a mid-turn compaction, ``compact.plan(..., mid_turn=True)``)
+3. ``preview_turn``: the current turn's tool results and tool-call inputs become head/tail
+   previews, with the limit lowered just enough to fit, never below ``MIN_PREVIEW_CHARS``.
+4. ``turns_to_leave_out``: the oldest whole turns after the prefix/summary are left out of the
+   view (never the current turn; cuts only at user messages, so no tool loop is split).
+5. What is left is sent as is and the report says ``over_budget``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from ragent_memory.core.chars import Message, chars
+from ragent_memory.core.toolloops import last_user_index, map_loops
+from ragent_memory.gates.reduce import Truncation, reduce
+from ragent_memory.gates.trim import Eviction, evict
+
+MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
+# Step 1 frees this share of B beyond the excess (when there is that much to trim): a long tool
+# loop that keeps the view at B would otherwise trim one more result on every call, and each
+# such trim changes the prefix that provider prompt caches key on.
+TRIM_HEADROOM = 0.1
+
+
+def current_turn_start(view: Sequence[Message], head: int) -> int:
+    """View index where the current turn starts: the last user message after ``head``, or
+    ``head`` when there is none (then everything after the prefix is the current turn)."""
+    return max(last_user_index(view), head)
+
+
+def trim_all(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    head: int,
+    turn_start: int,
+    excess: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message],
+    evicted: frozenset[int] | set[int],
+) -> tuple[list[Eviction], int]:
+    """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
+    they free ``excess`` chars (all of them when that is not enough). Orphan results and
+    irregular loops (duplicate ids, unanswered calls) are left alone (DESIGN §3: never
+    evicted). ``head`` may be any loop boundary before which nothing is left to evict.
+
+    Returns the evictions and the loop boundary before which, once they are shown, nothing
+    is left to evict (``turn_start`` when all of them were planned): the next call may start
+    there."""
+    loops = map_loops(view[head:turn_start])
+    planned: list[Eviction] = []
+    freed = 0
+    for loop in loops.loops:
+        if not loop.is_complete:
+            continue
+        call = view[head + loop.call_index]
+        arguments = {
+            c["id"]: (c.get("function") or {}).get("arguments") or ""
+            for c in call.get("tool_calls") or ()
+        }
+        for relative in loop.result_indexes:
+            index = head + relative
+            if index in evicted:
+                continue
+            shown = view[index]
+            args = arguments.get(shown["tool_call_id"], "")
+            original = originals.get(index, shown)
+            eviction = evict(shown, index, original, args, sizes[index], language, ref_for)
+            if eviction is None:
+                continue
+            planned.append(eviction)
+            freed += sizes[index] - chars(eviction.replacement)
+            if freed >= excess:
+                return planned, head + loop.call_index
+    return planned, turn_start
+
+
+def preview_turn(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    turn_start: int,
+    excess: int,
+    limit_chars: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message],
+    evicted: frozenset[int] | set[int],
+) -> list[Truncation]:
+    """Step 3: previews of the current turn's tool results and tool-call inputs.
+
+    The limit starts at ``limit_chars`` (the oversized limit) and is lowered, by bisection,
+    to the highest value whose previews free ``excess`` chars; never below
+    ``MIN_PREVIEW_CHARS``. Previews are built from the caller's originals, and only those
+    smaller than what is shown now are returned."""
+    items = [
+        i
+        for i in range(turn_start, len(view))
+        if i not in evicted and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
+    ]
+    if not items:
+        return []
+    base = list(view)
+    for index in items:
+        base[index] = originals.get(index, view[index])
+
+    def plan(limit: int) -> tuple[int, list[Truncation]]:
+        result = reduce(
+            base, limit_chars=limit, language=language, ref_for=ref_for, candidates=items
+        )
+        kept = [t for t in result.truncations if chars(t.replacement) < sizes[t.index]]
+        return sum(sizes[t.index] - chars(t.replacement) for t in kept), kept
+
+    low, high = MIN_PREVIEW_CHARS, max(limit_chars, MIN_PREVIEW_CHARS)
+    freed, best = plan(low)
+    if freed < excess:
+        return best  # even the floor does not fit: the most it can free
+    while high - low > 16:  # previews are a few hundred chars apart at most this close
+        middle = (low + high) // 2
+        freed, found = plan(middle)
+        if freed >= excess:
+            low, best = middle, found
+        else:
+            high = middle
+    return best
+
+
+def turns_to_leave_out(
+    view: Sequence[Message], sizes: Sequence[int], *, head: int, turn_start: int, excess: int
+) -> tuple[int, int]:
+    """Step 4: how many messages from ``head`` on to leave out, and how many whole turns that
+    is, to free ``excess`` chars; cuts fall only on user messages (a turn's start), so a tool
+    loop is never split, and never inside the current turn. Reads only the turns it leaves
+    out (the view may hold many more)."""
+    freed = 0
+    turns = 0
+    at = head
+    while at < turn_start and freed < excess:
+        cut = at + 1
+        while cut < turn_start and view[cut].get("role") != "user":
+            cut += 1
+        freed += sum(sizes[at:cut])
+        turns += 1
+        at = cut
+    return at - head, turns

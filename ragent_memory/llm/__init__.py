@@ -1,0 +1,1 @@
+"""The llm room (DESIGN §16)."""

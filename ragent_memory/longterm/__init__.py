@@ -1,0 +1,1 @@
+"""The longterm room (DESIGN §16)."""

@@ -1,0 +1,1 @@
+"""The serve room (DESIGN §16)."""

@@ -1,0 +1,1 @@
+"""The summary room (DESIGN §16)."""

@@ -1,0 +1,39 @@
+"""Which summarizer an engine uses: the offline one, or a model with it as the fallback.
+
+Kept apart from ``summarize`` (the shared sections, prompt and model client) and ``offline``
+(which builds on ``summarize``), so imports point one way: summarizers → offline → summarize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ragent_memory.core.logs import EventCallback
+from ragent_memory.settings import LLMSettings, Settings
+from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.summarize import ModelSummarizer, Summarizer, with_model
+
+if TYPE_CHECKING:
+    from ragent_memory.llm.client import LLMClient
+
+
+def build_summarizer(
+    settings: Settings,
+    *,
+    on_event: EventCallback | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> Summarizer:
+    """The offline summarizer, or a model summarizer when ``llm`` is configured."""
+
+    def model(client: LLMClient, llm: LLMSettings, offline: Summarizer | None) -> Summarizer:
+        return ModelSummarizer(
+            client,
+            model=llm.model,
+            max_input_chars=llm.max_input_chars,
+            offline=offline,
+            on_event=on_event,
+        )
+
+    offline: Summarizer = OfflineSummarizer()
+    return with_model(settings, offline, model, on_event=on_event, sleep=sleep)

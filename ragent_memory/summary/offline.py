@@ -1,0 +1,355 @@
+"""The offline summarizer: deterministic, extractive, no network (the embedded default).
+
+It writes the same seven sections as a model would and merges with the previous summary
+(newer items first, so new wins; findings interleave newer and older, each by salience).
+Greetings and small talk weigh nothing; a finding from a dated session keeps its date. The
+body is shortened Done → Dead ends first, then space follows the material: the section
+holding the most chars per item it was given yields. Same input, same output: no clocks,
+no randomness.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from itertools import zip_longest
+from typing import Any
+
+from ragent_memory.core.chars import clip, text_of
+from ragent_memory.summary.summarize import (
+    EMPTY,
+    SECTIONS,
+    UNCLIPPED,
+    SummaryOutcome,
+    SummaryRequest,
+    Transcript,
+    validate_summary,
+)
+
+NAME = "offline-extractive"
+
+ITEM_CHARS = 240
+MAX_ITEMS = {0: 4, 1: 6, 2: 1, 3: 1, 4: 48, 5: 8, 6: 12}
+FINDINGS = 4  # "Tools and findings": kept by salience, not by age
+# Sections dropped from first when the body is too long (Done, Dead ends, Tools and findings),
+# then the rest from the end.
+SHRINK_ORDER = (6, 5, 4, 1, 0, 3, 2)
+
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_FAILURE = re.compile(
+    r"\b(?:error|failed|fails|failure|not found|no results?|unable|timed? ?out|denied|invalid"
+    r"|doesn'?t work|didn'?t work|dead end)\b|失败|错误|未找到|没有结果|超时|无法|不可用",
+    re.IGNORECASE,
+)
+_DONE = re.compile(
+    r"\b(?:done|completed?|finished|sent|created|updated|booked|saved|fixed|resolved|confirmed"
+    r"|submitted|deployed|merged)\b|已完成|完成了|已发送|已创建|已更新|已修复|已确认|已提交",
+    re.IGNORECASE,
+)
+_NEXT = re.compile(
+    r"\b(?:next|then|will|i'll|let me|plan to|going to)\b|下一步|接下来|然后|将会|我会",
+    re.IGNORECASE,
+)
+
+
+def _item(text: str, limit: int = ITEM_CHARS) -> str:
+    """``text`` as one summary item: whitespace collapsed, clipped to ``limit``."""
+    return clip(" ".join(text.split()), limit)
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+
+
+def _first_sentence(text: str) -> str:
+    parts = _sentences(text)
+    return parts[0] if parts else ""
+
+
+def parse_sections(body: str, language: str) -> list[list[str]]:
+    """The items (``- `` lines) of each known section of a summary body."""
+    titles = SECTIONS[language]
+    items: list[list[str]] = [[] for _ in titles]
+    current = -1
+    for line in body.splitlines():
+        if line.startswith("## "):
+            current = titles.index(line.strip()) if line.strip() in titles else -1
+            continue
+        if current >= 0 and line.startswith("- "):
+            items[current].append(line[2:].strip())
+    return items
+
+
+_REQUEST = re.compile(
+    r"\b(?:please|can you|could you|would you|will you|help me|i need|i want|i'd like|let'?s"
+    r"|make sure|remember to|don'?t forget|need to|have to|todo|to-do)\b"
+    r"|请|帮我|帮忙|能不能|能否|需要|记得|别忘了|麻烦",
+    re.IGNORECASE,
+)
+# Metadata in front of a sentence: "(user) ", "[session 3 · 8 May] ", "Caroline: ".
+_META = re.compile(
+    r"^\s*(?:\((?:user|assistant)\)\s*)?(?:\[[^\]]{0,80}\]\s*)?(?:[A-Z][\w.'-]{0,30}:\s)?"
+)
+_NUMBER = re.compile(r"\d+")
+_WORDS = re.compile(r"[^\W\d_]+", re.UNICODE)
+_FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|my|we|our|me)\b|我|我们")
+
+
+# Words of greetings and small talk: a sentence made of these (and names) weighs nothing.
+_SMALL_TALK_WORDS = """hey hi hello hiya yo thanks thank thx you your so much wow haha hahaha lol great awesome
+    nice cool glad good see to hear that it is was this really too bye goodbye take care love
+    amazing sounds sound oh yeah yes yep sure ok okay totally agree same me i i'm am how are
+    doing what about catch up talk soon later and the a of for be been have has had all well
+    fun happy for congrats congratulations wonderful lovely indeed glad day night morning
+    evening again always here there just yay absolutely definitely appreciate it's that's
+    you're we're keep going proud super fantastic incredible tell more let's let us we"""
+_SMALL_TALK = frozenset(_SMALL_TALK_WORDS.split())
+
+
+def is_small_talk(sentence: str) -> bool:
+    """A greeting or pleasantry: only small-talk words and names, no number."""
+    text = _META.sub("", sentence, count=1)
+    if _NUMBER.search(text):
+        return False
+    words = [w for w in re.findall(r"[^\W\d_]+(?:'[a-z]+)?", text) if w != "I"]
+    content = [
+        w
+        for k, w in enumerate(words)
+        if w.lower() not in _SMALL_TALK and not (k and w[:1].isupper())  # a name after word 1
+    ]
+    return bool(words) and not content and not any("\u4e00" <= c <= "\u9fff" for c in text)
+
+
+def salience(item: str) -> float:
+    """How much an item is worth keeping: numbers, dates, names and first-person facts score,
+    greetings and small talk weigh nothing. Deterministic, computed from the text alone (so
+    items carried over from an earlier generation are ranked the same way)."""
+    item = _META.sub("", item, count=1)
+    if is_small_talk(item):
+        return 0.0
+    words = _WORDS.findall(item)
+    if len(words) < 3 and not (_NUMBER.search(item) and len(words) >= 2):
+        return 0.0  # "Q9?", "ok 2": a number alone is no fact
+    names = sum(1 for w in words[1:] if w[:1].isupper() and w != "I")
+    numbers = len(_NUMBER.findall(item))
+    cjk = sum(1 for ch in item if "\u4e00" <= ch <= "\u9fff")
+    score = 2.0 * numbers + 1.5 * names + 0.05 * (len(words) + cjk)
+    if _FIRST_PERSON.search(item):
+        score += 1.0
+    return score / (1.0 + len(item) / 200)
+
+
+# A session stamp in front of a message: "[session 3 · 8 May, 2023] ", "[7:30 pm on 21 May, 2023] ".
+_STAMP = re.compile(r"^\s*\[(?:session \d+\s*·\s*)?([^\]]{1,80})\]\s*")
+_DATE = re.compile(
+    r"\b(?:1[89]|20)\d\d\b|\b\d{1,2}[:/.-]\d{1,2}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct"
+    r"|nov|dec)[a-z]*\b|\d+\s*[年月日号]",
+    re.IGNORECASE,
+)
+
+
+def date_stamp(text: str) -> str:
+    """The date/time a message is stamped with ("8 May, 2023"), or ""."""
+    match = _STAMP.match(text)
+    if match is None or not _DATE.search(match.group(1)):
+        return ""
+    return match.group(1).strip()
+
+
+def _statements(role: str, text: str, when: str) -> list[str]:
+    """Salient sentences of a chat message, as findings; each keeps the date of its session."""
+    out = []
+    for sentence in _sentences(_STAMP.sub("", text, count=1) if when else text):
+        if salience(sentence) >= 2.0:
+            dated = f"[{when}] {sentence}" if when else sentence
+            out.append(_item(f"({role}) {dated}", 200 + len(when)))
+    return out
+
+
+def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
+    out: list[str] = []
+    for item in [*new, *old]:
+        if item and item not in out:
+            out.append(item)
+    return out[:limit]
+
+
+def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Section items from one stretch of conversation, newest first within each section."""
+    requests: list[str] = []
+    progress: list[str] = []
+    usage: dict[str, tuple[int, str]] = {}  # tool name -> (calls, latest use), in order of use
+    dead_ends: list[str] = []
+    done: list[str] = []
+    next_steps: list[str] = []
+    findings: list[str] = []
+    calls: dict[str, tuple[str, str]] = {}
+    when = ""  # the date of the session being read: applies to its later sentences
+    for message in material:
+        role = message.get("role")
+        text = text_of(message).strip()
+        if role in ("user", "assistant") and text:
+            when = date_stamp(text) or when
+            findings.extend(_statements(str(role), text, when))
+        if role == "user" and text:
+            asked = [s for s in _sentences(text) if _REQUEST.search(s) and not is_small_talk(s)]
+            if asked:
+                requests.append(_item(" ".join(asked), 160))
+        elif role == "assistant":
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") or {}
+                calls[call.get("id", "")] = (
+                    function.get("name") or "tool",
+                    _item(function.get("arguments") or "", 100),
+                )
+            if text:
+                progress.append(_item(text, 320))
+                for sentence in _sentences(text):
+                    if _FAILURE.search(sentence):
+                        dead_ends.append(_item(sentence))
+                    elif _DONE.search(sentence):
+                        done.append(_item(sentence))
+                    elif _NEXT.search(sentence):
+                        next_steps.append(_item(sentence))
+        elif role == "tool":
+            name, arguments = calls.get(message.get("tool_call_id", ""), ("tool", ""))
+            finding = _item(_first_sentence(text), 120)
+            count = usage.pop(name, (0, ""))[0] + 1
+            usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
+            if salience(finding) >= 2.0:
+                findings.append(f"({name}) {finding}")
+            if _FAILURE.search(text[:400]):
+                dead_ends.append(_item(f"{name} {arguments}: {finding}"))
+    newest_request = requests[-1:] if requests else []
+    todo = requests[-1:]  # the latest request; earlier ones are listed as user requests
+    next_step = next_steps[-1:] or newest_request
+    return [
+        list(reversed(requests[:-1])),
+        todo,
+        next_step,
+        progress[-1:],
+        [
+            *(_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())),
+            *reversed(findings),
+        ],
+        list(reversed(dead_ends)),
+        list(reversed(done)),
+    ]
+
+
+# One line per tool used: "search_knowledge ×12, latest: {"q": "x"} → 1408 chars: …".
+_USAGE = re.compile(r"^(\S+) ×(\d+), latest: (.*)$", re.DOTALL)
+
+
+def _usage_line(name: str, count: int, latest: str) -> str:
+    return f"{name} ×{count}, latest: {latest}"
+
+
+def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """Tool usage lines first (counts added up across generations, most recently used first),
+    then the other findings, most salient first, so shrinking sheds the least salient finding
+    and the record of which tools were used goes last."""
+    usage: dict[str, tuple[int, str]] = {}
+    others: list[str] = []
+    earlier_others = [item for item in earlier if _USAGE.match(item) is None]
+    for item in [*fresh, *earlier]:  # newer first: its "latest" wins
+        match = _USAGE.match(item)
+        if match is None:
+            others.append(item)
+            continue
+        name, count, latest = match.group(1), int(match.group(2)), match.group(3)
+        known = usage.get(name)
+        usage[name] = (count + known[0], known[1]) if known else (count, latest)
+    lines = [_usage_line(name, count, latest) for name, (count, latest) in usage.items()]
+    return lines + _interleave([i for i in fresh if _USAGE.match(i) is None], earlier_others)
+
+
+def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
+    """Newer and older findings, each most salient first, taken in turn: when the section is
+    cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
+    a = sorted(_merge(fresh, (), len(fresh)), key=salience, reverse=True)
+    b = sorted(_merge(earlier, (), len(earlier)), key=salience, reverse=True)
+    out: list[str] = []
+    for pair in zip_longest(a, b):
+        for item in pair:
+            if item is not None and item not in out:
+                out.append(item)
+    return out
+
+
+def render(items: Sequence[Sequence[str]], language: str) -> str:
+    blocks = []
+    for title, section in zip(SECTIONS[language], items, strict=True):
+        lines = [f"- {item}" for item in section] or [EMPTY[language]]
+        blocks.append("\n".join([title, *lines]))
+    return "\n\n".join(blocks)
+
+
+def summarize_offline(
+    material: Sequence[Mapping[str, Any]], previous: str, language: str, max_chars: int
+) -> str:
+    """The merged, clamped summary body."""
+    new = extract(material)
+    old = parse_sections(previous, language)
+    items = []
+    for index, (fresh, earlier) in enumerate(zip(new, old, strict=True)):
+        # Next step and current progress describe "now": the newer one replaces the older.
+        if index in (2, 3):
+            merged = list(fresh or earlier)
+        elif index == FINDINGS:
+            merged = _merge_findings(fresh, earlier)
+        else:
+            merged = _merge(fresh, earlier, MAX_ITEMS[index])
+        items.append(merged[: MAX_ITEMS[index]])
+    held = [len(fresh) + len(earlier) for fresh, earlier in zip(new, old, strict=True)]
+    return _shrink(items, held, language, max_chars)
+
+
+def _shrink(items: list[list[str]], held: Sequence[int], language: str, max_chars: int) -> str:
+    """Cut the body to ``max_chars``: Done and Dead ends go first, then the space is shared by
+    what the material holds: the section using the most chars per item it was given yields
+    its last item (a chat with many findings and few to-dos keeps findings)."""
+    body = render(items, language)
+    for index in SHRINK_ORDER[:2]:
+        while len(body) > max_chars and items[index]:
+            items[index].pop()
+            body = render(items, language)
+    rest = [i for i in SHRINK_ORDER[2:] if i not in (2, 3)]  # next step and progress: last
+    while len(body) > max_chars and any(items[i] for i in rest):
+        index = max(
+            (i for i in rest if items[i]),
+            key=lambda i: (sum(map(len, items[i])) / max(1, held[i]), -rest.index(i)),
+        )
+        items[index].pop()
+        body = render(items, language)
+    for index in (3, 2):
+        while len(body) > max_chars and items[index]:
+            items[index].pop()
+            body = render(items, language)
+    return body
+
+
+class OfflineSummarizer:
+    """The embedded default summarizer."""
+
+    name = NAME
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        """Reads the material whole, or — when its transcript and the previous summary would
+        exceed ``request.input_chars`` — clipped like the model path's (``fit_clip``);
+        ``material_chars`` is the transcript of what it read."""
+        transcript = Transcript(request.material)
+        clip = UNCLIPPED
+        if request.input_chars is not None:
+            clip = transcript.fit(max(request.input_chars - len(request.previous), 0), start=clip)
+        material = request.material if clip == UNCLIPPED else transcript.clipped(clip)
+        body = summarize_offline(material, request.previous, request.language, request.max_chars)
+        return SummaryOutcome(
+            validate_summary(body, max_chars=request.max_chars),
+            NAME,
+            0,
+            material_chars=len(transcript.render(clip)),
+        )
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""The text room (DESIGN §16)."""
