@@ -214,6 +214,16 @@ def versus_section(data: dict[str, Any]) -> list[str]:
         "",
         table(VERSUS_HEADER, versus_rows(data["workloads"], "turns")),
         "",
+        "Reading it: with recall off, every break of the prefix is a trim turn: gate 1 evicts "
+        "every candidate at once, and DESIGN §4 fixes when it fires (over 50% of B, and only "
+        "once the candidates reach 20% of the view). With recall on, the block on the turn's "
+        "user message moves to the next question, so the prefix breaks once a user turn, while "
+        "everything before the previous user message still matches. Late ÷ early with recall "
+        "on mostly says how much recall finds: early in a session little has left the view, "
+        "and once the block is full the cost is flat. LangChain and deepagents clip their "
+        "summarizer's input to 4,000 tokens and on RAG sessions mostly send it nothing (too "
+        "long to summarise), hence their *summarizer in ÷ B* near 0.",
+        "",
     ]
     if data.get("every_call"):
         out += [
@@ -322,6 +332,11 @@ def proxy_section(data: dict[str, Any]) -> list[str]:
             rows,
         ),
         "",
+        "Before each timed request the bench waits until none of its processes is busy, so one "
+        "arm's background compaction does not land in another arm's time. Event-loop CPU moves "
+        "far less with the machine's load than wall times do; the all-threads column also "
+        "counts the background work (compaction, `after_turn`, recall indexing).",
+        "",
         f"The direct call took {stats['direct']['p50_ms']:.2f} ms p50; "
         f"load average {data['load_average']['before']:.2f} before, "
         f"{data['load_average']['after']:.2f} after.",
@@ -355,6 +370,10 @@ def pg_section(data: dict[str, Any]) -> list[str]:
             ["arm", "p50", "p95", "other turns p50", "hand-over turns p50", "p50 ÷ SQLite's"],
             rows,
         ),
+        "",
+        "PostgreSQL pays a loopback round trip per turn to see whether another host moved the "
+        "session (SQLite answers from its local file), another for recall's check for new "
+        "rows, and the write transactions of new trims.",
         "",
     ]
 
@@ -397,6 +416,14 @@ def locomo_section(data: dict[str, Any]) -> list[str]:
         "Per conversation:",
         "",
         table(["conversation", "B", *header], per_conv),
+        "",
+        'Temporal answers that need date arithmetic ("7 May 2023" from "yesterday" in a '
+        "session of 8 May) and inferred answers are lost by every arm but the ceiling. Without "
+        "recall the engine's view after a compaction is a summary plus the 20% tail, and a "
+        "summary cannot hold what a chat of 600 turns said: the rows where it keeps less than "
+        "truncation. Without recall the sessions protocol keeps almost nothing, as sessions "
+        "that never compact leave only the offline facts; the recall block may use room up to "
+        "B, never part of the view, so it never brings a compaction on.",
         "",
     ]
 
