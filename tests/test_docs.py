@@ -64,3 +64,17 @@ def test_the_make_targets_the_docs_name_exist() -> None:
     """``make demo``, ``make test``, ``make docs`` and ``make bench`` are Makefile targets."""
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert {"demo", "test", "docs", "bench"} <= set(re.findall(r"^([a-z]+):", makefile, re.M))
+
+
+def test_architecture_lists_every_module() -> None:
+    """docs/architecture.md has a line for every module of the package and for none that is gone."""
+    package = ROOT / "ragent_memory"
+    modules = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" or path.parent == package
+    }
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(?:ragent_memory/)?([\w/]+\.py)` \|", page, re.M))
+    assert set() == modules - listed
+    assert set() == {name for name in listed if not (package / name).exists()}
