@@ -225,53 +225,61 @@ def versus_section(data: dict[str, Any]) -> list[str]:
         "long to summarise), hence their *summarizer in ÷ B* near 0.",
         "",
     ]
-    if data.get("every_call"):
-        out += [
-            "### A model call after every tool loop",
-            "",
-            "The same workloads with `prepare` (or the peer's middleware) before every model "
-            "call, tool loops included; columns per call.",
-            "",
-            table(VERSUS_HEADER, versus_rows(data["every_call"], "calls")),
-            "",
-        ]
-        for name, workload in data["every_call"].items():
-            ours = workload["ragent_memory"]
-            if "loop_calls" in ours:
-                out.append(
-                    f"- {WORKLOADS.get(name, name)}: {ours['loop_calls_with_block']:,} of "
-                    f"{ours['loop_calls']:,} tool-loop calls carried the turn's recall block."
-                )
-        out.append("")
+    return out + every_call_section(data) + slow_model_section(data)
+
+
+def every_call_section(data: dict[str, Any]) -> list[str]:
+    if not data.get("every_call"):
+        return []
+    out = [
+        "### A model call after every tool loop",
+        "",
+        "The same workloads with `prepare` (or the peer's middleware) before every model "
+        "call, tool loops included; columns per call.",
+        "",
+        table(VERSUS_HEADER, versus_rows(data["every_call"], "calls")),
+        "",
+    ]
+    for name, workload in data["every_call"].items():
+        ours = workload["ragent_memory"]
+        if "loop_calls" in ours:
+            out.append(
+                f"- {WORKLOADS.get(name, name)}: {ours['loop_calls_with_block']:,} of "
+                f"{ours['loop_calls']:,} tool-loop calls carried the turn's recall block."
+            )
+    return [*out, ""]
+
+
+def slow_model_section(data: dict[str, Any]) -> list[str]:
     rows = slow_model_rows(data)
-    if rows:
-        out += [
-            "### A slow model",
-            "",
-            "`compaction_timeout_s: 0` and a summarizer that takes the delay shown, on the "
-            "2,000-turn English RAG session: the summary stays pending while the ceiling keeps "
-            "every turn within B. p50/p99 are the calling thread's CPU per turn, in ms.",
-            "",
-            table(
-                [
-                    "arm",
-                    "summary delay s",
-                    "turns",
-                    "p50",
-                    "p99",
-                    "p99 process CPU",
-                    "p99 wall",
-                    "turns over B",
-                    "summary adopted once landed",
-                ],
-                rows,
-            ),
-            "",
-        ]
-    return out
+    if not rows:
+        return []
+    return [
+        "### A slow model",
+        "",
+        "`compaction_timeout_s: 0` and a summarizer that takes the delay shown, on the "
+        "2,000-turn English RAG session: the summary stays pending while the ceiling keeps "
+        "every turn within B. p50/p99 are the calling thread's CPU per turn, in ms.",
+        "",
+        table(
+            [
+                "arm",
+                "summary delay s",
+                "turns",
+                "p50",
+                "p99",
+                "p99 process CPU",
+                "p99 wall",
+                "turns over B",
+                "summary applied once landed",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
 
-def proxy_section(data: dict[str, Any]) -> list[str]:
+def proxy_rows(data: dict[str, Any]) -> list[list[object]]:
     stats, cpu = data["stats"], data["cpu_ms_per_request"]
     relay = stats["bare TCP relay: added"]["p50_ms"]
 
@@ -306,7 +314,11 @@ def proxy_section(data: dict[str, Any]) -> list[str]:
                 ms(cpu.get(arm), 2),
             ]
         )
-    body = data["body_bytes"]
+    return rows
+
+
+def proxy_section(data: dict[str, Any]) -> list[str]:
+    stats, body = data["stats"], data["body_bytes"]
     return [
         "## The proxy",
         "",
@@ -329,7 +341,7 @@ def proxy_section(data: dict[str, Any]) -> list[str]:
                 "event-loop CPU ms / request",
                 "CPU ms / request, all threads",
             ],
-            rows,
+            proxy_rows(data),
         ),
         "",
         "Before each timed request the bench waits until none of its processes is busy, so one "
