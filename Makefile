@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo bench docs lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,9 +32,18 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents,bench]'
 	touch $(VENV)/.bench
 
-# run, versus, locomo, proxy, pg in turn; prints each one's wall and CPU time at the end.
+# run, versus, locomo, proxy, pg in turn; prints each one's wall and CPU time at the end and
+# writes docs/benchmarks.md from benchmarks/results/ (python -m benchmarks.report).
 bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks
 
+$(VENV)/.docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(VENV)/.docs
+
+# The docs site (mkdocs.yml, docs/) into site/; a broken link or anchor fails the build.
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info

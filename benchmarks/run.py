@@ -9,11 +9,12 @@ Three ways an app can call the engine on a growing RAG session:
 - cold: a new engine per turn on the same store (a restart before every turn).
 
 Numbers are ratios against the incremental path, measured in the same process, so a noisy
-shared machine moves them all together.
+shared machine moves them all together. Results go to ``benchmarks/results/run.json``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import tempfile
@@ -26,6 +27,8 @@ import structlog
 from ragent_memory import Settings, StoreSettings
 from ragent_memory.cli.demo import simulate_session
 from ragent_memory.engine.memory_engine import MemoryEngine
+
+RESULTS = Path(__file__).resolve().parent / "results" / "run.json"
 
 
 def run(mode: str, turns: list[list[dict[str, Any]]], budget: int, db: Path) -> list[float]:
@@ -64,21 +67,39 @@ def main() -> None:
         for mode in ("incremental", "fresh system", "rebuilt", "cold"):
             results[mode] = run(mode, turns, budget, Path(tmp) / f"{mode}.db")
     base_late = statistics.median(results["incremental"][-100:])
+    modes = {}
     print(
         f"{'mode':<12} {'median ms':>10} {'p95 ms':>8} {'last-100 median':>16} {'× incremental':>14}"
     )
     for mode, timings in results.items():
         late = statistics.median(timings[-100:])
-        p95 = statistics.quantiles(timings, n=20)[18]
+        modes[mode] = {
+            "p50_ms": statistics.median(timings),
+            "p95_ms": statistics.quantiles(timings, n=20)[18],
+            "first_100_p50_ms": statistics.median(timings[:100]),
+            "last_100_p50_ms": late,
+            "last_100_over_incremental": late / base_late,
+        }
         print(
-            f"{mode:<12} {statistics.median(timings):>10.3f} {p95:>8.3f} {late:>16.3f} "
-            f"{late / base_late:>14.2f}"
+            f"{mode:<12} {modes[mode]['p50_ms']:>10.3f} {modes[mode]['p95_ms']:>8.3f} "
+            f"{late:>16.3f} {late / base_late:>14.2f}"
         )
     early = statistics.median(results["incremental"][:100])
     print(
         f"\nincremental: last-100 / first-100 median = {base_late / early:.2f} "
         "(near 1 means cost follows what is new, not the whole history)"
     )
+    payload = {
+        "benchmark": "run",
+        "command": "python -m benchmarks.run",
+        "turns": len(turns),
+        "context_window_chars": budget,
+        "modes": modes,
+        "incremental_last_100_over_first_100": base_late / early,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwritten: {RESULTS}")
 
 
 if __name__ == "__main__":

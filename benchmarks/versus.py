@@ -33,7 +33,8 @@ with and without recall, and LangChain's full stack, on the same calls), where t
 measured between consecutive calls and ragent_memory reports how many of its tool-loop calls
 still carry the turn's recall block.
 
-Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workloads.
+Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workloads and, like
+``--only`` and ``--no-peers``, writes no results file.
 """
 
 from __future__ import annotations
@@ -599,9 +600,9 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
-    out = RESULTS / ("versus-quick.json" if args.quick else "versus.json")
-    if only is not None or args.no_peers:  # a partial run leaves the full results alone
-        out = out.with_name(out.stem + "-partial.json")
+    # One results file: a quick or partial run prints its tables and leaves versus.json alone.
+    partial = args.quick or only is not None or args.no_peers
+    out = None if partial else RESULTS / "versus.json"
     clock = Clock()
     rag_en: Turns = []
     for name, budget, turns in workloads(args.quick):
@@ -665,7 +666,8 @@ def main() -> None:
         )
     results["elapsed_s"] = clock.parts
     write(results, out)
-    print(f"\nwritten: {out}\n\n{'part':<36} {'wall s':>8} {'CPU s':>8}")
+    print(f"\nwritten: {out or 'nothing (a quick or partial run)'}")
+    print(f"\n{'part':<36} {'wall s':>8} {'CPU s':>8}")
     for part, (wall_s, cpu_s) in clock.parts.items():
         print(f"{part:<36} {wall_s:>8.1f} {cpu_s:>8.1f}")
 
@@ -715,7 +717,9 @@ def every_call(
     return rows
 
 
-def write(results: dict[str, Any], out: Path) -> None:
+def write(results: dict[str, Any], out: Path | None) -> None:
+    if out is None:
+        return
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
 

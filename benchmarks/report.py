@@ -1,0 +1,597 @@
+"""Write ``docs/benchmarks.md`` from ``benchmarks/results/*.json``.
+
+    python -m benchmarks.report            # rewrite the page
+    python -m benchmarks.report --check    # exit 1 when the page is not what the results give
+
+Every row a results file holds is printed, the rows where ragent_memory loses included; the
+page carries no figure that is not in a results file. ``make bench`` runs this at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+WORKLOADS = {
+    "rag_2000_en": "RAG, en",
+    "rag_2000_zh": "RAG, zh",
+    "tools_5_per_turn": "tools, 5 calls a turn",
+    "rag_8000_en": "RAG, en",
+}
+ARMS = {
+    "ragent_memory": "**ragent_memory** (defaults: recall on)",
+    "ragent_memory_recall_off": "**ragent_memory**, recall off",
+    "langchain_full": "LangChain full stack",
+    "langchain_summarization": "LangChain summarization alone",
+    "deepagents": "deepagents summarization",
+}
+LOCOMO_ARMS = {
+    "full": "full history (ceiling)",
+    "truncation": "truncation at B",
+    "window": "window, engine's chars",
+    "engine_no_recall": "engine, recall off",
+    "engine": "engine, recall on",
+    "sessions_no_recall": "sessions, recall off",
+    "sessions": "sessions, recall on",
+}
+PEERS = ("langchain_full", "langchain_summarization", "deepagents")
+
+
+def load(part: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{part}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    head = list(header)
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def recorded(data: dict[str, Any]) -> str:
+    """One line saying where and when a results file was measured."""
+    rec = data.get("recorded")
+    if not rec:
+        return "_Not stamped: run it through `make bench` to record commit, time and load._"
+    parts = [f"commit `{rec['commit']}`", f"started {rec['started_utc']} UTC"]
+    if "wall_s" in rec:
+        cpu = f", {rec['cpu_s']} s CPU" if "cpu_s" in rec else ""
+        parts.append(f"{rec['wall_s']} s wall{cpu}")
+    if "load_average" in rec:
+        before, after = rec["load_average"]
+        parts.append(f"load average {before} before, {after} after on {rec['cores']} cores")
+    if "note" in rec:
+        parts.append(rec["note"])
+    return "_Measured: " + "; ".join(parts) + "._"
+
+
+def run_section(data: dict[str, Any]) -> list[str]:
+    modes = data["modes"]
+    rows = [
+        [
+            mode,
+            ms(m["p50_ms"]),
+            ms(m["p95_ms"]),
+            ms(m["first_100_p50_ms"]),
+            ms(m["last_100_p50_ms"]),
+            f"{m['last_100_over_incremental']:.2f}",
+        ]
+        for mode, m in modes.items()
+    ]
+    return [
+        "## `prepare` per turn, four ways of calling it",
+        "",
+        f"`benchmarks/run.py`: the demo's simulated RAG session, {data['turns']:,} turns at "
+        f"B = {data['context_window_chars']:,}, defaults (recall on). *incremental* appends to "
+        "one history (the usual app); *fresh system* builds a new system message each turn; "
+        "*rebuilt* rebuilds every dict each turn; *cold* starts a new engine on the same store "
+        "before every turn. Wall time in ms.",
+        "",
+        recorded(data),
+        "",
+        table(
+            ["mode", "p50", "p95", "first 100 p50", "last 100 p50", "last 100 ÷ incremental's"],
+            rows,
+        ),
+        "",
+        "incremental, last 100 ÷ first 100: "
+        f"**{data['incremental_last_100_over_first_100']:.2f}** (near 1: the cost follows "
+        "what is new, not the history).",
+        "",
+    ]
+
+
+def versus_row(label: str, arm: str, row: dict[str, Any]) -> list[object]:
+    if "p50_ms" not in row:
+        return [label, ARMS.get(arm, arm), row.get("missing", "no result"), *[""] * 9]
+    stability = row.get("stability", {})
+    after = row.get("after_turn_p50_ms")
+    return [
+        label,
+        ARMS.get(arm, arm),
+        ms(row["p50_ms"]),
+        ms(row["p99_ms"], 2),
+        ms(row["turns_100_200_p50_ms"]),
+        ms(row["last_100_p50_ms"]),
+        f"{row['last_100_over_100_200']:.2f}",
+        f"{row.get('ratio_to_ragent_p50', 1.0):.2f}",
+        f"{stability.get('starts_with_previous', 0):.1%}",
+        f"{stability.get('mean_matching_share', 0):.3f}",
+        f"{row['summarizer_max_chars_over_b']:.2f}",
+        ms(after),
+    ]
+
+
+VERSUS_HEADER = [
+    "workload (B)",
+    "arm",
+    "p50 ms",
+    "p99 ms",
+    "turns 100–200",
+    "last 100",
+    "late ÷ early",
+    "× ours",
+    "prefix kept",
+    "share",
+    "summarizer in ÷ B",
+    "`after_turn` p50 ms",
+]
+
+
+def workload_label(name: str, workload: dict[str, Any], unit: str = "turns") -> str:
+    ours = workload["ragent_memory"]
+    return f"{WORKLOADS.get(name, name)}, {ours['turns']:,} {unit} (B = {workload['budget']:,})"
+
+
+def versus_rows(workloads: dict[str, Any], unit: str) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for name, workload in workloads.items():
+        label = workload_label(name, workload, unit)
+        for arm in ARMS:
+            if arm in workload:
+                rows.append(versus_row(label, arm, workload[arm]))
+                label = ""
+        if "floor_list" in workload:
+            floors = (
+                f"{workload['floor_list']['p50_ms']:.4f} / {workload['floor_dicts']['p50_ms']:.4f}"
+            )
+            rows.append(["", "floor: list copy / a dict per message", floors, *[""] * 9])
+    return rows
+
+
+def slow_model_rows(data: dict[str, Any]) -> list[list[object]]:
+    rows = []
+    for key, arm in (("slow_model", "recall on"), ("slow_model_recall_off", "recall off")):
+        if key in data:
+            slow = data[key]
+            rows.append(
+                [
+                    arm,
+                    f"{slow['summarizer_delay_s']:.0f}",
+                    slow["turns"],
+                    ms(slow["p50_ms"]),
+                    ms(slow["p99_ms"], 2),
+                    ms(slow["p99_process_ms"], 2),
+                    ms(slow["p99_wall_ms"], 2),
+                    slow["turns_over_b"],
+                    "yes" if slow["adopted_after_landing"] else "**no**",
+                ]
+            )
+    return rows
+
+
+def versus_section(data: dict[str, Any]) -> list[str]:
+    out = [
+        "## Against LangChain and deepagents",
+        "",
+        "`benchmarks/versus.py`: every arm on the same seeded workload, the same B counted in "
+        "chars, the same offline summarizer wrapped for each; CPU time per turn "
+        "(`time.process_time`, so the recall indexer's thread counts when it runs during a "
+        "`prepare`). The ragent_memory arms call `after_turn` after every turn, as the adapters "
+        "and the proxy do. Only ratios measured in one run mean much.",
+        "",
+        "Columns: *late ÷ early* is last 100 turns ÷ turns 100–200 (flatness); *× ours* the "
+        "arm's p50 ÷ ragent_memory's with recall on; *prefix kept* the share of turns whose "
+        "messages start with the previous turn's (what a provider's prompt cache can hit); "
+        "*share* the mean share of the previous turn's chars repeated as the new prefix; "
+        "*summarizer in ÷ B* the most chars the summarizer read in one compaction ÷ B. The "
+        "floors are what any engine must pay: a copy of the list, and a copy of each dict.",
+        "",
+        recorded(data),
+        "",
+        table(VERSUS_HEADER, versus_rows(data["workloads"], "turns")),
+        "",
+        "Reading it: with recall off, every break of the prefix is a trim turn: gate 1 evicts "
+        "every candidate at once, and DESIGN §4 fixes when it fires (over 50% of B, and only "
+        "once the candidates reach 20% of the view). With recall on, the block on the turn's "
+        "user message moves to the next question, so the prefix breaks once a user turn, while "
+        "everything before the previous user message still matches. Late ÷ early with recall "
+        "on mostly says how much recall finds: early in a session little has left the view, "
+        "and once the block is full the cost is flat. LangChain and deepagents clip their "
+        "summarizer's input to 4,000 tokens and on RAG sessions mostly send it nothing (too "
+        "long to summarise), hence their *summarizer in ÷ B* near 0.",
+        "",
+    ]
+    return out + every_call_section(data) + slow_model_section(data)
+
+
+def every_call_section(data: dict[str, Any]) -> list[str]:
+    if not data.get("every_call"):
+        return []
+    out = [
+        "### A model call after every tool loop",
+        "",
+        "The same workloads with `prepare` (or the peer's middleware) before every model "
+        "call, tool loops included; columns per call.",
+        "",
+        table(VERSUS_HEADER, versus_rows(data["every_call"], "calls")),
+        "",
+    ]
+    for name, workload in data["every_call"].items():
+        ours = workload["ragent_memory"]
+        if "loop_calls" in ours:
+            out.append(
+                f"- {WORKLOADS.get(name, name)}: {ours['loop_calls_with_block']:,} of "
+                f"{ours['loop_calls']:,} tool-loop calls carried the turn's recall block."
+            )
+    return [*out, ""]
+
+
+def slow_model_section(data: dict[str, Any]) -> list[str]:
+    rows = slow_model_rows(data)
+    if not rows:
+        return []
+    return [
+        "### A slow model",
+        "",
+        "`compaction_timeout_s: 0` and a summarizer that takes the delay shown, on the "
+        "2,000-turn English RAG session: the summary stays pending while the ceiling keeps "
+        "every turn within B. p50/p99 are the calling thread's CPU per turn, in ms.",
+        "",
+        table(
+            [
+                "arm",
+                "summary delay s",
+                "turns",
+                "p50",
+                "p99",
+                "p99 process CPU",
+                "p99 wall",
+                "turns over B",
+                "summary applied once landed",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def proxy_rows(data: dict[str, Any]) -> list[list[object]]:
+    stats, cpu = data["stats"], data["cpu_ms_per_request"]
+    relay = stats["bare TCP relay: added"]["p50_ms"]
+
+    def cell(key: str) -> str:
+        if key not in stats:
+            return "—"
+        return f"{stats[key]['p50_ms']:.2f} / {stats[key]['p99_ms']:.1f}"
+
+    rows = [
+        [
+            "bare TCP relay (the floor of any extra hop)",
+            cell("bare TCP relay: added"),
+            "—",
+            "—",
+            "1.00",
+            ms(stats["bare TCP relay: loop cpu"]["p50_ms"], 2),
+            ms(cpu.get("bare TCP relay"), 2),
+        ]
+    ]
+    for arm in data["arms"]:
+        if not arm.startswith("proxy"):
+            continue
+        added = stats[f"{arm}: added"]["p50_ms"]
+        rows.append(
+            [
+                arm,
+                cell(f"{arm}: added"),
+                cell(f"{arm}: prepare"),
+                cell(f"{arm}: own"),
+                f"{added / relay:.2f}",
+                ms(stats[f"{arm}: loop cpu"]["p50_ms"], 2) if f"{arm}: loop cpu" in stats else "—",
+                ms(cpu.get(arm), 2),
+            ]
+        )
+    return rows
+
+
+def proxy_section(data: dict[str, Any]) -> list[str]:
+    stats, body = data["stats"], data["body_bytes"]
+    return [
+        "## The proxy",
+        "",
+        f"`benchmarks/proxy.py`: the demo's {data['turns']}-turn RAG session "
+        f"(bodies of {body['min']:,} bytes to {body['max']:,}) at "
+        f"B = {data['context_window_chars']:,}, sent to a fast local upstream directly and "
+        "through the proxy, back to back on the same body every turn. *Added* is the wall "
+        "time through the proxy minus the wall time direct (the upstream's own time cancels "
+        "out); *own* is added − `prepare`. p50 / p99 in ms.",
+        "",
+        recorded(data),
+        "",
+        table(
+            [
+                "arm",
+                "added",
+                "of which `prepare`",
+                "own (added − `prepare`)",
+                "added p50 ÷ relay's",
+                "event-loop CPU ms / request",
+                "CPU ms / request, all threads",
+            ],
+            proxy_rows(data),
+        ),
+        "",
+        "Before each timed request the bench waits until none of its processes is busy, so one "
+        "arm's background compaction does not land in another arm's time. Event-loop CPU moves "
+        "far less with the machine's load than wall times do; the all-threads column also "
+        "counts the background work (compaction, `after_turn`, recall indexing).",
+        "",
+        f"The direct call took {stats['direct']['p50_ms']:.2f} ms p50; "
+        f"load average {data['load_average']['before']:.2f} before, "
+        f"{data['load_average']['after']:.2f} after.",
+        "",
+    ]
+
+
+def pg_section(data: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            arm,
+            ms(s["p50_ms"]),
+            ms(s["p95_ms"]),
+            ms(s["steady_p50_ms"]),
+            ms(s["handover_p50_ms"]),
+            f"{s['ratio_p50']:.2f}",
+        ]
+        for arm, s in data["arms"].items()
+    ]
+    return [
+        "## PostgreSQL next to SQLite",
+        "",
+        f"`benchmarks/pg.py`: {data['turns']} simulated RAG turns at "
+        f"B = {data['context_window_chars']:,} against a local throwaway server, defaults; with "
+        f"two hosts the session is handed over every {data['handover_every_turns']} turns and "
+        "the turn after a hand-over reloads it from the store. Wall time in ms.",
+        "",
+        recorded(data),
+        "",
+        table(
+            ["arm", "p50", "p95", "other turns p50", "hand-over turns p50", "p50 ÷ SQLite's"],
+            rows,
+        ),
+        "",
+        "PostgreSQL pays a loopback round trip per turn to see whether another host moved the "
+        "session (SQLite answers from its local file), another for recall's check for new "
+        "rows, and the write transactions of new trims.",
+        "",
+    ]
+
+
+def locomo_section(data: dict[str, Any]) -> list[str]:
+    budgets = list(data["mean"])
+    pooled = [
+        [f"{int(b):,}", *(f"{data['mean'][b][arm]['answers']:.3f}" for arm in LOCOMO_ARMS)]
+        for b in budgets
+    ]
+    chars = [
+        [f"{int(b):,}", *(f"{data['mean'][b][arm]['mean_chars']:,}" for arm in LOCOMO_ARMS)]
+        for b in budgets
+    ]
+    per_conv = [
+        [conv, f"{int(b):,}", *(f"{row[arm]['answers']:.3f}" for arm in LOCOMO_ARMS)]
+        for b in budgets
+        for conv, row in data["per_conv"][b].items()
+    ]
+    questions = data["mean"][budgets[0]]["engine"]["questions"]
+    header = list(LOCOMO_ARMS.values())
+    return [
+        "## LoCoMo retention",
+        "",
+        f"`benchmarks/locomo.py`: each LoCoMo conversation driven through one session turn by "
+        "turn (`prepare` on each user message, `after_turn` after it), offline summarizer and "
+        "extractor; then every question is asked as the final user message and counts when "
+        "every content word of its gold answer is in the prepared messages. *sessions*: one "
+        "session per LoCoMo session, each question in a fresh session of the same user. "
+        f"Share of answers kept, pooled over {questions} questions.",
+        "",
+        recorded(data),
+        "",
+        table(["B", *header], pooled),
+        "",
+        "Mean chars sent:",
+        "",
+        table(["B", *header], chars),
+        "",
+        "Per conversation:",
+        "",
+        table(["conversation", "B", *header], per_conv),
+        "",
+        'Temporal answers that need date arithmetic ("7 May 2023" from "yesterday" in a '
+        "session of 8 May) and inferred answers are lost by every arm but the ceiling. Without "
+        "recall the engine's view after a compaction is a summary plus the 20% tail, and a "
+        "summary cannot hold what a chat of 600 turns said: the rows where it keeps less than "
+        "truncation. Without recall the sessions protocol keeps almost nothing, as sessions "
+        "that never compact leave only the offline facts; the recall block may use room up to "
+        "B, never part of the view, so it never brings a compaction on.",
+        "",
+    ]
+
+
+def losses(versus: dict[str, Any] | None, locomo: dict[str, Any] | None) -> list[str]:
+    """Every row where an arm of ours does worse than a peer or a plain baseline."""
+    rows: list[list[object]] = []
+    for unit, workloads in (
+        ("turns", (versus or {}).get("workloads", {})),
+        ("calls", (versus or {}).get("every_call", {})),
+    ):
+        for name, workload in workloads.items():
+            rows += workload_losses(workload_label(name, workload, unit), workload)
+    out = [
+        "Per workload, each measure on which a peer's arm does better than ours (ours first, "
+        "then each peer ahead of it). The summarization-only arms neither trim nor recall, so "
+        "their prompt changes only when they summarise.",
+        "",
+    ]
+    if rows:
+        header = ["workload (B)", "arm", "p50 ms", "late ÷ early", "prefix kept"]
+        out += [table(header, rows), ""]
+    ratios = full_stack_ratios(versus)
+    if ratios:
+        out += [
+            "Ours ÷ LangChain's full stack, p50 per turn or call (under 1: we cost less):",
+            "",
+            table(["workload (B)", "recall on", "recall off"], ratios),
+            "",
+        ]
+    out += locomo_losses(locomo)
+    return out
+
+
+def full_stack_ratios(versus: dict[str, Any] | None) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for unit, workloads in (
+        ("turns", (versus or {}).get("workloads", {})),
+        ("calls", (versus or {}).get("every_call", {})),
+    ):
+        for name, workload in workloads.items():
+            full = workload.get("langchain_full", {}).get("p50_ms")
+            if full:
+                rows.append(
+                    [
+                        workload_label(name, workload, unit),
+                        *(
+                            f"{workload[arm]['p50_ms'] / full:.2f}"
+                            for arm in ("ragent_memory", "ragent_memory_recall_off")
+                        ),
+                    ]
+                )
+    return rows
+
+
+LOSS_CHECKS: tuple[tuple[Callable[[dict[str, Any]], float], str, bool], ...] = (
+    (lambda r: r["p50_ms"], "{:.3f}", False),
+    (lambda r: r["last_100_over_100_200"], "{:.2f}", False),
+    (lambda r: r["stability"]["starts_with_previous"], "{:.1%}", True),
+)
+
+
+def workload_losses(label: str, workload: dict[str, Any]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for ours in ("ragent_memory", "ragent_memory_recall_off"):
+        if "p50_ms" not in workload.get(ours, {}):
+            continue
+        cells = []
+        for value, fmt, higher_wins in LOSS_CHECKS:
+            mine = fmt.format(value(workload[ours]))
+            ahead = []
+            for peer in PEERS:
+                row = workload.get(peer, {})
+                if "p50_ms" not in row:
+                    continue
+                theirs = fmt.format(value(row))
+                better = value(row) > value(workload[ours])
+                if theirs != mine and better == higher_wins:
+                    ahead.append(f"{ARMS[peer]} {theirs}")
+            cells.append(f"{mine} — " + ", ".join(ahead) if ahead else "")
+        if any(cells):
+            rows.append([label, ARMS[ours], *cells])
+            label = ""
+    return rows
+
+
+def locomo_losses(locomo: dict[str, Any] | None) -> list[str]:
+    lines = []
+    for budget, mean in (locomo or {}).get("mean", {}).items():
+        for arm in ("engine_no_recall", "engine"):
+            if mean[arm]["answers"] < mean["truncation"]["answers"]:
+                lines.append(
+                    f"- LoCoMo, pooled, B = {int(budget):,}: {LOCOMO_ARMS[arm]} keeps "
+                    f"{mean[arm]['answers']:.3f} of answers, truncation at B "
+                    f"{mean['truncation']['answers']:.3f}."
+                )
+        for conv, row in locomo["per_conv"][budget].items():  # type: ignore[index]
+            for arm in ("engine_no_recall", "engine"):
+                if row[arm]["answers"] < row["truncation"]["answers"]:
+                    lines.append(
+                        f"- LoCoMo {conv}, B = {int(budget):,}: {LOCOMO_ARMS[arm]} "
+                        f"{row[arm]['answers']:.3f}, truncation at B "
+                        f"{row['truncation']['answers']:.3f}."
+                    )
+    return [*lines, ""] if lines else []
+
+
+INTRO = """# Benchmarks
+
+<!-- Generated by `python -m benchmarks.report` from benchmarks/results/*.json: do not edit. -->
+
+`make bench` runs every benchmark in turn (`python -m benchmarks`, `--only PART` for one), each
+writing `benchmarks/results/PART.json`, then writes this page from those files. Every row is
+here, the rows where we lose included. What the figures are for is in
+[Performance](performance.md): `prepare` costs milliseconds against a model call's hundreds, so
+the questions are whether it stays flat as work grows, how it compares with the peers' middleware
+in one run on one machine, and what a provider's prompt cache can reuse; absolute times move
+with the machine and its load.
+"""
+
+
+def render() -> str:
+    parts = {part: load(part) for part in ("run", "versus", "proxy", "pg", "locomo")}
+    sections = {
+        "run": run_section,
+        "versus": versus_section,
+        "proxy": proxy_section,
+        "pg": pg_section,
+        "locomo": locomo_section,
+    }
+    out = [INTRO]
+    for part, make in sections.items():
+        data = parts[part]
+        if data is None:
+            out += [f"## {part}", "", f"_No `benchmarks/results/{part}.json` yet._", ""]
+        else:
+            out += make(data)
+    out += ["## Where we lose", "", *losses(parts["versus"], parts["locomo"])]
+    return "\n".join(out)
+
+
+def write() -> Path:
+    PAGE.write_text(render(), encoding="utf-8")
+    return PAGE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the page is stale")
+    if parser.parse_args().check:
+        current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
+        if current != render():
+            sys.exit(f"{PAGE} is stale: run python -m benchmarks.report")
+        return
+    print(f"written: {write()}")
+
+
+if __name__ == "__main__":
+    main()
