@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -99,6 +99,13 @@ class StoreBase:
                 f"cannot open store {self.path!r}: its migrations are recorded but tables "
                 f"{', '.join(missing)} are missing (a damaged or foreign database)"
             )
+
+    def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a small read a turn makes (who wrote a session last, a memory
+        version, the recall mark), as last committed."""
+        with self._locked(what):
+            rows: list[Any] = self.db.execute(sql, params).fetchall()
+        return rows
 
     def _storable(self, text: str) -> str | bytes:
         """An offload's text as its ``content`` column keeps it."""

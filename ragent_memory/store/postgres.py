@@ -15,7 +15,6 @@ import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -34,7 +33,6 @@ WRITE_LOCK = 0x72_61_67_65_6E_74
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
 
 
-@lru_cache(maxsize=512)
 def _pg_sql(sql: str) -> str:
     """SQLite-style SQL for psycopg: ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
     return sql.replace("%", "%%").replace("?", "%s")
