@@ -7,7 +7,6 @@ and a second one, under its own lock, for the small reads made on every turn (``
 from __future__ import annotations
 
 import os
-import secrets
 import sqlite3
 import threading
 import time
@@ -87,10 +86,10 @@ class Store(IndexedTables, AuditTable):
             conn = _connect(self.path)
             self.db = _Database(conn, execute_plugins=False)
             self._configure()
-            self._migrate()
-            self._check_schema()
-            self._secret = self._load_secret()
+            self._apply_migrations(MIGRATIONS)
+            self._check_tables(MIGRATIONS, "SELECT name FROM sqlite_master WHERE type = 'table'")
             self._check_writable()
+            self._secret = self._load_secret()
             if self.path != ":memory:":
                 self._reader = _connect(self.path)
         except (sqlite3.Error, StoreError) as err:
@@ -143,12 +142,6 @@ class Store(IndexedTables, AuditTable):
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
-
-    def _migrate(self) -> None:
-        self._apply_migrations(MIGRATIONS)
-
-    def _check_schema(self) -> None:
-        self._check_tables(MIGRATIONS, "SELECT name FROM sqlite_master WHERE type = 'table'")
 
     def _check_writable(self) -> None:
         """Fail now on a store every later write would fail on (a read-only file or
@@ -214,20 +207,6 @@ class Store(IndexedTables, AuditTable):
                 return
             time.sleep(0.01)
 
-    def _load_secret(self) -> bytes:
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
-        if row is None:
-            self.db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('secret', ?)",
-                [secrets.token_hex(32)],
-            )
-            row = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()
-        return bytes.fromhex(row[0])
-
-    def migrations(self) -> list[str]:
-        with self._locked("read"):
-            return [r[0] for r in self.db.execute("SELECT name FROM _migrations ORDER BY version")]
-
     def close(self) -> None:
         with self._reader_lock:
             if self._reader is not None:
@@ -235,9 +214,3 @@ class Store(IndexedTables, AuditTable):
                 self._reader = None
         with self._lock:
             self.db.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
