@@ -123,12 +123,9 @@ class Store(IndexedTables, AuditTable):
         self.db.execute("PRAGMA synchronous = NORMAL")
 
     def _enable_wal(self) -> None:
-        """Switch a new file to WAL; a file already in WAL stays as it is.
-
-        The switch needs the file to itself, and SQLite refuses it with ``database is
-        locked`` at once, without waiting out the busy timeout, while another connection is
-        opening the same new file. Retried with a short backoff, for at most the busy timeout.
-        """
+        """Switch a new file to WAL. The switch needs the file to itself: SQLite refuses it
+        with ``database is locked`` at once, not waiting out the busy timeout, while another
+        connection opens the same new file; retried with a backoff, within the busy timeout."""
         if self.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
             return
         deadline = time.monotonic() + BUSY_TIMEOUT_S
@@ -159,22 +156,20 @@ class Store(IndexedTables, AuditTable):
             ) from err
 
     def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
-        """As the base class says, on the reading connection: in WAL a reader waits for no
-        writer, so a turn's checks (``last_write``, ``memory_version``, ``recall_mark``, on
-        ``serve``'s event loop too) never wait for the store lock, which the recall indexer's
-        write transaction holds for a large batch. They see what was committed, by any
-        connection or process, this store's own included."""
-        if self._reader is None:  # ``:memory:`` has one connection
-            return super()._read_now(what, sql, params)
+        """On the reading connection (in WAL a reader waits for no writer): a turn's checks,
+        on ``serve``'s event loop too, never wait for the store lock that the recall indexer's
+        write transaction holds, and see every connection's commits, this store's included."""
         with self._reader_lock:
-            try:
-                return self._reader.execute(sql, params).fetchall()
-            except sqlite3.Error as err:
-                raise StoreError(f"store {what} failed: {err}") from err
+            reader = self._reader  # None for ``:memory:`` (one connection) and once closed
+            if reader is not None:
+                try:
+                    return reader.execute(sql, params).fetchall()
+                except sqlite3.Error as err:
+                    raise StoreError(f"store {what} failed: {err}") from err
+        return super()._read_now(what, sql, params)
 
     def file_bytes(self) -> int:
-        """The size of the database on disk, its write-ahead log included (0 for
-        ``:memory:``)."""
+        """The size of the database on disk, its WAL included (0 for ``:memory:``)."""
         if self.path == ":memory:":
             return 0
         total = 0
