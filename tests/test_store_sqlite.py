@@ -1,5 +1,5 @@
-"""What only the SQLite store has: its migration history from older files, and the per-turn
-last-write check answered from the WAL index."""
+"""What only the SQLite store has: its migration history from older files, the per-turn
+checks read on a connection of their own, and its WAL."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ from ragent_memory.recall.search import index_digest
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend
-from ragent_memory.store.hosts import HostTables
-from ragent_memory.store.memories import MemoryTables
-from ragent_memory.store.recall_index import RecallIndexTables
 from ragent_memory.summary.offline import OfflineSummarizer
 
 
@@ -69,16 +66,15 @@ def _chat(count: int, start: int = 0) -> list[dict[str, Any]]:
 
 
 def test_a_session_another_process_moved_on_is_reloaded(tmp_path: Path) -> None:
-    """The per-turn check that no other process wrote the session reads the WAL index (no
-    query while nothing was committed); a compaction committed by another process in
-    between is seen: the next turn continues from its summary instead of compacting again."""
+    """The per-turn check that no other process wrote the session sees a compaction
+    committed by another process in between: the next turn continues from its summary
+    instead of compacting again."""
     db = str(tmp_path / "memory.db")
     settings = Settings(context_window_chars=20_000, store=StoreSettings(path=db))
     history = [{"role": "system", "content": "persona"}, *_chat(101)]
     with MemoryEngine(settings, summarizer=OfflineSummarizer()) as engine:
-        for _ in range(2):  # the second turn's check is answered from the WAL index
+        for _ in range(2):
             assert 0 == engine.prepare(history, session_id="s").report.generation
-        assert isinstance(engine.store, Store) and engine.store._shm is not None
         history += _chat(60, start=101)
         shared = tmp_path / "history.json"
         shared.write_text(json.dumps(history))
@@ -96,67 +92,48 @@ def test_a_session_another_process_moved_on_is_reloaded(tmp_path: Path) -> None:
     assert ["applied"] == statuses
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[str]:
-    """What each call of the base class's ``owner.name`` (one that reached the database)
-    was asked about: its first argument."""
-    asked: list[str] = []
-    real = getattr(owner, name)
-
-    def counting(self: Any, key: str) -> Any:
-        asked.append(key)
-        return real(self, key)
-
-    monkeypatch.setattr(owner, name, counting)
-    return asked
+def _fresh(store: Store) -> tuple[Any, ...]:
+    """What a new connection reads now: the answers every check must give."""
+    with Store(store.path) as reader:
+        return reader.last_write("a"), reader.memory_version("ann"), reader.recall_mark()
 
 
-def _counting_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The session ids ``last_write`` asked the database about."""
-    return _counting(monkeypatch, HostTables, "last_write")
+def _checks(store: Store) -> tuple[Any, ...]:
+    return store.last_write("a"), store.memory_version("ann"), store.recall_mark()
 
 
-def test_own_commits_leave_the_write_check_answered_from_the_wal_index(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """This store's own commits (a turn's substitutions, the recall index) do not send every
-    session's next check back to the database: only the sessions the commit wrote are asked
-    again. Another store's commit sends them all back."""
-    asked = _counting_queries(monkeypatch)
+def test_every_commit_is_seen_by_the_next_check(tmp_path: Path) -> None:
+    """The per-turn checks (who wrote a session last, a user's memory version, the recall
+    mark) answer what was last committed: by this store, by another store on the file, or
+    by another store right after this one's commit."""
     db = tmp_path / "memory.db"
     with Store(db) as store, Store(db) as other:
+        assert (None, 0, (0, "")) == _checks(store)
         store.save_session(store.new_session("a"))
-        store.last_write("a"), store.last_write("b")
-        asked.clear()
-        assert (store.host_id, 1) == store.last_write("a") and store.last_write("b") is None
-        assert [] == asked  # answered from the WAL index
-        store.save_session(store.new_session("b"))  # our own commit, writing b
-        assert (store.host_id, 1) == store.last_write("b")
         assert (store.host_id, 1) == store.last_write("a")
-        assert ["b"] == asked
-        asked.clear()
+        store.save_session(store.new_session("b"))
+        assert store.last_write("a") == (store.host_id, 1) == store.last_write("b")
         other.save_session(other.new_session("a"))  # another host moves a on
         assert (other.host_id, 2) == store.last_write("a")
-        assert ["a"] == asked
-
-
-def test_a_commit_racing_our_own_is_not_taken_for_ours(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another store commits right after this one's commit, before this one looks at the WAL
-    index again: the commit counter moved by two, so the next check asks the database."""
-    db = tmp_path / "memory.db"
-    with Store(db) as store, Store(db) as other:
-        assert store.last_write("a") is None
-        real = store._committed
-
-        def racing(before: bytes | None) -> None:
-            other.save_session(other.new_session("a"))
-            real(before)
-
-        store.db.committed = racing
-        store.save_session(store.new_session("b"))
-        store.db.committed = real
-        assert (other.host_id, 1) == store.last_write("a")
+        store.record_summary("ann", "a", 1, "Ann likes tea.", [("ann tea", "Ann likes tea.")])
+        version = store.memory_version("ann")
+        assert version > 0 and 0 == store.memory_version("bob")
+        other.record_summary("bob", "b", 1, "Bob rows.", [("bob rows", "Bob rows.")])
+        assert store.memory_version("bob") > version
+        store.forget("ann")
+        assert 0 == store.memory_version("ann")
+        top = store.recall_mark()[0]
+        other.index_messages("u1", _rows("s2", ["Kettle descaled."]), ["kettle descaled"])
+        assert store.recall_mark()[0] > top
+        store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
+        epoch = store.recall_mark()[1]
+        store.drop_session("s1")  # rows went: a new epoch
+        assert store.recall_mark()[1] != epoch
+        assert _fresh(store) == _checks(store)
+        store.save_session(store.new_session("c"))
+        other.save_session(other.new_session("a"))  # right after this store's commit
+        assert (other.host_id, 3) == store.last_write("a")
+        assert _fresh(store) == _checks(store)
 
 
 def test_a_batch_of_index_rows_is_one_fts5_segment(tmp_path: Path) -> None:
@@ -186,83 +163,25 @@ def _rows(session_id: str, texts: list[str]) -> list[IndexedMessage]:
     ]
 
 
-def test_known_answers_do_not_wait_on_the_store_lock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While the recall indexer's write transaction holds the store lock (tens of ms for a
-    large batch), a turn's last-write and recall-mark checks are answered from the WAL index
-    without waiting for it; another connection's commit sends the recall mark back to
-    the database, this one's own commits carry it forward (rows added: their highest id),
-    but for one that deleted recall rows."""
-    asked: list[int] = []
-    real = RecallIndexTables.recall_mark
-
-    def counting(self: Any) -> tuple[int, str]:
-        asked.append(1)
-        return real(self)
-
-    monkeypatch.setattr(RecallIndexTables, "recall_mark", counting)
+def test_the_checks_do_not_wait_for_the_store_lock(tmp_path: Path) -> None:
+    """While the recall indexer's write transaction holds the store lock (a large batch),
+    a turn's checks, on ``serve``'s event loop too, are answered without waiting for it:
+    from what was last committed, not the transaction's rows."""
     db = tmp_path / "memory.db"
-    with Store(db) as store, Store(db) as other:
+    with Store(db) as store:
         store.save_session(store.new_session("a"))
-        known = store.last_write("a"), store.recall_mark()
+        committed = _checks(store)
         answers: list[object] = []
-        with store._lock:  # as the indexer's open transaction holds it
-            reader = threading.Thread(
-                target=lambda: answers.append((store.last_write("a"), store.recall_mark()))
-            )
+        with store._lock, store.db.atomic():  # as the indexer's open transaction holds it
+            store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
+            store.save_session(store.new_session("a"))
+            reader = threading.Thread(target=lambda: answers.append(_checks(store)))
             reader.start()
             reader.join(timeout=5)
             waited = reader.is_alive()
         reader.join(timeout=5)
-        assert not waited and [known] == answers
-        assert [1] == asked  # the second mark came from the WAL index
-        top = known[1][0]
-        other.index_messages("u1", _rows("s2", ["Kettle descaled."]), ["kettle descaled"])
-        assert store.recall_mark()[0] > top  # another connection's commit is seen
-        top = store.recall_mark()[0]
-        assert 2 == len(asked)  # the mark between the two commits was known
-        store.index_messages("u1", _rows("s1", ["Filter changed."]), ["filter changed"])
-        store.save_session(store.new_session("b"))  # no recall rows: the mark holds
-        assert real(store) == store.recall_mark() and store.recall_mark()[0] > top
-        assert 2 == len(asked)  # this one's own commits: carried forward, not asked
-        epoch = store.recall_mark()[1]
-        store.drop_session("s1")  # rows went: a new epoch, asked of the database
-        assert real(store) == store.recall_mark() and store.recall_mark()[1] != epoch
-        assert 3 == len(asked)
-        other.index_messages("u1", _rows("s3", ["Mug washed."]), ["mug washed"])
-        store.index_messages("u1", _rows("s4", ["Tap fixed."]), ["tap fixed"])
-        assert real(store) == store.recall_mark()  # another's commit came between: asked
-        assert 4 == len(asked)
-
-
-def test_memory_versions_are_asked_again_only_when_memories_may_have_changed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``memory_version`` (asked on every turn that names a user) is kept as ``last_write``'s
-    answers are: this connection's own commits that change no memories keep it, one that
-    changes a user's (a summary kept, a forget) drops that user's, and another
-    connection's commit sends every answer back to the database."""
-    real = MemoryTables.memory_version
-    asked = _counting(monkeypatch, MemoryTables, "memory_version")
-    db = tmp_path / "memory.db"
-    with Store(db) as store, Store(db) as other:
-        store.save_session(store.new_session("a"))
-        assert 0 == store.memory_version("ann") == store.memory_version("bob")
-        store.save_session(store.new_session("b"))  # no memory changed: both still known
-        store.index_messages("ann", _rows("s1", ["Filter changed."]), ["filter changed"])
-        assert 0 == store.memory_version("ann") == store.memory_version("bob")
-        assert ["ann", "bob"] == asked
-        store.record_summary("ann", "a", 1, "Ann likes tea.", [("ann tea", "Ann likes tea.")])
-        version = store.memory_version("ann")
-        assert version > 0 and 0 == store.memory_version("bob")
-        assert ["ann", "bob", "ann"] == asked  # only the changed user's was asked again
-        store.forget("ann")
-        assert 0 == store.memory_version("ann") and ["ann", "bob", "ann", "ann"] == asked
-        other.record_summary("bob", "b", 1, "Bob rows.", [("bob rows", "Bob rows.")])
-        assert store.memory_version("bob") > version  # another connection's change is seen
-        assert real(store, "ann") == store.memory_version("ann")
-        assert ["bob", "ann"] == asked[-2:]
+        assert not waited and [committed] == answers
+        assert (store.host_id, 2) == store.last_write("a") and store.recall_mark()[0] > 0
 
 
 OTHER_WRITER = """
@@ -275,28 +194,13 @@ with Store(sys.argv[1]) as other:
 """
 
 
-def _locks_held(path: str) -> list[str]:
-    """This process's POSIX locks on ``path`` (Linux's /proc/locks, without the ordinal)."""
-    stat = Path(path).stat()
-    inode = f":{stat.st_ino} "
-    pid = f" {os.getpid()} "
-    lines = Path("/proc/locks").read_text().splitlines()
-    return [line.partition(":")[2] for line in lines if inode in line and pid in line]
-
-
-def test_the_mapped_wal_index_follows_other_processes(tmp_path: Path) -> None:
-    """The last-write check reads the WAL index header from a mapping of the -shm file. Other
-    processes opening the database, committing and closing it are seen on the next check,
-    and neither reset nor remove the file under the mapping: this store's connection keeps
-    its lock on the index for its whole life (closing any descriptor of the file would drop
-    it) until ``close``, when the last connection out removes the file."""
+def test_other_processes_commits_are_seen(tmp_path: Path) -> None:
+    """Other processes opening the database, committing and closing it are seen on the
+    next check; once this store closes (both its connections), the last connection out
+    removes the WAL index."""
     db = str(tmp_path / "memory.db")
-    shm = db + "-shm"
     with Store(db) as store:
         assert store.last_write("x") is None
-        assert store._shm is not None and store._header is not None
-        held = _locks_held(shm)
-        assert held  # SQLite's lock on the index, taken by the connection
         for round_ in (1, 2):
             other = subprocess.run(
                 [sys.executable, "-c", OTHER_WRITER, db],
@@ -306,32 +210,23 @@ def test_the_mapped_wal_index_follows_other_processes(tmp_path: Path) -> None:
                 check=True,
             )
             assert (other.stdout.strip(), round_) == store.last_write("x")
-            assert os.fstat(store._shm).st_ino == Path(shm).stat().st_ino
-            assert held == _locks_held(shm)
-    assert not Path(shm).exists()
+    assert not Path(db + "-shm").exists()
+    assert not Path(db + "-wal").exists()
 
 
-def test_the_wal_is_checkpointed_off_the_writing_thread(tmp_path: Path) -> None:
-    """The store's connection leaves checkpoints to a thread of their own (a turn's commit
-    copied thousands of WAL pages into the file on the caller's thread): past
-    ``CHECKPOINT_FRAMES`` a commit asks for one, and the WAL restarts from its start instead
-    of growing to the connection's own threshold, ten times higher."""
+def test_the_wal_stays_bounded(tmp_path: Path) -> None:
+    """SQLite checkpoints the WAL past its threshold of 1,000 frames, and it restarts from
+    its start instead of growing with the store (the reading connection holds no snapshot
+    between reads)."""
     path = tmp_path / "wal.db"
     page = 4_096
     with Store(path) as store:
-        assert (
-            sqlite_backend.INLINE_CHECKPOINT_FRAMES
-            == (store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
-        )
-        checkpointer = store._checkpointer
-        assert checkpointer is not None
         largest = 0
         for i in range(120):  # ~60 frames per write: 7,200 frames in all
             store.offload("s", f"{i:04d}" + "x" * 240_000, ttl_days=1)
-            assert checkpointer.wait_idle(30)
+            store.last_write("s")
             largest = max(largest, os.path.getsize(f"{path}-wal"))
-        assert checkpointer.runs >= 3
-        frames = sqlite_backend.CHECKPOINT_FRAMES + 200  # the threshold and one write past it
+        frames = 1_000 + 200  # the threshold and one write past it
         assert largest < frames * (page + 24) + 32
         assert 120 == store.db.execute("SELECT count(*) FROM offloads").fetchone()[0]
     assert not os.path.exists(f"{path}-wal")  # the last connection closed: all checkpointed

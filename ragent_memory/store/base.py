@@ -9,12 +9,13 @@ PostgreSQL backend overrides.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from ragent_memory.errors import StoreError
 from ragent_memory.store.schema import tables_created
@@ -89,6 +90,30 @@ class StoreBase:
                     [version, name, iso(self.clock())],
                 )
 
+    def _load_secret(self) -> bytes:
+        """The store's secret (recall refs are HMACs under it), made by its first opener."""
+        self.db.execute(
+            "INSERT INTO meta (key, value) VALUES ('secret', ?) ON CONFLICT DO NOTHING",
+            [secrets.token_hex(32)],
+        )
+        ((value,),) = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()
+        return bytes.fromhex(value)
+
+    def migrations(self) -> list[str]:
+        """The names of the schema migrations applied, oldest first."""
+        with self._locked("read"):
+            rows = self.db.execute("SELECT name FROM _migrations ORDER BY version").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _check_tables(self, migrations: tuple[tuple[str, str], ...], listing: str) -> None:
         """Refuse a store whose migrations are recorded but whose tables (``listing``: SQL
         naming them) are not all there, instead of failing on every later call."""
@@ -99,6 +124,13 @@ class StoreBase:
                 f"cannot open store {self.path!r}: its migrations are recorded but tables "
                 f"{', '.join(missing)} are missing (a damaged or foreign database)"
             )
+
+    def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a small read a turn makes (who wrote a session last, a memory
+        version, the recall mark), as last committed."""
+        with self._locked(what):
+            rows: list[Any] = self.db.execute(sql, params).fetchall()
+        return rows
 
     def _storable(self, text: str) -> str | bytes:
         """An offload's text as its ``content`` column keeps it."""

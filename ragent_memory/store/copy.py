@@ -4,6 +4,7 @@ and the memory counters."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.errors import StoreError
@@ -35,10 +36,12 @@ IDENTITIES = (
     "memory_pending",
     "recall_messages",
 )  # their id sequences move on
-_SELECT = {
-    "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",
-    "recall_fts": "SELECT rowid, terms, scope FROM recall_fts",
-}
+_SELECT = MappingProxyType(
+    {
+        "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",
+        "recall_fts": "SELECT rowid, terms, scope FROM recall_fts",
+    }
+)
 _BATCH = 500
 
 

@@ -54,11 +54,10 @@ class HostTables(StoreBase):
 
     def last_write(self, session_id: str) -> tuple[str, int] | None:
         """``(host id, counter)`` of the session's latest write (None: never written)."""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT writer, stamp FROM session_writes WHERE session_id = ?", [session_id]
-            ).fetchone()
-        return (str(row[0]), int(row[1])) if row else None
+        rows = self._read_now(
+            "read", "SELECT writer, stamp FROM session_writes WHERE session_id = ?", [session_id]
+        )
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
 
     def _mark_written(self, session_id: str) -> None:
         """Inside a write transaction: this host wrote the session."""

@@ -25,20 +25,13 @@ class MemoryTables(StoreBase):
             " version = excluded.version",
             [user_id],
         )
-        self._memories_moved(user_id)
-
-    def _memories_moved(self, user_id: str) -> None:
-        """Inside a write transaction: the user's memory version changed. A backend that
-        keeps ``memory_version``'s answers across its own commits drops the user's; the
-        others need nothing."""
 
     def memory_version(self, user_id: str) -> int:
         """Changes with every change to the user's memories (0: none stored)."""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT version FROM memory_versions WHERE user_id = ?", [user_id]
-            ).fetchone()
-        return int(row[0]) if row else 0
+        rows = self._read_now(
+            "read", "SELECT version FROM memory_versions WHERE user_id = ?", [user_id]
+        )
+        return int(rows[0][0]) if rows else 0
 
     def memory_cursor(self, user_id: str, session_id: str) -> tuple[int, str] | None:
         """How many messages of the session's history were read, and the last one's digest."""
@@ -252,5 +245,4 @@ class MemoryTables(StoreBase):
             self.db.execute("DELETE FROM memory_fts WHERE user_id = ?", [user_id])
             pending = self.db.execute("DELETE FROM memory_pending WHERE user_id = ?", [user_id])
             self.db.execute("DELETE FROM memory_versions WHERE user_id = ?", [user_id])
-            self._memories_moved(user_id)
         return Forgotten(memories=int(memories.rowcount), pending=int(pending.rowcount))

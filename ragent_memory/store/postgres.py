@@ -11,11 +11,9 @@ another host's. The concern mixins run unchanged: their ``?`` placeholders becom
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -34,7 +32,6 @@ WRITE_LOCK = 0x72_61_67_65_6E_74
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
 
 
-@lru_cache(maxsize=512)
 def _pg_sql(sql: str) -> str:
     """SQLite-style SQL for psycopg: ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
     return sql.replace("%", "%%").replace("?", "%s")
@@ -121,7 +118,7 @@ class PostgresStore(IndexedTables, AuditTable):
             with psycopg.connect(url, **kwargs) as conn:
                 self._local.conn = _Connection(conn)
                 try:
-                    self._migrate()
+                    self._apply_migrations(MIGRATIONS)
                     self._check_tables(
                         MIGRATIONS,
                         "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
@@ -157,30 +154,8 @@ class PostgresStore(IndexedTables, AuditTable):
         except psycopg.Error as err:
             raise StoreError(f"store {what} failed: {self._scrub(err)}") from None
 
-    def _migrate(self) -> None:
-        self._apply_migrations(MIGRATIONS)
-
-    def _load_secret(self) -> bytes:
-        self.db.execute(
-            "INSERT INTO meta (key, value) VALUES ('secret', ?) ON CONFLICT DO NOTHING",
-            [secrets.token_hex(32)],
-        )
-        (value,) = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()[0]
-        return bytes.fromhex(value)
-
-    def migrations(self) -> list[str]:
-        with self._locked("read"):
-            rows = self.db.execute("SELECT name FROM _migrations ORDER BY version").fetchall()
-        return [str(r[0]) for r in rows]
-
     def close(self) -> None:
         self._pool.close()
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ dialect
 

@@ -96,14 +96,7 @@ class RecallIndexTables(OffloadTables):
                 self.db.execute(
                     "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)", list(values)
                 )
-            if added:
-                self._recall_moved(max(values[0] for values in added))
         return len(added)
-
-    def _recall_moved(self, top: int | None) -> None:
-        """Inside a write transaction: recall rows up to id ``top`` were added (None: rows
-        went, a new epoch). A backend that keeps ``recall_mark``'s answer across its own
-        commits carries it forward with this; the others need nothing."""
 
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
@@ -166,12 +159,13 @@ class RecallIndexTables(OffloadTables):
 
     def recall_mark(self) -> tuple[int, str]:
         """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT (SELECT max(id) FROM recall_messages),"
-                " (SELECT value FROM meta WHERE key = 'recall_epoch')"
-            ).fetchone()
-        return int(row[0] or 0), str(row[1] or "")
+        ((top, epoch),) = self._read_now(
+            "read",
+            "SELECT (SELECT max(id) FROM recall_messages),"
+            " (SELECT value FROM meta WHERE key = 'recall_epoch')",
+            [],
+        )
+        return int(top or 0), str(epoch or "")
 
     def indexed_since(
         self, after: int, *, user_id: str | None, session_id: str
@@ -251,12 +245,10 @@ class IndexedTables(SessionTables, MemoryTables, RecallIndexTables):
         with self._locked("write"), self.db.atomic():
             SessionTables.drop_session(self, session_id)
             unindex(self.db, "session_id", session_id)
-            self._recall_moved(None)
 
     def forget(self, user_id: str) -> Forgotten:
         """As :meth:`MemoryTables.forget`, and the user's recall index rows go."""
         with self._locked("forget"), self.db.atomic():
             forgotten = MemoryTables.forget(self, user_id)
             unindex(self.db, "user_id", user_id)
-            self._recall_moved(None)
         return forgotten
