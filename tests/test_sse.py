@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from ragent_memory import MemoryEngine
 from ragent_memory.serve import sse
-from ragent_memory.serve.proxy import identify, report_headers
+from ragent_memory.serve.chat import identify, report_headers
+from ragent_memory.serve.http import response_headers
 
 STREAM = b"".join(
     [
@@ -110,8 +111,6 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
     """The upstream's headers go out lower-cased and in order, a repeated one (two cookies)
     as often as it came; hop-by-hop ones are dropped, and an upstream header named like one
     the proxy sets is replaced by the proxy's."""
-    from ragent_memory.serve.proxy import _response_headers
-
     upstream = [
         (b"Set-Cookie", b"a=1"),
         (b"Content-Length", b"5"),
@@ -124,34 +123,4 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
         (b"set-cookie", b"a=1"),
         (b"set-cookie", b"b=2"),
         (b"x-ragent-chars-in", b"7"),
-    ] == _response_headers(upstream, ours)
-
-
-def test_histories_hand_back_the_earlier_objects() -> None:
-    """Messages equal to last time's at the same position become last time's objects, so the
-    engine's identity check sees an append-only history; changed ones stay as they are."""
-    from ragent_memory.serve.proxy import _Histories
-
-    histories = _Histories(max_sessions=1)
-    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    histories.remember("s", first)
-    again = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "B"}, {}]
-    histories.adopt("s", again)
-    assert again[0] is first[0]
-    assert again[1] is not first[1]
-    histories.remember("t", [])  # evicts "s"
-    fresh = [{"role": "user", "content": "a"}]
-    histories.adopt("s", fresh)
-    assert fresh[0] is not first[0]
-
-
-def test_histories_compare_only_from_where_the_body_cache_stopped() -> None:
-    """Positions before ``start`` (the body cache's own objects) are left as they are."""
-    from ragent_memory.serve.proxy import _Histories
-
-    histories = _Histories()
-    first = [{"role": "user", "content": str(n)} for n in range(4)]
-    histories.remember("s", first)
-    again = [dict(message) for message in first]
-    histories.adopt("s", again, 2)
-    assert [False, False, True, True] == [a is b for a, b in zip(again, first, strict=True)]
+    ] == response_headers(upstream, ours)

@@ -1,0 +1,232 @@
+"""The OpenAI chat-completions wire format, as the proxy reads and writes it: which session a
+request belongs to, its body, the proxy's own tool calls found and cut out of a reply (whole
+or streamed), the report headers and the error shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+from starlette.responses import Response
+
+from ragent_memory.serve import sse
+from ragent_memory.serve.http import RawHeaders, Reject, whole_response
+
+if TYPE_CHECKING:
+    from ragent_memory.engine.memory_engine import TurnReport
+
+Message = dict[str, Any]
+NO_SESSION = (
+    "no session id: send the X-Session-Id header (or set the request's user field) "
+    "so the proxy knows which conversation this is"
+)
+
+
+def error_response(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> Response:
+    """An OpenAI-shaped error on one line: the openai client shows ``message``."""
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n"
+    return whole_response(status, [(b"content-type", b"application/json"), *headers], body)
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    """The body as a dict with a ``messages`` list, or a 400 ``Reject`` saying what is wrong."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise Reject(400, f"malformed body: not JSON ({err})") from err
+    if not isinstance(body, dict):
+        raise Reject(400, "malformed body: expected a JSON object")
+    if not isinstance(body.get("messages"), list):
+        raise Reject(400, "malformed body: 'messages' must be a list of chat messages")
+    return body
+
+
+def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(session_id, user_id)`` of a request: headers first, then the ``user`` field."""
+    user_field = body.get("user") if isinstance(body.get("user"), str) else None
+    session_id = headers.get("x-session-id") or user_field
+    if not session_id:
+        raise Reject(400, NO_SESSION)
+    return session_id, headers.get("x-user-id") or user_field
+
+
+def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
+    """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
+    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
+    answered itself."""
+    return dict(_report_values(report, rounds))
+
+
+def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
+    """``report_headers`` as they go out."""
+    return [(k.lower().encode(), v.encode("latin-1")) for k, v in _report_values(report, rounds)]
+
+
+def _report_values(report: TurnReport, rounds: int) -> Iterator[tuple[str, str]]:
+    for field in attrs.fields(type(report)):
+        value = getattr(report, field.name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, float):
+            text = f"{value:.3f}"
+        else:
+            text = str(value)
+        yield "X-Ragent-" + "-".join(part.capitalize() for part in field.name.split("_")), text
+    yield "X-Ragent-Tool-Rounds", str(rounds)
+
+
+def declared_tools(body: Mapping[str, Any]) -> set[str]:
+    """The names of the tools the app declares itself."""
+    names = set()
+    for tool in body.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+def pins_tools(body: Mapping[str, Any]) -> bool:
+    """The app pins ``tool_choice`` or uses the legacy ``functions``: no tools are added."""
+    choice = body.get("tool_choice")
+    return choice == "none" or isinstance(choice, dict) or "functions" in body
+
+
+def split_calls(
+    message: Mapping[str, Any], own: Mapping[str, Any]
+) -> tuple[list[Message], list[Message]]:
+    """The message's tool calls: (the proxy's own, the app's)."""
+    mine: list[Message] = []
+    theirs: list[Message] = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        (mine if name in own else theirs).append(call)
+    return mine, theirs
+
+
+def strip_own_calls(data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+    """Remove the proxy-tool calls from every choice of a completion; True if any was."""
+    stripped = False
+    for choice in data.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        mine, theirs = split_calls(message, own)
+        if not mine:
+            continue
+        stripped = True
+        if theirs:
+            message["tool_calls"] = theirs
+        else:
+            message.pop("tool_calls", None)
+            if message.get("content") is None:
+                message["content"] = ""
+            if choice.get("finish_reason") == "tool_calls":
+                choice["finish_reason"] = "stop"
+    return stripped
+
+
+def first_message(data: Any) -> Message | None:
+    """The assistant message of choice 0 (the one the app keeps, as SDKs do)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    return message if isinstance(message, dict) else None
+
+
+def only_message(data: Any) -> Message | None:
+    """The assistant message of a one-choice completion."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if isinstance(choices, list) and len(choices) == 1:
+        return first_message(data)
+    return None
+
+
+def json_or_none(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+# ---------------------------------------------------------------------- streamed replies
+
+
+def verdict(chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+    """Whose reply a stream is, from its first substantive delta: ``"own"`` when it calls a
+    proxy tool, ``"pass"`` for anything else; None while nothing has been said yet."""
+    for delta in sse.deltas(chunk):
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if name:
+                return "own" if name in own else "pass"
+        for key, value in delta.items():
+            if key not in ("role", "tool_calls") and value not in (None, "", [], {}):
+                return "pass"  # text, a refusal, reasoning: the app's reply has begun
+    return None
+
+
+def has_substance(chunk: Mapping[str, Any]) -> bool:
+    """A chunk worth sending once the proxy's calls are cut out of it."""
+    if chunk.get("usage"):
+        return True
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, dict) and (choice.get("finish_reason") or choice.get("delta")):
+            return True
+    return False
+
+
+class CallCutter:
+    """Cuts the deltas of proxy-tool calls out of one stream's chunks, remembering which
+    tool-call indices are the proxy's."""
+
+    def __init__(self, own: Mapping[str, Any]) -> None:
+        self.own = own
+        self._own_indices: set[int] = set()
+        self._app_calls = False
+
+    def cut(self, chunk: dict[str, Any]) -> bool:
+        """Remove the proxy's calls from ``chunk`` in place; True if it changed."""
+        changed = False
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                kept = [call for call in calls if not self._is_own(call)]
+                if len(kept) != len(calls):
+                    changed = True
+                    if kept:
+                        delta["tool_calls"] = kept
+                    else:
+                        del delta["tool_calls"]
+            if (
+                self._own_indices
+                and not self._app_calls
+                and choice.get("finish_reason") == "tool_calls"
+            ):
+                choice["finish_reason"] = "stop"  # every call of this reply was cut
+                changed = True
+        return changed
+
+    def _is_own(self, call: Any) -> bool:
+        if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+            return False
+        function = call.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if name in self.own:
+            self._own_indices.add(call["index"])
+        elif name:
+            self._app_calls = True
+        return call["index"] in self._own_indices
