@@ -101,25 +101,6 @@ class ChatCompletions:
         return await self.proxy.turn(body, request.headers, forward, started)
 
 
-class Models:
-    """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
-
-    def __init__(self, proxy: Proxy) -> None:
-        self.proxy = proxy
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"].removeprefix("/v1")
-        upstream = self.proxy.upstream
-        try:
-            reply, _ = await upstream.call("GET", path, forward_headers(scope["headers"]))
-        except Reject as err:
-            response = chat.error_response(err.status, err.message, err.kind)
-        else:
-            headers = response_headers(reply.headers)
-            response = whole_response(reply.status_code, headers, reply.content)
-        await response(scope, receive, send)
-
-
 async def healthz(request: Request) -> Response:
     return Response(b'{"status":"ok"}\n', media_type="application/json")
 
@@ -141,7 +122,15 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
             if owned:
                 await asyncio.to_thread(proxy.engine.close)
 
-    models = Models(proxy)
+    async def models(request: Request) -> Response:
+        """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
+        path = request.url.path.removeprefix("/v1")
+        try:
+            reply, _ = await proxy.upstream.call("GET", path, forward_headers(request.headers.raw))
+        except Reject as err:
+            return chat.error_response(err.status, err.message, err.kind)
+        return whole_response(reply.status_code, response_headers(reply.headers), reply.content)
+
     routes = [
         Route("/v1/chat/completions", ChatCompletions(proxy), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -155,16 +144,7 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: any free port), so the server is reachable once this
     returns and the chosen port can be told."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+    return socket.create_server((host, port), family=family, backlog=2048)
 
 
 def serve(

@@ -4,7 +4,7 @@ or streamed), the report headers and the error shape."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -61,27 +61,24 @@ def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
     """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
     ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
     answered itself."""
-    return dict(_report_values(report, rounds))
-
-
-def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
-    """``report_headers`` as they go out."""
-    return [(k.lower().encode(), v.encode("latin-1")) for k, v in _report_values(report, rounds)]
-
-
-def _report_values(report: TurnReport, rounds: int) -> Iterator[tuple[str, str]]:
+    headers = {}
     for field in attrs.fields(type(report)):
         value = getattr(report, field.name)
         if value is None:
             continue
         if isinstance(value, bool):
             text = "true" if value else "false"
-        elif isinstance(value, float):
-            text = f"{value:.3f}"
         else:
-            text = str(value)
-        yield "X-Ragent-" + "-".join(part.capitalize() for part in field.name.split("_")), text
-    yield "X-Ragent-Tool-Rounds", str(rounds)
+            text = f"{value:.3f}" if isinstance(value, float) else str(value)
+        headers["X-Ragent-" + "-".join(p.capitalize() for p in field.name.split("_"))] = text
+    headers["X-Ragent-Tool-Rounds"] = str(rounds)
+    return headers
+
+
+def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
+    """``report_headers`` as they go out."""
+    items = report_headers(report, rounds).items()
+    return [(name.lower().encode(), value.encode("latin-1")) for name, value in items]
 
 
 def declared_tools(body: Mapping[str, Any]) -> set[str]:

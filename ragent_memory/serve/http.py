@@ -9,36 +9,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 # Hop-by-hop and proxy-own request headers; everything else the caller sent reaches the
-# upstream (Authorization, OpenAI-Organization, api-key, …).
-REQUEST_DROP = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",  # the proxy reads the body, so it negotiates its own encoding
-        "expect",  # the proxy has the whole body before it asks the upstream
-        "x-session-id",
-        "x-user-id",
-    }
-)
-RESPONSE_DROP = frozenset(
-    {
-        b"content-length",
-        b"content-encoding",  # bodies are relayed decoded
-        b"transfer-encoding",
-        b"connection",
-        b"keep-alive",
-        b"date",
-        b"server",
-    }
-)
+# upstream (Authorization, OpenAI-Organization, api-key, …). The proxy reads the body whole, so
+# it negotiates its own encoding and never asks to be told to go on (Expect).
+# fmt: off
+REQUEST_DROP = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
+    "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding", "expect",
+    "x-session-id", "x-user-id",
+})
+# Bodies are relayed decoded and re-framed by the proxy's server.
+RESPONSE_DROP = frozenset({
+    b"content-length", b"content-encoding", b"transfer-encoding", b"connection", b"keep-alive",
+    b"date", b"server",
+})
+# fmt: on
 
 RawHeaders = list[tuple[bytes, bytes]]
 

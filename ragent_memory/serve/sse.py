@@ -8,12 +8,13 @@ and rebuild the assistant message the client received (:class:`ReplyBuilder`), s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
 DONE = "[DONE]"
-_TERMINATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # the first to end wins: the leftmost
 
 
 class EventSplitter:
@@ -27,12 +28,9 @@ class EventSplitter:
         buffer = self._buffer + data
         events = []
         start = 0
-        while True:
-            cut = _next_terminator(buffer, start)
-            if cut is None:
-                break
-            events.append(buffer[start:cut])
-            start = cut
+        for end in _TERMINATOR.finditer(buffer):
+            events.append(buffer[start : end.end()])
+            start = end.end()
         self._buffer = buffer[start:]
         return events
 
@@ -40,16 +38,6 @@ class EventSplitter:
         """What arrived after the last complete event (an unterminated tail, usually b"")."""
         rest, self._buffer = self._buffer, b""
         return rest
-
-
-def _next_terminator(buffer: bytes, start: int) -> int | None:
-    """The end (exclusive) of the first event terminator at or after ``start``."""
-    best: int | None = None
-    for terminator in _TERMINATORS:
-        at = buffer.find(terminator, start)
-        if at >= 0 and (best is None or at + len(terminator) < best):
-            best = at + len(terminator)
-    return best
 
 
 def data_of(event: bytes) -> str | None:

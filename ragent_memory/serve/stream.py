@@ -1,8 +1,11 @@
 """A streamed chat completion relayed as it arrives (server-sent events).
 
-The reader holds back only the events that say nothing yet (the role chunk) until it knows
-whose reply it is; once the app's reply has begun, every event goes to the client as it
-comes, the proxy's own tool calls cut out of it.
+The proxy holds back only the events that say nothing yet (the role chunk). When the first
+substantive delta is a call of a proxy tool, it reads that reply to its end; if every call in
+it is the proxy's, it answers them and streams the next round instead, so the app sees one
+ordinary reply. Once text (or an app tool call) has been forwarded, the reply streams through
+as it comes and any proxy-tool call later in it is cut out of the events: the app never sees a
+tool it did not declare.
 """
 
 from __future__ import annotations

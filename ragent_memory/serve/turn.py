@@ -2,12 +2,7 @@
 view to the upstream, answer the calls of the proxy's own tools there and ask again, hand the
 reply to the app, then ``after_turn`` off the request path.
 
-Streaming and the proxy's tools: the proxy holds back only the events that say nothing yet
-(the role chunk). When the first substantive delta is a call of a proxy tool, it reads that
-reply to its end; if every call in it is the proxy's, it answers them and streams the next
-round instead, so the app sees one ordinary reply. Once text (or an app tool call) has been
-forwarded, the reply streams through as it comes and any proxy-tool call later in it is cut
-out of the events: the app never sees a tool it did not declare.
+How a stream meets the proxy's tools: see ``stream``.
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ import collections
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -41,7 +36,6 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 Message = chat.Message
-_T = TypeVar("_T")
 _WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
 COMPLETIONS = "/chat/completions"
 
@@ -61,10 +55,6 @@ class Turn:
     on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
     rounds: int = 0
     upstream_s: float = 0.0  # time spent waiting for the upstream
-
-    @property
-    def history(self) -> list[Message]:
-        return self.body["messages"]  # type: ignore[no-any-return]
 
     def overhead_ms(self) -> float:
         """What the proxy itself added so far: time since arrival, upstream waits excluded."""
@@ -200,9 +190,6 @@ class Proxy:
 
     # ------------------------------------------------------------------ own tools
 
-    async def _in_worker(self, fn: Callable[..., _T], /, *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
-
     def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
         """The tool messages answering the proxy's own calls (run in a worker thread): the
         arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
@@ -223,24 +210,21 @@ class Proxy:
 
     async def _continue(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> None:
         """Answer the proxy's own calls and add the round to what the upstream sees next."""
-        answers = await self._in_worker(self._answer, turn, calls)
+        loop = asyncio.get_running_loop()
+        answers = await loop.run_in_executor(self._workers, self._answer, turn, calls)
         turn.messages += [assistant, *answers]
         turn.rounds += 1
 
     # ------------------------------------------------------------------ forward
-
-    async def _send(self, turn: Turn, *, with_tools: bool) -> Reply:
-        payload = turn.payload(with_tools=with_tools)
-        reply, waited = await self.upstream.call("POST", COMPLETIONS, turn.headers, payload)
-        turn.upstream_s += waited
-        return reply
 
     async def complete(self, turn: Turn) -> tuple[Response, Message | None]:
         """A non-streamed completion, with the proxy's own tool rounds inside, and the reply
         to record (None when there is none)."""
         last_round = self.settings.max_tool_rounds
         while True:
-            upstream = await self._send(turn, with_tools=turn.rounds < last_round)
+            payload = turn.payload(with_tools=turn.rounds < last_round)
+            upstream, waited = await self.upstream.call("POST", COMPLETIONS, turn.headers, payload)
+            turn.upstream_s += waited
             data = chat.json_or_none(upstream.content) if upstream.status_code == 200 else None
             message = chat.only_message(data)
             if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
@@ -258,7 +242,7 @@ class Proxy:
         return _relayed(upstream, turn, ms, content=content), chat.first_message(data)
 
     async def stream(self, turn: Turn) -> Response | Relay:
-        """A streamed completion: see the module doc for how the proxy's tools are handled."""
+        """A streamed completion: the relay, or the upstream's error (see ``stream``)."""
         last_round = self.settings.max_tool_rounds
         while True:
             sent = time.perf_counter()
@@ -307,7 +291,7 @@ class Proxy:
         )
         if reply is None:
             return
-        history = [*turn.history, reply]
+        history = [*turn.body["messages"], reply]
         try:
             self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
         except RuntimeError:  # shutting down: the next request records these messages
