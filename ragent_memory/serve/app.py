@@ -45,7 +45,7 @@ from ragent_memory.serve.http import (
     whole_response,
 )
 from ragent_memory.serve.stream import Relay
-from ragent_memory.serve.turn import Proxy, Turn
+from ragent_memory.serve.turn import Proxy
 from ragent_memory.settings import Settings
 
 if TYPE_CHECKING:
@@ -76,7 +76,10 @@ class ChatCompletions:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, started: float) -> None:
         reply: chat.Message | None = None
         try:
-            turn = await self._turn(Request(scope, receive), started)
+            request = Request(scope, receive)
+            body = chat.parse(await read_body(request, self.proxy.settings.max_body_bytes))
+            forward = forward_headers(scope["headers"])
+            turn = await self.proxy.turn(body, request.headers, forward, started)
             if turn.body.get("stream") is True:
                 answer = await self.proxy.stream(turn)
                 if isinstance(answer, Relay):  # it tells the proxy when it is done
@@ -93,12 +96,6 @@ class ChatCompletions:
             await answer(scope, receive, send)
         finally:  # after the response: after_turn's thread must not hold it up
             self.proxy.done(turn, reply, answer.status_code)
-
-    async def _turn(self, request: Request, started: float) -> Turn:
-        raw = await read_body(request, self.proxy.settings.max_body_bytes)
-        body = chat.parse(raw)
-        forward = forward_headers(request.scope["headers"])
-        return await self.proxy.turn(body, request.headers, forward, started)
 
 
 async def healthz(request: Request) -> Response:

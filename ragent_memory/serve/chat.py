@@ -11,7 +11,6 @@ import attrs
 import orjson
 from starlette.responses import Response
 
-from ragent_memory.serve import sse
 from ragent_memory.serve.http import RawHeaders, Reject, whole_response
 
 if TYPE_CHECKING:
@@ -81,13 +80,18 @@ def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
     return [(name.lower().encode(), value.encode("latin-1")) for name, value in items]
 
 
+def call_name(call: Any) -> Any:
+    """The function name of a tool call or a tool declaration (None when it has none)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
+
+
 def declared_tools(body: Mapping[str, Any]) -> set[str]:
     """The names of the tools the app declares itself."""
     names = set()
     for tool in body.get("tools") or ():
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.add(function["name"])
+        if isinstance(name := call_name(tool), str):
+            names.add(name)
     return names
 
 
@@ -104,9 +108,7 @@ def split_calls(
     mine: list[Message] = []
     theirs: list[Message] = []
     for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        (mine if name in own else theirs).append(call)
+        (mine if call_name(call) in own else theirs).append(call)
     return mine, theirs
 
 
@@ -158,14 +160,63 @@ def json_or_none(content: bytes) -> Any:
 # ---------------------------------------------------------------------- streamed replies
 
 
+def deltas(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``delta`` of every choice of the first index in a chunk (the proxy follows one
+    choice; ``n > 1`` streams are forwarded untouched)."""
+    out = []
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                out.append(delta)
+    return out
+
+
+class ReplyBuilder:
+    """Accumulates the deltas of choice 0 into the assistant message they spell."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for delta in deltas(chunk):
+            content = delta.get("content")
+            if isinstance(content, str):
+                self._text.append(content)
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    self._add_call(call)
+
+    def _add_call(self, call: dict[str, Any]) -> None:
+        index = call.get("index", len(self._calls))
+        slot = self._calls.setdefault(
+            index if isinstance(index, int) else len(self._calls),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if isinstance(call.get("id"), str):
+            slot["id"] = call["id"]
+        function = call.get("function")
+        if isinstance(function, dict):
+            for key in ("name", "arguments"):
+                if isinstance(function.get(key), str):
+                    slot["function"][key] += function[key]
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text) or None}
+        if self._calls:
+            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
+        elif message["content"] is None:
+            message["content"] = ""
+        return message
+
+
 def verdict(chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
     """Whose reply a stream is, from its first substantive delta: ``"own"`` when it calls a
     proxy tool, ``"pass"`` for anything else; None while nothing has been said yet."""
-    for delta in sse.deltas(chunk):
+    for delta in deltas(chunk):
         for call in delta.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
-            name = function.get("name") if isinstance(function, dict) else None
-            if name:
+            if name := call_name(call):
                 return "own" if name in own else "pass"
         for key, value in delta.items():
             if key not in ("role", "tool_calls") and value not in (None, "", [], {}):
@@ -220,8 +271,7 @@ class CallCutter:
     def _is_own(self, call: Any) -> bool:
         if not isinstance(call, dict) or not isinstance(call.get("index"), int):
             return False
-        function = call.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
+        name = call_name(call)
         if name in self.own:
             self._own_indices.add(call["index"])
         elif name:

@@ -80,15 +80,11 @@ class Proxy:
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
         )
-        # prepare runs on the event loop itself when it provably never waits (the engine's
-        # prepare_may_wait: compaction_timeout_s 0, or a turn that cannot bring the view to
-        # the compaction trigger) and the store is local. Otherwise it may wait on a
-        # compaction for up to compaction_timeout_s, the offline summarizer's too (seconds of
-        # CPU on a large view): on the loop that would stall every other client's request and
-        # stream meanwhile, so it runs in a worker thread.
+        # prepare runs on the event loop when it provably never waits (the engine's
+        # prepare_may_wait) and the store is local; otherwise it may wait on a compaction for up
+        # to compaction_timeout_s, which on the loop would stall every other request meanwhile.
         self._local = engine.settings.store.url is None
-        # sessions with a prepare in a worker thread: their next prepare goes there too, as
-        # it would wait on the session's lock (held by a prepare that may wait)
+        # sessions with a prepare in a worker: their next one goes there too (the session lock)
         self._waiting: collections.Counter[str] = collections.Counter()
         # after_turn in order, off the request path; one thread is plenty (it writes rows).
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")

@@ -30,10 +30,6 @@ class Reply:
     content: bytes
 
 
-def broke(err: Exception) -> Reject:
-    return Reject(502, f"upstream reply broke: {type(err).__name__}", "upstream_error")
-
-
 class Upstream:
     """One aiohttp session to ``base`` (``start`` inside the event loop, ``close`` at the end)."""
 
@@ -86,7 +82,8 @@ class Upstream:
         except TimeoutError as err:
             raise self._timed_out() from err
         except aiohttp.ClientError as err:
-            raise broke(err) from err
+            message = f"upstream reply broke: {type(err).__name__}"
+            raise Reject(502, message, "upstream_error") from err
         finally:
             response.release()
         return Reply(response.status, list(response.raw_headers), content)

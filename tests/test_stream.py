@@ -1,4 +1,4 @@
-"""Reading along a streamed chat completion (``ragent_memory.serve.sse``), without a network."""
+"""Reading along a streamed chat completion (``ragent_memory.serve.stream``, ``chat``), without a network."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory import MemoryEngine
-from ragent_memory.serve import sse
+from ragent_memory.serve import chat, stream
 from ragent_memory.serve.chat import identify, report_headers
 from ragent_memory.serve.http import response_headers
 
@@ -27,7 +27,7 @@ STREAM = b"".join(
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_splitter_gives_back_every_byte_as_whole_events(cuts: list[int]) -> None:
     """However the bytes arrive, the events joined are the stream, each ending in a blank line."""
-    splitter = sse.EventSplitter()
+    splitter = stream.EventSplitter()
     events: list[bytes] = []
     points = [0, *sorted(cuts), len(STREAM)]
     for start, end in itertools.pairwise(points):
@@ -40,25 +40,25 @@ def test_splitter_gives_back_every_byte_as_whole_events(cuts: list[int]) -> None
 
 def test_crlf_events_and_an_unterminated_tail() -> None:
     """CRLF-terminated events split too; an unterminated tail is handed back by rest()."""
-    splitter = sse.EventSplitter()
+    splitter = stream.EventSplitter()
     assert [b"data: 1\r\n\r\n"] == splitter.feed(b"data: 1\r\n\r\ndata: 2")
     assert b"data: 2" == splitter.rest()
 
 
 def test_chunk_of_skips_comments_done_and_junk() -> None:
     """Only JSON objects in data lines are chunks."""
-    assert sse.chunk_of(b": ping\n\n") is None
-    assert sse.chunk_of(b"data: [DONE]\n\n") is None
-    assert sse.chunk_of(b"data: {not json\n\n") is None
-    assert {"a": 1} == sse.chunk_of(b'data:{"a":\ndata: 1}\n\n')
+    assert stream.chunk_of(b": ping\n\n") is None
+    assert stream.chunk_of(b"data: [DONE]\n\n") is None
+    assert stream.chunk_of(b"data: {not json\n\n") is None
+    assert {"a": 1} == stream.chunk_of(b'data:{"a":\ndata: 1}\n\n')
 
 
 def test_reply_builder_spells_the_message() -> None:
     """Deltas of choice 0 add up to the assistant message the client received."""
-    builder = sse.ReplyBuilder()
-    splitter = sse.EventSplitter()
+    builder = chat.ReplyBuilder()
+    splitter = stream.EventSplitter()
     for event in splitter.feed(STREAM):
-        chunk = sse.chunk_of(event)
+        chunk = stream.chunk_of(event)
         if chunk is not None:
             builder.add(chunk)
     call = {
@@ -71,7 +71,7 @@ def test_reply_builder_spells_the_message() -> None:
 
 def test_reply_builder_joins_argument_pieces() -> None:
     """Tool-call arguments streamed in pieces are joined by index."""
-    builder = sse.ReplyBuilder()
+    builder = chat.ReplyBuilder()
     pieces = [
         {"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a"'}},
         {"index": 0, "function": {"arguments": ": 2}"}},
@@ -85,7 +85,7 @@ def test_reply_builder_joins_argument_pieces() -> None:
 
 def test_empty_reply_is_an_empty_text_message() -> None:
     """A stream with no deltas still spells a valid assistant message."""
-    assert {"role": "assistant", "content": ""} == sse.ReplyBuilder().message()
+    assert {"role": "assistant", "content": ""} == chat.ReplyBuilder().message()
 
 
 def test_identify_prefers_headers_then_the_user_field() -> None:
