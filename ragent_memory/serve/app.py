@@ -137,13 +137,6 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port), so the server is reachable once this
-    returns and the chosen port can be told."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)
-
-
 def serve(
     settings: Settings,
     *,
@@ -154,8 +147,9 @@ def serve(
     socket listens."""
     import uvicorn
 
-    config = settings.serve
-    sock = bind(config.host, config.port)
+    config = settings.serve  # the socket first: it listens (port 0: a free one) once told
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.create_server((config.host, config.port), family=family, backlog=2048)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(
         uvicorn.Config(

@@ -146,10 +146,8 @@ class Proxy:
         """``prepare`` in a worker thread; the session counts as waiting until the thread is
         done with it, even when this request is cancelled meanwhile (the thread goes on)."""
         loop = asyncio.get_running_loop()
-        call = functools.partial(
-            self.engine.prepare, history, session_id=session_id, user_id=user_id
-        )
-        future = self._workers.submit(call)
+        prepare = self.engine.prepare
+        future = self._workers.submit(prepare, history, session_id=session_id, user_id=user_id)
         self._waiting[session_id] += 1
 
         def release() -> None:
