@@ -88,11 +88,8 @@ def call_name(call: Any) -> Any:
 
 def declared_tools(body: Mapping[str, Any]) -> set[str]:
     """The names of the tools the app declares itself."""
-    names = set()
-    for tool in body.get("tools") or ():
-        if isinstance(name := call_name(tool), str):
-            names.add(name)
-    return names
+    tools = body.get("tools") or ()
+    return {name for tool in tools if isinstance(name := call_name(tool), str)}
 
 
 def pins_tools(body: Mapping[str, Any]) -> bool:
@@ -145,9 +142,7 @@ def first_message(data: Any) -> Message | None:
 def only_message(data: Any) -> Message | None:
     """The assistant message of a one-choice completion."""
     choices = data.get("choices") if isinstance(data, dict) else None
-    if isinstance(choices, list) and len(choices) == 1:
-        return first_message(data)
-    return None
+    return first_message(data) if isinstance(choices, list) and len(choices) == 1 else None
 
 
 def json_or_none(content: bytes) -> Any:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import attrs
 import orjson
 from starlette.types import Receive, Scope, Send
 
@@ -145,20 +146,15 @@ class StreamReader:
         self.upstream.release()  # back to the pool when read whole; closed otherwise
 
 
+@attrs.define
 class Relay:
     """An ASGI response streaming the reader's events to the client as they come (no
     Content-Length); ``finish`` runs exactly once, with the reply the client received (None
     when the stream broke or the client left)."""
 
-    def __init__(
-        self,
-        reader: StreamReader,
-        headers: RawHeaders,
-        finish: Callable[[chat.Message | None], None],
-    ) -> None:
-        self.headers = headers
-        self.reader = reader
-        self.finish = finish
+    reader: StreamReader
+    headers: RawHeaders
+    finish: Callable[[chat.Message | None], None]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         reply: chat.Message | None = None
