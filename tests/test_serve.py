@@ -8,8 +8,6 @@ import dataclasses
 import json
 import re
 import sqlite3
-import subprocess
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -171,6 +169,26 @@ def test_body_over_the_limit_is_413(proxy: ProxyProcess, upstream: FakeOpenAI) -
         client_for(proxy, "big").chat.completions.create(model="m", messages=big)
     assert 413 == caught.value.status_code
     assert "serve.max_body_bytes" in caught.value.message
+    assert [] == upstream.requests
+
+
+def test_a_chunked_body_over_the_limit_is_413(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """A body sent without Content-Length is read only up to serve.max_body_bytes, then
+    refused with a 413 (the proxy never holds more than the bound)."""
+
+    def pieces() -> Iterator[bytes]:
+        yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+        yield from (b"x" * 65_536 for _ in range(32))  # 2 MB in all, the limit is 1 MB
+        yield b'"}]}'
+
+    response = httpx2.post(
+        proxy.base_url + "/chat/completions",
+        content=pieces(),
+        headers={"X-Session-Id": "chunked"},
+        timeout=30,
+    )
+    assert 413 == response.status_code
+    assert "serve.max_body_bytes" in response.json()["error"]["message"]
     assert [] == upstream.requests
 
 
@@ -805,67 +823,6 @@ def test_serve_section_errors_name_the_key(section: dict[str, Any], key_path: st
     with pytest.raises(ConfigError) as caught:
         settings_from_dict({"serve": section})
     assert key_path == caught.value.key_path
-
-
-FREED = """
-import ctypes, ctypes.util, sys
-from ragent_memory.serve.proxy import keep_freed_memory
-
-class Info(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.mallinfo2.restype = Info
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
-block = bytes(8 << 20)
-del block
-print(kept, libc.mallinfo2().fordblks)
-"""
-
-
-@pytest.mark.parametrize("mode", ["keep", "default"])
-def test_serve_keeps_freed_request_memory_for_the_next_request(mode: str) -> None:
-    # glibc hands an 8 MB block back to the kernel when it is freed, unless told to keep it
-    done = subprocess.run(
-        [sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True, timeout=60
-    )
-    kept, free_in_heap = done.stdout.split()
-    if mode == "keep":
-        assert kept == "True"
-        assert int(free_in_heap) >= 8 << 20
-    else:
-        assert int(free_in_heap) < 8 << 20
-
-
-SWITCH = """
-import sys, uvicorn
-from ragent_memory import Settings, StoreSettings
-from ragent_memory.serve.proxy import LOOP_SWITCH_S, ServeSettings, favour_the_event_loop, serve
-
-before = sys.getswitchinterval()
-uvicorn.Server.run = lambda self, sockets=None: print(
-    sys.getswitchinterval(), LOOP_SWITCH_S, self.config.http.__name__)
-serve(Settings(store=StoreSettings(path=sys.argv[1]),
-               serve=ServeSettings(upstream="http://127.0.0.1:9/v1", port=0)))
-print(favour_the_event_loop(before) == LOOP_SWITCH_S < before == sys.getswitchinterval())
-"""
-
-
-def test_serve_favours_its_event_loop_and_reads_bodies_whole(tmp_path: Path) -> None:
-    # serve (not the library) shortens the switch interval for the event loop's sake, and
-    # runs uvicorn with the protocol that hands bodies over whole (test_whole_bodies)
-    done = subprocess.run(
-        [sys.executable, "-c", SWITCH, str(tmp_path / "s.db")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    serving, wanted, protocol, restored = done.stdout.split()
-    assert float(serving) == float(wanted)
-    assert "WholeBodies" == protocol
-    assert "True" == restored
 
 
 def test_a_prepare_that_may_wait_holds_up_no_other_session(

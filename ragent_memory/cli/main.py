@@ -457,8 +457,8 @@ def serve(
             raise ConfigError("serve.upstream", "no upstream: pass --upstream URL or set it")
         settings = attrs.evolve(settings, serve=section)
         try:
-            from ragent_memory.serve.proxy import serve as run_proxy
-            from ragent_memory.serve.proxy import shown_url
+            from ragent_memory.serve.app import serve as run_proxy
+            from ragent_memory.serve.app import shown_url
         except ImportError as err:
             raise click.ClickException(
                 f"serve needs the 'serve' extra ({err.name} is missing): "

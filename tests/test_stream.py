@@ -1,4 +1,4 @@
-"""Reading along a streamed chat completion (``ragent_memory.serve.sse``), without a network."""
+"""Reading along a streamed chat completion (``ragent_memory.serve.stream``, ``chat``), without a network."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory import MemoryEngine
-from ragent_memory.serve import sse
-from ragent_memory.serve.proxy import identify, report_headers
+from ragent_memory.serve import chat, stream
+from ragent_memory.serve.chat import identify, report_headers
+from ragent_memory.serve.http import response_headers
 
 STREAM = b"".join(
     [
@@ -26,7 +27,7 @@ STREAM = b"".join(
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_splitter_gives_back_every_byte_as_whole_events(cuts: list[int]) -> None:
     """However the bytes arrive, the events joined are the stream, each ending in a blank line."""
-    splitter = sse.EventSplitter()
+    splitter = stream.EventSplitter()
     events: list[bytes] = []
     points = [0, *sorted(cuts), len(STREAM)]
     for start, end in itertools.pairwise(points):
@@ -39,25 +40,25 @@ def test_splitter_gives_back_every_byte_as_whole_events(cuts: list[int]) -> None
 
 def test_crlf_events_and_an_unterminated_tail() -> None:
     """CRLF-terminated events split too; an unterminated tail is handed back by rest()."""
-    splitter = sse.EventSplitter()
+    splitter = stream.EventSplitter()
     assert [b"data: 1\r\n\r\n"] == splitter.feed(b"data: 1\r\n\r\ndata: 2")
     assert b"data: 2" == splitter.rest()
 
 
 def test_chunk_of_skips_comments_done_and_junk() -> None:
     """Only JSON objects in data lines are chunks."""
-    assert sse.chunk_of(b": ping\n\n") is None
-    assert sse.chunk_of(b"data: [DONE]\n\n") is None
-    assert sse.chunk_of(b"data: {not json\n\n") is None
-    assert {"a": 1} == sse.chunk_of(b'data:{"a":\ndata: 1}\n\n')
+    assert stream.chunk_of(b": ping\n\n") is None
+    assert stream.chunk_of(b"data: [DONE]\n\n") is None
+    assert stream.chunk_of(b"data: {not json\n\n") is None
+    assert {"a": 1} == stream.chunk_of(b'data:{"a":\ndata: 1}\n\n')
 
 
 def test_reply_builder_spells_the_message() -> None:
     """Deltas of choice 0 add up to the assistant message the client received."""
-    builder = sse.ReplyBuilder()
-    splitter = sse.EventSplitter()
+    builder = chat.ReplyBuilder()
+    splitter = stream.EventSplitter()
     for event in splitter.feed(STREAM):
-        chunk = sse.chunk_of(event)
+        chunk = stream.chunk_of(event)
         if chunk is not None:
             builder.add(chunk)
     call = {
@@ -70,7 +71,7 @@ def test_reply_builder_spells_the_message() -> None:
 
 def test_reply_builder_joins_argument_pieces() -> None:
     """Tool-call arguments streamed in pieces are joined by index."""
-    builder = sse.ReplyBuilder()
+    builder = chat.ReplyBuilder()
     pieces = [
         {"index": 0, "id": "c", "function": {"name": "f", "arguments": '{"a"'}},
         {"index": 0, "function": {"arguments": ": 2}"}},
@@ -84,7 +85,7 @@ def test_reply_builder_joins_argument_pieces() -> None:
 
 def test_empty_reply_is_an_empty_text_message() -> None:
     """A stream with no deltas still spells a valid assistant message."""
-    assert {"role": "assistant", "content": ""} == sse.ReplyBuilder().message()
+    assert {"role": "assistant", "content": ""} == chat.ReplyBuilder().message()
 
 
 def test_identify_prefers_headers_then_the_user_field() -> None:
@@ -110,8 +111,6 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
     """The upstream's headers go out lower-cased and in order, a repeated one (two cookies)
     as often as it came; hop-by-hop ones are dropped, and an upstream header named like one
     the proxy sets is replaced by the proxy's."""
-    from ragent_memory.serve.proxy import _response_headers
-
     upstream = [
         (b"Set-Cookie", b"a=1"),
         (b"Content-Length", b"5"),
@@ -124,34 +123,4 @@ def test_relayed_headers_keep_repeats_and_give_way_to_the_proxys() -> None:
         (b"set-cookie", b"a=1"),
         (b"set-cookie", b"b=2"),
         (b"x-ragent-chars-in", b"7"),
-    ] == _response_headers(upstream, ours)
-
-
-def test_histories_hand_back_the_earlier_objects() -> None:
-    """Messages equal to last time's at the same position become last time's objects, so the
-    engine's identity check sees an append-only history; changed ones stay as they are."""
-    from ragent_memory.serve.proxy import _Histories
-
-    histories = _Histories(max_sessions=1)
-    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    histories.remember("s", first)
-    again = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "B"}, {}]
-    histories.adopt("s", again)
-    assert again[0] is first[0]
-    assert again[1] is not first[1]
-    histories.remember("t", [])  # evicts "s"
-    fresh = [{"role": "user", "content": "a"}]
-    histories.adopt("s", fresh)
-    assert fresh[0] is not first[0]
-
-
-def test_histories_compare_only_from_where_the_body_cache_stopped() -> None:
-    """Positions before ``start`` (the body cache's own objects) are left as they are."""
-    from ragent_memory.serve.proxy import _Histories
-
-    histories = _Histories()
-    first = [{"role": "user", "content": str(n)} for n in range(4)]
-    histories.remember("s", first)
-    again = [dict(message) for message in first]
-    histories.adopt("s", again, 2)
-    assert [False, False, True, True] == [a is b for a, b in zip(again, first, strict=True)]
+    ] == response_headers(upstream, ours)

@@ -1,0 +1,176 @@
+"""``ragent-memory serve``: the engine in front of any OpenAI-compatible model (DESIGN §14b).
+
+An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
+
+    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``)
+                       │   + recall_tool_result / search_memory when the view needs them
+                       ▼
+                     upstream {upstream}/chat/completions  (the caller's own Authorization)
+                       │   calls of the proxy's own tools answered here, upstream asked again
+                       ▼
+    app ◀──reply unchanged (SSE chunk by chunk)──   then after_turn(history + reply), off the path
+
+The API is stateless: every request carries the app's whole history, so the proxy keeps
+nothing but the engine's store. The caller's headers are forwarded to the upstream and never
+logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
+
+This module is the Starlette app: its routes, the bounds on a request (body size, requests in
+flight), and running it under uvicorn. Each wire format is a module of its own (``chat``), a
+turn's path through the engine is ``turn``, streaming ``stream``, the upstream ``upstream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ragent_memory.serve import chat
+from ragent_memory.serve.http import (
+    Reject,
+    forward_headers,
+    read_body,
+    response_headers,
+    whole_response,
+)
+from ragent_memory.serve.stream import Relay
+from ragent_memory.serve.turn import Proxy
+from ragent_memory.settings import Settings
+
+if TYPE_CHECKING:
+    from ragent_memory.engine.memory_engine import MemoryEngine
+
+
+class ChatCompletions:
+    """``POST /v1/chat/completions``: at most ``serve.max_concurrency`` requests in flight
+    (a 503 with ``Retry-After`` past it), each body within ``serve.max_body_bytes``."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        if self.in_flight >= self.proxy.settings.max_concurrency:
+            busy = f"busy: {self.in_flight} requests in flight (serve.max_concurrency); retry"
+            retry = [(b"retry-after", b"1")]
+            await chat.error_response(503, busy, "server_busy", retry)(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self._serve(scope, receive, send, started)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, started: float) -> None:
+        reply: chat.Message | None = None
+        try:
+            request = Request(scope, receive)
+            body = chat.parse(await read_body(request, self.proxy.settings.max_body_bytes))
+            forward = forward_headers(scope["headers"])
+            turn = await self.proxy.turn(body, request.headers, forward, started)
+            if turn.body.get("stream") is True:
+                answer = await self.proxy.stream(turn)
+                if isinstance(answer, Relay):  # it tells the proxy when it is done
+                    await answer(scope, receive, send)
+                    return
+            else:
+                answer, reply = await self.proxy.complete(turn)
+        except Reject as err:
+            await chat.error_response(err.status, err.message, err.kind)(scope, receive, send)
+            return
+        except ClientDisconnect:
+            return
+        try:
+            await answer(scope, receive, send)
+        finally:  # after the response: after_turn's thread must not hold it up
+            self.proxy.done(turn, reply, answer.status_code)
+
+
+async def healthz(request: Request) -> Response:
+    return Response(b'{"status":"ok"}\n', media_type="application/json")
+
+
+def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Starlette:
+    """The ASGI app. It owns (and closes) the engine unless one is passed in."""
+    from ragent_memory.engine.memory_engine import MemoryEngine
+
+    owned = engine is None
+    proxy = Proxy(engine or MemoryEngine(settings), settings.serve)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await proxy.start()
+        try:
+            yield
+        finally:
+            await proxy.stop()
+            if owned:
+                await asyncio.to_thread(proxy.engine.close)
+
+    async def models(request: Request) -> Response:
+        """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
+        path = request.url.path.removeprefix("/v1")
+        try:
+            reply, _ = await proxy.upstream.call("GET", path, forward_headers(request.headers.raw))
+        except Reject as err:
+            return chat.error_response(err.status, err.message, err.kind)
+        return whole_response(reply.status_code, response_headers(reply.headers), reply.content)
+
+    routes = [
+        Route("/v1/chat/completions", ChatCompletions(proxy), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def serve(
+    settings: Settings,
+    *,
+    verbose: bool = False,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run the proxy under uvicorn until SIGINT/SIGTERM; ``ready`` gets the base URL once the
+    socket listens."""
+    import uvicorn
+
+    config = settings.serve  # the socket first: it listens (port 0: a free one) once told
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.create_server((config.host, config.port), family=family, backlog=2048)
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            log_level="info" if verbose else "warning",
+            access_log=verbose,
+            timeout_graceful_shutdown=30,
+            h11_max_incomplete_event_size=64 * 1024,
+            proxy_headers=False,  # the client's address is never used
+        )
+    )
+    if ready is not None:
+        shown = f"[{host}]" if ":" in host else host
+        ready(f"http://{shown}:{port}/v1")
+    with contextlib.closing(sock):
+        server.run(sockets=[sock])
+
+
+def shown_url(url: str) -> str:
+    """``url`` without any user:password part, for logs and the ready line."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

@@ -1,0 +1,177 @@
+"""A streamed chat completion relayed as it arrives: server-sent events split, read along
+(the JSON chunk each carries) and forwarded byte for byte.
+
+The proxy holds back only the events that say nothing yet (the role chunk). When the first
+substantive delta is a call of a proxy tool, it reads that reply to its end; if every call in
+it is the proxy's, it answers them and streams the next round instead, so the app sees one
+ordinary reply. Once text (or an app tool call) has been forwarded, the reply streams through
+as it comes and any proxy-tool call later in it is cut out of the events: the app never sees a
+tool it did not declare.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import attrs
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from ragent_memory.core.logs import get_logger
+from ragent_memory.serve import chat
+from ragent_memory.serve.http import RawHeaders
+from ragent_memory.serve.upstream import STREAM_ERRORS
+
+log = get_logger(__name__)
+DONE = "[DONE]"
+_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # the first to end wins: the leftmost
+
+
+class EventSplitter:
+    """Cuts a byte stream into complete events, each with its blank-line terminator, in the
+    order and with the bytes they arrived in (so joining them gives the stream back)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer + data
+        events = []
+        start = 0
+        for end in _TERMINATOR.finditer(buffer):
+            events.append(buffer[start : end.end()])
+            start = end.end()
+        self._buffer = buffer[start:]
+        return events
+
+    def rest(self) -> bytes:
+        """What arrived after the last complete event (an unterminated tail, usually b"")."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+def chunk_of(event: bytes) -> dict[str, Any] | None:
+    """The JSON chunk an event's ``data:`` lines carry; None for comments, ``[DONE]`` and
+    non-JSON data."""
+    lines = []
+    for line in event.decode("utf-8", "replace").splitlines():
+        if line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    data = "\n".join(lines)
+    if not lines or data.strip() == DONE:
+        return None
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
+
+
+def encode(chunk: dict[str, Any]) -> bytes:
+    """One event carrying ``chunk``, as OpenAI-compatible servers write it."""
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class StreamReader:
+    """Reads one upstream SSE stream: holds back the events that say nothing yet, decides
+    whose reply it is, then yields the events as they come with proxy-tool calls cut out."""
+
+    def __init__(self, upstream: aiohttp.ClientResponse, own: Mapping[str, Any]) -> None:
+        self.upstream = upstream
+        self.own = own
+        self.reply = chat.ReplyBuilder()  # what the client received
+        self._events = self._split()
+        self._held: list[bytes] = []
+        self._cutter = chat.CallCutter(own)
+
+    async def _split(self) -> AsyncIterator[bytes]:
+        splitter = EventSplitter()
+        async for data in self.upstream.content.iter_any():
+            for event in splitter.feed(data):
+                yield event
+        if rest := splitter.rest():
+            yield rest
+
+    async def _next(self) -> bytes | None:
+        """The next complete event, None at the end of the stream."""
+        return await anext(self._events, None)
+
+    async def decide(self) -> str:
+        """``"own"`` when the first substantive delta calls a proxy tool, else ``"pass"``."""
+        if not self.own:
+            return "pass"
+        while (event := await self._next()) is not None:
+            self._held.append(event)
+            chunk = chunk_of(event)
+            verdict = chat.verdict(chunk, self.own) if chunk is not None else None
+            if verdict is not None:
+                return verdict
+        return "pass"
+
+    async def drain(self) -> chat.Message:
+        """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
+        while (event := await self._next()) is not None:
+            self._held.append(event)
+        builder = chat.ReplyBuilder()
+        for event in self._held:
+            if (chunk := chunk_of(event)) is not None:
+                builder.add(chunk)
+        return builder.message()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The held events, then the rest of the stream, proxy-tool calls cut out."""
+        held, self._held = self._held, []
+        for event in held:
+            if out := self._filter(event):
+                yield out
+        while (following := await self._next()) is not None:
+            if out := self._filter(following):
+                yield out
+
+    def _filter(self, event: bytes) -> bytes:
+        chunk = chunk_of(event)
+        if chunk is None:
+            return event
+        cut = bool(self.own) and self._cutter.cut(chunk)
+        self.reply.add(chunk)
+        if not cut:
+            return event
+        return encode(chunk) if chat.has_substance(chunk) else b""
+
+    def close(self) -> None:
+        self.upstream.release()  # back to the pool when read whole; closed otherwise
+
+
+@attrs.define
+class Relay:
+    """An ASGI response streaming the reader's events to the client as they come (no
+    Content-Length); ``finish`` runs exactly once, with the reply the client received (None
+    when the stream broke or the client left)."""
+
+    reader: StreamReader
+    headers: RawHeaders
+    finish: Callable[[chat.Message | None], None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reply: chat.Message | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            try:
+                async for event in self.reader.events():
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            except STREAM_ERRORS as err:
+                log.warning("serve.stream_broken", error=type(err).__name__)
+                error = {"error": {"message": f"upstream stream broke: {type(err).__name__}"}}
+                await send({"type": "http.response.body", "body": encode(error), "more_body": True})
+            else:
+                reply = self.reader.reply.message()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away
+            reply = None
+        finally:
+            self.reader.close()
+            self.finish(reply)

@@ -1,0 +1,309 @@
+"""One chat-completions turn through the proxy: ``prepare`` the app's history, forward the
+view to the upstream, answer the calls of the proxy's own tools there and ask again, hand the
+reply to the app, then ``after_turn`` off the request path.
+
+How a stream meets the proxy's tools: see ``stream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+from starlette.responses import Response
+
+from ragent_memory.core.logs import get_logger
+from ragent_memory.engine.tools import call_tool
+from ragent_memory.errors import ConfigError, InvalidMessagesError
+from ragent_memory.recall.refs import RECALL_TOOL_NAME
+from ragent_memory.serve import chat
+from ragent_memory.serve.http import Reject, response_headers, whole_response
+from ragent_memory.serve.stream import Relay, StreamReader
+from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
+from ragent_memory.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
+
+log = get_logger(__name__)
+
+Message = chat.Message
+_WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
+COMPLETIONS = "/chat/completions"
+
+
+@attrs.define
+class Turn:
+    """One chat-completions request on its way through the proxy."""
+
+    body: dict[str, Any]
+    session_id: str
+    user_id: str | None
+    headers: list[tuple[str, str]]  # the caller's, as the upstream gets them
+    report: TurnReport
+    messages: list[Message]  # what the upstream gets: the prepared view (+ tool rounds)
+    own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
+    started: float  # perf_counter() when the request arrived
+    on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
+    rounds: int = 0
+    upstream_s: float = 0.0  # time spent waiting for the upstream
+
+    def overhead_ms(self) -> float:
+        """What the proxy itself added so far: time since arrival, upstream waits excluded."""
+        return (time.perf_counter() - self.started - self.upstream_s) * 1000
+
+    def payload(self, *, with_tools: bool) -> bytes:
+        """The body for the upstream: the app's, with the prepared messages (and tools)."""
+        body = {**self.body, "messages": self.messages}
+        if with_tools and self.own:
+            body["tools"] = [*(self.body.get("tools") or ()), *self.own.values()]
+        return orjson.dumps(body)
+
+
+class Proxy:
+    """The proxy's state: one engine, one upstream client, the worker threads. See the
+    module doc."""
+
+    def __init__(self, engine: MemoryEngine, settings: ServeSettings) -> None:
+        if not settings.upstream:
+            raise ConfigError("serve.upstream", "required: the upstream base URL")
+        self.engine = engine
+        self.settings = settings
+        self.upstream = Upstream(
+            settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
+        )
+        # prepare runs on the event loop when it provably never waits (the engine's
+        # prepare_may_wait) and the store is local; otherwise it may wait on a compaction for up
+        # to compaction_timeout_s, which on the loop would stall every other request meanwhile.
+        self._local = engine.settings.store.url is None
+        # sessions with a prepare in a worker: their next one goes there too (the session lock)
+        self._waiting: collections.Counter[str] = collections.Counter()
+        # after_turn in order, off the request path; one thread is plenty (it writes rows).
+        self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
+        self._workers = ThreadPoolExecutor(
+            max_workers=min(settings.max_concurrency, _WORKERS), thread_name_prefix="ragent-serve"
+        )
+
+    async def start(self) -> None:
+        self.upstream.start()
+
+    async def stop(self) -> None:
+        await self.upstream.close()
+        await asyncio.to_thread(self._after.shutdown, wait=True)
+        await asyncio.to_thread(self._workers.shutdown, wait=True)
+        await asyncio.to_thread(self.engine.flush)
+
+    # ------------------------------------------------------------------ prepare
+
+    async def turn(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        forward: list[tuple[str, str]],
+        started: float,
+    ) -> Turn:
+        """The turn of a parsed request (arrived at ``started``, a ``perf_counter()``): its
+        session identified and its history prepared."""
+        session_id, user_id = chat.identify(headers, body)
+        history = body["messages"]
+        try:
+            on_loop = not self._may_wait(history, session_id)
+            if on_loop:
+                prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
+            else:
+                prepared = await self._prepare_in_worker(history, session_id, user_id)
+        except InvalidMessagesError as err:
+            raise Reject(400, str(err)) from err
+        return Turn(
+            body=body,
+            session_id=session_id,
+            user_id=user_id,
+            headers=forward,
+            report=prepared.report,
+            messages=list(prepared.messages),
+            own=self._offer(body, prepared.report, user_id),
+            started=started,
+            on_loop=on_loop,
+        )
+
+    def _may_wait(self, history: list[Message], session_id: str) -> bool:
+        """Whether this turn's ``prepare`` must leave the event loop (see ``__init__``)."""
+        if not self._local or session_id in self._waiting:
+            return True
+        return self.engine.prepare_may_wait(history, session_id=session_id)
+
+    async def _prepare_in_worker(
+        self, history: list[Message], session_id: str, user_id: str | None
+    ) -> PreparedContext:
+        """``prepare`` in a worker thread; the session counts as waiting until the thread is
+        done with it, even when this request is cancelled meanwhile (the thread goes on)."""
+        loop = asyncio.get_running_loop()
+        prepare = self.engine.prepare
+        future = self._workers.submit(prepare, history, session_id=session_id, user_id=user_id)
+        self._waiting[session_id] += 1
+
+        def release() -> None:
+            self._waiting[session_id] -= 1
+            if not self._waiting[session_id]:
+                del self._waiting[session_id]
+
+        def done(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits any more
+                loop.call_soon_threadsafe(release)
+
+        future.add_done_callback(done)
+        return await asyncio.wrap_future(future)
+
+    def _offer(
+        self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
+    ) -> dict[str, dict[str, Any]]:
+        """The proxy's own tools for this request: the recall tool when the view shows a
+        placeholder, preview or recalled excerpt to read back; the search tool when there is
+        earlier conversation the view no longer shows (a summary, dropped turns, or the user's
+        other sessions). None when the app pins its tools, and never one the app declares."""
+        if chat.pins_tools(body):
+            return {}
+        own: dict[str, dict[str, Any]] = {}
+        if report.trimmed or report.truncated or report.recalled:  # the view names refs
+            own[RECALL_TOOL_NAME] = self.engine.recall_tool()
+        earlier = report.generation or report.dropped_turns or user_id is not None
+        if self.engine.settings.recall_enabled and earlier:
+            search = self.engine.search_tool()
+            own[search["function"]["name"]] = search
+        for name in chat.declared_tools(body) & own.keys():
+            del own[name]
+        return own
+
+    # ------------------------------------------------------------------ own tools
+
+    def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
+        """The tool messages answering the proxy's own calls (run in a worker thread): the
+        arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
+        return [
+            {
+                "role": "tool",
+                "tool_call_id": call.get("id"),
+                "content": call_tool(
+                    self.engine,
+                    call["function"].get("name"),
+                    call["function"].get("arguments"),
+                    session_id=turn.session_id,
+                    user_id=turn.user_id,
+                ),
+            }
+            for call in calls
+        ]
+
+    async def _continue(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> None:
+        """Answer the proxy's own calls and add the round to what the upstream sees next."""
+        loop = asyncio.get_running_loop()
+        answers = await loop.run_in_executor(self._workers, self._answer, turn, calls)
+        turn.messages += [assistant, *answers]
+        turn.rounds += 1
+
+    # ------------------------------------------------------------------ forward
+
+    async def complete(self, turn: Turn) -> tuple[Response, Message | None]:
+        """A non-streamed completion, with the proxy's own tool rounds inside, and the reply
+        to record (None when there is none)."""
+        last_round = self.settings.max_tool_rounds
+        while True:
+            payload = turn.payload(with_tools=turn.rounds < last_round)
+            upstream, waited = await self.upstream.call("POST", COMPLETIONS, turn.headers, payload)
+            turn.upstream_s += waited
+            data = chat.json_or_none(upstream.content) if upstream.status_code == 200 else None
+            message = chat.only_message(data)
+            if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
+                if not isinstance(data, dict):
+                    return _relayed(upstream, turn), None
+                break
+            mine, theirs = chat.split_calls(message, turn.own)
+            if not mine or theirs or turn.rounds >= last_round:
+                break
+            await self._continue(turn, message, mine)
+        content = upstream.content
+        if isinstance(data, dict) and chat.strip_own_calls(data, turn.own):
+            content = orjson.dumps(data)
+        ms = (b"x-ragent-proxy-ms", b"%.3f" % turn.overhead_ms())
+        return _relayed(upstream, turn, ms, content=content), chat.first_message(data)
+
+    async def stream(self, turn: Turn) -> Response | Relay:
+        """A streamed completion: the relay, or the upstream's error (see ``stream``)."""
+        last_round = self.settings.max_tool_rounds
+        while True:
+            sent = time.perf_counter()
+            payload = turn.payload(with_tools=turn.rounds < last_round)
+            upstream = await self.upstream.open("POST", COMPLETIONS, turn.headers, payload)
+            turn.upstream_s += time.perf_counter() - sent
+            if upstream.status != 200:
+                return _relayed(await self.upstream.read(upstream), turn)
+            reader = StreamReader(upstream, turn.own)
+            if not await self._own_round(reader, turn, last_round):
+                break
+        headers = response_headers(upstream.raw_headers, chat.report_raw(turn.report, turn.rounds))
+        return Relay(reader, headers, functools.partial(self.done, turn, status=200))
+
+    async def _own_round(self, reader: StreamReader, turn: Turn, last_round: int) -> bool:
+        """True when the stream was a round of the proxy's own calls, answered now."""
+        try:
+            if await reader.decide() == "own" and turn.rounds < last_round:
+                assistant = await reader.drain()
+                mine, theirs = chat.split_calls(assistant, turn.own)
+                if mine and not theirs and not assistant.get("content"):
+                    reader.close()
+                    await self._continue(turn, assistant, mine)
+                    return True
+        except STREAM_ERRORS as err:
+            reader.close()
+            message = f"upstream stream broke: {type(err).__name__}"
+            raise Reject(502, message, "upstream_error") from err
+        return False
+
+    # ------------------------------------------------------------------ after the turn
+
+    def done(self, turn: Turn, reply: Message | None, status: int) -> None:
+        """Log the request; hand history + reply to ``after_turn`` off the request path."""
+        log.info(
+            "serve.request",
+            session_id=turn.session_id,
+            status=status,
+            chars_in=turn.report.chars_in,
+            chars_out=turn.report.chars_out,
+            generation=turn.report.generation,
+            tool_rounds=turn.rounds,
+            prepare_on_loop=turn.on_loop,
+            duration_ms=round((time.perf_counter() - turn.started) * 1000, 3),
+            proxy_ms=round(turn.overhead_ms(), 3),
+        )
+        if reply is None:
+            return
+        history = [*turn.body["messages"], reply]
+        try:
+            self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
+        except RuntimeError:  # shutting down: the next request records these messages
+            log.warning("serve.after_turn_skipped", session_id=turn.session_id)
+
+    def _after_turn(self, history: list[Message], session_id: str, user_id: str | None) -> None:
+        try:
+            self.engine.after_turn(history, session_id=session_id, user_id=user_id)
+        except Exception as err:  # the worker boundary: a bad reply must not stop the proxy
+            log.error("serve.after_turn_failed", session_id=session_id, error=repr(err))
+
+
+def _relayed(
+    upstream: Reply, turn: Turn, *extra: tuple[bytes, bytes], content: bytes | None = None
+) -> Response:
+    """The upstream's reply as the app gets it, with the turn's report headers."""
+    ours = [*chat.report_raw(turn.report, turn.rounds), *extra]
+    headers = response_headers(upstream.headers, ours)
+    return whole_response(
+        upstream.status_code, headers, upstream.content if content is None else content
+    )
