@@ -134,32 +134,14 @@ class RagentSession(SessionABC):
         # The view get_items() last returned, and the raw items it was prepared from.
         self._shown: list[dict[str, Any]] = []
         self._shown_raw: list[Any] = []
-        # The chat dicts of the raw items last prepared, and the system message made from
-        # the agent's instructions: handed to the engine again while they are unchanged.
-        self._history: list[dict[str, Any]] = []
-        self._system: dict[str, Any] = {}
         self._instructions: str | None = None  # the agent's, as the last run gave them
 
     def _prepare(self, raw: Sequence[Any], instructions: str | None) -> list[dict[str, Any]]:
-        history = self._stable_dicts(from_items(raw))
+        history = from_items(raw)
         if instructions:
-            if self._system.get("content") != instructions:
-                self._system = {"role": "system", "content": instructions}
-            history = [self._system, *history]
+            history = [{"role": "system", "content": instructions}, *history]
         prepared = self.engine.prepare(history, session_id=self.session_id, user_id=self.user_id)
         return prepared.messages
-
-    def _stable_dicts(self, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``history`` with each message that equals the one at its position last call
-        replaced by that earlier dict: the SDK hands items over anew each run, and the
-        engine's per-turn work follows what is new only when the old messages are the same
-        objects (one C-level comparison each here instead of a full re-read there)."""
-        previous = self._history
-        for index, message in enumerate(history[: len(previous)]):
-            if message == previous[index]:
-                history[index] = previous[index]
-        self._history = history
-        return history
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         if limit is not None:  # the SDK peeking at what it stored: the raw tail
