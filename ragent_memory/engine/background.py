@@ -12,26 +12,21 @@ MEMORY_WORKERS = 2  # background fact extractions at once (one per user at most)
 
 
 class Background:
-    """The two thread pools and the work in flight on them."""
+    """The two thread pools and the work in flight on them. ``submit_*`` return None when the
+    pool takes no more work (the engine is closing)."""
 
     def __init__(self, compaction_workers: int) -> None:
-        self._compactions = ThreadPoolExecutor(
-            max_workers=compaction_workers, thread_name_prefix="ragent-compact"
-        )
-        self._extractions = ThreadPoolExecutor(
-            max_workers=MEMORY_WORKERS, thread_name_prefix="ragent-memory"
-        )
+        self._compactions = ThreadPoolExecutor(compaction_workers, "ragent-compact")
+        self._extractions = ThreadPoolExecutor(MEMORY_WORKERS, "ragent-memory")
         self._lock = threading.Lock()
         self._futures: set[Future[Any]] = set()
 
     def submit_compaction(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Future[Any] | None:
-        """Run a compaction; None when the engine takes no more work (it is closing)."""
         return self._submit(self._compactions, fn, *args, **kwargs)
 
     def submit_extraction(self, fn: Callable[..., Any], *args: Any) -> Future[Any] | None:
-        """Run a fact extraction; None when the engine is closing."""
         return self._submit(self._extractions, fn, *args)
 
     def _submit(

@@ -52,8 +52,6 @@ class LongTermMemory:
         self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
         self._pending_users: set[str] = set()  # users with messages recorded by this engine
 
-    # ------------------------------------------------------------------ the block
-
     def block(self, session: Session, user_id: str | None) -> str:
         """The user's memory block for this session ("" for none), built again only when the
         user's memories changed since it was last built (a version in the store): the
@@ -73,7 +71,7 @@ class LongTermMemory:
         return block
 
     def _build(self, session: Session, user_id: str) -> str:
-        """The user's facts, and excerpts of their other sessions' summaries that match the
+        """The user's facts, then excerpts of their other sessions' summaries matching the
         latest user message while there is room."""
         language, cap = self.settings.language, self.settings.memory_max_chars
         facts = [f.content for f in self.store.facts(user_id)]
@@ -94,8 +92,6 @@ class LongTermMemory:
         )
         return fit_block(facts, excerpts, language=language, max_chars=cap)
 
-    # ------------------------------------------------------------------ recording
-
     def record(self, user_id: str, session_id: str, messages: Sequence[Message]) -> bool:
         """Record the user's messages not recorded before (validating what is new) and, with
         enough pending, start an extraction. False when the store failed (logged)."""
@@ -111,8 +107,8 @@ class LongTermMemory:
         return True
 
     def _record(self, user_id: str, session_id: str, messages: Sequence[Message]) -> int:
-        """The store's cursor says how much of ``messages`` it recorded for the session: the
-        usual append-only app has only what is new read. Returns how many are pending."""
+        """Record what the store's cursor for the session has not seen (an appending app's
+        new messages; all of a rebuilt history); returns how many are pending."""
         seen, last_digest = self.store.memory_cursor(user_id, session_id) or (0, "")
         start = 0
         if 0 < seen <= len(messages):
@@ -134,11 +130,8 @@ class LongTermMemory:
             last_digest=message_digest(messages[-1], len(messages) - 1) if messages else "",
         )
 
-    # ------------------------------------------------------------------ extraction
-
     def schedule(self, user_id: str) -> None:
-        """One background extraction for the user, unless one is in flight (the next turn
-        schedules again)."""
+        """A background extraction for the user, unless one is in flight."""
         with self._lock:
             running = self._extractions.get(user_id)
             if running is not None and not running.done():

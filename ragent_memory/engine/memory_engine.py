@@ -1,14 +1,7 @@
-"""``MemoryEngine``: composes the store, the background work, the sessions and long-term
-memory; it trims nothing itself. A turn (``prepare``)::
-
-    accept       the caller's messages checked and normalised (never mutated)
-    Session.run  the turn pipeline (``session.py`` describes each step)
-    hand_out     the copy handed to the caller: the memory block after the system messages
-                 (outside the gates), the recall block on its user message, strict alternation
-
-and after it, ``after_turn`` records the user's new messages; with 3 pending, one background
-extraction per user turns them into facts (``memory.py``).
-"""
+"""``MemoryEngine``: composes the store, the background work (``background.py``), the
+sessions (``sessions.py``) and long-term memory (``memory.py``); it trims nothing itself. A
+turn: ``Inputs.accept`` normalises the caller's messages (never mutated), ``Session.run`` runs
+the pipeline (``session.py``), ``hand_out`` makes the copy handed to the caller."""
 
 from __future__ import annotations
 
@@ -88,18 +81,16 @@ def _remaining(started: float, timeout_s: float | None) -> float | None:
 def _recall_index(
     store: Backend, settings: Settings, on_leave: LeaveCallback | None
 ) -> tuple[Recaller | None, LeaveCallback | None]:
-    """The recall index (both backends keep it, DESIGN §9b) unless recall is off, and what
-    receives messages leaving a view: the index, then the caller's ``on_leave``."""
+    """The recall index unless recall is off (both backends keep it, §9b), and what hears of
+    messages leaving a view: the index, then the caller's ``on_leave``."""
     if not settings.recall_enabled:
         return None, on_leave
     recaller = Recaller(store, settings, engine_headers=ENGINE_HEADERS)
-    if on_leave is None:
-        return recaller, recaller.on_leave
-    app_on_leave = on_leave
+    callbacks = [recaller.on_leave, *([on_leave] if on_leave else [])]
 
-    def leave(session_id: str, user_id: str | None, items: list[tuple[int, Message]]) -> None:
-        recaller.on_leave(session_id, user_id, items)
-        app_on_leave(session_id, user_id, items)
+    def leave(*args: Any) -> None:
+        for callback in callbacks:
+            callback(*args)
 
     return recaller, leave
 
@@ -297,7 +288,7 @@ class MemoryEngine:
         """
         self._check_open()
         _check_id("session_id", session_id)
-        given, (seen, known) = messages, self._validated.take(session_id, messages)
+        given, seen = messages, self._validated.seen(session_id, messages)
         messages = self._inputs.accept(given, plain=seen)
         recorded = True
         if user_id is None or not self.settings.long_term_enabled:
@@ -306,7 +297,7 @@ class MemoryEngine:
             _check_id("user_id", user_id)
             recorded = self._memory.record(user_id, session_id, messages)
         if recorded:
-            self._validated.keep(session_id, given, messages, known)
+            self._validated.keep(session_id, given, messages)
         if self._recaller is not None:  # off the caller's thread (§9b): searchable later
             self._recaller.after_turn(messages, session_id=session_id, user_id=user_id)
 

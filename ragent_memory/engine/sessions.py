@@ -106,9 +106,9 @@ class Sessions:
 
 
 class Validated:
-    """Per session, the plain messages the last ``after_turn`` was given and validated: a list
-    of its own, grown by what is new each call, so the next call of an app that appends
-    converts and validates only its new messages (O(new) instead of O(history) a turn)."""
+    """Per session, a copy of the plain messages the last ``after_turn`` validated, so the
+    next call of an app that appends converts and validates only its new messages (O(new)
+    Python work a turn instead of O(history))."""
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -119,45 +119,27 @@ class Validated:
         with self._lock:
             return self._table[session_id]
 
-    def __contains__(self, session_id: object) -> bool:
-        with self._lock:
-            return session_id in self._table
-
     def pop(self, session_id: str) -> None:
         with self._lock:
             self._table.pop(session_id, None)
 
-    def take(
-        self, session_id: str, messages: Sequence[Message]
-    ) -> tuple[int, list[Message] | None]:
-        """How many leading ``messages`` are the ones kept for the session, and (when any)
-        the kept list grown to ``messages``, for ``keep``. The list is extended by what is
-        new and compared with ``messages`` in one ``==``, which meets the same objects
-        without reading them (a slice or a copy of the history would touch every message).
-        The list is this call's until ``keep`` puts it back: a concurrent call on the
-        session reads everything."""
+    def seen(self, session_id: str, messages: Sequence[Message]) -> int:
+        """How many leading ``messages`` are (equal to) the ones kept for the session."""
         with self._lock:
-            seen = self._table.pop(session_id, None)
-        if not seen or not isinstance(messages, list) or len(messages) < len(seen):
-            return 0, None
-        known = len(seen)
-        seen += messages[known:]
+            kept = self._table.get(session_id)
+        if not kept or not isinstance(messages, list) or len(messages) < len(kept):
+            return 0
         try:
-            same = seen == messages
+            return len(kept) if messages[: len(kept)] == kept else 0
         except Exception:  # a value whose == raises: read everything, validation names it
-            same = False
-        return (known, seen) if same else (0, None)
+            return 0
 
-    def keep(
-        self, session_id: str, given: Any, accepted: Sequence[Message], seen: list[Message] | None
-    ) -> None:
-        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts
-        (``seen``: ``take``'s list, already equal to it)."""
+    def keep(self, session_id: str, given: Any, accepted: Sequence[Message]) -> None:
+        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts."""
         if accepted is not given or not isinstance(given, list):
             return
-        kept = list(given) if seen is None else seen
         with self._lock:
-            self._table[session_id] = kept
+            self._table[session_id] = list(given)
             self._table.move_to_end(session_id)
             while len(self._table) > self._size:
                 self._table.popitem(last=False)

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
+from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME, recall_tool_schema
+from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import Settings
 
 
@@ -22,10 +22,6 @@ class ToolHost(Protocol):
 
     @property
     def settings(self) -> Settings: ...
-
-    def recall_tool(self) -> dict[str, Any]: ...
-
-    def search_tool(self) -> dict[str, Any]: ...
 
     def recall(self, session_id: str, ref: str, offset: int = ..., limit: int = ...) -> str: ...
 
@@ -58,8 +54,8 @@ def as_int(value: Any) -> Any:
 def memory_tools(engine: ToolHost) -> list[dict[str, Any]]:
     """The OpenAI schemas of the engine's tools: recall, and search unless recall is off."""
     if not engine.settings.recall_enabled:
-        return [engine.recall_tool()]
-    return [engine.recall_tool(), engine.search_tool()]
+        return [recall_tool_schema()]
+    return [recall_tool_schema(), search_tool_schema()]
 
 
 def call_tool(
