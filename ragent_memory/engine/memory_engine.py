@@ -189,8 +189,6 @@ class MemoryEngine:
         except Exception as err:  # the callback boundary: a broken callback must not break a turn
             log.error("on_event.failed", callback_event=name, error=repr(err))
 
-    # ------------------------------------------------------------------ the turn
-
     def prepare(
         self,
         messages: Sequence[Message],
@@ -274,8 +272,6 @@ class MemoryEngine:
         shown = last.with_left_out + grown
         return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
 
-    # ------------------------------------------------------------------ long-term memory
-
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
     ) -> None:
@@ -322,8 +318,6 @@ class MemoryEngine:
         _check_id("user_id", user_id)
         forgotten = self.store.forget(user_id)
         log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
-
-    # ------------------------------------------------------------------ the tools and the rest
 
     def recall_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema the model calls to read back an offloaded result."""

@@ -115,10 +115,6 @@ class Validated:
         self._lock = threading.Lock()
         self._table: OrderedDict[str, list[Message]] = OrderedDict()
 
-    def __getitem__(self, session_id: str) -> list[Message]:
-        with self._lock:
-            return self._table[session_id]
-
     def pop(self, session_id: str) -> None:
         with self._lock:
             self._table.pop(session_id, None)

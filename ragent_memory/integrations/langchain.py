@@ -34,8 +34,9 @@ def from_langchain(message: BaseMessage) -> dict[str, Any]:
     """One LangChain message as an OpenAI chat dict. Content given as a list of parts stays a
     list (LangChain's string form joins text parts with a newline: one char per join that the
     budget never saw, on the user message a recall block rides on, §9b)."""
-    text_format = "block" if isinstance(message.content, list) else "string"
-    return dict(_to_openai(message, text_format=text_format))
+    if isinstance(message.content, list):
+        return dict(_to_openai(message, text_format="block"))
+    return dict(_to_openai(message))
 
 
 def to_langchain(messages: list[dict[str, Any]]) -> list[BaseMessage]:
