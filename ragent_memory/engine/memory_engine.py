@@ -50,6 +50,12 @@ def _check_id(name: str, value: Any) -> None:
         raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
 
 
+def _check_ids(session_id: Any, user_id: Any = None) -> None:
+    _check_id("session_id", session_id)
+    if user_id is not None:
+        _check_id("user_id", user_id)
+
+
 def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
     """What the caller gets: a copy of the view (down to every content part and tool call, so
     an app decorating what it sends changes neither its history nor later turns) with the
@@ -65,12 +71,6 @@ def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[
     if strict:
         out = alternate(out, range(view.prefix_len, view.head + bool(block)))
     return out
-
-
-def _check_ids(session_id: Any, user_id: Any = None) -> None:
-    _check_id("session_id", session_id)
-    if user_id is not None:
-        _check_id("user_id", user_id)
 
 
 def _remaining(started: float, timeout_s: float | None) -> float | None:
