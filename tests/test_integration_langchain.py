@@ -23,7 +23,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from pydantic import Field
 
-from ragent_memory import MemoryEngine, Settings
+from ragent_memory import MemoryEngine, Settings, chars
 from ragent_memory.integrations.langchain import (
     RagentMemoryMiddleware,
     from_langchain,
@@ -31,6 +31,7 @@ from ragent_memory.integrations.langchain import (
 )
 
 B = 20_000
+TEXT = {"type": "text", "text": "Turn 3: what do the docs say about warranty terms?"}
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -123,3 +124,14 @@ def test_search_memory_round_trips(make_settings: Callable[..., Settings]) -> No
             agent.invoke({"messages": [HumanMessage(text)]}, config)
             engine.flush()
     assert "locker code is 4417" in searched(model.seen)
+
+
+def test_text_parts_reach_the_model_at_the_size_the_engine_measured() -> None:
+    """A user message whose recall block rides as a leading text part (§9b) is the same
+    message after the round trip through LangChain messages: joining its parts with a newline
+    once made a view of exactly B chars reach the model as B + 1."""
+    parts = [{"type": "text", "text": "[Excerpts of earlier conversation]"}, dict(TEXT)]
+    message = {"role": "user", "content": parts}
+    (back,) = [from_langchain(m) for m in to_langchain([message])]
+    assert message == back
+    assert chars(message) == chars(back)

@@ -1,25 +1,13 @@
-"""``MemoryEngine``: composes the store, the thread pools, the sessions and long-term memory.
-
-It trims nothing itself. A turn (``prepare``)::
-
-    accept       the caller's messages checked and normalised (never mutated)
-    Session.run  sync → adopt → verify → build → reduce → trim → record → compact → ceiling
-                 → recall → report  (``session.py`` describes each step)
-    hand_out     the memory block inserted after the system messages (outside the gates),
-                 then the copy handed to the caller (output post-processing goes here)
-
-and after it, ``after_turn`` records the user's new messages; with 3 pending, one background
-extraction per user (its own thread pool) turns them into facts (``longterm``).
-"""
+"""``MemoryEngine``: composes the store, the background work (``background.py``), the
+sessions (``sessions.py``) and long-term memory (``memory.py``); it trims nothing itself. A
+turn: ``Inputs.accept`` normalises the caller's messages (never mutated), ``Session.run`` runs
+the pipeline (``session.py``), ``hand_out`` makes the copy handed to the caller."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Self
@@ -27,10 +15,11 @@ from typing import Any, Self
 import attrs
 
 from ragent_memory.core.alternation import alternate
-from ragent_memory.core.chars import Message, chars, text_of, validate_message, validate_messages
+from ragent_memory.core.chars import Message, chars, validate_messages
 from ragent_memory.core.inputs import Inputs
 from ragent_memory.core.logs import EventCallback, get_logger
-from ragent_memory.engine import compaction as compact
+from ragent_memory.engine.background import Background
+from ragent_memory.engine.memory import ENGINE_HEADERS, LongTermMemory
 from ragent_memory.engine.session import (
     LeaveCallback,
     PreparedContext,
@@ -40,40 +29,20 @@ from ragent_memory.engine.session import (
     View,
     leading_system_count,
 )
-from ragent_memory.engine.session import digest as message_digest
+from ragent_memory.engine.sessions import Sessions, Validated
 from ragent_memory.engine.tools import as_int
 from ragent_memory.errors import EngineClosedError, InvalidMessagesError, StoreError
-from ragent_memory.longterm.batch import (
-    EXCERPT_CANDIDATES,
-    HEADERS,
-    MIN_EXCERPT_ROOM,
-    Extractor,
-    Fact,
-    build_extractor,
-    fit_block,
-    memory_message,
-    run_extraction,
-    utf8,
-)
+from ragent_memory.longterm.batch import Extractor, Fact, build_extractor, memory_message
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, Recaller, place, search_tool_schema
-from ragent_memory.recall.search import HEADERS as RECALL_HEADERS
-from ragent_memory.settings import EXTRACTION_MIN_PENDING, Settings, load_settings
-from ragent_memory.store import GCReport, open_store, utc_now
+from ragent_memory.settings import Settings, load_settings
+from ragent_memory.store import Backend, GCReport, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.summarize import Summarizer
-from ragent_memory.text.terms import fts_query, search_terms
 
 __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_count"]
 
 log = get_logger(__name__)
-
-MEMORY_WORKERS = 2  # background fact extractions at once (one per user at most)
-_ENGINE_HEADERS = (
-    *HEADERS.values(),
-    *compact.SUMMARY_HEADERS.values(),
-    *RECALL_HEADERS.values(),
-)
 
 
 def _check_id(name: str, value: Any) -> None:
@@ -81,61 +50,49 @@ def _check_id(name: str, value: Any) -> None:
         raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
 
 
-def hand_out(view: View, block: str) -> list[Message]:
-    """What the caller gets: the view with the memory block after the leading system
-    messages, each message a copy down to every content part and tool call, so an app that
-    decorates what it sends (cache_control on a part, a serializer popping keys) changes
-    neither its own history nor what later turns send.
+def _check_ids(session_id: Any, user_id: Any = None) -> None:
+    _check_id("session_id", session_id)
+    if user_id is not None:
+        _check_id("user_id", user_id)
 
-    A copy handed out is handed out again while nobody changed it: the copies are watched
-    (``copies``), so the next turn compares them with the view only when the caller changed
-    one (and a rotating window of them), and copies again only those the caller changed,
-    those the view replaced (a trim, a preview) and those new since."""
+
+def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
+    """What the caller gets: a copy of the view (down to every content part and tool call, so
+    an app decorating what it sends changes neither its history nor later turns) with the
+    memory block after the leading system messages and the turn's recall block on its user
+    message (§9b: the view never holds it); with ``strict``, the engine's inserted run
+    (memory block, summary) merged into its neighbours for strict role alternation."""
     out = view.hand_out()
     if block:
-        at = leading_system_count(out)
-        out.insert(at, memory_message(block))
+        out.insert(leading_system_count(out), memory_message(block))
+    if session.recall_block:
+        at = session.recall_at - view.offset + bool(block)
+        out[at] = place(out[at], session.recall_block)
+    if strict:
+        out = alternate(out, range(view.prefix_len, view.head + bool(block)))
     return out
 
 
-class _Background:
-    """Futures of background work in flight (compactions and fact extractions), so ``flush``
-    and ``close`` can wait for all of them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._futures: set[Future[Any]] = set()
-
-    def submit(
-        self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Future[Any] | None:
-        """Run ``fn`` on ``pool``; None when the pool takes no more work (engine closing)."""
-        try:
-            future = pool.submit(fn, *args, **kwargs)
-        except RuntimeError:
-            return None
-        with self._lock:
-            self._futures.add(future)
-        future.add_done_callback(self._done)
-        return future
-
-    def _done(self, future: Future[Any]) -> None:
-        with self._lock:
-            self._futures.discard(future)
-
-    def wait(self, timeout_s: float | None) -> bool:
-        """Wait for the work in flight now; True when all of it finished within the time."""
-        with self._lock:
-            futures = list(self._futures)
-        return not wait(futures, timeout=timeout_s).not_done
+def _remaining(started: float, timeout_s: float | None) -> float | None:
+    """What is left of ``timeout_s`` since ``started`` (``time.monotonic``); None: no limit."""
+    return None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
 
 
-def _both(recaller: Recaller, on_leave: LeaveCallback) -> LeaveCallback:
-    def leave(session_id: str, user_id: str | None, items: list[tuple[int, Message]]) -> None:
-        recaller.on_leave(session_id, user_id, items)
-        on_leave(session_id, user_id, items)
+def _recall_index(
+    store: Backend, settings: Settings, on_leave: LeaveCallback | None
+) -> tuple[Recaller | None, LeaveCallback | None]:
+    """The recall index unless recall is off (both backends keep it, §9b), and what hears of
+    messages leaving a view: the index, then the caller's ``on_leave``."""
+    if not settings.recall_enabled:
+        return None, on_leave
+    recaller = Recaller(store, settings, engine_headers=ENGINE_HEADERS)
+    callbacks = [recaller.on_leave, *([on_leave] if on_leave else [])]
 
-    return leave
+    def leave(*args: Any) -> None:
+        for callback in callbacks:
+            callback(*args)
+
+    return recaller, leave
 
 
 class MemoryEngine:
@@ -151,50 +108,33 @@ class MemoryEngine:
         extractor: Extractor | None = None,
         on_leave: LeaveCallback | None = None,
     ) -> None:
-        self.settings = settings or Settings()
+        self.settings = settings = settings or Settings()
         self.on_event = on_event
-        self.store = open_store(self.settings.store, clock=clock)
+        self.store = open_store(settings.store, clock=clock)
         self._inputs = Inputs()  # SDK objects and the developer role become chat dicts
-        self.summarizer = summarizer or build_summarizer(self.settings, on_event=self._emit)
+        self.summarizer = summarizer or build_summarizer(settings, on_event=self._emit)
         # on_event stays about summaries (DESIGN §13): memory calls are logged, not emitted.
-        self.extractor = extractor or build_extractor(self.settings)
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.settings.compaction_workers, thread_name_prefix="ragent-compact"
-        )
-        self._memory_pool = ThreadPoolExecutor(
-            max_workers=MEMORY_WORKERS, thread_name_prefix="ragent-memory"
-        )
-        self._background = _Background()
-        self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
-        self._extractions_lock = threading.Lock()
-        self._pending_users: set[str] = set()  # users with messages recorded by this engine
-        self._recaller: Recaller | None = None
-        leave = on_leave
-        if self.settings.recall_enabled:  # both backends keep the index (DESIGN §9b)
-            self._recaller = Recaller(self.store, self.settings, engine_headers=_ENGINE_HEADERS)
-            leave = self._recaller.on_leave if on_leave is None else _both(self._recaller, on_leave)
-        self._services = Services(
-            settings=self.settings,
+        self.extractor = extractor or build_extractor(settings)
+        self._background = Background(settings.compaction_workers)
+        self._memory = LongTermMemory(self.store, settings, self.extractor, self._background)
+        self._recaller, on_leave = _recall_index(self.store, settings, on_leave)
+        services = Services(
+            settings=settings,
             store=self.store,
             summarizer=self.summarizer,
-            submit=self._submit_compaction,
+            submit=self._background.submit_compaction,
             emit=self._emit,
-            on_leave=leave,
+            on_leave=on_leave,
             recaller=self._recaller,
         )
-        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
-        self._sessions_lock = threading.Lock()
-        # session → the plain messages after_turn was last given (a list of its own, grown by
-        # what is new each call): the next call of an app that appends converts and validates
-        # only what is new
-        self._validated: OrderedDict[str, list[Message]] = OrderedDict()
+        self._sessions = Sessions(self.store, services, settings.session_cache_size)
+        self._sessions_lock = self._sessions.lock  # the name ``prepare_may_wait`` knows it by
+        self._validated = Validated(settings.session_cache_size)
         self._closed = False
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> MemoryEngine:
         return cls(load_settings(path), **kwargs)
-
-    # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Self:
         return self
@@ -208,8 +148,7 @@ class MemoryEngine:
         if self._closed:
             return
         self._closed = True
-        self._memory_pool.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+        self._background.shutdown()
         if self._recaller is not None:
             self._recaller.close()
         self.summarizer.close()
@@ -223,36 +162,24 @@ class MemoryEngine:
     def flush(self, timeout_s: float | None = None, *, extract_pending: bool = False) -> bool:
         """Wait for every compaction and fact extraction in flight, at most ``timeout_s`` in
         all (None: until they finish). True when all finished; False on timeout (the work goes
-        on and a later ``prepare`` adopts a late summary). Background work audits and logs its
-        own failures.
+        on, a later ``prepare`` applies a late summary; background work logs its failures).
 
         ``extract_pending``: then also learn from the messages still pending (fewer than the
         3 that start an extraction) for every user this engine recorded, so a last "I moved
         to Porto" is applied before shutdown."""
         started = time.monotonic()
-
-        def left() -> float | None:
-            return None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - started))
-
         finished = self._background.wait(timeout_s)
         if finished and extract_pending:
-            with self._extractions_lock:
-                users = sorted(self._pending_users)
-                self._pending_users.clear()
-            for user_id in users:
-                self._schedule_extraction(user_id)
-            finished = self._background.wait(left())
+            self._memory.schedule_pending()
+            finished = self._background.wait(_remaining(started, timeout_s))
         try:
             if self._recaller is not None:
-                self._recaller.flush(left())
+                self._recaller.flush(_remaining(started, timeout_s))
         except FutureTimeout:
             finished = False
         if not finished:
             log.warning("flush.timeout", timeout_s=timeout_s)
         return finished
-
-    def _submit_compaction(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._background.submit(self._pool, fn, *args, **kwargs)
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         if self.on_event is None:
@@ -261,44 +188,6 @@ class MemoryEngine:
             self.on_event(name, data)
         except Exception as err:  # the callback boundary: a broken callback must not break a turn
             log.error("on_event.failed", callback_event=name, error=repr(err))
-
-    def _session(self, session_id: str) -> Session:
-        written = self.store.last_write(session_id)
-        with self._sessions_lock:
-            session = self._sessions.get(session_id)
-            if (
-                session is not None
-                and written is not None
-                and written[0] != self.store.host_id
-                and written != session.last_write
-                and (session.future is None or session.future.done())
-            ):
-                session = None  # another host moved the session on: continue from the store
-            if session is None:
-                # A dropped id used again starts a new life; a late compaction of the old
-                # life (still marked dropped until now) could not commit meanwhile.
-                self.store.revive(session_id)
-                state = self.store.load_session(session_id) or self.store.new_session(session_id)
-                subs = self.store.substitutions(session_id)
-                session = Session(state, subs, self._services)
-                session.last_write = written
-                self._sessions[session_id] = session
-            self._sessions.move_to_end(session_id)
-            session.users += 1
-            return session
-
-    def _release(self, session: Session) -> None:
-        """A call is done with ``session``; evict idle sessions over the cache size."""
-        with self._sessions_lock:
-            session.users -= 1
-            excess = len(self._sessions) - self.settings.session_cache_size
-            if excess <= 0:
-                return
-            for session_id in list(self._sessions)[:excess]:
-                if self._sessions[session_id].is_idle():
-                    del self._sessions[session_id]
-
-    # ------------------------------------------------------------------ the turn
 
     def prepare(
         self,
@@ -313,28 +202,17 @@ class MemoryEngine:
         The usual app appends to one list: only what is new is read, plus an identity check
         of what the view shows. ``verify=True`` also compares every earlier message by digest
         (an edit inside a content part of a message the summary covers, say); without it such
-        an edit is caught when the next compaction is due (see README, "Speed")."""
+        an edit is caught when the next compaction is due."""
         started = time.perf_counter()
         self._check_open()
-        _check_id("session_id", session_id)
-        if user_id is not None:
-            _check_id("user_id", user_id)
-        session = self._session(session_id)
-        try:
-            with session.lock:
-                given = messages
-                messages = self._inputs.accept(given, plain=0 if verify else session.plain)
-                view, fields = session.run(messages, user_id, verify=verify)
-                session.plain = len(messages) if messages is given else 0
-                block = self._memory_block(session, user_id)
-                out = hand_out(view, block)
-                if session.recall_block:  # on the copy: the view never holds it (§9b)
-                    at = session.recall_at - view.offset + bool(block)
-                    out[at] = place(out[at], session.recall_block)
-                if self.settings.strict_alternation:  # engine-inserted run: block + summary
-                    out = alternate(out, range(view.prefix_len, view.head + bool(block)))
-        finally:
-            self._release(session)
+        _check_ids(session_id, user_id)
+        with self._sessions.held(session_id) as session, session.lock:
+            given = messages
+            messages = self._inputs.accept(given, plain=0 if verify else session.plain)
+            view, fields = session.run(messages, user_id, verify=verify)
+            session.plain = len(messages) if messages is given else 0
+            block = self._memory.block(session, user_id)
+            out = hand_out(view, session, block, strict=self.settings.strict_alternation)
         duration_ms = (time.perf_counter() - started) * 1000
         report = TurnReport(**fields, memory_chars=len(block), duration_ms=duration_ms)
         return PreparedContext(out, report)
@@ -394,45 +272,6 @@ class MemoryEngine:
         shown = last.with_left_out + grown
         return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
 
-    # ------------------------------------------------------------------ long-term memory
-
-    def _memory_block(self, session: Session, user_id: str | None) -> str:
-        """The user's memory block for this session ("" for none), rebuilt only when the
-        user's memories changed since it was last built (a version in the store)."""
-        if not user_id or not self.settings.long_term_enabled:
-            return ""
-        try:
-            version = self.store.memory_version(user_id)
-            cached = session.memory
-            if cached is not None and cached[:2] == (user_id, version):
-                return cached[2]
-            block = self._build_block(session, user_id) if version else ""
-        except StoreError as err:  # memory is background: a store failure must not break a turn
-            log.error("memory.read_failed", user_id=user_id, error=repr(err))
-            return ""
-        session.memory = (user_id, version, block)
-        return block
-
-    def _build_block(self, session: Session, user_id: str) -> str:
-        language, cap = self.settings.language, self.settings.memory_max_chars
-        facts = [f.content for f in self.store.facts(user_id)]
-        block = fit_block(facts, (), language=language, max_chars=cap)
-        if cap - len(block) < MIN_EXCERPT_ROOM:
-            return block
-        latest = next(
-            (text_of(m) for m in reversed(session.raw.messages) if m.get("role") == "user"), ""
-        )
-        terms = search_terms(latest)
-        if not terms:
-            return block
-        excerpts = self.store.search_summaries(
-            user_id,
-            fts_query(terms),
-            exclude_session=session.state.session_id,
-            limit=EXCERPT_CANDIDATES,
-        )
-        return fit_block(facts, excerpts, language=language, max_chars=cap)
-
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
     ) -> None:
@@ -445,122 +284,24 @@ class MemoryEngine:
         """
         self._check_open()
         _check_id("session_id", session_id)
-        given, (seen, known) = messages, self._seen_before(session_id, messages)
+        given, seen = messages, self._validated.seen(session_id, messages)
         messages = self._inputs.accept(given, plain=seen)
+        recorded = True
         if user_id is None or not self.settings.long_term_enabled:
             validate_messages(messages, seen)
-            self._remember(session_id, given, messages, known)
-            self._index(messages, session_id, user_id)
-            return
-        _check_id("user_id", user_id)
-        try:
-            pending = self._record_user_messages(user_id, session_id, messages)
-        except StoreError as err:
-            log.error("memory.record_failed", user_id=user_id, error=repr(err))
-            self._index(messages, session_id, user_id)
-            return
-        self._remember(session_id, given, messages, known)
-        with self._extractions_lock:
-            self._pending_users.add(user_id)
-        self._index(messages, session_id, user_id)
-        if pending >= EXTRACTION_MIN_PENDING:
-            self._schedule_extraction(user_id)
-
-    def _seen_before(
-        self, session_id: str, messages: Sequence[Message]
-    ) -> tuple[int, list[Message] | None]:
-        """How many leading ``messages`` are the plain, valid ones the session's last
-        ``after_turn`` was given, and (when any) that list grown to ``messages``, for
-        ``_remember`` to keep. The list is extended by what is new and compared with
-        ``messages`` in one C-level ``==``, which meets the same objects without reading
-        them: an app appending to its list has only its new messages touched, converted and
-        validated (a slice or a copy of the whole history would touch every message, twice,
-        each turn). The list is this call's until ``_remember`` puts it back: a concurrent
-        call on the session reads everything."""
-        with self._sessions_lock:
-            seen = self._validated.pop(session_id, None)
-        if not seen or not isinstance(messages, list) or len(messages) < len(seen):
-            return 0, None
-        known = len(seen)
-        seen += messages[known:]
-        try:
-            same = seen == messages
-        except Exception:  # a value whose == raises: read everything, validation names it
-            same = False
-        return (known, seen) if same else (0, None)
-
-    def _remember(
-        self, session_id: str, given: Any, accepted: Sequence[Message], seen: list[Message] | None
-    ) -> None:
-        """Keep what a successful ``after_turn`` was given, when it was plain chat dicts
-        (``seen``: ``_seen_before``'s list, already equal to it)."""
-        if accepted is not given or not isinstance(given, list):
-            return
-        kept = list(given) if seen is None else seen
-        with self._sessions_lock:
-            self._validated[session_id] = kept
-            self._validated.move_to_end(session_id)
-            while len(self._validated) > self.settings.session_cache_size:
-                self._validated.popitem(last=False)
-
-    def _index(self, messages: Sequence[Message], session_id: str, user_id: str | None) -> None:
-        """The session's text into the recall index, off the caller's thread (§9b), so
-        sessions that never compact are searchable from the user's later sessions."""
-        if self._recaller is not None:
+        else:
+            _check_id("user_id", user_id)
+            recorded = self._memory.record(user_id, session_id, messages)
+        if recorded:
+            self._validated.keep(session_id, given, messages)
+        if self._recaller is not None:  # off the caller's thread (§9b): searchable later
             self._recaller.after_turn(messages, session_id=session_id, user_id=user_id)
-
-    def _record_user_messages(
-        self, user_id: str, session_id: str, messages: Sequence[Message]
-    ) -> int:
-        seen, last_digest = self.store.memory_cursor(user_id, session_id) or (0, "")
-        start = 0
-        if 0 < seen <= len(messages):  # the usual append-only app: read only what is new
-            validate_message(messages[seen - 1], seen - 1)
-            if message_digest(messages[seen - 1], seen - 1) == last_digest:
-                start = seen
-        validate_messages(messages, start)
-        items = []
-        for index in range(start, len(messages)):
-            message = messages[index]
-            text = text_of(message).strip() if message.get("role") == "user" else ""
-            if text and not text.startswith(_ENGINE_HEADERS):  # never learn from our own blocks
-                items.append((index, message_digest(message, index), utf8(text)))
-        return self.store.record_user_messages(
-            user_id,
-            session_id,
-            items,
-            seen=len(messages),
-            last_digest=message_digest(messages[-1], len(messages) - 1) if messages else "",
-        )
 
     async def aafter_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
     ) -> None:
         """``after_turn`` off the event loop (it writes to the store)."""
         await asyncio.to_thread(self.after_turn, messages, session_id=session_id, user_id=user_id)
-
-    def _schedule_extraction(self, user_id: str) -> None:
-        with self._extractions_lock:
-            running = self._extractions.get(user_id)
-            if running is not None and not running.done():
-                return  # never two at once for a user; the next turn schedules again
-            future = self._background.submit(self._memory_pool, self._extract, user_id)
-            if future is None:  # the engine is closing; the batch waits for the next run
-                log.warning("memory.not_scheduled", user_id=user_id, reason="closed")
-                return
-            self._extractions[user_id] = future
-        future.add_done_callback(lambda done: self._forget_future(user_id, done))
-
-    def _forget_future(self, user_id: str, future: Future[Any]) -> None:
-        with self._extractions_lock:
-            if self._extractions.get(user_id) is future:
-                del self._extractions[user_id]
-
-    def _extract(self, user_id: str) -> None:
-        try:
-            run_extraction(self.store, self.extractor, user_id, settings=self.settings)
-        except Exception as err:  # the worker boundary: log a crash, keep the pool alive
-            log.error("memory.crashed", user_id=user_id, error=repr(err))
 
     def memories(self, user_id: str) -> list[Fact]:
         """The user's active facts, oldest first."""
@@ -571,14 +312,12 @@ class MemoryEngine:
     def forget(self, user_id: str) -> None:
         """Erase everything remembered about the user: facts and summaries (whatever their
         status), their search index and pending messages. The next ``prepare`` shows no
-        block (cached blocks are keyed by the user's memory version, which the forget
+        block (blocks are kept keyed by the user's memory version, which the forget
         changes); an extraction in flight finds its batch gone and writes nothing."""
         self._check_open()
         _check_id("user_id", user_id)
         forgotten = self.store.forget(user_id)
         log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
-
-    # ------------------------------------------------------------------ recall and lifecycle
 
     def recall_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema the model calls to read back an offloaded result."""
@@ -625,9 +364,7 @@ class MemoryEngine:
         user's). A bad query or limit gets a clear refusal, never an exception; ``"5"`` and
         ``5.0`` are read as 5, as :meth:`recall` reads its numbers."""
         self._check_open()
-        _check_id("session_id", session_id)
-        if user_id is not None:
-            _check_id("user_id", user_id)
+        _check_ids(session_id, user_id)
         if self._recaller is None:
             return "[search_memory: recall is switched off for this engine]"
         return self._recaller.search(session_id, query, user_id, as_int(limit))
@@ -637,20 +374,12 @@ class MemoryEngine:
         resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the
         id, used again, starts a fresh session."""
         self._check_open()
-        with self._sessions_lock:
-            session = self._sessions.pop(session_id, None)
-        if session is not None:
-            with session.lock:  # let a prepare in flight finish first
-                future = session.future
-            # A compaction still running cannot commit after the drop (the store refuses it as
-            # stale); flush() still waits for it.
-            if future is not None and wait([future], self.settings.compaction_timeout_s)[1]:
-                log.warning("drop_session.compaction_still_running", session_id=session_id)
+        self._sessions.drop(session_id, self.settings.compaction_timeout_s)
         if self._recaller is not None:  # no late index rows after the drop
             self._recaller.forget_session(session_id)
-        with self._sessions_lock:  # no prepare may reload the session halfway through
-            self._sessions.pop(session_id, None)
-            self._validated.pop(session_id, None)
+        with self._sessions.lock:  # no prepare may reload the session halfway through
+            self._sessions.pop(session_id)
+            self._validated.pop(session_id)
             self.store.drop_session(session_id)
         log.info("session.dropped", session_id=session_id)
 

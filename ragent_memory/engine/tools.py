@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
+from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME, recall_tool_schema
+from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME, search_tool_schema
+from ragent_memory.settings import Settings
 
-if TYPE_CHECKING:
-    from ragent_memory.engine.memory_engine import MemoryEngine
+
+class ToolHost(Protocol):
+    """What the tools need of an engine (``MemoryEngine`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def recall(self, session_id: str, ref: str, offset: int = ..., limit: int = ...) -> str: ...
+
+    def search(
+        self, session_id: str, query: str, user_id: str | None = ..., limit: int = ...
+    ) -> str: ...
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any] | None:
@@ -40,15 +51,15 @@ def as_int(value: Any) -> Any:
     return value
 
 
-def memory_tools(engine: MemoryEngine) -> list[dict[str, Any]]:
+def memory_tools(engine: ToolHost) -> list[dict[str, Any]]:
     """The OpenAI schemas of the engine's tools: recall, and search unless recall is off."""
     if not engine.settings.recall_enabled:
-        return [engine.recall_tool()]
-    return [engine.recall_tool(), engine.search_tool()]
+        return [recall_tool_schema()]
+    return [recall_tool_schema(), search_tool_schema()]
 
 
 def call_tool(
-    engine: MemoryEngine,
+    engine: ToolHost,
     name: str,
     arguments: Any,
     *,

@@ -31,7 +31,11 @@ __all__ = ["RagentMemoryMiddleware", "from_langchain", "to_langchain"]
 
 
 def from_langchain(message: BaseMessage) -> dict[str, Any]:
-    """One LangChain message as an OpenAI chat dict."""
+    """One LangChain message as an OpenAI chat dict. Content given as a list of parts stays a
+    list (LangChain's string form joins text parts with a newline: one char per join that the
+    budget never saw, on the user message a recall block rides on, §9b)."""
+    if isinstance(message.content, list):
+        return dict(_to_openai(message, text_format="block"))
     return dict(_to_openai(message))
 
 

@@ -134,32 +134,23 @@ class RagentSession(SessionABC):
         # The view get_items() last returned, and the raw items it was prepared from.
         self._shown: list[dict[str, Any]] = []
         self._shown_raw: list[Any] = []
-        # The chat dicts of the raw items last prepared, and the system message made from
-        # the agent's instructions: handed to the engine again while they are unchanged.
-        self._history: list[dict[str, Any]] = []
-        self._system: dict[str, Any] = {}
         self._instructions: str | None = None  # the agent's, as the last run gave them
 
-    def _prepare(self, raw: Sequence[Any], instructions: str | None) -> list[dict[str, Any]]:
-        history = self._stable_dicts(from_items(raw))
+    async def _view(
+        self, raw: Sequence[Any], instructions: str | None
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """The prepared view of ``raw`` behind ``instructions`` as a system message, and the
+        instructions as prepared (the view's leading system message, split off again)."""
+        history = from_items(raw)
         if instructions:
-            if self._system.get("content") != instructions:
-                self._system = {"role": "system", "content": instructions}
-            history = [self._system, *history]
-        prepared = self.engine.prepare(history, session_id=self.session_id, user_id=self.user_id)
-        return prepared.messages
-
-    def _stable_dicts(self, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``history`` with each message that equals the one at its position last call
-        replaced by that earlier dict: the SDK hands items over anew each run, and the
-        engine's per-turn work follows what is new only when the old messages are the same
-        objects (one C-level comparison each here instead of a full re-read there)."""
-        previous = self._history
-        for index, message in enumerate(history[: len(previous)]):
-            if message == previous[index]:
-                history[index] = previous[index]
-        self._history = history
-        return history
+            history = [{"role": "system", "content": instructions}, *history]
+        prepared = await self.engine.aprepare(
+            history, session_id=self.session_id, user_id=self.user_id
+        )
+        messages = prepared.messages
+        if instructions and messages and messages[0]["role"] == "system":
+            return _text(messages[0]["content"]), messages[1:]
+        return instructions, messages
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         if limit is not None:  # the SDK peeking at what it stored: the raw tail
@@ -169,10 +160,7 @@ class RagentSession(SessionABC):
         # Prepared with the instructions the last run had, so that this history has the
         # shape the model input filter gives the engine (a system message first): a history
         # that gains and loses its first message between calls would undo every compaction.
-        instructions = self._instructions
-        messages = await asyncio.to_thread(self._prepare, raw, instructions)
-        if instructions and messages and messages[0]["role"] == "system":
-            messages = messages[1:]
+        _, messages = await self._view(raw, self._instructions)
         shown = to_items(messages)
         self._shown, self._shown_raw = from_items(shown), raw
         return shown
@@ -205,11 +193,8 @@ class RagentSession(SessionABC):
             raw = [*self._shown_raw, *to_items(converted[n:])]
         else:  # not this session's history: prepare what was given
             raw = given
-        instructions = data.model_data.instructions
-        self._instructions = instructions
-        messages = await asyncio.to_thread(self._prepare, raw, instructions)
-        if instructions and messages and messages[0]["role"] == "system":
-            instructions, messages = _text(messages[0]["content"]), messages[1:]
+        self._instructions = data.model_data.instructions
+        instructions, messages = await self._view(raw, self._instructions)
         return ModelInputData(input=to_items(messages), instructions=instructions)
 
     def run_config(self, **kwargs: Any) -> RunConfig:

@@ -55,35 +55,32 @@ def _user_content(content: Any) -> Any:
     ]
 
 
+def _tool_dict(part: ToolReturnPart | RetryPromptPart, content: str) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "tool_call_id": part.tool_call_id,
+        "name": part.tool_name,
+        "content": content,
+    }
+
+
+def _part_dict(part: ModelRequestPart) -> dict[str, Any] | None:
+    """One part of a request as a chat dict (None for a part the chat format has no place for)."""
+    if isinstance(part, SystemPromptPart):
+        return {"role": "system", "content": part.content}
+    if isinstance(part, UserPromptPart):
+        return {"role": "user", "content": _user_content(part.content)}
+    if isinstance(part, ToolReturnPart):
+        return _tool_dict(part, part.model_response_str())
+    if isinstance(part, RetryPromptPart):
+        if part.tool_name is None:
+            return {"role": "user", "content": part.model_response()}
+        return _tool_dict(part, part.model_response())
+    return None
+
+
 def _request_dicts(message: ModelRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for part in message.parts:
-        if isinstance(part, SystemPromptPart):
-            out.append({"role": "system", "content": part.content})
-        elif isinstance(part, UserPromptPart):
-            out.append({"role": "user", "content": _user_content(part.content)})
-        elif isinstance(part, ToolReturnPart):
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": part.tool_call_id,
-                    "name": part.tool_name,
-                    "content": part.model_response_str(),
-                }
-            )
-        elif isinstance(part, RetryPromptPart):
-            if part.tool_name is None:
-                out.append({"role": "user", "content": part.model_response()})
-            else:
-                out.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": part.tool_call_id,
-                        "name": part.tool_name,
-                        "content": part.model_response(),
-                    }
-                )
-    return out
+    return [d for d in map(_part_dict, message.parts) if d is not None]
 
 
 def _response_dict(message: ModelResponse) -> dict[str, Any]:
@@ -120,49 +117,52 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content if isinstance(p, dict))
 
 
+def _response(message: dict[str, Any], names: dict[str, str]) -> ModelResponse:
+    """An assistant dict as a ``ModelResponse``; ``names`` learns each call's tool name."""
+    reply: list[ModelResponsePart] = []
+    if message.get("content"):
+        reply.append(TextPart(content=_text(message["content"])))
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        names[call["id"]] = function["name"]
+        reply.append(
+            ToolCallPart(
+                tool_name=function["name"],
+                args=function.get("arguments") or "{}",
+                tool_call_id=call["id"],
+            )
+        )
+    return ModelResponse(parts=reply)
+
+
+def _request_part(message: dict[str, Any], names: dict[str, str]) -> ModelRequestPart:
+    """A system, tool or user dict as a part of a ``ModelRequest``."""
+    role, content = message["role"], message["content"]
+    if role == "system":
+        return SystemPromptPart(content=_text(content))
+    if role == "tool":
+        call_id = message["tool_call_id"]
+        name = names.get(call_id) or message.get("name") or "tool"
+        return ToolReturnPart(tool_name=name, content=_text(content), tool_call_id=call_id)
+    return UserPromptPart(content=content if isinstance(content, str) else _text(content))
+
+
 def to_pydantic_ai(
     messages: Sequence[dict[str, Any]], instructions: str | None = None
 ) -> list[ModelMessage]:
     """OpenAI chat dicts as pydantic-ai messages: consecutive system/user/tool dicts form one
     ``ModelRequest`` (carrying ``instructions``), each assistant dict a ``ModelResponse``."""
     out: list[ModelMessage] = []
-    names: dict[str, str] = {}
+    names: dict[str, str] = {}  # tool call id → tool name, from the calls seen so far
     parts: list[ModelRequestPart] = []
     for message in messages:
-        role = message["role"]
-        if role == "assistant":
-            if parts:
-                out.append(ModelRequest(parts=parts, instructions=instructions))
-                parts = []
-            reply: list[ModelResponsePart] = []
-            if message.get("content"):
-                reply.append(TextPart(content=_text(message["content"])))
-            for call in message.get("tool_calls") or []:
-                function = call["function"]
-                names[call["id"]] = function["name"]
-                reply.append(
-                    ToolCallPart(
-                        tool_name=function["name"],
-                        args=function.get("arguments") or "{}",
-                        tool_call_id=call["id"],
-                    )
-                )
-            out.append(ModelResponse(parts=reply))
-        elif role == "system":
-            parts.append(SystemPromptPart(content=_text(message["content"])))
-        elif role == "tool":
-            call_id = message["tool_call_id"]
-            name = names.get(call_id) or message.get("name") or "tool"
-            parts.append(
-                ToolReturnPart(
-                    tool_name=name, content=_text(message["content"]), tool_call_id=call_id
-                )
-            )
-        else:
-            content = message["content"]
-            parts.append(
-                UserPromptPart(content=content if isinstance(content, str) else _text(content))
-            )
+        if message["role"] != "assistant":
+            parts.append(_request_part(message, names))
+            continue
+        if parts:
+            out.append(ModelRequest(parts=parts, instructions=instructions))
+            parts = []
+        out.append(_response(message, names))
     if parts:
         out.append(ModelRequest(parts=parts, instructions=instructions))
     return out
