@@ -16,8 +16,8 @@ from ragent_memory.core.identifiers import identifiers, lost, sentences, shortes
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.prompt import SECTIONS
 from ragent_memory.summary.retention import reject_repeat, restore, wanted
-from ragent_memory.summary.summarize import SECTIONS
 
 # ---------------------------------------------------------------------------- identifiers
 

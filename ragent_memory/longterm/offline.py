@@ -411,69 +411,54 @@ def _same_value(a: str, b: str) -> bool:
     return a == b or a.startswith(b) or b.startswith(a)
 
 
+def _first(live: Sequence[_Entry], match: Callable[[Reading], bool]) -> _Entry | None:
+    return next((e for e in live if e.reading is not None and match(e.reading)), None)
+
+
+def _replaced(live: Sequence[_Entry], reading: Reading) -> _Entry | None:
+    """The live fact a new reading replaces: its single-valued slot's, or the opposite slot's
+    with the same value ("likes tea" replaces "dislikes tea")."""
+    slot = SLOTS[reading.slot]
+    target = _first(live, lambda r: r.slot_key == reading.slot_key) if slot.is_single else None
+    if target is None and slot.opposite is not None:
+        target = _first(live, lambda r: r.slot == slot.opposite and r.value == reading.value)
+    return target
+
+
+def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> None:
+    reading = candidate.reading
+    if candidate.is_retraction:
+        target = _first(
+            live,
+            lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value),
+        )
+        if target is not None:
+            live.remove(target)
+            retracted.extend([] if target.id is None else [target.id])
+        return
+    key = normalised(candidate.content)
+    if any(normalised(e.content) == key for e in live):
+        return
+    target = _replaced(live, reading)
+    if target is None:
+        live.append(_Entry(None, candidate.content, reading))
+    else:
+        target.content, target.reading, target.is_changed = candidate.content, reading, True
+
+
 def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[Operation, ...]:
     """The operations the patterns in ``messages`` imply for ``facts`` (DESIGN §9)."""
     live = [_Entry(f.id, f.content, read_fact(f.content)) for f in facts]
     retracted: list[int] = []
     for message in messages:
         for candidate in candidates(message):
-            reading = candidate.reading
-            slot = SLOTS[reading.slot]
-            if candidate.is_retraction:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None
-                        and e.reading.slot_key == reading.slot_key
-                        and _same_value(e.reading.value, reading.value)
-                    ),
-                    None,
-                )
-                if target is not None:
-                    live.remove(target)
-                    if target.id is not None:
-                        retracted.append(target.id)
-                continue
-            key = normalised(candidate.content)
-            if any(normalised(e.content) == key for e in live):
-                continue
-            target = None
-            if slot.is_single:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None and e.reading.slot_key == reading.slot_key
-                    ),
-                    None,
-                )
-            if target is None and slot.opposite is not None:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None
-                        and e.reading.slot == slot.opposite
-                        and e.reading.value == reading.value
-                    ),
-                    None,
-                )
-            if target is None:
-                live.append(_Entry(None, candidate.content, reading))
-            else:
-                target.content, target.reading, target.is_changed = (
-                    candidate.content,
-                    reading,
-                    True,
-                )
-    operations: list[Operation] = [Retract(i) for i in retracted]
-    for entry in live:
-        if entry.id is None:
-            operations.append(Add(entry.content))
-        elif entry.is_changed:
-            operations.append(Supersede(entry.id, entry.content))
-    return tuple(operations)
+            _apply(live, retracted, candidate)
+    changes = [
+        Add(e.content) if e.id is None else Supersede(e.id, e.content)
+        for e in live
+        if e.id is None or e.is_changed
+    ]
+    return (*[Retract(i) for i in retracted], *changes)
 
 
 # ---------------------------------------------------------------------------- consolidation
@@ -491,11 +476,13 @@ def _extends(longer: str, shorter: str) -> bool:
     return normalised(longer).startswith(normalised(shorter))
 
 
-def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
-    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
-    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
-    block is over the target."""
-    groups: list[tuple[str, list[Draft]] | None] = []  # (content, members), oldest first
+# A fact's wording and the drafts it stands for; None once folded into another group.
+_Group = tuple[str, list[Draft]] | None
+
+
+def _fold_duplicates(drafts: Sequence[Draft]) -> list[_Group]:
+    """Near-duplicates folded into the longer wording, oldest first."""
+    groups: list[_Group] = []
     for draft in drafts:
         for index, group in enumerate(groups):
             assert group is not None
@@ -506,38 +493,51 @@ def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: 
                 break
         else:
             groups.append((draft.content, [draft]))
+    return groups
 
-    def size() -> int:
-        return block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
 
+def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) -> None:
+    """Join the values of one multi-valued slot's facts into the first, within the item cap."""
+    reading = readings[0][1]
+    slot, language = SLOTS[reading.slot], reading.language
+    joiner = slot.joiners[language]
+    values: list[str] = []
+    folded: list[Draft] = []
+    taken: list[int] = []
+    for index, reading in readings:
+        joined = joiner.join([*values, reading.raw_value])
+        if values and len(slot.render(language, joined)) > MEMORY_ITEM_MAX_CHARS:
+            break
+        group = groups[index]
+        assert group is not None
+        values.append(reading.raw_value)
+        folded.extend(group[1])
+        taken.append(index)
+    if len(taken) < 2:
+        return
+    groups[taken[0]] = (slot.render(language, joiner.join(values)), folded)
+    for index in taken[1:]:
+        groups[index] = None
+
+
+def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
+    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
+    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
+    block is over the target."""
+    groups = _fold_duplicates(drafts)
     buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
     for index, group in enumerate(groups):
         reading = read_fact(group[0]) if group is not None else None
         if reading is not None and not SLOTS[reading.slot].is_single:
             key = (reading.slot, reading.thing, reading.language)
             buckets.setdefault(key, []).append((index, reading))
-    for (slot_key, _, fact_language), readings in buckets.items():
-        if size() <= target_chars:
+    for readings in buckets.values():
+        if (
+            block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
+            <= target_chars
+        ):
             break
-        slot = SLOTS[slot_key]
-        joiner = slot.joiners[fact_language]
-        values: list[str] = []
-        folded: list[Draft] = []
-        taken: list[int] = []
-        for index, reading in readings:
-            joined = joiner.join([*values, reading.raw_value])
-            if values and len(slot.render(fact_language, joined)) > MEMORY_ITEM_MAX_CHARS:
-                break
-            group = groups[index]
-            assert group is not None
-            values.append(reading.raw_value)
-            folded.extend(group[1])
-            taken.append(index)
-        if len(taken) < 2:
-            continue
-        groups[taken[0]] = (slot.render(fact_language, joiner.join(values)), folded)
-        for index in taken[1:]:
-            groups[index] = None
+        _join_slot(groups, readings)
     return [
         Merge(content, tuple(d.key for d in members))
         for content, members in (g for g in groups if g is not None)

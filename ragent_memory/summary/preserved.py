@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragent_memory.core.chars import text_of
-from ragent_memory.summary.summarize import clip_middle
+from ragent_memory.summary.transcript import clip_middle
 
 TITLE = {"en": "## Preserved tool outputs", "zh": "## 保留的工具输出"}
 MIN_SHOWN = 80  # below this a result is left out rather than shown as a stub

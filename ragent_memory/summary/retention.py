@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
 from ragent_memory.errors import SummaryError
-from ragent_memory.summary.summarize import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS
 
 FINDINGS = {"en": "## Tools and findings", "zh": "## 工具与发现"}
 # Compressed first when the restored findings need room (DESIGN §6: from the end).
@@ -89,6 +89,24 @@ def _squeeze(lines: list[str], language: str) -> list[str]:
     return lines
 
 
+def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -> list[str]:
+    """The shortest source sentence of each missing identifier, as items, within what
+    squeezing can free at most (``max_chars``): no more could fit."""
+    additions: list[str] = []
+    found = Sentences(sources)
+    room = max_chars
+    for identifier in missing:
+        if room <= 0:
+            break
+        if any(kept_in(identifier, a) for a in additions):
+            continue
+        sentence = found.shortest(identifier)
+        if sentence is not None:
+            additions.append("- " + _window(sentence, identifier))
+            room -= len(additions[-1]) + 1
+    return additions
+
+
 def restore(
     body: str,
     missing: Iterable[str],
@@ -99,18 +117,7 @@ def restore(
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
     the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""
-    additions: list[str] = []
-    found = Sentences(sources)
-    room = max_chars  # what squeezing can free at most: no more additions could fit
-    for identifier in missing:
-        if room <= 0:
-            break
-        if any(kept_in(identifier, a) for a in additions):
-            continue
-        sentence = found.shortest(identifier)
-        if sentence is not None:
-            additions.append("- " + _window(sentence, identifier))
-            room -= len(additions[-1]) + 1
+    additions = _additions(missing, sources, max_chars)
     if not additions:
         return body
     lines = body.splitlines()
