@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -410,6 +411,20 @@ def _fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
     return {a.name: a for a in attrs.fields(cls)}
 
 
+def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
+    """One key's YAML value as its field takes it: a nested section built, lists checked."""
+    if cls is Settings and key in _SECTIONS:
+        return None if key == "llm" and value is None else _build(_SECTIONS[key], value, key_path)
+    if cls is Settings and key in ("evictable_tools", "preserved_tools"):
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+    elif cls is LLMSettings and key == "fallbacks":
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
+        return tuple(_build(EndpointSettings, v, f"{key_path}[{i}]") for i, v in enumerate(value))
+    return value
+
+
 def _build(cls: type[Any], data: Any, path: str) -> Any:
     """Build an attrs settings class from a mapping, naming the key path on every error."""
     if not isinstance(data, Mapping):
@@ -420,25 +435,7 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
         key_path = f"{path}.{key}" if path else str(key)
         if key not in known:
             raise ConfigError(key_path, f"unknown key (known: {', '.join(sorted(known))})")
-        if cls is Settings and key == "store":
-            value = _build(StoreSettings, value, key_path)
-        elif cls is Settings and key == "serve":
-            value = _build(ServeSettings, value, key_path)
-        elif cls is Settings and key == "llm":
-            value = None if value is None else _build(LLMSettings, value, key_path)
-        elif (
-            cls is Settings
-            and key in ("evictable_tools", "preserved_tools")
-            and not isinstance(value, list)
-        ):
-            raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
-        elif cls is LLMSettings and key == "fallbacks":
-            if not isinstance(value, list):
-                raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
-            value = tuple(
-                _build(EndpointSettings, item, f"{key_path}[{i}]") for i, item in enumerate(value)
-            )
-        kwargs[key] = value
+        kwargs[key] = _value(cls, key, value, key_path)
     for name, field in known.items():
         if field.default is attrs.NOTHING and name not in kwargs:
             raise ConfigError(f"{path}.{name}" if path else name, "required key is missing")
@@ -452,11 +449,9 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
         raise ConfigError(path or "(top level)", str(err)) from None
 
 
-_SECTIONS: dict[str, type] = {
-    "store": StoreSettings,
-    "llm": LLMSettings,
-    "serve": ServeSettings,
-}
+_SECTIONS: Mapping[str, type] = MappingProxyType(
+    {"store": StoreSettings, "llm": LLMSettings, "serve": ServeSettings}
+)
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
