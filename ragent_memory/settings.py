@@ -50,6 +50,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _flag(key: str, *, default: bool) -> Any:
+    """A true/false field, refusing anything else (YAML's "yes" is a string here)."""
+    return attrs.field(
+        default=default, validator=_check(key, lambda v: isinstance(v, bool), "true or false")
+    )
+
+
 def _check(key: str, ok: Callable[[Any], bool], want: str) -> Callable[[Any, Any, Any], None]:
     """An attrs validator raising ConfigError with the key path and the bad value."""
 
@@ -107,12 +114,7 @@ class LLMSettings:
             "llm.max_input_chars", lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
         ),
     )
-    offline_fallback: bool = attrs.field(
-        default=True,
-        validator=_check(
-            "llm.offline_fallback", lambda v: v is True or v is False, "true or false"
-        ),
-    )
+    offline_fallback: bool = _flag("llm.offline_fallback", default=True)
     fallbacks: tuple[EndpointSettings, ...] = attrs.field(
         default=(),
         converter=_to_tuple,
@@ -264,6 +266,12 @@ def _serve_section(value: Any) -> Any:
     return _nested("serve", value)
 
 
+# The derived gates ``Settings.derived`` shows, in order.
+_DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep_recent_chars
+    summary_max_chars memory_max_chars memory_consolidate_chars oversized_tool_result_chars
+    recall_max_chars"""
+
+
 @attrs.frozen
 class Settings:
     """Every setting of the engine. Construct in code or with :func:`load_settings`."""
@@ -276,14 +284,8 @@ class Settings:
             f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
         ),
     )
-    summary_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("summary_enabled", lambda v: v is True or v is False, "true or false"),
-    )
-    long_term_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("long_term_enabled", lambda v: v is True or v is False, "true or false"),
-    )
+    summary_enabled: bool = _flag("summary_enabled", default=True)
+    long_term_enabled: bool = _flag("long_term_enabled", default=True)
     evictable_tools: tuple[str, ...] = attrs.field(
         default=("search_knowledge",),
         converter=_to_tuple,
@@ -317,14 +319,8 @@ class Settings:
         default=7,
         validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
-    strict_alternation: bool = attrs.field(
-        default=False,
-        validator=_check("strict_alternation", lambda v: v is True or v is False, "true or false"),
-    )
-    recall_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("recall_enabled", lambda v: v is True or v is False, "true or false"),
-    )
+    strict_alternation: bool = _flag("strict_alternation", default=False)
+    recall_enabled: bool = _flag("recall_enabled", default=True)
     preserved_tools: tuple[str, ...] = attrs.field(
         default=(),
         converter=_to_tuple,
@@ -390,18 +386,7 @@ class Settings:
 
     def derived(self) -> dict[str, int]:
         """The derived gates, by name, for display (``ragent-memory inspect``)."""
-        names = (
-            "context_window_chars",
-            "trim_trigger_chars",
-            "compact_trigger_chars",
-            "keep_recent_chars",
-            "summary_max_chars",
-            "memory_max_chars",
-            "memory_consolidate_chars",
-            "oversized_tool_result_chars",
-            "recall_max_chars",
-        )
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, name) for name in _DERIVED.split()}
 
 
 # ---------------------------------------------------------------------------- loading

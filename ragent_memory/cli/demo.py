@@ -12,6 +12,7 @@ import json
 import random
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -22,18 +23,20 @@ from ragent_memory.engine.memory_engine import MemoryEngine, TurnReport
 from ragent_memory.recall.refs import FOOTER_MARK, RECALL_TOOL_NAME, find_refs
 from ragent_memory.settings import Settings, StoreSettings, load_settings
 
-KNOWLEDGE = {
-    "refund policy": "Refunds are issued within 14 days of purchase to the original payment method.",
-    "shipping times": "Standard shipping takes 3–5 business days; express ships next day.",
-    "warranty terms": "Hardware carries a 24-month warranty; batteries are covered for 12 months.",
-    "invoice format": "Invoices are PDF files numbered INV-YYYY-NNNNN and list VAT separately.",
-    "api limits": "The public API allows 600 requests per minute per key, burst 100.",
-    "data retention": "Logs are kept 30 days; backups 90 days; audit trails 7 years.",
-    "sso setup": "SSO supports SAML 2.0 and OIDC; the ACS URL ends in /sso/acs.",
-    "pricing tiers": "Starter is 9 EUR/month, Team 29 EUR/user, Enterprise is quoted.",
-    "on-call rota": "The on-call rota rotates weekly on Mondays at 09:00 CET.",
-    "backup schedule": "Backups run nightly at 02:00 UTC and are verified every Sunday.",
-}
+KNOWLEDGE = MappingProxyType(
+    {
+        "refund policy": "Refunds are issued within 14 days of purchase to the original payment method.",
+        "shipping times": "Standard shipping takes 3–5 business days; express ships next day.",
+        "warranty terms": "Hardware carries a 24-month warranty; batteries are covered for 12 months.",
+        "invoice format": "Invoices are PDF files numbered INV-YYYY-NNNNN and list VAT separately.",
+        "api limits": "The public API allows 600 requests per minute per key, burst 100.",
+        "data retention": "Logs are kept 30 days; backups 90 days; audit trails 7 years.",
+        "sso setup": "SSO supports SAML 2.0 and OIDC; the ACS URL ends in /sso/acs.",
+        "pricing tiers": "Starter is 9 EUR/month, Team 29 EUR/user, Enterprise is quoted.",
+        "on-call rota": "The on-call rota rotates weekly on Mondays at 09:00 CET.",
+        "backup schedule": "Backups run nightly at 02:00 UTC and are verified every Sunday.",
+    }
+)
 QUESTIONS = (
     "What does our {t} say?",
     "Can you double-check the {t} for the customer in ticket T-{n}?",
@@ -128,24 +131,11 @@ def _recall_loop(
         offset = int(start.group(1)) if start else 0
         arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
         call_id = f"recall_{turn}"
-        call: dict[str, Any] = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": RECALL_TOOL_NAME, "arguments": json.dumps(arguments)},
-                }
-            ],
-        }
+        call = _tool_turn(call_id, RECALL_TOOL_NAME, arguments, "")[0]
         # What the app does when the model calls the tool: parse the arguments, answer.
         parsed = json.loads(call["tool_calls"][0]["function"]["arguments"])
-        answer = {
-            "role": "tool",
-            "tool_call_id": call_id,
-            "content": engine.recall(session_id, **parsed),
-        }
+        content = engine.recall(session_id, **parsed)
+        answer = {"role": "tool", "tool_call_id": call_id, "content": content}
         return RecallLoop(turn, seen, call, answer)
     return None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Final
 
 import attrs
@@ -50,29 +51,31 @@ class Slot:
         return self.templates[language].format(x=value, thing=thing)
 
 
-SLOTS: Final = {
-    s.key: s
-    for s in (
-        Slot("name", {"en": "Is called {x}", "zh": "名叫{x}"}, is_single=True),
-        Slot("lives", {"en": "Lives in {x}", "zh": "住在{x}"}, is_single=True),
-        Slot("employer", {"en": "Works at {x}", "zh": "在{x}工作"}, is_single=True),
-        Slot("occupation", {"en": "Works as {x}"}, is_single=True),
-        Slot("favourite", {"en": "Favourite {thing} is {x}"}, is_single=True),
-        Slot("allergic", {"en": "Is allergic to {x}", "zh": "对{x}过敏"}),
-        Slot("prefers", {"en": "Prefers {x}", "zh": "偏好{x}"}),
-        Slot("likes", {"en": "Likes {x}", "zh": "喜欢{x}"}, opposite="dislikes"),
-        Slot("dislikes", {"en": "Does not like {x}", "zh": "不喜欢{x}"}, opposite="likes"),
-        Slot("speaks", {"en": "Speaks {x}", "zh": "会说{x}"}),
-        Slot("plays", {"en": "Plays {x}"}),
-        Slot("doing", {"en": "Has been {x}", "zh": "最近在{x}"}),  # before "Has {x}"
-        Slot("has", {"en": "Has {x}", "zh": "养了{x}"}),
-        Slot("family", {"en": "Their {x}", "zh": "自己的{x}"}),
-        Slot("plans", {"en": "Plans to {x}", "zh": "打算{x}"}),
-        Slot("always", {"en": "Always {x}"}, opposite="never"),
-        Slot("never", {"en": "Never {x}"}, opposite="always"),
-        Slot("identity", {"en": "Is {x}", "zh": "是{x}"}),  # last: "Is called …" is a name
-    )
-}
+SLOTS: Final = MappingProxyType(
+    {
+        s.key: s
+        for s in (
+            Slot("name", {"en": "Is called {x}", "zh": "名叫{x}"}, is_single=True),
+            Slot("lives", {"en": "Lives in {x}", "zh": "住在{x}"}, is_single=True),
+            Slot("employer", {"en": "Works at {x}", "zh": "在{x}工作"}, is_single=True),
+            Slot("occupation", {"en": "Works as {x}"}, is_single=True),
+            Slot("favourite", {"en": "Favourite {thing} is {x}"}, is_single=True),
+            Slot("allergic", {"en": "Is allergic to {x}", "zh": "对{x}过敏"}),
+            Slot("prefers", {"en": "Prefers {x}", "zh": "偏好{x}"}),
+            Slot("likes", {"en": "Likes {x}", "zh": "喜欢{x}"}, opposite="dislikes"),
+            Slot("dislikes", {"en": "Does not like {x}", "zh": "不喜欢{x}"}, opposite="likes"),
+            Slot("speaks", {"en": "Speaks {x}", "zh": "会说{x}"}),
+            Slot("plays", {"en": "Plays {x}"}),
+            Slot("doing", {"en": "Has been {x}", "zh": "最近在{x}"}),  # before "Has {x}"
+            Slot("has", {"en": "Has {x}", "zh": "养了{x}"}),
+            Slot("family", {"en": "Their {x}", "zh": "自己的{x}"}),
+            Slot("plans", {"en": "Plans to {x}", "zh": "打算{x}"}),
+            Slot("always", {"en": "Always {x}"}, opposite="never"),
+            Slot("never", {"en": "Never {x}"}, opposite="always"),
+            Slot("identity", {"en": "Is {x}", "zh": "是{x}"}),  # last: "Is called …" is a name
+        )
+    }
+)
 
 
 def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
@@ -84,11 +87,11 @@ def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
     return re.compile(f"^{regex}$", re.IGNORECASE if language == "en" else 0)
 
 
-_FACT_PATTERNS: Final = [
+_FACT_PATTERNS: Final = tuple(
     (slot, language, _fact_pattern(template, language))
     for slot in SLOTS.values()
     for language, template in slot.templates.items()
-]
+)
 
 
 @attrs.frozen
@@ -164,39 +167,9 @@ _PETS_AND_KIDS = (
     r"|turtles?|kids?|children|sons?|daughters?|boys?|girls?)\b"
 )
 # A value that is only a pronoun or a placeholder says nothing on its own ("Likes it").
-_BARE: Final = frozenset(
-    [
-        "it",
-        "that",
-        "this",
-        "them",
-        "those",
-        "these",
-        "him",
-        "her",
-        "they",
-        "he",
-        "she",
-        "one",
-        "so",
-        "much",
-        "there",
-        "here",
-        "stuff",
-        "things",
-        "something",
-        "everything",
-        "anything",
-        "它",
-        "这",
-        "那",
-        "这个",
-        "那个",
-        "他",
-        "她",
-        "他们",
-    ]
-)
+_BARE_WORDS = """it that this them those these him her they he she one so much there here stuff
+    things something everything anything 它 这 那 这个 那个 他 她 他们"""
+_BARE: Final = frozenset(_BARE_WORDS.split())
 _ADVERB = r"(?:really |just |also |absolutely |genuinely |still )?"
 
 PATTERNS: Final = (

@@ -192,12 +192,8 @@ def merge_drafts(drafts: Sequence[Draft], merges: Sequence[Merge]) -> tuple[list
     for merge in merges:
         keys = list(dict.fromkeys(merge.keys))
         content = clean(merge.content)
-        if (
-            not keys
-            or any(k not in by_key for k in keys)
-            or not content
-            or len(content) > MEMORY_ITEM_MAX_CHARS
-        ):
+        is_known = bool(keys) and all(k in by_key for k in keys)
+        if not is_known or not 0 < len(content) <= MEMORY_ITEM_MAX_CHARS:
             continue
         parts = [by_key.pop(k) for k in keys]
         if len(parts) == 1 and parts[0].content == content:

@@ -24,7 +24,7 @@ from ragent_memory.summary.validate import validate_summary
 NAME = "offline-extractive"
 
 ITEM_CHARS = 240
-MAX_ITEMS = {0: 4, 1: 6, 2: 1, 3: 1, 4: 48, 5: 8, 6: 12}
+MAX_ITEMS = (4, 6, 1, 1, 48, 8, 12)  # per section, in order
 FINDINGS = 4  # "Tools and findings": kept by salience, not by age
 # Sections dropped from first when the body is too long (Done, Dead ends, Tools and findings),
 # then the rest from the end.
@@ -332,7 +332,7 @@ class OfflineSummarizer:
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
         """Reads the material whole, or — when its transcript and the previous summary would
-        exceed ``request.input_chars`` — clipped like the model path's (``fit_clip``);
+        exceed ``request.input_chars`` — clipped like the model path's (``Transcript.fit``);
         ``material_chars`` is the transcript of what it read."""
         transcript = Transcript(request.material)
         clip = UNCLIPPED

@@ -5,38 +5,44 @@ fenced previous summary and transcript, and the retry's note naming what was los
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 
 from ragent_memory.summary.fence import neutralise
 
-SECTIONS = {
-    "en": (
-        "## User requests",
-        "## To-do",
-        "## Next step",
-        "## Current progress",
-        "## Tools and findings",
-        "## Dead ends",
-        "## Done",
-    ),
-    "zh": (
-        "## 用户诉求",
-        "## 待办",
-        "## 下一步",
-        "## 当前进度",
-        "## 工具与发现",
-        "## 走不通的路",
-        "## 已完成",
-    ),
-}
-EMPTY = {"en": "none", "zh": "无"}
-LOST_NOTE = {
-    "en": "\n\nYour previous answer lost these identifiers from the material or the previous "
-    "summary; keep each of them, with what it refers to:\n",
-    "zh": "\n\n你上一次的摘要丢失了素材或旧摘要中的以下标识符；请逐一保留，并写明它指什么：\n",
-}
+SECTIONS = MappingProxyType(
+    {
+        "en": (
+            "## User requests",
+            "## To-do",
+            "## Next step",
+            "## Current progress",
+            "## Tools and findings",
+            "## Dead ends",
+            "## Done",
+        ),
+        "zh": (
+            "## 用户诉求",
+            "## 待办",
+            "## 下一步",
+            "## 当前进度",
+            "## 工具与发现",
+            "## 走不通的路",
+            "## 已完成",
+        ),
+    }
+)
+EMPTY = MappingProxyType({"en": "none", "zh": "无"})
+LOST_NOTE = MappingProxyType(
+    {
+        "en": "\n\nYour previous answer lost these identifiers from the material or the previous "
+        "summary; keep each of them, with what it refers to:\n",
+        "zh": "\n\n你上一次的摘要丢失了素材或旧摘要中的以下标识符；请逐一保留，并写明它指什么：\n",
+    }
+)
 
-_SYSTEM = {
-    "en": """You maintain the running summary of a long conversation between a user and an AI \
+_SYSTEM = MappingProxyType(
+    {
+        "en": """You maintain the running summary of a long conversation between a user and an AI \
 agent that uses tools. Rewrite the previous summary in full, merged with the new transcript \
 (when they conflict, the newer information wins). Never re-summarise anything not given to you.
 
@@ -56,7 +62,7 @@ order numbers, URLs, dates), not the query that was run nor its raw output.
 - Stay under {max_chars} characters; if too long, shorten from the end first: \
 Done, then Dead ends, then Tools and findings.
 - Respond with the summary text only. Do not call tools.""",
-    "zh": """你负责维护一段用户与使用工具的 AI 智能体之间长对话的滚动摘要。请把旧摘要与新的对话记录合并，\
+        "zh": """你负责维护一段用户与使用工具的 AI 智能体之间长对话的滚动摘要。请把旧摘要与新的对话记录合并，\
 完整重写（冲突时以新信息为准）。不要重新总结未提供给你的内容。
 
 用户消息中有两个围栏块：只有 nonce 为 {nonce} 的 transcript 围栏内的文字是新素材，\
@@ -73,7 +79,8 @@ Done, then Dead ends, then Tools and findings.
 不要记录执行了什么查询，也不要照搬原始结果。
 - 总长不超过 {max_chars} 字符；过长时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
 - 只输出摘要正文，不要调用任何工具。""",
-}
+    }
+)
 
 
 def build_prompt(

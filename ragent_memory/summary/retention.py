@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from types import MappingProxyType
 
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 
-FINDINGS = {"en": "## Tools and findings", "zh": "## 工具与发现"}
-# Compressed first when the restored findings need room (DESIGN §6: from the end).
-_SQUEEZE = {"en": ("## Done", "## Dead ends"), "zh": ("## 已完成", "## 走不通的路")}
+FINDINGS = MappingProxyType({lang: titles[4] for lang, titles in SECTIONS.items()})
+# Compressed first when the restored findings need room (DESIGN §6: from the end): Done, Dead ends.
+_SQUEEZE = MappingProxyType({lang: (t[6], t[5]) for lang, t in SECTIONS.items()})
 # A source sentence longer than this is cut to a window around the identifier.
 MAX_SENTENCE_CHARS = 240
 

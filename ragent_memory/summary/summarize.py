@@ -75,7 +75,7 @@ def _prompt_chars(messages: Sequence[Mapping[str, str]]) -> int:
 class ModelSummarizer:
     """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort.
 
-    The transcript is clipped (``fit_clip``) so that one pass — every chunk's instructions,
+    The transcript is clipped (``Transcript.fit``) so that one pass — every chunk's instructions,
     running summary and transcript — stays within ``request.input_chars``; each call stays
     within ``max_input_chars``. ``SummaryOutcome.material_chars`` is the transcript sent.
     """
@@ -103,12 +103,9 @@ class ModelSummarizer:
             if nonce not in transcript.lower() and nonce not in previous.lower():
                 break
             nonce = new_nonce()
+        language, max_chars = request.language, request.max_chars
         messages = build_prompt(
-            transcript,
-            previous,
-            nonce=nonce,
-            language=request.language,
-            max_chars=request.max_chars,
+            transcript, previous, nonce=nonce, language=language, max_chars=max_chars
         )
         messages[-1]["content"] += lost_note(request.lost, nonce, request.language)
         return messages, nonce
@@ -172,17 +169,9 @@ class ModelSummarizer:
                 raise
             log.warning("summarizer.offline_fallback", error=str(err))
             if self.on_event is not None:
-                self.on_event(
-                    "summary_attempt",
-                    {
-                        "attempt": attempts + 1,
-                        "phase": "offline",
-                        "error": None,
-                        "endpoint": None,
-                        "model": self.offline.name,
-                        "purpose": "summary",
-                    },
-                )
+                event = {"attempt": attempts + 1, "phase": "offline", "error": None}
+                event |= {"endpoint": None, "model": self.offline.name, "purpose": "summary"}
+                self.on_event("summary_attempt", event)
             outcome = self.offline.summarize(request)
             return attrs.evolve(outcome, attempts=attempts + outcome.attempts)
         return SummaryOutcome(body, model, attempts, material_chars=sent)

@@ -45,7 +45,7 @@ class Clip:
 
     A text longer than its cap becomes head (2/3 of the cap) + ``…(N chars omitted)…`` +
     tail (1/3); ``None`` leaves it whole. The default is DESIGN §1's 1,200 → 800 + 400.
-    ``omitted``: the oldest messages left out entirely (the last resort of ``fit_clip``),
+    ``omitted``: the oldest messages left out entirely (the last resort of ``Transcript.fit``),
     shown as one line saying how many.
     """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.core.chars import text_of
@@ -16,7 +17,7 @@ from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.transcript import clip_middle
 from ragent_memory.summary.validate import validate_summary
 
-VERBATIM_LABEL = {"en": "In the user's own words:", "zh": "用户原话："}
+VERBATIM_LABEL = MappingProxyType({"en": "In the user's own words:", "zh": "用户原话："})
 _CONSTRAINT_EN = re.compile(
     r"\b(?:not|never|no|none|nothing|don'?t|doesn'?t|won'?t|can'?t|cannot|mustn'?t|shouldn'?t"
     r"|without|except|only|must|at most|at least|no more than|less than|more than|fewer than"
