@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +48,13 @@ def is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flag(key: str, *, default: bool) -> Any:
+    """A true/false field, refusing anything else (YAML's "yes" is a string here)."""
+    return attrs.field(
+        default=default, validator=_check(key, lambda v: isinstance(v, bool), "true or false")
+    )
 
 
 def _check(key: str, ok: Callable[[Any], bool], want: str) -> Callable[[Any, Any, Any], None]:
@@ -106,12 +114,7 @@ class LLMSettings:
             "llm.max_input_chars", lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
         ),
     )
-    offline_fallback: bool = attrs.field(
-        default=True,
-        validator=_check(
-            "llm.offline_fallback", lambda v: v is True or v is False, "true or false"
-        ),
-    )
+    offline_fallback: bool = _flag("llm.offline_fallback", default=True)
     fallbacks: tuple[EndpointSettings, ...] = attrs.field(
         default=(),
         converter=_to_tuple,
@@ -263,6 +266,12 @@ def _serve_section(value: Any) -> Any:
     return _nested("serve", value)
 
 
+# The derived gates ``Settings.derived`` shows, in order.
+_DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep_recent_chars
+    summary_max_chars memory_max_chars memory_consolidate_chars oversized_tool_result_chars
+    recall_max_chars"""
+
+
 @attrs.frozen
 class Settings:
     """Every setting of the engine. Construct in code or with :func:`load_settings`."""
@@ -275,14 +284,8 @@ class Settings:
             f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
         ),
     )
-    summary_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("summary_enabled", lambda v: v is True or v is False, "true or false"),
-    )
-    long_term_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("long_term_enabled", lambda v: v is True or v is False, "true or false"),
-    )
+    summary_enabled: bool = _flag("summary_enabled", default=True)
+    long_term_enabled: bool = _flag("long_term_enabled", default=True)
     evictable_tools: tuple[str, ...] = attrs.field(
         default=("search_knowledge",),
         converter=_to_tuple,
@@ -316,14 +319,8 @@ class Settings:
         default=7,
         validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
     )
-    strict_alternation: bool = attrs.field(
-        default=False,
-        validator=_check("strict_alternation", lambda v: v is True or v is False, "true or false"),
-    )
-    recall_enabled: bool = attrs.field(
-        default=True,
-        validator=_check("recall_enabled", lambda v: v is True or v is False, "true or false"),
-    )
+    strict_alternation: bool = _flag("strict_alternation", default=False)
+    recall_enabled: bool = _flag("recall_enabled", default=True)
     preserved_tools: tuple[str, ...] = attrs.field(
         default=(),
         converter=_to_tuple,
@@ -389,18 +386,7 @@ class Settings:
 
     def derived(self) -> dict[str, int]:
         """The derived gates, by name, for display (``ragent-memory inspect``)."""
-        names = (
-            "context_window_chars",
-            "trim_trigger_chars",
-            "compact_trigger_chars",
-            "keep_recent_chars",
-            "summary_max_chars",
-            "memory_max_chars",
-            "memory_consolidate_chars",
-            "oversized_tool_result_chars",
-            "recall_max_chars",
-        )
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, name) for name in _DERIVED.split()}
 
 
 # ---------------------------------------------------------------------------- loading
@@ -408,6 +394,20 @@ class Settings:
 
 def _fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
     return {a.name: a for a in attrs.fields(cls)}
+
+
+def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
+    """One key's YAML value as its field takes it: a nested section built, lists checked."""
+    if cls is Settings and key in _SECTIONS:
+        return None if key == "llm" and value is None else _build(_SECTIONS[key], value, key_path)
+    if cls is Settings and key in ("evictable_tools", "preserved_tools"):
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+    elif cls is LLMSettings and key == "fallbacks":
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
+        return tuple(_build(EndpointSettings, v, f"{key_path}[{i}]") for i, v in enumerate(value))
+    return value
 
 
 def _build(cls: type[Any], data: Any, path: str) -> Any:
@@ -420,25 +420,7 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
         key_path = f"{path}.{key}" if path else str(key)
         if key not in known:
             raise ConfigError(key_path, f"unknown key (known: {', '.join(sorted(known))})")
-        if cls is Settings and key == "store":
-            value = _build(StoreSettings, value, key_path)
-        elif cls is Settings and key == "serve":
-            value = _build(ServeSettings, value, key_path)
-        elif cls is Settings and key == "llm":
-            value = None if value is None else _build(LLMSettings, value, key_path)
-        elif (
-            cls is Settings
-            and key in ("evictable_tools", "preserved_tools")
-            and not isinstance(value, list)
-        ):
-            raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
-        elif cls is LLMSettings and key == "fallbacks":
-            if not isinstance(value, list):
-                raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
-            value = tuple(
-                _build(EndpointSettings, item, f"{key_path}[{i}]") for i, item in enumerate(value)
-            )
-        kwargs[key] = value
+        kwargs[key] = _value(cls, key, value, key_path)
     for name, field in known.items():
         if field.default is attrs.NOTHING and name not in kwargs:
             raise ConfigError(f"{path}.{name}" if path else name, "required key is missing")
@@ -452,11 +434,9 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
         raise ConfigError(path or "(top level)", str(err)) from None
 
 
-_SECTIONS: dict[str, type] = {
-    "store": StoreSettings,
-    "llm": LLMSettings,
-    "serve": ServeSettings,
-}
+_SECTIONS: Mapping[str, type] = MappingProxyType(
+    {"store": StoreSettings, "llm": LLMSettings, "serve": ServeSettings}
+)
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:

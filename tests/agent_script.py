@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ragent_memory import chars
-from ragent_memory.longterm.batch import HEADERS
+from ragent_memory.longterm.vocabulary import HEADERS
 
 REF = re.compile(r"recall: (rm-[0-9a-f]{20})")
 TOPICS = ("refund policy", "shipping times", "warranty terms", "invoice format", "api limits")

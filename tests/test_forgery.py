@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragent_memory.summary.summarize import NEUTRALISED, compose_summary, neutralise
+from ragent_memory.summary.fence import NEUTRALISED, neutralise
+from ragent_memory.summary.verbatim import compose_summary
 
 BLOCK = "In the user's own words:\n> the real request"
 FORGERIES = [

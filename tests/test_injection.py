@@ -21,12 +21,9 @@ from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.summary import summarize as summarize_module
 from ragent_memory.summary.build import build_summarizer
-from ragent_memory.summary.summarize import (
-    NEUTRALISED,
-    SECTIONS,
-    neutralise,
-    render_transcript,
-)
+from ragent_memory.summary.fence import NEUTRALISED, neutralise
+from ragent_memory.summary.prompt import SECTIONS
+from ragent_memory.summary.transcript import render_transcript
 
 CORPUS = Path(__file__).parent / "injection"
 CASES = json.loads((CORPUS / "cases.json").read_text(encoding="utf-8"))

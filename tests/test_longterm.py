@@ -19,34 +19,30 @@ import structlog
 from sessions import SYSTEM, chat, query, rag_turn, run_cli, without_recall
 
 from ragent_memory import InvalidMessagesError, Settings
+from ragent_memory.core.records import Draft, Fact, Plan
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ExtractionError
-from ragent_memory.longterm.batch import (
-    EXCERPTS_LABEL,
-    HEADERS,
-    Add,
-    Draft,
-    Extraction,
-    ExtractionRequest,
-    Fact,
-    Merge,
-    Noop,
-    Plan,
-    Rejected,
-    Retract,
-    Supersede,
-    build_consolidation_prompt,
-    build_extraction_prompt,
-    fit_block,
-    parse_operations,
-    plan_batch,
-)
+from ragent_memory.longterm.block import fit_block
+from ragent_memory.longterm.model import build_consolidation_prompt, build_extraction_prompt
 from ragent_memory.longterm.offline import (
     OfflineExtractor,
     candidates,
     consolidate_drafts,
     extract_operations,
     read_fact,
+)
+from ragent_memory.longterm.operations import parse_operations
+from ragent_memory.longterm.plan import Rejected, plan_batch
+from ragent_memory.longterm.vocabulary import (
+    EXCERPTS_LABEL,
+    HEADERS,
+    Add,
+    Extraction,
+    ExtractionRequest,
+    Merge,
+    Noop,
+    Retract,
+    Supersede,
 )
 from ragent_memory.store import Store
 from ragent_memory.text.terms import fts_query, search_terms
@@ -296,7 +292,7 @@ def test_operations_parse_with_prompt_numbers(caplog: pytest.LogCaptureFixture) 
   {"op": "RETRACT", "id": "2"}, {"op": "NOOP"},
   {"op": "SUPERSEDE", "id": 9, "content": "Has a dog"}, {"op": "RETRACT", "id": 7}]}
 ```"""
-    with caplog.at_level(logging.WARNING, logger="ragent_memory.longterm.batch"):
+    with caplog.at_level(logging.WARNING, logger="ragent_memory.longterm.operations"):
         parsed = parse_operations(reply, FACTS)
     assert 2 == parsed.rejected
     assert [

@@ -15,7 +15,7 @@ from sessions import chat, query
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
-from ragent_memory.summary.summarize import NEUTRALISED
+from ragent_memory.summary.fence import NEUTRALISED
 
 MODEL = "memory-model"
 SAID = ("My name is Anna.", "I live in Lisbon.", "I like tea.")

@@ -20,7 +20,8 @@ from ragent_memory.core.toolloops import map_loops
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.offline import NAME as OFFLINE
-from ragent_memory.summary.summarize import SECTIONS, SummaryRequest
+from ragent_memory.summary.prompt import SECTIONS
+from ragent_memory.summary.summarize import SummaryRequest
 
 MODEL = "summary-model"
 KEY_ENV = "RAGENT_MODEL_PATH_KEY"

@@ -12,12 +12,12 @@ import pytest
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
-from ragent_memory.core.identifiers import identifiers, lost, sentences, shortest_sentence
+from ragent_memory.core.identifiers import Sentences, identifiers, lost, sentences
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.build import build_summarizer
+from ragent_memory.summary.prompt import SECTIONS
 from ragent_memory.summary.retention import reject_repeat, restore, wanted
-from ragent_memory.summary.summarize import SECTIONS
 
 # ---------------------------------------------------------------------------- identifiers
 
@@ -91,8 +91,8 @@ def test_sentences_and_the_shortest_holder_newest_first() -> None:
         "Mail dana.kim@example.com or see https://x.example.com/q3.",
     ] == sentences(decimals)
     newest, oldest = "INV-9 was paid. INV-9 is closed.", "Long ago INV-9 was opened by Bob."
-    assert "INV-9 was paid." == shortest_sentence("INV-9", [newest, oldest])
-    assert shortest_sentence("INV-10", [newest, oldest]) is None
+    assert "INV-9 was paid." == Sentences([newest, oldest]).shortest("INV-9")
+    assert Sentences([newest, oldest]).shortest("INV-10") is None
 
 
 # ---------------------------------------------------------------------------- restore

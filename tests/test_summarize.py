@@ -7,19 +7,20 @@ from typing import Any
 import pytest
 
 from ragent_memory import SummaryError
-from ragent_memory.summary.summarize import (
+from ragent_memory.summary.fence import NEUTRALISED, neutralise
+from ragent_memory.summary.prompt import build_prompt
+from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
-    NEUTRALISED,
     Transcript,
-    build_prompt,
     clip_middle,
-    compose_summary,
-    neutralise,
     render_transcript,
+)
+from ragent_memory.summary.validate import validate_summary
+from ragent_memory.summary.verbatim import (
+    compose_summary,
     render_verbatim,
     states_constraint,
     update_verbatim,
-    validate_summary,
 )
 
 SEVEN = "\n".join(f"## S{i}\nnone" for i in range(7))
@@ -206,7 +207,7 @@ def test_transcript_folds_in_chunks_at_user_turns() -> None:
 
 def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
     """A body without `## User requests` gets the section added and still fits the clamp."""
-    from ragent_memory.summary.summarize import fit_summary
+    from ragent_memory.summary.verbatim import fit_summary
 
     body = "\n\n".join(f"## To-do\n- {'x' * 300}" for _ in range(6))
     block = "In the user's own words:\n> never exceed 4,321 euros"

@@ -19,15 +19,9 @@ from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.offline import NAME as OFFLINE
 from ragent_memory.summary.offline import OfflineSummarizer
-from ragent_memory.summary.summarize import (
-    DEFAULT_CLIP,
-    SECTIONS,
-    UNCLIPPED,
-    Clip,
-    SummaryRequest,
-    Transcript,
-    clip_text,
-)
+from ragent_memory.summary.prompt import SECTIONS
+from ragent_memory.summary.summarize import SummaryRequest
+from ragent_memory.summary.transcript import DEFAULT_CLIP, UNCLIPPED, Clip, Transcript, clip_text
 
 B = 20_000
 TASK = "Reconcile the ledgers and never approve more than 500 euros without my OK."

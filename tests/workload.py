@@ -24,7 +24,7 @@ from sessions import rag_turn
 
 from ragent_memory import Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
-from ragent_memory.longterm.batch import build_extractor
+from ragent_memory.longterm.model import build_extractor
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 

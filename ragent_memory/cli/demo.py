@@ -12,28 +12,31 @@ import json
 import random
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import click
 
-from ragent_memory.core.chars import clip, text_of
+from ragent_memory.core.chars import Message, clip, text_of
 from ragent_memory.engine.memory_engine import MemoryEngine, TurnReport
 from ragent_memory.recall.refs import FOOTER_MARK, RECALL_TOOL_NAME, find_refs
 from ragent_memory.settings import Settings, StoreSettings, load_settings
 
-KNOWLEDGE = {
-    "refund policy": "Refunds are issued within 14 days of purchase to the original payment method.",
-    "shipping times": "Standard shipping takes 3–5 business days; express ships next day.",
-    "warranty terms": "Hardware carries a 24-month warranty; batteries are covered for 12 months.",
-    "invoice format": "Invoices are PDF files numbered INV-YYYY-NNNNN and list VAT separately.",
-    "api limits": "The public API allows 600 requests per minute per key, burst 100.",
-    "data retention": "Logs are kept 30 days; backups 90 days; audit trails 7 years.",
-    "sso setup": "SSO supports SAML 2.0 and OIDC; the ACS URL ends in /sso/acs.",
-    "pricing tiers": "Starter is 9 EUR/month, Team 29 EUR/user, Enterprise is quoted.",
-    "on-call rota": "The on-call rota rotates weekly on Mondays at 09:00 CET.",
-    "backup schedule": "Backups run nightly at 02:00 UTC and are verified every Sunday.",
-}
+KNOWLEDGE = MappingProxyType(
+    {
+        "refund policy": "Refunds are issued within 14 days of purchase to the original payment method.",
+        "shipping times": "Standard shipping takes 3–5 business days; express ships next day.",
+        "warranty terms": "Hardware carries a 24-month warranty; batteries are covered for 12 months.",
+        "invoice format": "Invoices are PDF files numbered INV-YYYY-NNNNN and list VAT separately.",
+        "api limits": "The public API allows 600 requests per minute per key, burst 100.",
+        "data retention": "Logs are kept 30 days; backups 90 days; audit trails 7 years.",
+        "sso setup": "SSO supports SAML 2.0 and OIDC; the ACS URL ends in /sso/acs.",
+        "pricing tiers": "Starter is 9 EUR/month, Team 29 EUR/user, Enterprise is quoted.",
+        "on-call rota": "The on-call rota rotates weekly on Mondays at 09:00 CET.",
+        "backup schedule": "Backups run nightly at 02:00 UTC and are verified every Sunday.",
+    }
+)
 QUESTIONS = (
     "What does our {t} say?",
     "Can you double-check the {t} for the customer in ticket T-{n}?",
@@ -53,7 +56,7 @@ FACTS = (
 )
 
 
-def _search_result(topic: str, turn: int, rng: random.Random) -> str:
+def _search_result(topic: str, rng: random.Random) -> str:
     lines = [
         f"[{topic} · doc {k}] {KNOWLEDGE[topic]} (revision {rng.randint(1, 40)})"
         for k in range(rng.randint(10, 40))
@@ -61,11 +64,21 @@ def _search_result(topic: str, turn: int, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def simulate_session(turns: int, *, seed: int = 42) -> list[list[dict[str, Any]]]:
+def _tool_turn(call_id: str, name: str, arguments: dict[str, Any], result: str) -> list[Message]:
+    """An assistant's one tool call and its result."""
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    call = {"id": call_id, "type": "function", "function": function}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def simulate_session(turns: int, *, seed: int = 42) -> list[list[Message]]:
     """The session as a list of turns, each a list of messages (user first)."""
     rng = random.Random(seed)
     topics = list(KNOWLEDGE)
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[Message]] = []
     for turn in range(turns):
         topic = topics[turn % len(topics)]
         question = QUESTIONS[turn % len(QUESTIONS)].format(t=topic, n=1000 + turn)
@@ -73,54 +86,18 @@ def simulate_session(turns: int, *, seed: int = 42) -> list[list[dict[str, Any]]
             question = f"{CONSTRAINTS[turn]} {question}"
         elif turn - len(CONSTRAINTS) < len(FACTS):
             question = f"{FACTS[turn - len(CONSTRAINTS)]} {question}"
-        call = f"call_{turn}"
-        messages: list[dict[str, Any]] = [
+        search = {"query": topic, "top_k": 8}
+        messages = [
             {"role": "user", "content": question},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call,
-                        "type": "function",
-                        "function": {
-                            "name": "search_knowledge",
-                            "arguments": json.dumps({"query": topic, "top_k": 8}),
-                        },
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": call, "content": _search_result(topic, turn, rng)},
+            *_tool_turn(f"call_{turn}", "search_knowledge", search, _search_result(topic, rng)),
         ]
         if turn % 37 == 36:  # an oversized export, truncated by the reduction step
-            export = f"export_{turn}"
             rows = "\n".join(
                 f"row {i}: {topic} record {rng.randint(10_000, 99_999)}" for i in range(4_000)
             )
-            messages += [
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": export,
-                            "type": "function",
-                            "function": {
-                                "name": "export_records",
-                                "arguments": json.dumps({"topic": topic}),
-                            },
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": export, "content": rows},
-            ]
-        messages.append(
-            {
-                "role": "assistant",
-                "content": f"Per the knowledge base: {KNOWLEDGE[topic]} Done for turn {turn}.",
-            }
-        )
-        out.append(messages)
+            messages += _tool_turn(f"export_{turn}", "export_records", {"topic": topic}, rows)
+        answer = f"Per the knowledge base: {KNOWLEDGE[topic]} Done for turn {turn}."
+        out.append([*messages, {"role": "assistant", "content": answer}])
     return out
 
 
@@ -154,24 +131,11 @@ def _recall_loop(
         offset = int(start.group(1)) if start else 0
         arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
         call_id = f"recall_{turn}"
-        call: dict[str, Any] = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": RECALL_TOOL_NAME, "arguments": json.dumps(arguments)},
-                }
-            ],
-        }
+        call = _tool_turn(call_id, RECALL_TOOL_NAME, arguments, "")[0]
         # What the app does when the model calls the tool: parse the arguments, answer.
         parsed = json.loads(call["tool_calls"][0]["function"]["arguments"])
-        answer = {
-            "role": "tool",
-            "tool_call_id": call_id,
-            "content": engine.recall(session_id, **parsed),
-        }
+        content = engine.recall(session_id, **parsed)
+        answer = {"role": "tool", "tool_call_id": call_id, "content": content}
         return RecallLoop(turn, seen, call, answer)
     return None
 

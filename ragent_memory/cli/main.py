@@ -173,12 +173,8 @@ def audit(
     summaries: bool,
 ) -> None:
     """Print the compaction log (the compactions table)."""
-    with user_errors():
-        store = _existing_store(config, db)
-        try:
-            rows = store.compactions(session_id)
-        finally:
-            store.close()
+    with user_errors(), _existing_store(config, db) as store:
+        rows = store.compactions(session_id)
     if _json_wanted(as_json):
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -189,20 +185,8 @@ def audit(
     if not rows:
         click.echo("no compactions recorded")
         return
-    cols = [
-        "id",
-        "session_id",
-        "generation",
-        "status",
-        "reason",
-        "model",
-        "material_messages",
-        "chars_before",
-        "chars_after",
-        "summary_chars",
-        "duration_ms",
-        "created_at",
-    ]
+    cols = ["id", "session_id", "generation", "status", "reason", "model", "material_messages"]
+    cols += ["chars_before", "chars_after", "summary_chars", "duration_ms", "created_at"]
     click.echo(_table([[r[c] if r[c] is not None else "" for c in cols] for r in rows], cols))
     for row in rows:
         if row["error"]:
@@ -276,18 +260,12 @@ def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
     """Delete expired offloads and what is left of dropped sessions; report what was freed."""
     import attrs
 
-    with user_errors():
-        store = _existing_store(config, db)
-        try:
-            report = store.gc(vacuum=vacuum)
-        finally:
-            store.close()
+    with user_errors(), _existing_store(config, db) as store:
+        report = store.gc(vacuum=vacuum)
     sizes = ("file_bytes_before", "file_bytes_after")
     if _json_wanted(as_json):
         fields = attrs.asdict(report)
-        click.echo(
-            json.dumps(fields if vacuum else {k: fields[k] for k in fields if k not in sizes})
-        )
+        click.echo(json.dumps({k: v for k, v in fields.items() if vacuum or k not in sizes}))
         return
     click.echo(
         f"removed {report.expired_offloads} expired offloads and {report.dropped_offloads} "
@@ -361,11 +339,8 @@ def memory_list(
     """List the facts remembered about a user (active ones unless --all)."""
     with user_errors():
         user = _user(user_id)
-        store = _existing_store(config, db)
-        try:
+        with _existing_store(config, db) as store:
             rows = store.memory_rows(user, kind="fact")
-        finally:
-            store.close()
     if not show_all:
         rows = [r for r in rows if r["status"] == "active"]
     facts = [
@@ -392,11 +367,8 @@ def memory_forget(user_id: str | None, db: str | None, config: str | None) -> No
     """Erase everything remembered about a user: facts, summaries, pending messages."""
     with user_errors():
         user = _user(user_id)
-        store = _existing_store(config, db)
-        try:
+        with _existing_store(config, db) as store:
             forgotten = store.forget(user)
-        finally:
-            store.close()
     click.echo(
         f"forgot {user}: {forgotten.memories} memories and {forgotten.pending} pending messages"
     )

@@ -60,6 +60,12 @@ def _looks_like_jsonl(text: str) -> bool:
     return "\n" in text.strip()
 
 
+# The report's fields in each turn of ``replay``'s result.
+_REPORTED_FIELDS = """chars_raw chars_in chars_out trimmed truncated reclaimed_chars compacted
+    skipped_reason generation memory_chars"""
+_REPORTED = tuple(_REPORTED_FIELDS.split())
+
+
 def replay(
     engine: MemoryEngine, messages: list[dict[str, Any]], *, session_id: str, user_id: str | None
 ) -> dict[str, Any]:
@@ -72,26 +78,9 @@ def replay(
             continue
         prepared = engine.prepare(messages[: index + 1], session_id=session_id, user_id=user_id)
         report = prepared.report
+        fields = {k: getattr(report, k) for k in _REPORTED}
         turns.append(
-            {
-                "message_index": index,
-                **{
-                    k: getattr(report, k)
-                    for k in (
-                        "chars_raw",
-                        "chars_in",
-                        "chars_out",
-                        "trimmed",
-                        "truncated",
-                        "reclaimed_chars",
-                        "compacted",
-                        "skipped_reason",
-                        "generation",
-                        "memory_chars",
-                    )
-                },
-                "duration_ms": round(report.duration_ms, 3),
-            }
+            {"message_index": index, **fields, "duration_ms": round(report.duration_ms, 3)}
         )
     return {
         "session_id": session_id,

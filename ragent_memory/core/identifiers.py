@@ -153,8 +153,3 @@ class Sentences:
             if holding:
                 return min(holding, key=len)
         return None
-
-
-def shortest_sentence(identifier: str, texts: Iterable[str]) -> str | None:
-    """The shortest sentence holding ``identifier`` in the first of ``texts`` that has one."""
-    return Sentences(texts).shortest(identifier)

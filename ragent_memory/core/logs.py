@@ -35,7 +35,7 @@ def _to_log_kwargs(
     return {"msg": message, "extra": {EVENT_ATTR: dict(event_dict)}}
 
 
-_PROCESSORS: list[structlog.typing.Processor] = [_to_log_kwargs]
+_PROCESSORS: tuple[structlog.typing.Processor, ...] = (_to_log_kwargs,)
 
 
 class Logger:

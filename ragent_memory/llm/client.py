@@ -24,7 +24,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Hashable
-from types import TracebackType
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -204,12 +203,7 @@ class LLMClient:
     def __enter__(self) -> LLMClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -284,12 +278,12 @@ class LLMClient:
                 self._report(attempts, phase, endpoint, request.purpose, None, None)
                 return Completion(outcome, endpoint.model, url, attempts, phase)
             is_open = self._breaker.record_failure(breaker_key)
-            if outcome.is_retryable and retry_index < self._settings.max_retries and not is_open:
-                delay_s: float | None = retry_delay_s(
-                    retry_index, outcome.retry_after, self._rand()
-                )
-            else:
-                delay_s = None
+            is_retried = outcome.is_retryable and retry_index < self._settings.max_retries
+            delay_s = (
+                retry_delay_s(retry_index, outcome.retry_after, self._rand())
+                if is_retried and not is_open
+                else None
+            )
             self._report(attempts, phase, endpoint, request.purpose, outcome, delay_s)
             if delay_s is None:
                 return _GaveUp(attempts, f"{where}: {outcome.error}: {outcome.detail}")
@@ -332,9 +326,8 @@ class LLMClient:
                 status_code=status,
                 retry_after=err.response.headers.get("retry-after"),
             )
-        except (
-            openai.OpenAIError
-        ) as err:  # timeouts, connection errors, anything else the SDK raises
+        # Timeouts, connection errors, anything else the SDK raises.
+        except openai.OpenAIError as err:
             return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
@@ -346,11 +339,7 @@ class LLMClient:
         except _BadReply as err:
             return _Failure("BadReply", str(err), True)
         except SummaryError as err:
-            return _Failure(
-                type(err).__name__,
-                _detail(err.reason, request.secrets),
-                True,
-            )
+            return _Failure(type(err).__name__, _detail(err.reason, request.secrets), True)
 
     def _report(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Final
 
 import attrs
@@ -50,29 +51,31 @@ class Slot:
         return self.templates[language].format(x=value, thing=thing)
 
 
-SLOTS: Final = {
-    s.key: s
-    for s in (
-        Slot("name", {"en": "Is called {x}", "zh": "名叫{x}"}, is_single=True),
-        Slot("lives", {"en": "Lives in {x}", "zh": "住在{x}"}, is_single=True),
-        Slot("employer", {"en": "Works at {x}", "zh": "在{x}工作"}, is_single=True),
-        Slot("occupation", {"en": "Works as {x}"}, is_single=True),
-        Slot("favourite", {"en": "Favourite {thing} is {x}"}, is_single=True),
-        Slot("allergic", {"en": "Is allergic to {x}", "zh": "对{x}过敏"}),
-        Slot("prefers", {"en": "Prefers {x}", "zh": "偏好{x}"}),
-        Slot("likes", {"en": "Likes {x}", "zh": "喜欢{x}"}, opposite="dislikes"),
-        Slot("dislikes", {"en": "Does not like {x}", "zh": "不喜欢{x}"}, opposite="likes"),
-        Slot("speaks", {"en": "Speaks {x}", "zh": "会说{x}"}),
-        Slot("plays", {"en": "Plays {x}"}),
-        Slot("doing", {"en": "Has been {x}", "zh": "最近在{x}"}),  # before "Has {x}"
-        Slot("has", {"en": "Has {x}", "zh": "养了{x}"}),
-        Slot("family", {"en": "Their {x}", "zh": "自己的{x}"}),
-        Slot("plans", {"en": "Plans to {x}", "zh": "打算{x}"}),
-        Slot("always", {"en": "Always {x}"}, opposite="never"),
-        Slot("never", {"en": "Never {x}"}, opposite="always"),
-        Slot("identity", {"en": "Is {x}", "zh": "是{x}"}),  # last: "Is called …" is a name
-    )
-}
+SLOTS: Final = MappingProxyType(
+    {
+        s.key: s
+        for s in (
+            Slot("name", {"en": "Is called {x}", "zh": "名叫{x}"}, is_single=True),
+            Slot("lives", {"en": "Lives in {x}", "zh": "住在{x}"}, is_single=True),
+            Slot("employer", {"en": "Works at {x}", "zh": "在{x}工作"}, is_single=True),
+            Slot("occupation", {"en": "Works as {x}"}, is_single=True),
+            Slot("favourite", {"en": "Favourite {thing} is {x}"}, is_single=True),
+            Slot("allergic", {"en": "Is allergic to {x}", "zh": "对{x}过敏"}),
+            Slot("prefers", {"en": "Prefers {x}", "zh": "偏好{x}"}),
+            Slot("likes", {"en": "Likes {x}", "zh": "喜欢{x}"}, opposite="dislikes"),
+            Slot("dislikes", {"en": "Does not like {x}", "zh": "不喜欢{x}"}, opposite="likes"),
+            Slot("speaks", {"en": "Speaks {x}", "zh": "会说{x}"}),
+            Slot("plays", {"en": "Plays {x}"}),
+            Slot("doing", {"en": "Has been {x}", "zh": "最近在{x}"}),  # before "Has {x}"
+            Slot("has", {"en": "Has {x}", "zh": "养了{x}"}),
+            Slot("family", {"en": "Their {x}", "zh": "自己的{x}"}),
+            Slot("plans", {"en": "Plans to {x}", "zh": "打算{x}"}),
+            Slot("always", {"en": "Always {x}"}, opposite="never"),
+            Slot("never", {"en": "Never {x}"}, opposite="always"),
+            Slot("identity", {"en": "Is {x}", "zh": "是{x}"}),  # last: "Is called …" is a name
+        )
+    }
+)
 
 
 def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
@@ -84,11 +87,11 @@ def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
     return re.compile(f"^{regex}$", re.IGNORECASE if language == "en" else 0)
 
 
-_FACT_PATTERNS: Final = [
+_FACT_PATTERNS: Final = tuple(
     (slot, language, _fact_pattern(template, language))
     for slot in SLOTS.values()
     for language, template in slot.templates.items()
-]
+)
 
 
 @attrs.frozen
@@ -164,39 +167,9 @@ _PETS_AND_KIDS = (
     r"|turtles?|kids?|children|sons?|daughters?|boys?|girls?)\b"
 )
 # A value that is only a pronoun or a placeholder says nothing on its own ("Likes it").
-_BARE: Final = frozenset(
-    [
-        "it",
-        "that",
-        "this",
-        "them",
-        "those",
-        "these",
-        "him",
-        "her",
-        "they",
-        "he",
-        "she",
-        "one",
-        "so",
-        "much",
-        "there",
-        "here",
-        "stuff",
-        "things",
-        "something",
-        "everything",
-        "anything",
-        "它",
-        "这",
-        "那",
-        "这个",
-        "那个",
-        "他",
-        "她",
-        "他们",
-    ]
-)
+_BARE_WORDS = """it that this them those these him her they he she one so much there here stuff
+    things something everything anything 它 这 那 这个 那个 他 她 他们"""
+_BARE: Final = frozenset(_BARE_WORDS.split())
 _ADVERB = r"(?:really |just |also |absolutely |genuinely |still )?"
 
 PATTERNS: Final = (
@@ -411,69 +384,54 @@ def _same_value(a: str, b: str) -> bool:
     return a == b or a.startswith(b) or b.startswith(a)
 
 
+def _first(live: Sequence[_Entry], match: Callable[[Reading], bool]) -> _Entry | None:
+    return next((e for e in live if e.reading is not None and match(e.reading)), None)
+
+
+def _replaced(live: Sequence[_Entry], reading: Reading) -> _Entry | None:
+    """The live fact a new reading replaces: its single-valued slot's, or the opposite slot's
+    with the same value ("likes tea" replaces "dislikes tea")."""
+    slot = SLOTS[reading.slot]
+    target = _first(live, lambda r: r.slot_key == reading.slot_key) if slot.is_single else None
+    if target is None and slot.opposite is not None:
+        target = _first(live, lambda r: r.slot == slot.opposite and r.value == reading.value)
+    return target
+
+
+def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> None:
+    reading = candidate.reading
+    if candidate.is_retraction:
+        target = _first(
+            live,
+            lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value),
+        )
+        if target is not None:
+            live.remove(target)
+            retracted.extend([] if target.id is None else [target.id])
+        return
+    key = normalised(candidate.content)
+    if any(normalised(e.content) == key for e in live):
+        return
+    target = _replaced(live, reading)
+    if target is None:
+        live.append(_Entry(None, candidate.content, reading))
+    else:
+        target.content, target.reading, target.is_changed = candidate.content, reading, True
+
+
 def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[Operation, ...]:
     """The operations the patterns in ``messages`` imply for ``facts`` (DESIGN §9)."""
     live = [_Entry(f.id, f.content, read_fact(f.content)) for f in facts]
     retracted: list[int] = []
     for message in messages:
         for candidate in candidates(message):
-            reading = candidate.reading
-            slot = SLOTS[reading.slot]
-            if candidate.is_retraction:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None
-                        and e.reading.slot_key == reading.slot_key
-                        and _same_value(e.reading.value, reading.value)
-                    ),
-                    None,
-                )
-                if target is not None:
-                    live.remove(target)
-                    if target.id is not None:
-                        retracted.append(target.id)
-                continue
-            key = normalised(candidate.content)
-            if any(normalised(e.content) == key for e in live):
-                continue
-            target = None
-            if slot.is_single:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None and e.reading.slot_key == reading.slot_key
-                    ),
-                    None,
-                )
-            if target is None and slot.opposite is not None:
-                target = next(
-                    (
-                        e
-                        for e in live
-                        if e.reading is not None
-                        and e.reading.slot == slot.opposite
-                        and e.reading.value == reading.value
-                    ),
-                    None,
-                )
-            if target is None:
-                live.append(_Entry(None, candidate.content, reading))
-            else:
-                target.content, target.reading, target.is_changed = (
-                    candidate.content,
-                    reading,
-                    True,
-                )
-    operations: list[Operation] = [Retract(i) for i in retracted]
-    for entry in live:
-        if entry.id is None:
-            operations.append(Add(entry.content))
-        elif entry.is_changed:
-            operations.append(Supersede(entry.id, entry.content))
-    return tuple(operations)
+            _apply(live, retracted, candidate)
+    changes = [
+        Add(e.content) if e.id is None else Supersede(e.id, e.content)
+        for e in live
+        if e.id is None or e.is_changed
+    ]
+    return (*[Retract(i) for i in retracted], *changes)
 
 
 # ---------------------------------------------------------------------------- consolidation
@@ -491,11 +449,13 @@ def _extends(longer: str, shorter: str) -> bool:
     return normalised(longer).startswith(normalised(shorter))
 
 
-def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
-    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
-    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
-    block is over the target."""
-    groups: list[tuple[str, list[Draft]] | None] = []  # (content, members), oldest first
+# A fact's wording and the drafts it stands for; None once folded into another group.
+_Group = tuple[str, list[Draft]] | None
+
+
+def _fold_duplicates(drafts: Sequence[Draft]) -> list[_Group]:
+    """Near-duplicates folded into the longer wording, oldest first."""
+    groups: list[_Group] = []
     for draft in drafts:
         for index, group in enumerate(groups):
             assert group is not None
@@ -506,38 +466,51 @@ def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: 
                 break
         else:
             groups.append((draft.content, [draft]))
+    return groups
 
-    def size() -> int:
-        return block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
 
+def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) -> None:
+    """Join the values of one multi-valued slot's facts into the first, within the item cap."""
+    reading = readings[0][1]
+    slot, language = SLOTS[reading.slot], reading.language
+    joiner = slot.joiners[language]
+    values: list[str] = []
+    folded: list[Draft] = []
+    taken: list[int] = []
+    for index, reading in readings:
+        joined = joiner.join([*values, reading.raw_value])
+        if values and len(slot.render(language, joined)) > MEMORY_ITEM_MAX_CHARS:
+            break
+        group = groups[index]
+        assert group is not None
+        values.append(reading.raw_value)
+        folded.extend(group[1])
+        taken.append(index)
+    if len(taken) < 2:
+        return
+    groups[taken[0]] = (slot.render(language, joiner.join(values)), folded)
+    for index in taken[1:]:
+        groups[index] = None
+
+
+def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
+    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
+    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
+    block is over the target."""
+    groups = _fold_duplicates(drafts)
     buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
     for index, group in enumerate(groups):
         reading = read_fact(group[0]) if group is not None else None
         if reading is not None and not SLOTS[reading.slot].is_single:
             key = (reading.slot, reading.thing, reading.language)
             buckets.setdefault(key, []).append((index, reading))
-    for (slot_key, _, fact_language), readings in buckets.items():
-        if size() <= target_chars:
+    for readings in buckets.values():
+        if (
+            block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
+            <= target_chars
+        ):
             break
-        slot = SLOTS[slot_key]
-        joiner = slot.joiners[fact_language]
-        values: list[str] = []
-        folded: list[Draft] = []
-        taken: list[int] = []
-        for index, reading in readings:
-            joined = joiner.join([*values, reading.raw_value])
-            if values and len(slot.render(fact_language, joined)) > MEMORY_ITEM_MAX_CHARS:
-                break
-            group = groups[index]
-            assert group is not None
-            values.append(reading.raw_value)
-            folded.extend(group[1])
-            taken.append(index)
-        if len(taken) < 2:
-            continue
-        groups[taken[0]] = (slot.render(fact_language, joiner.join(values)), folded)
-        for index in taken[1:]:
-            groups[index] = None
+        _join_slot(groups, readings)
     return [
         Merge(content, tuple(d.key for d in members))
         for content, members in (g for g in groups if g is not None)

@@ -1,7 +1,7 @@
 """Which summarizer an engine uses: the offline one, or a model with it as the fallback.
 
-Kept apart from ``summarize`` (the shared sections, prompt and model client) and ``offline``
-(which builds on ``summarize``), so imports point one way: summarizers → offline → summarize.
+Kept apart from ``summarize`` (the contract and the model summarizer) and ``offline`` (which
+builds on the contract), so imports point one way: build → offline → summarize.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ragent_memory.core.logs import EventCallback
+from ragent_memory.llm.build import with_model
 from ragent_memory.settings import LLMSettings, Settings
 from ragent_memory.summary.offline import OfflineSummarizer
-from ragent_memory.summary.summarize import ModelSummarizer, Summarizer, with_model
+from ragent_memory.summary.summarize import ModelSummarizer, Summarizer
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import LLMClient

@@ -16,20 +16,15 @@ from itertools import zip_longest
 from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
-from ragent_memory.summary.summarize import (
-    EMPTY,
-    SECTIONS,
-    UNCLIPPED,
-    SummaryOutcome,
-    SummaryRequest,
-    Transcript,
-    validate_summary,
-)
+from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.transcript import UNCLIPPED, Transcript
+from ragent_memory.summary.validate import validate_summary
 
 NAME = "offline-extractive"
 
 ITEM_CHARS = 240
-MAX_ITEMS = {0: 4, 1: 6, 2: 1, 3: 1, 4: 48, 5: 8, 6: 12}
+MAX_ITEMS = (4, 6, 1, 1, 48, 8, 12)  # per section, in order
 FINDINGS = 4  # "Tools and findings": kept by salience, not by age
 # Sections dropped from first when the body is too long (Done, Dead ends, Tools and findings),
 # then the rest from the end.
@@ -174,15 +169,36 @@ def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
     return out[:limit]
 
 
+def _said(text: str, found: dict[str, list[str]]) -> None:
+    """An assistant's text: its progress, and each sentence a dead end, done or a next step."""
+    found["progress"].append(_item(text, 320))
+    for sentence in _sentences(text):
+        for kind, pattern in (("dead_ends", _FAILURE), ("done", _DONE), ("next", _NEXT)):
+            if pattern.search(sentence):
+                found[kind].append(_item(sentence))
+                break
+
+
+def _tool_result(
+    text: str, call: tuple[str, str], usage: dict[str, tuple[int, str]], found: dict[str, list[str]]
+) -> None:
+    """A tool result: the tool's usage line, a salient finding, a failure as a dead end."""
+    name, arguments = call
+    finding = _item(_first_sentence(text), 120)
+    count = usage.pop(name, (0, ""))[0] + 1
+    usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
+    if salience(finding) >= 2.0:
+        found["findings"].append(f"({name}) {finding}")
+    if _FAILURE.search(text[:400]):
+        found["dead_ends"].append(_item(f"{name} {arguments}: {finding}"))
+
+
 def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """Section items from one stretch of conversation, newest first within each section."""
-    requests: list[str] = []
-    progress: list[str] = []
+    found: dict[str, list[str]] = {
+        kind: [] for kind in ("requests", "progress", "dead_ends", "done", "next", "findings")
+    }
     usage: dict[str, tuple[int, str]] = {}  # tool name -> (calls, latest use), in order of use
-    dead_ends: list[str] = []
-    done: list[str] = []
-    next_steps: list[str] = []
-    findings: list[str] = []
     calls: dict[str, tuple[str, str]] = {}
     when = ""  # the date of the session being read: applies to its later sentences
     for message in material:
@@ -190,50 +206,30 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         text = text_of(message).strip()
         if role in ("user", "assistant") and text:
             when = date_stamp(text) or when
-            findings.extend(_statements(str(role), text, when))
+            found["findings"].extend(_statements(str(role), text, when))
         if role == "user" and text:
             asked = [s for s in _sentences(text) if _REQUEST.search(s) and not is_small_talk(s)]
-            if asked:
-                requests.append(_item(" ".join(asked), 160))
+            found["requests"].extend([_item(" ".join(asked), 160)] if asked else [])
         elif role == "assistant":
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
-                calls[call.get("id", "")] = (
-                    function.get("name") or "tool",
-                    _item(function.get("arguments") or "", 100),
-                )
+                name, arguments = function.get("name") or "tool", function.get("arguments") or ""
+                calls[call.get("id", "")] = (name, _item(arguments, 100))
             if text:
-                progress.append(_item(text, 320))
-                for sentence in _sentences(text):
-                    if _FAILURE.search(sentence):
-                        dead_ends.append(_item(sentence))
-                    elif _DONE.search(sentence):
-                        done.append(_item(sentence))
-                    elif _NEXT.search(sentence):
-                        next_steps.append(_item(sentence))
+                _said(text, found)
         elif role == "tool":
-            name, arguments = calls.get(message.get("tool_call_id", ""), ("tool", ""))
-            finding = _item(_first_sentence(text), 120)
-            count = usage.pop(name, (0, ""))[0] + 1
-            usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
-            if salience(finding) >= 2.0:
-                findings.append(f"({name}) {finding}")
-            if _FAILURE.search(text[:400]):
-                dead_ends.append(_item(f"{name} {arguments}: {finding}"))
-    newest_request = requests[-1:] if requests else []
-    todo = requests[-1:]  # the latest request; earlier ones are listed as user requests
-    next_step = next_steps[-1:] or newest_request
+            call = calls.get(message.get("tool_call_id", ""), ("tool", ""))
+            _tool_result(text, call, usage, found)
+    requests = found["requests"]
+    usage_lines = [_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())]
     return [
         list(reversed(requests[:-1])),
-        todo,
-        next_step,
-        progress[-1:],
-        [
-            *(_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())),
-            *reversed(findings),
-        ],
-        list(reversed(dead_ends)),
-        list(reversed(done)),
+        requests[-1:],  # the latest request is the to-do; earlier ones are user requests
+        found["next"][-1:] or requests[-1:],
+        found["progress"][-1:],
+        [*usage_lines, *reversed(found["findings"])],
+        list(reversed(found["dead_ends"])),
+        list(reversed(found["done"])),
     ]
 
 
@@ -336,7 +332,7 @@ class OfflineSummarizer:
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
         """Reads the material whole, or — when its transcript and the previous summary would
-        exceed ``request.input_chars`` — clipped like the model path's (``fit_clip``);
+        exceed ``request.input_chars`` — clipped like the model path's (``Transcript.fit``);
         ``material_chars`` is the transcript of what it read."""
         transcript = Transcript(request.material)
         clip = UNCLIPPED

@@ -9,12 +9,13 @@ after the summary, within ``preserved_max_chars`` (head + tail clipped with a ma
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.core.chars import text_of
-from ragent_memory.summary.summarize import clip_middle
+from ragent_memory.summary.transcript import clip_middle
 
-TITLE = {"en": "## Preserved tool outputs", "zh": "## 保留的工具输出"}
+TITLE = MappingProxyType({"en": "## Preserved tool outputs", "zh": "## 保留的工具输出"})
 MIN_SHOWN = 80  # below this a result is left out rather than shown as a stub
 
 

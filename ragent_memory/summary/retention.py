@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from types import MappingProxyType
 
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
 from ragent_memory.errors import SummaryError
-from ragent_memory.summary.summarize import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS
 
-FINDINGS = {"en": "## Tools and findings", "zh": "## 工具与发现"}
-# Compressed first when the restored findings need room (DESIGN §6: from the end).
-_SQUEEZE = {"en": ("## Done", "## Dead ends"), "zh": ("## 已完成", "## 走不通的路")}
+FINDINGS = MappingProxyType({lang: titles[4] for lang, titles in SECTIONS.items()})
+# Compressed first when the restored findings need room (DESIGN §6: from the end): Done, Dead ends.
+_SQUEEZE = MappingProxyType({lang: (t[6], t[5]) for lang, t in SECTIONS.items()})
 # A source sentence longer than this is cut to a window around the identifier.
 MAX_SENTENCE_CHARS = 240
 
@@ -89,6 +90,24 @@ def _squeeze(lines: list[str], language: str) -> list[str]:
     return lines
 
 
+def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -> list[str]:
+    """The shortest source sentence of each missing identifier, as items, within what
+    squeezing can free at most (``max_chars``): no more could fit."""
+    additions: list[str] = []
+    found = Sentences(sources)
+    room = max_chars
+    for identifier in missing:
+        if room <= 0:
+            break
+        if any(kept_in(identifier, a) for a in additions):
+            continue
+        sentence = found.shortest(identifier)
+        if sentence is not None:
+            additions.append("- " + _window(sentence, identifier))
+            room -= len(additions[-1]) + 1
+    return additions
+
+
 def restore(
     body: str,
     missing: Iterable[str],
@@ -99,18 +118,7 @@ def restore(
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
     the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""
-    additions: list[str] = []
-    found = Sentences(sources)
-    room = max_chars  # what squeezing can free at most: no more additions could fit
-    for identifier in missing:
-        if room <= 0:
-            break
-        if any(kept_in(identifier, a) for a in additions):
-            continue
-        sentence = found.shortest(identifier)
-        if sentence is not None:
-            additions.append("- " + _window(sentence, identifier))
-            room -= len(additions[-1]) + 1
+    additions = _additions(missing, sources, max_chars)
     if not additions:
         return body
     lines = body.splitlines()
