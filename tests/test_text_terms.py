@@ -1,4 +1,4 @@
-"""The mirror's tokenizing (``mirror.text_terms``, run on every indexed message) counts in C
+"""The mirror's tokenizing (``rank.text_terms``, run on every indexed message) counts
 what the token-by-token reading counts: the same stems, CJK characters and bigrams, and the
 same length, whatever the text mixes."""
 
@@ -8,7 +8,7 @@ import random
 from collections import Counter
 
 from ragent_memory.cli.demo import simulate_session
-from ragent_memory.recall.mirror import text_terms
+from ragent_memory.recall.rank import text_terms
 from ragent_memory.text.porter import stem, tokens
 from ragent_memory.text.terms import index_terms, is_cjk
 

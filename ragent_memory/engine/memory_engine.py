@@ -55,9 +55,10 @@ from ragent_memory.longterm.batch import (
     run_extraction,
     utf8,
 )
+from ragent_memory.recall.excerpts import HEADERS as RECALL_HEADERS
+from ragent_memory.recall.excerpts import place
+from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, Recaller, place, search_tool_schema
-from ragent_memory.recall.search import HEADERS as RECALL_HEADERS
 from ragent_memory.settings import EXTRACTION_MIN_PENDING, Settings, load_settings
 from ragent_memory.store import GCReport, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
@@ -601,8 +602,6 @@ class MemoryEngine:
         original = None
         if key and isinstance(session_id, str):
             try:
-                if self._recaller is not None:  # a recall block's refs, still queued
-                    self._recaller.settle(session_id)
                 original = self.store.read_offload(session_id, key)
             except StoreError as err:
                 log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))

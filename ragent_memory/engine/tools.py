@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
 from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import MemoryEngine
