@@ -13,7 +13,6 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall import excerpts
 from ragent_memory.recall.excerpts import (
     HEADERS,
@@ -23,7 +22,7 @@ from ragent_memory.recall.excerpts import (
     place,
     split_sentences,
 )
-from ragent_memory.recall.index import Indexer, index_digest
+from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.recaller import SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import StoreSettings
@@ -332,70 +331,3 @@ def test_a_hit_the_known_text_holds_follows_the_known_text(store: Store) -> None
         )
         assert "Fact 9:" in block
         assert ("Fact 6:" in block) is shown, known_text
-
-
-_LINE_WORDS = ("keeper", "refund", "ticket", "order", "passport", "filler", "x1234")
-
-
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["user", "assistant", "tool"]),
-            st.lists(
-                st.lists(st.sampled_from(_LINE_WORDS), min_size=1, max_size=12).map(" ".join),
-                min_size=1,
-                max_size=40,
-            ).map(". \n".join),
-        ),
-        min_size=1,
-        max_size=3,
-    ),
-    st.integers(min_value=0, max_value=2),
-    st.frozensets(st.sampled_from([w[:5] for w in _LINE_WORDS]), max_size=3),
-    st.sampled_from(["", "2023-05-08"]),
-    st.booleans(),
-)
-def test_least_chars_never_exceeds_what_an_excerpt_renders_to(
-    texts: list[tuple[str, str]], hit: int, stems: frozenset[str], dated: str, refs: bool
-) -> None:
-    """The bound the recall loop rules excerpts out by is a lower bound for any query and
-    any refs: an excerpt it rules out could never have fitted."""
-    messages = tuple(
-        IndexedMessage("s1", 10 + i, role, text, dated, index_digest(role, text))
-        for i, (role, text) in enumerate(texts)
-    )
-    excerpt = excerpts.Excerpt("s1", dated, messages, frozenset({10 + min(hit, len(texts) - 1)}))
-    ref_for = (lambda m: "ref" + m.digest[:8]) if refs else None
-    rendered = excerpts.render_excerpt(excerpt, ref_for, stems)
-    assert excerpts.least_chars(excerpt) <= len(rendered)
-    if all(len(m.content) <= excerpts.NEIGHBOUR_CHARS for m in messages):
-        assert excerpts.least_chars(excerpt) == len(rendered)  # exact when nothing is clipped
-
-
-def test_a_small_block_renders_no_excerpt_that_cannot_fit(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With little room (a view near B), excerpts whose tag and short lines alone overflow it
-    are ruled out unrendered (no long hit is focused), and every block is the one rendering
-    each excerpt would give."""
-    long = " ".join(f"The refund for order {i} was approved by the keeper." for i in range(60))
-    short = "Which refund did the keeper approve for my order?"
-    index(store, chat(*[m for _ in range(6) for m in (short, long, *FILLER[:2])]), "s1", None)
-    focused: list[str] = []
-    real_focus, real_least = excerpts.focus, excerpts.least_chars
-    monkeypatch.setattr(excerpts, "focus", lambda t, *a: focused.append(t) or real_focus(t, *a))
-    bounds: list[int] = []
-    monkeypatch.setattr(
-        excerpts, "least_chars", lambda e: bounds.append(real_least(e)) or bounds[-1]
-    )
-    query = "refund keeper order"
-    sizes = range(150, 2_400, 50)
-    blocks = {n: find(store, query, session_id="s1", max_chars=n) for n in sizes}
-    assert "" == blocks[150] and "" != blocks[2_350]
-    assert len(focused) > 0 and len(set(bounds)) > 1
-    focused.clear()
-    # Room for none of them (the header, its newline and one char short of the least bound).
-    assert "" == find(store, query, session_id="s1", max_chars=len(HEADERS["en"]) + min(bounds))
-    assert [] == focused  # nothing could fit: no long text was split and matched
-    monkeypatch.setattr(excerpts, "least_chars", lambda excerpt: 0)  # render every excerpt
-    assert blocks == {n: find(store, query, session_id="s1", max_chars=n) for n in sizes}

@@ -12,8 +12,10 @@ neighbouring messages, rendered as one block of excerpts within a char budget.
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -21,7 +23,7 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.rank import Found, RecallMirror
 from ragent_memory.store import RecallIndex
-from ragent_memory.text.terms import fts_query, search_terms
+from ragent_memory.text.terms import fts_query, search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
 CANDIDATES: Final = 40  # hits read per query, before budgeting
@@ -30,7 +32,6 @@ NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
 NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
-_SENTENCE_TERMS: Final = 1_000  # a sentence's stems: of its first this many distinct terms
 _BREAK = re.compile(r"[.!?。！？] ")  # a sentence end in folded text (one space per gap)
 
 HEADERS: Final = {
@@ -114,19 +115,73 @@ def split_sentences(folded: str) -> tuple[str, ...]:
 
 def sentence_stems(sentence: str) -> frozenset[str]:
     """The stems a sentence holds: its search terms' first chars, as a query's are cut."""
-    return frozenset(t[:_STEM_CHARS] for t in search_terms(sentence, limit=_SENTENCE_TERMS))
+    return frozenset(t[:_STEM_CHARS] for t in term_set(sentence))
 
 
-def focus(text: str, limit: int, stems: frozenset[str] = frozenset()) -> tuple[str, bool]:
+@attrs.frozen
+class Sentences:
+    """A text whitespace-folded, cut into sentences, and the stems each holds (none for a
+    text of one sentence: ``focus`` cuts that to head and tail whatever the query)."""
+
+    folded: str
+    sentences: tuple[str, ...]
+    stems: tuple[frozenset[str], ...]
+
+    @classmethod
+    def of(cls, text: str) -> Sentences:
+        folded = " ".join(text.split())
+        sentences = split_sentences(folded)
+        stems = tuple(map(sentence_stems, sentences)) if len(sentences) > 1 else ()
+        return cls(folded, sentences, stems)
+
+
+# A long text → its ``Sentences`` (``Sentences.of``, or a cache of it).
+Splitter = Callable[[str], Sentences]
+
+
+class SentenceCache:
+    """Each long text split and stemmed once (the same hits come back turn after turn, and
+    matching a query is then a set intersection per sentence, where splitting and stemming
+    is a regex pass per word); least recently used out beyond ``max_chars`` of text held.
+    Thread-safe."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Sentences] = OrderedDict()
+        self._chars = 0
+
+    def __call__(self, text: str) -> Sentences:
+        with self._lock:
+            found = self._entries.get(text)
+            if found is not None:
+                self._entries.move_to_end(text)
+                return found
+        split = Sentences.of(text)
+        with self._lock:
+            if text not in self._entries:
+                self._entries[text] = split
+                self._chars += len(text)
+            while self._chars > self.max_chars and len(self._entries) > 1:
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= len(old)
+        return split
+
+
+def focus(
+    text: str, limit: int, stems: frozenset[str] = frozenset(), split: Splitter = Sentences.of
+) -> tuple[str, bool]:
     """``text`` within ``limit`` chars (and whether it was cut): whole when it fits, else the
     sentences sharing most stems with the query (in their order, gaps marked `` … ``), else
     head + tail."""
-    folded = " ".join(text.split())
+    if len(text) <= limit:
+        return " ".join(text.split()), False
+    whole = split(text)
+    folded, sentences = whole.folded, whole.sentences
     if len(folded) <= limit:
         return folded, False
-    sentences = split_sentences(folded)
     if stems and len(sentences) > 1:
-        shared = [len(stems & sentence_stems(s)) for s in sentences]
+        shared = [len(stems & held) for held in whole.stems]
         # most shared first, in text order among equals (a stable sort reversed keeps it)
         ranked = sorted(range(len(sentences)), key=shared.__getitem__, reverse=True)
         chosen: list[int] = []
@@ -170,40 +225,23 @@ def _limit(excerpt: Excerpt, message: IndexedMessage) -> int:
 
 
 def render_excerpt(
-    excerpt: Excerpt, ref_for: RefFor | None = None, stems: frozenset[str] = frozenset()
-) -> str:
-    """One excerpt: a tag line (session, date, position), then one line per message."""
-    return _render(excerpt, ref_for, stems)[0]
-
-
-def _render(
-    excerpt: Excerpt, ref_for: RefFor | None, stems: frozenset[str]
+    excerpt: Excerpt,
+    ref_for: RefFor | None = None,
+    stems: frozenset[str] = frozenset(),
+    split: Splitter = Sentences.of,
 ) -> tuple[str, list[IndexedMessage]]:
-    """``render_excerpt``, and the messages whose clipped line names a ref."""
+    """One excerpt: a tag line (session, date, position), then one line per message; and
+    the messages whose clipped line names a ref."""
     lines = [_tag(excerpt)]
     referred = []
     for message in excerpt.messages:
-        text, clipped = focus(message.content, _limit(excerpt, message), stems)
+        text, clipped = focus(message.content, _limit(excerpt, message), stems, split)
         ref = ref_for(message) if clipped and ref_for is not None else ""
         if ref:
             referred.append(message)
             text += f" [full text: recall {ref}]"
         lines.append(f"[{message.role}] {text}")
     return "\n".join(lines), referred
-
-
-def least_chars(excerpt: Excerpt) -> int:
-    """A lower bound on ``len(render_excerpt(excerpt, …))`` whatever the refs and the query,
-    found without ``focus``: the tag line, each line's role tag, and each text within its
-    limit (shown whole, whitespace folded); a longer text counts nothing, since ``focus``
-    may cut it to one short sentence. With little room left (a view near B) most excerpts
-    are ruled out by this alone, their long texts never split and matched."""
-    total = len(_tag(excerpt))
-    for message in excerpt.messages:
-        total += len(message.role) + 4  # "\n[role] "
-        if len(message.content) <= _limit(excerpt, message):
-            total += len(" ".join(message.content.split()))
-    return total
 
 
 def render_block(parts: Sequence[str], language: str) -> str:
@@ -219,10 +257,12 @@ def find_block(
     *,
     mirror: RecallMirror | None = None,
     ref_for: RefFor | None = None,
+    split: Splitter = Sentences.of,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
-    ``mirror`` the search runs in process, the store answering only what it cannot."""
+    ``mirror`` the search runs in process, the store answering only what it cannot;
+    ``split`` cuts a long text into sentences (a ``SentenceCache`` keeps them)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
@@ -233,33 +273,25 @@ def find_block(
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
-    return _fill(excerpts, ask, frozenset(t[:_STEM_CHARS] for t in terms), ref_for)
+    stems = frozenset(t[:_STEM_CHARS] for t in terms)
+    return _fill(excerpts, ask, stems, ref_for, split)
 
 
 def _search(
     store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str]
 ) -> Found:
     """The best hits and their neighbours, from the mirror when it can answer."""
-    shown = sorted(ask.shown)
-    if mirror is not None:
-        found = mirror.search(
-            terms,
-            session_id=ask.session_id,
-            user_id=ask.user_id,
-            visible_from=ask.visible_from,
-            shown=shown,
-            limit=CANDIDATES,
-        )
-        if found is not None:
-            return found
-    hits = store.search_index(
-        fts_query(terms),
-        session_id=ask.session_id,
-        user_id=ask.user_id,
-        visible_from=ask.visible_from,
-        shown=shown,
-        limit=CANDIDATES,
-    )
+    where: dict[str, Any] = {
+        "session_id": ask.session_id,
+        "user_id": ask.user_id,
+        "visible_from": ask.visible_from,
+        "shown": sorted(ask.shown),
+        "limit": CANDIDATES,
+    }
+    found = None if mirror is None else mirror.search(terms, **where)
+    if found is not None:
+        return found
+    hits = store.search_index(fts_query(terms), **where)
     return hits, _around(store, hits)
 
 
@@ -326,7 +358,11 @@ def group(
 
 
 def _fill(
-    excerpts: Sequence[Excerpt], ask: Ask, stems: frozenset[str], ref_for: RefFor | None
+    excerpts: Sequence[Excerpt],
+    ask: Ask,
+    stems: frozenset[str],
+    ref_for: RefFor | None,
+    split: Splitter,
 ) -> Recalled:
     """The excerpts, best first, that fit the room left (``ask.limit`` of them at most)."""
     room = ask.max_chars - len(HEADERS[ask.language]) - 1
@@ -335,9 +371,7 @@ def _fill(
     for excerpt in excerpts:
         if ask.limit is not None and len(parts) >= ask.limit:
             break
-        if least_chars(excerpt) + 1 > room:
-            continue  # it cannot fit: not rendered
-        text, named = _render(excerpt, ref_for, stems)
+        text, named = render_excerpt(excerpt, ref_for, stems, split)
         if len(text) + 1 <= room:
             parts.append(text)
             referred += named

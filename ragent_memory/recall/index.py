@@ -11,8 +11,6 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Final
 
-import attrs
-
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.records import IndexedMessage
@@ -30,11 +28,7 @@ def index_digest(role: str, text: str) -> str:
     return hashlib.sha256(f"{role}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
-@attrs.frozen
-class _Item:
-    position: int
-    role: str
-    text: str
+_Item = tuple[int, str, str]  # a message to index: (position, role, text)
 
 
 class Indexer:
@@ -71,7 +65,7 @@ class Indexer:
             role = message.get("role")
             text = text_of(message).strip() if role in INDEXED_ROLES else ""
             if text and not text.startswith(self.engine_headers):
-                items.append(_Item(position, str(role), text))
+                items.append((position, str(role), text))
         return items
 
     def schedule(
@@ -122,7 +116,7 @@ class Indexer:
             log.warning("recall.index_not_scheduled", session_id=session_id)
             return
         self._last = future
-        first = -1 if start < 0 else items[0].position
+        first = -1 if start < 0 else items[0][0]
         previous = self._batches.get(session_id)
         if previous is not None and not previous[0].done():
             first = min(first, previous[1])
@@ -159,13 +153,11 @@ class Indexer:
                 last = self.store.last_indexed(session_id) if start else None
                 dated = last.dated if last is not None else ""
             rows = []
-            for item in items:
-                dated = date_stamp(item.text) or dated
-                digest = index_digest(item.role, item.text)
-                rows.append(
-                    IndexedMessage(session_id, item.position, item.role, item.text, dated, digest)
-                )
-            self.store.index_messages(user_id, rows, [index_terms(item.text) for item in items])
+            for position, role, text in items:
+                dated = date_stamp(text) or dated
+                digest = index_digest(role, text)
+                rows.append(IndexedMessage(session_id, position, role, text, dated, digest))
+            self.store.index_messages(user_id, rows, [index_terms(row.content) for row in rows])
             self._dated[session_id] = dated
             if self.mirror is not None:
                 self.mirror.refresh(user_id, session_id)

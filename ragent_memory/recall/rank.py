@@ -11,9 +11,8 @@ The store stays the source of truth. Before each search one statement reads the 
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
 ``forget``/``drop_session``, whichever process or host ran it): new rows are read by id, a
 new epoch drops every copy (rebuilt on their next search). A user's search that must also see
-this session's rows indexed without a user returns None: the caller asks the store.
-Statistics are those of the unit searched (the user's rows), where FTS5's are the whole
-table's: with one user per store they are the same numbers.
+this session's rows indexed without a user returns None: the caller asks the store. The
+statistics are the unit's (the user's rows), FTS5's the table's: one user per store, the same.
 """
 
 from __future__ import annotations
@@ -22,16 +21,16 @@ import math
 import threading
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.store.contract import RecallIndex
-from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import index_terms, is_cjk
+from ragent_memory.text.porter import Stemmer, stem, tokens
+from ragent_memory.text.terms import CJK_RUN, index_terms, is_cjk
 
 K1: Final = 1.2
 B: Final = 0.75
@@ -46,7 +45,7 @@ UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked f
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
 
 
-def text_terms(text: str) -> tuple[dict[str, int], int]:
+def text_terms(text: str, stem: Callable[[str], str] = stem) -> tuple[dict[str, int], int]:
     """A text's terms as the index counts them and its length in tokens: unicode61's tokens
     of the spaced text (``index_terms``), each stemmed (a number is its own stem: Porter's
     rules all end on a letter), and each pair of adjacent single CJK characters as a bigram
@@ -57,7 +56,7 @@ def text_terms(text: str) -> tuple[dict[str, int], int]:
         key = token if token[-1] in "0123456789" else stem(token)
         counts[key] = counts.get(key, 0) + count
     previous = ""
-    for token in found:
+    for token in found if CJK_RUN.search(text) else ():  # bigrams: a text with CJK only
         single = len(token) == 1 and is_cjk(token)
         if single and previous:
             counts[previous + token] = counts.get(previous + token, 0) + 1
@@ -65,7 +64,7 @@ def text_terms(text: str) -> tuple[dict[str, int], int]:
     return counts, len(found)
 
 
-def query_keys(terms: Iterable[str]) -> list[str]:
+def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[str]:
     """Each query phrase (``terms.search_terms``) as the key ``text_terms`` counts it under
     (a word's stem, a CJK bigram's two chars); a phrase twice (two words with one stem)
     counts twice, as in FTS5."""
@@ -204,21 +203,10 @@ class _Unit:
 
     def message(self, row: int, content: str, score: float = 0.0) -> IndexedMessage:
         code, role, dated, digest = self.rows[row]
+        position, row_id = self.positions[row], self.ids[row]
         return IndexedMessage(
-            session_id=self.names[code],
-            position=self.positions[row],
-            role=role,
-            content=content,
-            dated=dated,
-            digest=digest,
-            id=self.ids[row],
-            score=score,
+            self.names[code], position, role, content, dated, digest, row_id, score
         )
-
-
-def _keys(user_id: str | None, session_id: str) -> tuple[tuple[str, str], ...]:
-    """The units a row of this user and session belongs in."""
-    return (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
 
 
 class RecallMirror:
@@ -243,6 +231,7 @@ class RecallMirror:
         self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
         self._texts: OrderedDict[int, str] = OrderedDict()
         self._chars = 0
+        self.stem = Stemmer()
 
     @property
     def epoch(self) -> str | None:
@@ -266,7 +255,7 @@ class RecallMirror:
             if unit is None:
                 return None
             ranked = unit.rank(
-                query_keys(terms),
+                query_keys(terms, self.stem),
                 session_id=session_id,
                 visible_from=visible_from,
                 shown=shown,
@@ -325,7 +314,8 @@ class RecallMirror:
         asked here too, as of the store's mark now: the turn's search then needs not ask
         unless rows came since."""
         with self._lock:
-            for key in _keys(user_id, session_id):
+            keys = (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
+            for key in keys:
                 unit = self._units.get(key)
                 if unit is not None:
                     self._sync(unit, key[1] if key[0] == "u" else None, session_id)
@@ -349,7 +339,7 @@ class RecallMirror:
             unit.last, user_id=user_id, session_id=session_id
         ):
             if message.id > unit.last:
-                unit.add(message, owned, *text_terms(message.content))
+                unit.add(message, owned, *text_terms(message.content, self.stem))
                 self._keep(message.id, message.content)
         total = sum(u.bytes for u in self._units.values())
         while total > self.max_bytes and len(self._units) > 1:
@@ -374,11 +364,3 @@ class RecallMirror:
                 out[row_id] = text
                 self._keep(row_id, text)
         return out
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "units": len(self._units),
-                "bytes": sum(u.bytes for u in self._units.values()),
-                "text_chars": self._chars,
-            }

@@ -8,6 +8,7 @@ that fails shows no block: recall is help, never a reason to fail a turn).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from ragent_memory.recall.excerpts import (
     NEIGHBOURS,
     Ask,
     Recalled,
+    SentenceCache,
     find_block,
 )
 from ragent_memory.recall.index import Indexer
@@ -36,6 +38,7 @@ SEARCH_TOOL_NAME: Final = "search_memory"
 DEFAULT_SEARCH_LIMIT: Final = 5
 OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recently is not rewritten
 OFFLOADS_REMEMBERED: Final = 65_536  # (session, text) pairs remembered for that
+SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by their length
 EMPTY_SEARCH: Final = {
     "en": "[search_memory: nothing found for this query]",
     "zh": "[search_memory：没有找到相关内容]",
@@ -83,36 +86,44 @@ class Offloads:
         self.ttl_days = ttl_days
         self.fresh_s = min(OFFLOAD_REFRESH_S, ttl_days * 86_400 / 2)
         self._lock = threading.Lock()
-        # (session, digest) → (the text's ref, when it was written here)
+        # (session, digest) → (the text's ref, when it was written here; -inf: not yet)
         self._written: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
 
     def ref(self, session_id: str, message: IndexedMessage) -> str:
         """The ref that names ``message``'s full text from ``session_id``."""
+        key = (session_id, message.digest)
         with self._lock:
-            known = self._written.get((session_id, message.digest)) if message.digest else None
-        return known[0] if known else self.store.ref_for(session_id, message.content)
+            known = self._written.get(key) if message.digest else None
+        if known is not None:
+            return known[0]
+        ref = self.store.ref_for(session_id, message.content)
+        self._remember(key, (ref, -math.inf))
+        return ref
 
     def write(self, session_id: str, messages: Sequence[IndexedMessage]) -> None:
-        """Store the full texts of ``messages`` for ``session_id`` (those not written
-        recently), in one transaction; raises ``StoreError``."""
+        """Store the full texts of ``messages`` for ``session_id``, those not written
+        recently, in one transaction; raises ``StoreError``."""
         now = time.monotonic()
         with self._lock:
             stale = {m.content: m for m in messages if not self._fresh(session_id, m, now)}
         if not stale:
             return
         self.store.offload_all(session_id, list(stale), ttl_days=self.ttl_days)
-        with self._lock:
-            for text, message in stale.items():
-                if message.digest:
-                    key = (session_id, message.digest)
-                    self._written[key] = (self.store.ref_for(session_id, text), now)
-                    self._written.move_to_end(key)
-            while len(self._written) > OFFLOADS_REMEMBERED:
-                self._written.popitem(last=False)
+        for message in stale.values():
+            self._remember((session_id, message.digest), (self.ref(session_id, message), now))
 
     def _fresh(self, session_id: str, message: IndexedMessage, now: float) -> bool:
         known = self._written.get((session_id, message.digest)) if message.digest else None
         return known is not None and now - known[1] < self.fresh_s
+
+    def _remember(self, key: tuple[str, str], entry: tuple[str, float]) -> None:
+        if not key[1]:
+            return  # a text without a digest is not remembered
+        with self._lock:
+            self._written[key] = entry
+            self._written.move_to_end(key)
+            while len(self._written) > OFFLOADS_REMEMBERED:
+                self._written.popitem(last=False)
 
     def forget(self, session_id: str) -> None:
         """A dropped session's offloads go with it: store them again when shown again."""
@@ -132,6 +143,7 @@ class Recaller:
             store, engine_headers=(*engine_headers, *HEADERS.values()), mirror=self.mirror
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
+        self.sentences = SentenceCache(SENTENCE_CACHE_CHARS)
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]
@@ -150,6 +162,7 @@ class Recaller:
             ask,
             mirror=self.mirror,
             ref_for=lambda message: self.offloads.ref(ask.session_id, message),
+            split=self.sentences,
         )
         self.offloads.write(ask.session_id, found.referred)
         return found
@@ -167,16 +180,8 @@ class Recaller:
     ) -> Recalled:
         """The turn's recall block; a store failure logs and recalls nothing."""
         self.indexer.wait_for(session_id, visible_from, self.settings.compaction_timeout_s)
-        ask = Ask(
-            query,
-            session_id,
-            user_id,
-            max_chars,
-            self.settings.language,
-            visible_from=visible_from,
-            shown=frozenset(shown),
-            known_text=known_text,
-        )
+        language, shown = self.settings.language, frozenset(shown)
+        ask = Ask(query, session_id, user_id, max_chars, language, visible_from, shown, known_text)
         try:
             return self._find(ask)
         except StoreError as err:  # recall is help, never a reason to fail a turn

@@ -53,20 +53,25 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     each once, in order, at most ``limit``."""
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
-        piece = match.group(0)
-        if _IS_CJK.match(piece):
-            grams = (
-                [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
-            )
-        elif len(piece) >= 2 and piece not in STOPWORDS:
-            grams = [piece]
-        else:
-            continue
-        for gram in grams:
+        for gram in piece_terms(match.group(0)):
             terms[gram] = None
             if len(terms) >= limit:
                 return list(terms)
     return list(terms)
+
+
+def term_set(text: str) -> set[str]:
+    """Every search term of ``text``, unordered (``search_terms`` without its limit)."""
+    return {gram for piece in set(_PIECE.findall(text.casefold())) for gram in piece_terms(piece)}
+
+
+def piece_terms(piece: str) -> list[str]:
+    """The search terms of one casefolded piece (a CJK run, or a run of other letters and
+    digits): the run's bigrams (itself when one char), or the word unless a stopword or one
+    char long."""
+    if not piece.isascii() and _IS_CJK.match(piece):
+        return [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
+    return [piece] if len(piece) >= 2 and piece not in STOPWORDS else []
 
 
 def fts_query(terms: Sequence[str]) -> str:
