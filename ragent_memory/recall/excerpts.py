@@ -1,19 +1,16 @@
 """The recall block (DESIGN §9b): the best hits for the latest user message, each with its
 neighbouring messages, rendered as one block of excerpts within a char budget.
 
-- ``find_block``: one search (the in-process mirror, ``rank.py``, or the store's FTS5) over
-  what the caller may see and the view does not show; hits the prompt already holds left out;
-  excerpts in rank order while they fit, a long text cut to the sentences sharing the most
-  words with the query, with a recall ref for its full text.
-- ``place``: the block as a leading text part of the final user message, so everything before
-  the current turn stays byte-identical and provider prompt caches keep hitting.
+- ``find_block``: one search (the mirror, ``rank.py``, or the store's FTS5) over what the
+  caller may see and the view does not show; excerpts in rank order while they fit, a long
+  text cut to the sentences sharing most words with the query, with a ref to its full text.
+- ``place``: the block as a leading text part of the final user message (what came before
+  stays byte-identical: provider prompt caches keep hitting).
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -32,7 +29,7 @@ NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
 NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
-_BREAK = re.compile(r"[.!?。！？] ")  # a sentence end in folded text (one space per gap)
+_BREAK = re.compile(r"(?<=[.!?。！？]) ")  # after a sentence end, in folded text
 
 HEADERS: Final = {
     "en": (
@@ -103,25 +100,15 @@ class Ask:
 
 
 def split_sentences(folded: str) -> tuple[str, ...]:
-    """Whitespace-folded text cut after each sentence end (``.!?`` and the CJK ones) that a
-    space follows."""
-    out, start = [], 0
-    for found in _BREAK.finditer(folded):
-        out.append(folded[start : found.start() + 1])
-        start = found.end()
-    out.append(folded[start:])
-    return tuple(out)
-
-
-def sentence_stems(sentence: str) -> frozenset[str]:
-    """The stems a sentence holds: its search terms' first chars, as a query's are cut."""
-    return frozenset(t[:_STEM_CHARS] for t in term_set(sentence))
+    """Whitespace-folded text cut after each sentence end (``.!?`` and the CJK ones)."""
+    return tuple(_BREAK.split(folded))
 
 
 @attrs.frozen
 class Sentences:
-    """A text whitespace-folded, cut into sentences, and the stems each holds (none for a
-    text of one sentence: ``focus`` cuts that to head and tail whatever the query)."""
+    """A text whitespace-folded, cut into sentences, and the stems each holds (its search
+    terms' first chars, as a query's are cut; none for a text of one sentence: ``focus``
+    cuts that to head and tail whatever the query)."""
 
     folded: str
     sentences: tuple[str, ...]
@@ -131,41 +118,12 @@ class Sentences:
     def of(cls, text: str) -> Sentences:
         folded = " ".join(text.split())
         sentences = split_sentences(folded)
-        stems = tuple(map(sentence_stems, sentences)) if len(sentences) > 1 else ()
-        return cls(folded, sentences, stems)
+        stems = [frozenset(t[:_STEM_CHARS] for t in term_set(s)) for s in sentences]
+        return cls(folded, sentences, tuple(stems) if len(sentences) > 1 else ())
 
 
-# A long text → its ``Sentences`` (``Sentences.of``, or a cache of it).
+# A long text → its ``Sentences`` (``Sentences.of``, or a ``Memo`` of it).
 Splitter = Callable[[str], Sentences]
-
-
-class SentenceCache:
-    """Each long text split and stemmed once (the same hits come back turn after turn, and
-    matching a query is then a set intersection per sentence, where splitting and stemming
-    is a regex pass per word); least recently used out beyond ``max_chars`` of text held.
-    Thread-safe."""
-
-    def __init__(self, max_chars: int) -> None:
-        self.max_chars = max_chars
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, Sentences] = OrderedDict()
-        self._chars = 0
-
-    def __call__(self, text: str) -> Sentences:
-        with self._lock:
-            found = self._entries.get(text)
-            if found is not None:
-                self._entries.move_to_end(text)
-                return found
-        split = Sentences.of(text)
-        with self._lock:
-            if text not in self._entries:
-                self._entries[text] = split
-                self._chars += len(text)
-            while self._chars > self.max_chars and len(self._entries) > 1:
-                old, _ = self._entries.popitem(last=False)
-                self._chars -= len(old)
-        return split
 
 
 def focus(
@@ -262,7 +220,7 @@ def find_block(
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
     ``mirror`` the search runs in process, the store answering only what it cannot;
-    ``split`` cuts a long text into sentences (a ``SentenceCache`` keeps them)."""
+    ``split`` cuts a long text into sentences (a ``Memo`` keeps them)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()

@@ -2,10 +2,10 @@
 
 The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
 match on each call, growing with the history. Here each user's rows (or, without a user, each
-session's) are held as an inverted index: term → (row numbers, term counts), row lengths, and
-the exact BM25 FTS5 computes (k1 = 1.2, b = 0.75, its idf floor, the row's length in tokens of
-both columns), vectorised with numpy over the query terms' postings. Neighbouring rows and
-texts come from here too (texts kept by row id: rows never change, only go).
+session's) are an inverted index (term → rows and counts) ranked with the exact BM25 FTS5
+computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns), with
+numpy over the query terms' postings. Neighbours and texts (kept by row id: rows never
+change, only go) come from here too.
 
 The store stays the source of truth. Before each search one statement reads the highest row
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
@@ -29,7 +29,8 @@ import numpy.typing as npt
 
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.store.contract import RecallIndex
-from ragent_memory.text.porter import Stemmer, stem, tokens
+from ragent_memory.text.memo import Memo
+from ragent_memory.text.porter import stem, tokens
 from ragent_memory.text.terms import CJK_RUN, index_terms, is_cjk
 
 K1: Final = 1.2
@@ -39,6 +40,7 @@ _COUNT_BITS: Final = 20
 _COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
 MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
 TEXT_CHARS: Final = 16_000_000  # row texts kept, the oldest kept out first
+STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
 
 # The best hits, and their neighbours by (session, position).
@@ -231,7 +233,7 @@ class RecallMirror:
         self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
         self._texts: OrderedDict[int, str] = OrderedDict()
         self._chars = 0
-        self.stem = Stemmer()
+        self.stem = Memo(stem, STEM_CHARS)  # Porter in Python is most of reading a row in
 
     @property
     def epoch(self) -> str | None:

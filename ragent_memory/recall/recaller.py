@@ -24,13 +24,14 @@ from ragent_memory.recall.excerpts import (
     NEIGHBOURS,
     Ask,
     Recalled,
-    SentenceCache,
+    Sentences,
     find_block,
 )
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.settings import Settings
 from ragent_memory.store import RecallIndex
+from ragent_memory.text.memo import Memo
 
 log = get_logger(__name__)
 
@@ -143,7 +144,8 @@ class Recaller:
             store, engine_headers=(*engine_headers, *HEADERS.values()), mirror=self.mirror
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
-        self.sentences = SentenceCache(SENTENCE_CACHE_CHARS)
+        # the same long hits come back turn after turn: each split and stemmed once
+        self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS)
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]

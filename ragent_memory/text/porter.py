@@ -4,13 +4,11 @@ so the in-process recall mirror (``recall/rank.py``) counts exactly what the sto
 - ``tokens``: unicode61's tokens of an indexed text (``terms.index_terms`` already spaced CJK
   characters apart): runs of letters and digits, lower-cased, diacritics removed.
 - ``stem``: the Porter stemmer as FTS5 applies it (the rules of Martin Porter's reference
-  implementation, on the token's UTF-8 bytes; tokens under 3 or over 64 bytes pass through);
-  a ``Stemmer`` keeps its answers.
+  implementation, on the token's UTF-8 bytes; tokens under 3 or over 64 bytes pass through).
 """
 
 from __future__ import annotations
 
-import threading
 import unicodedata
 from typing import Final
 
@@ -208,25 +206,3 @@ def stem(token: str) -> str:
     if len(w) > 1 and w.endswith("ll") and _m_gt1(w[:-1]):
         w = w[:-1]
     return w.encode("latin-1").decode("utf-8", "surrogatepass")
-
-
-class Stemmer:
-    """``stem`` with its answers kept (a user's words mostly repeat, and Porter's rules in
-    Python are the costly part of reading a message in): at most ``remembered``, emptied
-    when full; thread-safe."""
-
-    def __init__(self, remembered: int = 262_144) -> None:
-        self.remembered = remembered
-        self._lock = threading.Lock()
-        self._known: dict[str, str] = {}
-
-    def __call__(self, token: str) -> str:
-        with self._lock:
-            found = self._known.get(token)
-        if found is None:
-            found = stem(token)
-            with self._lock:
-                if len(self._known) >= self.remembered:
-                    self._known.clear()
-                self._known[token] = found
-        return found
