@@ -250,8 +250,8 @@ def test_after_a_write_of_the_users_rows_a_search_asks_nothing_of_unowned_rows(
     )
     text = "A kestrel hovered over the field."
     rows = [IndexedMessage("a2", 1, "user", text, "", index_digest("user", text))]
-    store.index_messages("ann", rows, [index_terms(text)])
-    mirror.refresh("ann", "a2")  # as the indexer does after its write
+    with mirror.writing("ann", "a2"):  # as the indexer writes
+        store.index_messages("ann", rows, [index_terms(text)])
     assert ["x"] == asked  # by the refresh
     found = mirror.search(terms, **search)
     assert found is not None and 2 == len(found[0]) and ["x"] == asked

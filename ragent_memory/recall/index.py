@@ -5,9 +5,10 @@ force where it was said. ``schedule`` does only O(new messages) work on the call
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Final
 
@@ -46,9 +47,11 @@ class Indexer:
         *,
         engine_headers: Sequence[str] = (),
         mirror: RecallMirror | None = None,
+        on_left: Callable[[Sequence[IndexedMessage]], None] | None = None,
     ) -> None:
         self.store = store
         self.mirror = mirror  # refreshed after each batch, off the caller's thread
+        self.on_left = on_left  # readies rows that left a view for their first recall
         self.engine_headers = tuple(engine_headers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
         self._lock = threading.Lock()
@@ -157,10 +160,16 @@ class Indexer:
                 dated = date_stamp(text) or dated
                 digest = index_digest(role, text)
                 rows.append(IndexedMessage(session_id, position, role, text, dated, digest))
-            self.store.index_messages(user_id, rows, [index_terms(row.content) for row in rows])
+            terms = [index_terms(row.content) for row in rows]
+            if self.mirror is None:
+                self.store.index_messages(user_id, rows, terms)
+            else:
+                with self.mirror.writing(user_id, session_id):
+                    self.store.index_messages(user_id, rows, terms)
             self._dated[session_id] = dated
-            if self.mirror is not None:
-                self.mirror.refresh(user_id, session_id)
+            if start < 0 and self.on_left is not None:  # a task of its own: no search waits
+                with self._lock, contextlib.suppress(RuntimeError):  # closing: none wanted
+                    self._last = self._pool.submit(self.on_left, rows)
         except Exception as err:  # the worker boundary: a failed batch is re-read on restart
             log.error("recall.index_failed", session_id=session_id, error=repr(err))
 

@@ -17,11 +17,12 @@ statistics are the unit's (the user's rows), FTS5's the table's: one user per st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final
 
 import numpy as np
@@ -45,6 +46,7 @@ UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked f
 
 # The best hits, and their neighbours by (session, position).
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
+_Row = tuple[IndexedMessage, bool, dict[str, int], int]  # a row, owned, its terms, its length
 
 
 def text_terms(text: str, stem: Callable[[str], str] = stem) -> tuple[dict[str, int], int]:
@@ -231,6 +233,7 @@ class RecallMirror:
         self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
         self._epoch: str | None = None
         self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
+        self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
         self._texts: OrderedDict[int, str] = OrderedDict()
         self._chars = 0
         self.stem = Memo(stem, STEM_CHARS)  # Porter in Python is most of reading a row in
@@ -279,8 +282,10 @@ class RecallMirror:
         if unit is None:
             unit = self._units[key] = _Unit()
         self._units.move_to_end(key)
-        if unit.last < top:
-            self._sync(unit, user_id, session_id)
+        # This process's own rows being written are left to the refresh that follows the
+        # write (read in off the caller's thread): the unit answers as before it.
+        if unit.last < top and (not unit.last or key not in self._writing):
+            self._add(unit, self._since(unit.last, user_id, session_id))
         return unit
 
     def _found(self, unit: _Unit, ranked: Sequence[tuple[int, float]]) -> Found:
@@ -309,20 +314,31 @@ class RecallMirror:
                     around[(name, position + offset)] = unit.message(near, near_text)
         return hits, around
 
-    def refresh(self, user_id: str | None, session_id: str) -> None:
-        """Read new rows into the units a write of this user's and session's rows touched,
-        if they are held (the indexer calls this after each batch, off the caller's thread).
-        After a write of a user's rows, whether the session has rows without a user is
-        asked here too, as of the store's mark now: the turn's search then needs not ask
-        unless rows came since."""
+    @contextlib.contextmanager
+    def writing(self, user_id: str | None, session_id: str) -> Iterator[None]:
+        """Around the indexer's write of one session's rows: a search meanwhile reads no new
+        rows into the units the write touches; after it, the refresh reads them in, counted
+        outside the lock (a search waits for none of that), if those units are held. After
+        a write of a user's rows, whether the session has rows without a user is asked
+        here too: the turn's search then needs not ask unless rows came since."""
+        keys = (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
         with self._lock:
-            keys = (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
+            self._writing.update(keys)
+        try:
+            yield
             for key in keys:
-                unit = self._units.get(key)
+                with self._lock:
+                    unit = self._units.get(key)
                 if unit is not None:
-                    self._sync(unit, key[1] if key[0] == "u" else None, session_id)
-            if user_id is not None and session_id in self._unowned:
-                self._has_unowned(session_id, self.store.recall_mark()[0])
+                    rows = self._since(unit.last, key[1] if key[0] == "u" else None, session_id)
+                    with self._lock:
+                        self._add(unit, rows)
+            with self._lock:
+                if user_id is not None and session_id in self._unowned:
+                    self._has_unowned(session_id, self.store.recall_mark()[0])
+        finally:
+            with self._lock:
+                self._writing.difference_update(keys)
 
     def _has_unowned(self, session_id: str, top: int) -> bool:
         """Whether the session has rows indexed without a user (a user's search sees them)."""
@@ -334,14 +350,17 @@ class RecallMirror:
             self._unowned[session_id] = (top, found)
         return found
 
-    def _sync(self, unit: _Unit, user_id: str | None, session_id: str) -> None:
-        """Read the store's rows past ``unit.last`` into the unit, then keep the units
-        within their bound (lock held)."""
-        for message, owned in self.store.indexed_since(
-            unit.last, user_id=user_id, session_id=session_id
-        ):
+    def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
+        """The store's rows past id ``last`` for a unit, with their terms counted."""
+        rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
+        return [(m, owned, *text_terms(m.content, self.stem)) for m, owned in rows if m.id > last]
+
+    def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
+        """Rows into the unit (those it lacks), then the units kept within their bound
+        (lock held)."""
+        for message, owned, counts, n in rows:
             if message.id > unit.last:
-                unit.add(message, owned, *text_terms(message.content, self.stem))
+                unit.add(message, owned, counts, n)
                 self._keep(message.id, message.content)
         total = sum(u.bytes for u in self._units.values())
         while total > self.max_bytes and len(self._units) > 1:

@@ -21,6 +21,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.recall.excerpts import (
     HEADERS,
+    NEIGHBOUR_CHARS,
     NEIGHBOURS,
     Ask,
     Recalled,
@@ -140,12 +141,25 @@ class Recaller:
         self.store = store
         self.settings = settings
         self.mirror = RecallMirror(store, neighbours=NEIGHBOURS)
+        headers = (*engine_headers, *HEADERS.values())
         self.indexer = Indexer(
-            store, engine_headers=(*engine_headers, *HEADERS.values()), mirror=self.mirror
+            store, engine_headers=headers, mirror=self.mirror, on_left=self._ready
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
         # the same long hits come back turn after turn: each split and stemmed once
         self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS)
+
+    def _ready(self, rows: Sequence[IndexedMessage]) -> None:
+        """On the indexer's thread, as rows leave a view (what recall can now show): each
+        long one split and stemmed, and its ref in its own session found, ahead of the
+        turn that first shows it."""
+        try:
+            for row in rows:
+                if len(row.content) > NEIGHBOUR_CHARS:
+                    self.sentences(row.content)
+                    self.offloads.ref(row.session_id, row)
+        except Exception as err:  # the worker boundary: it only readies later turns
+            log.error("recall.ready_failed", error=repr(err))
 
     def on_leave(
         self, session_id: str, user_id: str | None, items: Sequence[tuple[int, Message]]

@@ -61,8 +61,13 @@ def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
 
 
 def term_set(text: str) -> set[str]:
-    """Every search term of ``text``, unordered (``search_terms`` without its limit)."""
-    return {gram for piece in set(_PIECE.findall(text.casefold())) for gram in piece_terms(piece)}
+    """Every search term of ``text``, unordered (``search_terms`` without its order and
+    limit): the words as one set, then each CJK run's bigrams."""
+    low = text.casefold()
+    pieces = set((_PIECE if _IS_CJK.search(low) else WORD).findall(low))  # the same pieces
+    runs = {piece for piece in pieces if not piece.isascii() and _IS_CJK.match(piece)}
+    words = {piece for piece in pieces - runs if len(piece) > 1} - STOPWORDS
+    return words.union(*map(piece_terms, runs))
 
 
 def piece_terms(piece: str) -> list[str]:
