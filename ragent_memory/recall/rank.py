@@ -215,19 +215,10 @@ class _Unit:
 
 class RecallMirror:
     """Units (a user's rows, or a session's without a user) kept in step with the store,
-    least recently searched dropped beyond ``max_bytes``; thread-safe (one lock)."""
+    least recently searched dropped beyond ``MIRROR_BYTES``; thread-safe (one lock)."""
 
-    def __init__(
-        self,
-        store: RecallIndex,
-        *,
-        max_bytes: int = MIRROR_BYTES,
-        text_chars: int = TEXT_CHARS,
-        neighbours: Sequence[int] = (-1, 1),
-    ) -> None:
+    def __init__(self, store: RecallIndex, *, neighbours: Sequence[int] = (-1, 1)) -> None:
         self.store = store
-        self.max_bytes = max_bytes
-        self.text_chars = text_chars
         self.neighbours = tuple(neighbours)
         self._lock = threading.Lock()
         self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
@@ -363,7 +354,7 @@ class RecallMirror:
                 unit.add(message, owned, counts, n)
                 self._keep(message.id, message.content)
         total = sum(u.bytes for u in self._units.values())
-        while total > self.max_bytes and len(self._units) > 1:
+        while total > MIRROR_BYTES and len(self._units) > 1:
             _, old = self._units.popitem(last=False)
             total -= old.bytes
 
@@ -372,7 +363,7 @@ class RecallMirror:
             return
         self._texts[row_id] = text
         self._chars += len(text)
-        while self._chars > self.text_chars and len(self._texts) > 1:
+        while self._chars > TEXT_CHARS and len(self._texts) > 1:
             _, old = self._texts.popitem(last=False)
             self._chars -= len(old)
 

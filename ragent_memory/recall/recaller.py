@@ -30,6 +30,7 @@ from ragent_memory.recall.excerpts import (
 )
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
+from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
 from ragent_memory.store import RecallIndex
 from ragent_memory.text.memo import Memo
@@ -49,32 +50,15 @@ EMPTY_SEARCH: Final = {
 
 def search_tool_schema() -> dict[str, Any]:
     """The OpenAI tool schema of ``search_memory(query, limit=5)``."""
-    return {
-        "type": "function",
-        "function": {
-            "name": SEARCH_TOOL_NAME,
-            "description": (
-                "Search earlier conversation with this user (this session's turns that are no "
-                "longer shown, and the user's other sessions) for a topic, name or fact. "
-                "Returns excerpts, each tagged with its session and date."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "Words to look for."},
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": 20,
-                        "default": DEFAULT_SEARCH_LIMIT,
-                        "description": "How many excerpts to return at most.",
-                    },
-                },
-                "required": ["query"],
-                "additionalProperties": False,
-            },
-        },
-    }
+    return tool_schema(
+        SEARCH_TOOL_NAME,
+        "Search earlier conversation with this user (this session's turns that are no longer "
+        "shown, and the user's other sessions) for a topic, name or fact. Returns excerpts, "
+        "each tagged with its session and date.",
+        ["query"],
+        query={"type": "string", "description": "Words to look for."},
+        limit=integer(1, DEFAULT_SEARCH_LIMIT, "How many excerpts to return at most.", maximum=20),
+    )
 
 
 class Offloads:
