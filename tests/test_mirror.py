@@ -1,5 +1,5 @@
-"""The in-process recall mirror (mirror.py): the store's ranking, the store's rows as they are
-now (whoever wrote or deleted them), and never another user's."""
+"""The in-process recall mirror (recall/rank.py): the store's ranking, the store's rows as
+they are now (whoever wrote or deleted them), and never another user's."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from ragent_memory import StoreSettings
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.recall import mirror as mirror_module
-from ragent_memory.recall.mirror import RecallMirror
-from ragent_memory.recall.search import _around, index_digest
+from ragent_memory.recall.excerpts import _around
+from ragent_memory.recall.index import index_digest
+from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.store import open_store
 from ragent_memory.store.contract import Backend
 from ragent_memory.text.terms import fts_query, index_terms, search_terms
@@ -34,18 +32,6 @@ TEXTS = [
     "The happiest day was when the painting won a prize at the county fair.",
     "Running every morning keeps him happy; he ran the Boston marathon twice.",
 ]
-
-
-_RANK_WORDS = ("refund", "refunds", "parcel", "kettle", "blue", "order", "4711", "the", "a")
-
-
-@pytest.fixture(params=["in Python", "with numpy"])
-def ranking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each ranking test runs on both of ``_Unit.rank``'s paths: few postings are ranked in
-    Python, many with numpy (here every query, its threshold set to 0)."""
-    if request.param == "with numpy":
-        monkeypatch.setattr(mirror_module, "PYTHON_POSTINGS", 0)
-    return str(request.param)
 
 
 @pytest.fixture
@@ -107,7 +93,7 @@ def both(
     ],
 )
 def test_mirror_ranks_as_fts5_bm25(
-    stores: tuple[Backend, Backend], backend: str, query: str, ranking: str
+    stores: tuple[Backend, Backend], backend: str, query: str
 ) -> None:
     store, _ = stores
     put(store, "ann", "s1", TEXTS[:5])
@@ -129,8 +115,7 @@ def test_mirror_ranks_as_fts5_bm25(
 def test_a_hits_neighbours_are_the_stores_as_rows_arrive_beside_it(
     stores: tuple[Backend, Backend],
 ) -> None:
-    """A hit and its neighbours are made once and kept (``_Unit.near``), yet each search
-    shows the neighbours the store holds now: one indexed later beside a hit (written by
+    """Each search shows the neighbours the store holds now: one indexed later beside a hit (written by
     this process or another), and a newer row at a neighbour's position or the hit's own
     (an edited message indexed again) instead of the old one, beside the old row at the
     hit's position as well (it is still a hit)."""
@@ -145,7 +130,6 @@ def test_a_hits_neighbours_are_the_stores_as_rows_arrive_beside_it(
             visible_from=1 << 62,
             shown=(),
             limit=40,
-            scored=False,
         )
         assert found is not None
         hits, around = found
@@ -266,7 +250,7 @@ def test_after_a_write_of_the_users_rows_a_search_asks_nothing_of_unowned_rows(
     )
     text = "A kestrel hovered over the field."
     rows = [IndexedMessage("a2", 1, "user", text, "", index_digest("user", text))]
-    with mirror.writing("ann", rows):
+    with mirror.writing("ann", "a2"):  # as the indexer writes
         store.index_messages("ann", rows, [index_terms(text)])
     assert ["x"] == asked  # by the refresh
     found = mirror.search(terms, **search)
@@ -307,49 +291,11 @@ def test_the_mirrors_tokens_are_fts5s() -> None:
     assert [stem(t) for t in tokens(WORDS)] == theirs
 
 
-def test_rows_the_indexer_counted_before_its_write_are_not_counted_again(
-    stores: tuple[Backend, Backend], backend: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``writing`` counts a batch's terms before the store write, outside the lock; a row
-    the unit already holds is not counted. A search that meets the committed rows before the
-    refresh leaves them to it (it answers as before the write, reading and counting none of
-    the batch on the caller's thread); the refresh reads them in with the indexer's counts,
-    and nothing is kept once the write is done."""
-    store, _ = stores
-    put(store, "ann", "s1", TEXTS[:3])
-    mirror = RecallMirror(store)
-    both(store, mirror, "refund", session="s9", user="ann")  # the unit is held
-    before, _ = both(store, mirror, "delivery marathon", session="s9", user="ann")
-    texts = [TEXTS[0], *TEXTS[3:6]]  # the first is indexed already, at position 0
-    rows = [
-        IndexedMessage("s1", position, "user", text, "", index_digest("user", text))
-        for position, text in zip([0, 3, 4, 5], texts, strict=True)
-    ]
-    counted: list[str] = []
-    real = mirror_module.text_terms
-    monkeypatch.setattr(
-        mirror_module, "text_terms", lambda text: counted.append(text) or real(text)
-    )
-    with mirror.writing("ann", rows):
-        assert counted == texts[1:]
-        store.index_messages("ann", rows, [index_terms(t) for t in texts])
-        mine, stored = both(store, mirror, "delivery marathon", session="s9", user="ann")
-        assert [(m.position, m.score) for m in before] == [(m.position, m.score) for m in mine]
-        assert {1, 3, 4} == {m.position for m in stored}
-    assert counted == texts[1:]  # read in by the refresh, with the indexer's counts
-    assert mirror.stats()["counted"] == 0
-    mine, stored = both(store, mirror, "delivery marathon", session="s9", user="ann")
-    assert {m.position for m in mine} == {1, 3, 4} == {m.position for m in stored}
-    if backend == "sqlite":
-        assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)
-
-
 def test_the_best_few_of_many_tied_matches_rank_as_fts5(
-    stores: tuple[Backend, Backend], backend: str, ranking: str
+    stores: tuple[Backend, Backend], backend: str
 ) -> None:
     """With more matches than the limit (and ties at the cut) the mirror keeps what FTS5
-    keeps, in its order: by score, then newest first; hits without scores are the same rows,
-    the same objects search after search."""
+    keeps, in its order: by score, then newest first."""
     store, _ = stores
     texts = [
         "The refund arrived.",
@@ -376,36 +322,19 @@ def test_the_best_few_of_many_tied_matches_rank_as_fts5(
         assert found is not None and len(found[0]) == limit
         if backend == "sqlite":
             assert [m.position for m in found[0]] == [m.position for m in stored]
-        plain = [
-            mirror.search(
-                terms,
-                session_id="s1",
-                user_id="ann",
-                visible_from=11,
-                shown=(2, 9),
-                limit=limit,
-                scored=False,
-            )
-            for _ in range(2)
-        ]
-        assert plain[0] is not None and plain[1] is not None
-        assert [m.position for m in plain[0][0]] == [m.position for m in found[0]]
-        assert {m.score for m in plain[0][0]} == {0.0}
-        assert all(a is b for a, b in zip(plain[0][0], plain[1][0], strict=True))
 
 
 _FIRST_RANK = """
 import sys
-from ragent_memory.recall import mirror
+from ragent_memory.recall import rank
 from ragent_memory.core.records import IndexedMessage
-mirror.PYTHON_POSTINGS = 0  # the numpy path
-unit = mirror._Unit()
+unit = rank._Unit()
 for i in range(6):
-    counts, n = mirror.text_terms(f"refund {i}")
+    counts, n = rank.text_terms(f"refund {i}")
     unit.add(IndexedMessage("s", i, "user", "x", "", f"d{i}", id=i + 1), False, counts, n)
 before = set(sys.modules)
 ranked = unit.rank(
-    mirror.query_keys(["refund"]), session_id="s", visible_from=3, shown=[5, 1, 4, 1], limit=10
+    rank.query_keys(["refund"]), session_id="s", visible_from=3, shown=[5, 1, 4, 1], limit=10
 )
 print(sorted(unit.positions[row] for row, _ in ranked))
 print(sorted(name for name in set(sys.modules) - before if name.startswith("numpy")))
@@ -420,47 +349,3 @@ def test_a_processs_first_ranking_loads_no_more_of_numpy() -> None:
         [sys.executable, "-c", _FIRST_RANK], capture_output=True, text=True, check=True, timeout=60
     )
     assert ["[0, 1, 2, 4, 5]", "[]"] == out.stdout.split("\n")[:2]
-
-
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["s1", "s2", "s3"]),
-            st.integers(0, 40),
-            st.lists(st.sampled_from(_RANK_WORDS), min_size=1, max_size=12),
-        ),
-        min_size=1,
-        max_size=80,
-    ),
-    st.lists(st.sampled_from(_RANK_WORDS), min_size=1, max_size=6),
-    st.integers(0, 45),
-    st.lists(st.integers(0, 45), max_size=6),
-    st.integers(1, 45),
-)
-def test_both_ranking_paths_give_the_same_rows_and_scores(
-    rows: list[tuple[str, int, list[str]]],
-    query: list[str],
-    visible_from: int,
-    shown: list[int],
-    limit: int,
-) -> None:
-    """Ranked in Python or with numpy, a query gets the same rows in the same order with
-    the same scores to the last bit (the same sums in the same order), for any rows: several
-    sessions, a position indexed again, repeated words and query terms, rows the view shows
-    or shows as placeholders, ties at the limit."""
-    unit = mirror_module._Unit()
-    for number, (session, position, words) in enumerate(rows):
-        text = " ".join(words)
-        counts, n = mirror_module.text_terms(text)
-        message = IndexedMessage(session, position, "user", text, "", f"d{number}", id=number + 1)
-        unit.add(message, number % 2 == 0, counts, n)
-    keys = mirror_module.query_keys(query)
-    asked = dict(session_id="s2", visible_from=visible_from, shown=shown, limit=limit)
-    in_python = unit.rank(keys, **asked)
-    saved = mirror_module.PYTHON_POSTINGS
-    try:
-        mirror_module.PYTHON_POSTINGS = 0
-        with_numpy = unit.rank(keys, **asked)
-    finally:
-        mirror_module.PYTHON_POSTINGS = saved
-    assert in_python == with_numpy

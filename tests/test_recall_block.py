@@ -6,19 +6,18 @@ from __future__ import annotations
 import copy
 import json
 import random
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import structlog
 from sessions import tool_loop, without_recall
 
 from ragent_memory import Settings
-from ragent_memory.core.records import IndexedMessage
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import StoreError
+from ragent_memory.recall.excerpts import HEADERS
 from ragent_memory.recall.refs import find_refs
-from ragent_memory.recall.search import HEADERS, index_digest
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 # The recall block end to end on both stores (FTS5 and tsvector).
@@ -139,59 +138,19 @@ def test_clipped_excerpt_ref_reads_back_the_whole_message(
     assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
 
 
-def test_a_ref_is_readable_while_its_offload_is_still_queued(
+def test_a_ref_resolves_from_another_engine_as_soon_as_prepare_returns(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
-    """A clipped excerpt's full text is written off the caller's thread; a recall of its ref
-    before the indexer's thread got to it writes it first, and reads it back."""
-    engine, history = warehouse(
-        make_engine, make_settings(context_window_chars=8_000, compaction_timeout_s=0)
-    )
-    for _settle in range(2):  # all indexed, every summary landed and adopted
-        engine.after_turn(history, session_id="s")
-        engine.flush()
-        engine.prepare(history, session_id="s")
-    held = threading.Event()
-    recaller = engine._recaller  # hold its one worker thread
-    assert recaller is not None and recaller.indexer.submit(lambda _: held.wait(30), "s")
-    try:
-        asked = [*history, WAREHOUSE_QUESTION]
-        (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
-        assert engine.store.read_offload("s", ref) is None  # queued behind the held worker
-        whole = engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
-        assert history[4]["content"] == whole
-    finally:
-        held.set()
-
-
-def test_a_shown_refs_full_text_is_written_after_the_turn_not_during_it(
-    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
-) -> None:
-    """``prepare`` only queues a clipped excerpt's full text (no task handed to the indexer's
-    thread during the turn); ``after_turn`` hands it over, or, for an app that never calls
-    it, the session's next turn does; ``flush`` writes what is still queued."""
-    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
-    engine.flush()
-    recaller = engine._recaller
-    assert recaller is not None
-    handed: list[object] = []
-    real = recaller.indexer.submit
-    recaller.indexer.submit = lambda fn, sid: handed.append(fn) or real(fn, sid)  # type: ignore[method-assign]
-    asked = [*history, WAREHOUSE_QUESTION]
-    for written_by in ("after_turn", "the next turn", "flush"):
-        engine.drop_session("s")  # its offloads go: the ref is queued anew
-        replay(engine, history)
-        engine.flush()
-        handed.clear()
-        (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
-        assert [] == handed and engine.store.read_offload("s", ref) is None
-        if written_by == "after_turn":
-            engine.after_turn(asked, session_id="s")
-        elif written_by == "the next turn":
-            engine.prepare(asked, session_id="s")
-        assert (written_by == "flush") is (recaller.settle not in handed), written_by
-        engine.flush()
-        assert history[4]["content"] == engine.store.read_offload("s", ref), written_by
+    """Every ref a prepared message shows is readable when ``prepare`` returns: a second
+    engine on the same store (another process, or host) reads it back at once, with no
+    flush, no ``after_turn`` and nothing asked of the first engine."""
+    settings = make_settings(context_window_chars=8_000)
+    engine, history = warehouse(make_engine, settings)
+    other = make_engine(settings)
+    prepared = engine.prepare([*history, WAREHOUSE_QUESTION], session_id="s")
+    (ref,) = find_refs(block_of(prepared.messages[-1]))
+    whole = other.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
+    assert history[4]["content"] == whole
 
 
 def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
@@ -211,42 +170,31 @@ def test_a_ref_shown_again_resolves_after_the_session_is_dropped_and_replayed(
         engine.drop_session("s")
 
 
-def test_a_long_hit_is_hashed_for_its_ref_off_the_turn(
+def test_an_excerpt_shown_again_once_its_offload_aged_is_written_again(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
-    """The ref of a long message is found on the indexer's thread as it is indexed: the turn
-    that first shows it clipped hashes nothing on the caller's thread, and the ref reads
-    back its whole text."""
-    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
-    engine.flush()
-    hashed: list[str] = []
-    real = engine.store.ref_for
-    engine.store.ref_for = lambda sid, text: hashed.append(text) or real(sid, text)  # type: ignore[method-assign]
-    (ref,) = find_refs(
-        block_of(engine.prepare([*history, WAREHOUSE_QUESTION], session_id="s").messages[-1])
-    )
-    assert [] == hashed
-    assert history[4]["content"] == engine.recall("s", ref, limit=100_000).split("\n[recall: ")[0]
-
-
-def test_an_excerpt_shown_again_once_its_offload_aged_is_queued_again(
-    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
-) -> None:
-    """An excerpt served from the rendered cache still keeps its full text stored: shown
-    again after its offload was written long enough ago to need refreshing, the text is
-    queued to be written again (and is not while it is fresh)."""
+    """An excerpt shown again keeps its full text stored: written with the block that first
+    showed it, not again while that is recent, and again once it needs refreshing."""
     engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
     recaller = engine._recaller
     assert recaller is not None
+    written: list[list[str]] = []
+    real = engine.store.offload_all
+
+    def counting(session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
+        written.append(list(contents))
+        real(session_id, contents, ttl_days=ttl_days)
+
+    engine.store.offload_all = counting  # type: ignore[method-assign]
     asked = [*history, WAREHOUSE_QUESTION]
     first = block_of(engine.prepare(asked, session_id="s").messages[-1])
-    engine.flush()
+    assert [[history[4]["content"]]] == written
     assert first == block_of(engine.prepare(asked, session_id="s").messages[-1])
-    assert not recaller._unwritten.get("s")  # written a moment ago: nothing to do
-    for key in recaller._offloaded:
-        recaller._offloaded[key] = float("-inf")
+    assert 1 == len(written)  # written a moment ago: nothing to do
+    for key, (ref, _) in list(recaller.offloads._written.items()):
+        recaller.offloads._written[key] = (ref, float("-inf"))
     assert first == block_of(engine.prepare(asked, session_id="s").messages[-1])
-    assert history[4]["content"] in recaller._unwritten.get("s", {}).values()
+    assert [[history[4]["content"]]] * 2 == written
 
 
 def test_no_block_when_disabled(
@@ -417,19 +365,13 @@ def test_drop_session_and_forget_erase_recall(make_engine: Callable[..., MemoryE
     assert "Z-2" not in engine.search("c", "zebra code", user_id="u1")
 
 
-def test_queued_offloads_are_written_at_once_and_queued_again_when_that_fails(
+def test_a_block_whose_full_texts_cannot_be_stored_is_not_shown(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
-    """The full texts a turn's block clipped are written in one store call; when it fails,
-    nothing is lost: each is queued again the next time its excerpt is shown."""
-    engine = make_engine(make_settings(context_window_chars=8_000))
-    recaller = engine._recaller
-    assert recaller is not None
-    texts = [f"the full text number {i}. " * 40 for i in range(3)]
-    shown = [
-        IndexedMessage("s", i, "tool", text, "", index_digest("tool", text))
-        for i, text in enumerate(texts)
-    ]
+    """The full texts a block's refs name are written in one store call before it is shown;
+    when that fails the turn shows no block (no ref that would not resolve) and logs it, and
+    the next turn writes them and shows it."""
+    engine, history = warehouse(make_engine, make_settings(context_window_chars=8_000))
     calls: list[list[str]] = []
     real = engine.store.offload_all
 
@@ -440,14 +382,13 @@ def test_queued_offloads_are_written_at_once_and_queued_again_when_that_fails(
         real(session_id, contents, ttl_days=ttl_days)
 
     engine.store.offload_all = first_fails  # type: ignore[method-assign]
-    ref_for = recaller._ref_for("s")
-    refs = [ref_for(m) for m in shown]
-    recaller.settle("s")
-    assert [None] * 3 == [engine.store.read_offload("s", ref) for ref in refs]
-    assert refs == [ref_for(m) for m in shown]  # shown again: queued again
-    recaller.settle("s")
-    assert [texts, texts] == calls
-    assert texts == [engine.store.read_offload("s", ref) for ref in refs]
+    asked = [*history, WAREHOUSE_QUESTION]
+    with structlog.testing.capture_logs() as logs:
+        assert "" == block_of(engine.prepare(asked, session_id="s").messages[-1])
+    assert "recall.failed" in [e["event"] for e in logs]
+    (ref,) = find_refs(block_of(engine.prepare(asked, session_id="s").messages[-1]))
+    assert [[history[4]["content"]]] * 2 == calls
+    assert history[4]["content"] == engine.store.read_offload("s", ref)
 
 
 def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(

@@ -15,7 +15,7 @@ import pytest
 
 from ragent_memory import MemoryEngine, Settings
 from ragent_memory.core.records import IndexedMessage, Substitution
-from ragent_memory.recall.search import index_digest
+from ragent_memory.recall.index import index_digest
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import MIGRATIONS, Store, substitution_key
 from ragent_memory.store import sqlite as sqlite_backend

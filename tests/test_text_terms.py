@@ -1,4 +1,4 @@
-"""The mirror's tokenizing (``mirror.text_terms``, run on every indexed message) counts in C
+"""The mirror's tokenizing (``rank.text_terms``, run on every indexed message) counts
 what the token-by-token reading counts: the same stems, CJK characters and bigrams, and the
 same length, whatever the text mixes."""
 
@@ -7,10 +7,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ragent_memory.cli.demo import simulate_session
-from ragent_memory.recall.mirror import text_terms
+from ragent_memory.recall.rank import text_terms
 from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import index_terms, is_cjk
+from ragent_memory.text.terms import index_terms, is_cjk, search_terms, term_set
 
 
 def token_by_token(text: str) -> tuple[dict[str, int], int]:
@@ -89,3 +92,11 @@ def test_text_terms_counts_what_the_token_by_token_reading_counts() -> None:
 def test_index_terms_spaces_each_cjk_character() -> None:
     assert index_terms("a订单b。・x") == "a 订  单 b。 ・ x"
     assert index_terms("plain text") == "plain text"
+
+
+@given(
+    st.lists(st.sampled_from([*PIECES, "the", "an", "Straße", "ǅ", "ﬁ"]), max_size=14).map("".join)
+)
+def test_term_set_is_search_terms_without_order_or_limit(text: str) -> None:
+    """``term_set`` (a sentence's terms, as a set) holds exactly ``search_terms``' terms."""
+    assert set(search_terms(text, limit=10_000)) == term_set(text)

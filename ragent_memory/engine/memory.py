@@ -25,7 +25,7 @@ from ragent_memory.longterm.batch import (
     run_extraction,
     utf8,
 )
-from ragent_memory.recall.search import HEADERS as RECALL_HEADERS
+from ragent_memory.recall.excerpts import HEADERS as RECALL_HEADERS
 from ragent_memory.settings import EXTRACTION_MIN_PENDING, Settings
 from ragent_memory.store import Backend
 from ragent_memory.text.terms import fts_query, search_terms

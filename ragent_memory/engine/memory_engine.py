@@ -33,8 +33,9 @@ from ragent_memory.engine.sessions import Sessions, Validated
 from ragent_memory.engine.tools import as_int
 from ragent_memory.errors import EngineClosedError, InvalidMessagesError, StoreError
 from ragent_memory.longterm.batch import Extractor, Fact, build_extractor, memory_message
+from ragent_memory.recall.excerpts import place
+from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, Recaller, place, search_tool_schema
 from ragent_memory.settings import Settings, load_settings
 from ragent_memory.store import Backend, GCReport, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
@@ -340,8 +341,6 @@ class MemoryEngine:
         original = None
         if key and isinstance(session_id, str):
             try:
-                if self._recaller is not None:  # a recall block's refs, still queued
-                    self._recaller.settle(session_id)
                 original = self.store.read_offload(session_id, key)
             except StoreError as err:
                 log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))

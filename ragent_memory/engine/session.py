@@ -57,7 +57,8 @@ from ragent_memory.errors import InvalidMessagesError, RagentMemoryError, StoreE
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.reduce import reduce
 from ragent_memory.gates.trim import Eviction, Rebuild, Shown, TrimState
-from ragent_memory.recall.search import Recalled, Recaller
+from ragent_memory.recall.excerpts import Recalled
+from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState, Substitution, substitution_key
 from ragent_memory.summary.summarize import Summarizer
@@ -1454,7 +1455,6 @@ class Session:
             shown = kept.found.within(room, settings.language)
             self._turn_block = kept._replace(found=shown)
             self.recall_block, self.recall_at = shown.text, at
-            recaller.hand_over(self.session_id)  # as a search would: excerpts queued earlier
             return shown.excerpts, len(shown.text)
         if role != "user" or view.messages[-1].get("role") != "user" or room <= 0:
             return 0, 0

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME, recall_tool_schema
-from ragent_memory.recall.search import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import Settings
 
 

@@ -18,39 +18,45 @@ FOOTER_MARK = "\n[recall: "  # starts the footer after a slice; refusals start w
 REF_PATTERN = re.compile(r"\brm-[0-9a-f]{20}\b")  # the shape of Store.ref_for
 
 
-def recall_tool_schema() -> dict[str, Any]:
-    """The OpenAI tool schema of ``recall_tool_result(ref, offset=0, limit=8000)``."""
+def tool_schema(
+    name: str, description: str, required: list[str], **properties: dict[str, Any]
+) -> dict[str, Any]:
+    """An OpenAI function tool's schema: its parameters are ``properties``, no others."""
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
     return {
         "type": "function",
-        "function": {
-            "name": RECALL_TOOL_NAME,
-            "description": (
-                "Read back the full text of an earlier tool result (or tool input) that the "
-                "context shows only as a placeholder or a truncated preview. Pass the recall "
-                "ref it names; page through long texts with offset and limit."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "ref": {"type": "string", "description": "The recall ref, e.g. rm-…"},
-                    "offset": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "default": 0,
-                        "description": "First character to return.",
-                    },
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "default": DEFAULT_LIMIT,
-                        "description": "How many characters to return at most.",
-                    },
-                },
-                "required": ["ref"],
-                "additionalProperties": False,
-            },
-        },
+        "function": {"name": name, "description": description, "parameters": parameters},
     }
+
+
+def integer(minimum: int, default: int, description: str, **more: int) -> dict[str, Any]:
+    """A tool's integer parameter."""
+    return {
+        "type": "integer",
+        "minimum": minimum,
+        **more,
+        "default": default,
+        "description": description,
+    }
+
+
+def recall_tool_schema() -> dict[str, Any]:
+    """The OpenAI tool schema of ``recall_tool_result(ref, offset=0, limit=8000)``."""
+    return tool_schema(
+        RECALL_TOOL_NAME,
+        "Read back the full text of an earlier tool result (or tool input) that the context "
+        "shows only as a placeholder or a truncated preview. Pass the recall ref it names; "
+        "page through long texts with offset and limit.",
+        ["ref"],
+        ref={"type": "string", "description": "The recall ref, e.g. rm-…"},
+        offset=integer(0, 0, "First character to return."),
+        limit=integer(1, DEFAULT_LIMIT, "How many characters to return at most."),
+    )
 
 
 def find_refs(text: str) -> list[str]:

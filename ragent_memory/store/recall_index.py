@@ -41,7 +41,7 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
         [value],
     )
     db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
-    # A new epoch tells every process's mirror (mirror.py) that rows went.
+    # A new epoch tells every process's mirror (recall/rank.py) that rows went.
     db.execute("DELETE FROM meta WHERE key = 'recall_epoch'")
     db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
 
@@ -153,7 +153,7 @@ class RecallIndexTables(OffloadTables):
             rows = self.db.execute(sql, params).fetchall()
         return [indexed(r[:-1], float(r[-1])) for r in rows]
 
-    # Reads of the in-process mirror (mirror.py). ``+`` keeps SQLite on the rowid range
+    # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
     # (new rows) rather than a whole session's entries of the (session, position) index.
     _BY_ID_ONLY = "+"
 

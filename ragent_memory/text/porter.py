@@ -1,5 +1,5 @@
 """Search terms as SQLite FTS5's ``porter unicode61 remove_diacritics 2`` tokenizer makes them,
-so the in-process recall mirror (``mirror.py``) counts exactly what the store's index counts.
+so the in-process recall mirror (``recall/rank.py``) counts exactly what the store's index counts.
 
 - ``tokens``: unicode61's tokens of an indexed text (``terms.index_terms`` already spaced CJK
   characters apart): runs of letters and digits, lower-cased, diacritics removed.
@@ -10,7 +10,6 @@ so the in-process recall mirror (``mirror.py``) counts exactly what the store's 
 from __future__ import annotations
 
 import unicodedata
-from functools import lru_cache
 from typing import Final
 
 from ragent_memory.text.terms import WORD
@@ -29,7 +28,6 @@ def tokens(text: str) -> list[str]:
 _SAME_AS: Final = {"µ": "μ", "ſ": "s"}  # unicode61's folding where lower() differs
 
 
-@lru_cache(maxsize=65_536)
 def fold(token: str) -> str:
     """A non-ASCII token without its diacritics (remove_diacritics 2), for the Latin, Greek
     and Cyrillic letters; other scripts as they are (close to unicode61, not exact: the
@@ -157,39 +155,47 @@ def _step(word: str, rules: dict[str, tuple[_Rule, ...]]) -> str:
     return word
 
 
-def _step1(w: str) -> str:
-    if w.endswith("s"):
-        if w[-2] == "e":
-            sses_or_ies = (len(w) > 4 and w[-4:-2] == "ss") or (len(w) > 3 and w[-3] == "i")
-            w = w[:-2] if sses_or_ies else w[:-1]
-        elif w[-2] != "s":
-            w = w[:-1]
-    removed = False
+def _step1a(w: str) -> str:
+    """Plurals: sses → ss, ies → i, s → (but ss stays)."""
+    if not w.endswith("s"):
+        return w
+    if w[-2] == "e":
+        sses_or_ies = (len(w) > 4 and w[-4:-2] == "ss") or (len(w) > 3 and w[-3] == "i")
+        return w[:-2] if sses_or_ies else w[:-1]
+    return w if w[-2] == "s" else w[:-1]
+
+
+def _step1b(w: str) -> str:
+    """eed → ee where the stem has a measure; ed and ing go where the stem has a vowel,
+    and the stem is then tidied (``_step1b_end``)."""
     if w[-2:-1] == "e":
         if len(w) > 3 and w.endswith("eed"):
-            if _m_gt0(w[:-3]):
-                w = w[:-1]
-        elif len(w) > 2 and w.endswith("ed") and _has_vowel(w[:-2]):
-            w, removed = w[:-2], True
+            return w[:-1] if _m_gt0(w[:-3]) else w
+        if len(w) > 2 and w.endswith("ed") and _has_vowel(w[:-2]):
+            return _step1b_end(w[:-2])
     elif w[-2:-1] == "n" and len(w) > 3 and w.endswith("ing") and _has_vowel(w[:-3]):
-        w, removed = w[:-3], True
-    if removed:
-        if len(w) > 2 and w[-2:] in ("at", "bl", "iz"):
-            w += "e"
-        elif len(w) >= 2 and not _vowel(w[-1], False) and w[-1] not in "lsz" and w[-1] == w[-2]:
-            w = w[:-1]
-        elif _m_eq1(w) and _ostar(w):
-            w += "e"
+        return _step1b_end(w[:-3])
     return w
 
 
-@lru_cache(maxsize=262_144)
+def _step1b_end(w: str) -> str:
+    """After ed or ing went: at, bl, iz gain an e; a double consonant (but l, s, z) loses
+    one; a short stem (m = 1, cvc) gains an e."""
+    if len(w) > 2 and w[-2:] in ("at", "bl", "iz"):
+        return w + "e"
+    if len(w) >= 2 and not _vowel(w[-1], False) and w[-1] not in "lsz" and w[-1] == w[-2]:
+        return w[:-1]
+    if _m_eq1(w) and _ostar(w):
+        return w + "e"
+    return w
+
+
 def stem(token: str) -> str:
     """``token`` as FTS5's porter tokenizer indexes it."""
     raw = token.encode("utf-8", "surrogatepass")
     if len(raw) < 3 or len(raw) > MAX_TOKEN_BYTES:
         return token
-    w = _step1(raw.decode("latin-1"))
+    w = _step1b(_step1a(raw.decode("latin-1")))
     if w.endswith("y") and _has_vowel(w[:-1]):
         w = w[:-1] + "i"
     w = _step(_step(_step(w, _STEP2), _STEP3), _STEP4)

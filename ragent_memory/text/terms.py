@@ -14,10 +14,8 @@ bottom-layer module that imports nothing of the package.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Final
 
 MAX_QUERY_TERMS: Final = 32
@@ -27,8 +25,6 @@ _PIECE = re.compile(rf"{CJK}+|(?:(?!{CJK})[^\W_])+")
 _IS_CJK = re.compile(CJK)
 CJK_RUN = re.compile(f"{CJK}+")
 WORD = re.compile(r"[^\W_]+")  # a run of letters and digits (unicode61's token chars)
-_LONG_WORD = re.compile(r"[^\W_]{2,}")  # such a run of two or more (runs are maximal)
-_FAST_CHARS: Final = 4_000  # longer texts are read only as far as the limit needs
 _ENGLISH_STOPWORDS = (
     "a an and are as at be but by can could did do does for from had has have how i if in is it"
     " its me my no not of on or our please so than that the their them then there these they"
@@ -55,107 +51,32 @@ def _spaced(match: re.Match[str]) -> str:
 def search_terms(text: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """Plain search terms from user text: words (no stopwords), CJK as overlapping bigrams,
     each once, in order, at most ``limit``."""
-    if len(text) <= _FAST_CHARS and _IS_CJK.search(text) is None:  # the same terms, in C
-        words = dict.fromkeys(_LONG_WORD.findall(text.casefold()))
-        return [w for w in words if w not in STOPWORDS][:limit]
     terms: dict[str, None] = {}  # insertion-ordered set: a long text stays linear
     for match in _PIECE.finditer(text.casefold()):  # read only as far as the limit needs
-        piece = match.group(0)
-        if _IS_CJK.match(piece):
-            grams = (
-                [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
-            )
-        elif len(piece) >= 2 and piece not in STOPWORDS:
-            grams = [piece]
-        else:
-            continue
-        for gram in grams:
+        for gram in piece_terms(match.group(0)):
             terms[gram] = None
             if len(terms) >= limit:
                 return list(terms)
     return list(terms)
 
 
-def term_prefixes(text: str, chars: int, *, limit: int = MAX_QUERY_TERMS) -> frozenset[str]:
-    """``{t[:chars] for t in search_terms(text, limit=limit)}``, found as sets in C when the
-    text holds at most ``limit`` distinct terms (then the order that picks the first ones is
-    moot)."""
-    if len(text) <= _FAST_CHARS and _IS_CJK.search(text) is None:
-        words = set(_LONG_WORD.findall(text.casefold()))
-        words -= STOPWORDS
-        if len(words) <= limit:
-            return frozenset(map(itemgetter(slice(0, chars)), words))
-    return frozenset(t[:chars] for t in search_terms(text, limit=limit))
-
-
-def plain_words(text: str) -> str | None:
-    """``text.casefold()`` when ``term_prefixes`` reads each part of it cut at spaces (up
-    to ``plain_chars`` long) as a set of words, its fast path: no CJK, and casefold keeps
-    every char one char (positions in it are positions in ``text``). None otherwise."""
-    if _IS_CJK.search(text) is not None:
-        return None
+def term_set(text: str) -> set[str]:
+    """Every search term of ``text``, unordered (``search_terms`` without its order and
+    limit): the words as one set, then each CJK run's bigrams."""
     low = text.casefold()
-    return low if len(low) == len(text) else None
+    pieces = set((_PIECE if _IS_CJK.search(low) else WORD).findall(low))  # the same pieces
+    runs = {piece for piece in pieces if not piece.isascii() and _IS_CJK.match(piece)}
+    words = {piece for piece in pieces - runs if len(piece) > 1} - STOPWORDS
+    return words.union(*map(piece_terms, runs))
 
 
-def plain_chars(limit: int) -> int:
-    """The longest text ``term_prefixes`` always reads as a set of words: within the fast
-    path's length, and too short to hold more than ``limit`` words of two chars or more
-    (n of them take 3n - 1 chars)."""
-    return min(_FAST_CHARS, 3 * limit + 1)
-
-
-def word_prefixes(low: str, chars: int) -> frozenset[str]:
-    """What ``term_prefixes`` gives for the casefolded ``low`` on its fast path, whatever
-    the count of words (words all ASCII are split as bytes, in C: the regex took ~0.3 ms
-    per 2,500 chars)."""
-    if low.isascii() or not any(map(str.isalnum, set(_ASCII_RUN.sub("", low)))):  # ASCII words
-        raw = low.encode("ascii", "replace").translate(_ASCII_WORDS).split()
-        words = {w.decode() for w in set(raw) if len(w) > 1}
-    else:
-        words = set(_LONG_WORD.findall(low))
-    words -= STOPWORDS
-    return frozenset(map(itemgetter(slice(0, chars)), words))
-
-
-# An ASCII byte: kept when a letter or digit (a word char but ``_``), else a space.
-_ASCII_WORDS: Final = bytes(c if chr(c).isalnum() else 32 for c in range(128)) + bytes(128)
-_ASCII_RUN = re.compile(r"[\x00-\x7f]+")  # what is left holds the non-ASCII chars
-_WORD_REST = re.compile(r"[^\W_]*")
-
-
-def prefix_positions(low: str, prefix: str, chars: int) -> list[int]:
-    """Where the words of the casefolded ``low`` start whose first ``chars`` chars are
-    ``prefix`` (stopwords aside): the words ``word_prefixes`` maps to ``prefix``. Found by
-    a plain substring search, each find checked for a word start (a look-behind in the
-    pattern made the search try every position). A word found is read whole only when
-    ``prefix`` begins a stopword (most query stems begin none); a shorter prefix is a word
-    of its own, a stopword or not."""
-    if not 2 <= len(prefix) <= chars or not prefix.isalnum():
-        return []  # no word of two chars or more begins so
-    size = len(prefix)
-    whole = size < chars  # then only the word ``prefix`` itself is its prefix
-    if whole and prefix in STOPWORDS:
-        return []
-    check = not whole and prefix in _stop_prefixes(chars)
-    out = []
-    at = low.find(prefix)
-    while at >= 0:
-        end = at + size
-        if at == 0 or not low[at - 1].isalnum():
-            if whole:
-                if end == len(low) or not low[end].isalnum():
-                    out.append(at)
-            elif not check or low[at : _WORD_REST.match(low, end).end()] not in STOPWORDS:  # type: ignore[union-attr]
-                out.append(at)
-        at = low.find(prefix, end)  # no word starts inside this one
-    return out
-
-
-@functools.cache
-def _stop_prefixes(chars: int) -> frozenset[str]:
-    """The first ``chars`` chars of each stopword that long or longer."""
-    return frozenset(word[:chars] for word in STOPWORDS if len(word) >= chars)
+def piece_terms(piece: str) -> list[str]:
+    """The search terms of one casefolded piece (a CJK run, or a run of other letters and
+    digits): the run's bigrams (itself when one char), or the word unless a stopword or one
+    char long."""
+    if not piece.isascii() and _IS_CJK.match(piece):
+        return [piece] if len(piece) == 1 else [piece[i : i + 2] for i in range(len(piece) - 1)]
+    return [piece] if len(piece) >= 2 and piece not in STOPWORDS else []
 
 
 def fts_query(terms: Sequence[str]) -> str:

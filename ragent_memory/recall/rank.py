@@ -1,0 +1,378 @@
+"""An in-process copy of the recall index (DESIGN §9b), so a turn's recall costs what is new.
+
+The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
+match on each call, growing with the history. Here each user's rows (or, without a user, each
+session's) are an inverted index (term → rows and counts) ranked with the exact BM25 FTS5
+computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns), with
+numpy over the query terms' postings. Neighbours and texts (kept by row id: rows never
+change, only go) come from here too.
+
+The store stays the source of truth. Before each search one statement reads the highest row
+id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
+``forget``/``drop_session``, whichever process or host ran it): new rows are read by id, a
+new epoch drops every copy (rebuilt on their next search). A user's search that must also see
+this session's rows indexed without a user returns None: the caller asks the store. The
+statistics are the unit's (the user's rows), FTS5's the table's: one user per store, the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from array import array
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.store.contract import RecallIndex
+from ragent_memory.text.memo import Memo
+from ragent_memory.text.porter import stem, tokens
+from ragent_memory.text.terms import CJK_RUN, index_terms, is_cjk
+
+K1: Final = 1.2
+B: Final = 0.75
+IDF_FLOOR: Final = 1e-6  # FTS5: a term in more than half the rows still counts a little
+_COUNT_BITS: Final = 20
+_COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
+MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
+TEXT_CHARS: Final = 16_000_000  # row texts kept, the oldest kept out first
+STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
+UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
+
+# The best hits, and their neighbours by (session, position).
+Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
+_Row = tuple[IndexedMessage, bool, dict[str, int], int]  # a row, owned, its terms, its length
+
+
+def text_terms(text: str, stem: Callable[[str], str] = stem) -> tuple[dict[str, int], int]:
+    """A text's terms as the index counts them and its length in tokens: unicode61's tokens
+    of the spaced text (``index_terms``), each stemmed (a number is its own stem: Porter's
+    rules all end on a letter), and each pair of adjacent single CJK characters as a bigram
+    (what a two-character query phrase matches)."""
+    found = tokens(index_terms(text))
+    counts: dict[str, int] = {}
+    for token, count in Counter(found).items():
+        key = token if token[-1] in "0123456789" else stem(token)
+        counts[key] = counts.get(key, 0) + count
+    previous = ""
+    for token in found if CJK_RUN.search(text) else ():  # bigrams: a text with CJK only
+        single = len(token) == 1 and is_cjk(token)
+        if single and previous:
+            counts[previous + token] = counts.get(previous + token, 0) + 1
+        previous = token if single else ""
+    return counts, len(found)
+
+
+def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[str]:
+    """Each query phrase (``terms.search_terms``) as the key ``text_terms`` counts it under
+    (a word's stem, a CJK bigram's two chars); a phrase twice (two words with one stem)
+    counts twice, as in FTS5."""
+    keys = []
+    for term in terms:
+        found = tokens(index_terms(term))
+        if len(found) == 1:
+            keys.append(stem(found[0]))
+        elif len(found) == 2:
+            keys.append(found[0] + found[1])
+    return keys
+
+
+class _Unit:
+    """One user's rows (or one session's): the inverted index and what rows carry."""
+
+    def __init__(self) -> None:
+        self.last = 0  # highest row id held
+        self.ids = array("q")
+        self.positions = array("q")
+        self.codes = array("i")  # session number, into ``names``
+        self.lengths = array("d")
+        self.rows: list[tuple[int, str, str, str]] = []  # (session number, role, dated, digest)
+        self.names: list[str] = []
+        self.numbers: dict[str, int] = {}
+        # term → its rows and counts, each ``row << 20 | count``: an int for one row (most
+        # terms, numbers and ids, occur in one row), an array for more
+        self.postings: dict[str, int | array[int]] = {}
+        self.at: dict[tuple[int, int], int] = {}  # (session number, position) → newest row
+        self.total = 0.0
+        self.bytes = 0
+
+    def add(self, message: IndexedMessage, owned: bool, counts: dict[str, int], n: int) -> None:
+        row = len(self.ids)
+        code = self.numbers.setdefault(message.session_id, len(self.names))
+        if code == len(self.names):
+            self.names.append(message.session_id)
+        length = n + 1 + owned  # FTS5 counts the scope column's tokens in the row's length
+        self.ids.append(message.id)
+        self.positions.append(message.position)
+        self.codes.append(code)
+        self.lengths.append(float(length))
+        self.rows.append((code, message.role, message.dated, message.digest))
+        self.total += length
+        self.last = max(self.last, message.id)
+        held = self.at.get((code, message.position))
+        if held is None or self.ids[held] < message.id:
+            self.at[(code, message.position)] = row
+        shifted = row << _COUNT_BITS
+        for key, count in counts.items():
+            entry = shifted | min(count, _COUNT_MAX)
+            posting = self.postings.get(key)
+            if posting is None:
+                self.postings[key] = entry
+            elif isinstance(posting, int):
+                self.postings[key] = array("q", (posting, entry))
+            else:
+                posting.append(entry)
+        self.bytes += 90 * len(counts) + 160
+
+    def rank(
+        self,
+        keys: Sequence[str],
+        *,
+        session_id: str,
+        visible_from: int,
+        shown: Sequence[int],
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """The best ``limit`` rows (row number, BM25 as FTS5 gives it: lower is better),
+        ordered by score then newest first, without this session's rows the view shows."""
+        scores = self._scores(keys)
+        if scores is None:
+            return []
+        found = self._hide(scores.nonzero()[0], session_id, visible_from, shown)
+        best = scores[found]
+        if len(found) > limit:  # only rows scoring at least the limit-th best can be in it
+            cut = np.partition(best, len(best) - limit)[len(best) - limit]
+            kept = best >= cut
+            found, best = found[kept], best[kept]
+        # Best first, then newest (row ids are unique: no two tuples tie).
+        chosen = found.tolist()
+        ranked = sorted(
+            zip(best.tolist(), [self.ids[row] for row in chosen], chosen, strict=True),
+            reverse=True,
+        )
+        return [(row, -score) for score, _, row in ranked[:limit]]
+
+    def _scores(self, keys: Sequence[str]) -> npt.NDArray[np.float64] | None:
+        """Each row's BM25 sum over the query's terms (0 where none matches); None when no
+        term matches."""
+        n = len(self.ids)
+        entries, weights = array("q"), array("d")
+        for key, times in Counter(keys).items():
+            posting = self.postings.get(key)
+            if posting is None:
+                continue
+            count = 1 if isinstance(posting, int) else len(posting)
+            idf = math.log((n - count + 0.5) / (count + 0.5))
+            weight = times * (idf if idf > 0 else IDF_FLOOR) * (K1 + 1.0)
+            if isinstance(posting, int):
+                entries.append(posting)
+            else:
+                entries.extend(posting)
+            weights.extend(array("d", (weight,)) * count)
+        if not entries:
+            return None
+        packed = np.frombuffer(entries, dtype=np.int64)
+        rows = packed >> _COUNT_BITS
+        freq = (packed & _COUNT_MAX).astype(np.float64)
+        # BM25's length norm, K1 * (1 - B + B * length / mean length)
+        lengths = np.frombuffer(self.lengths, dtype=np.float64)[rows]
+        norm = lengths * (K1 * B * n / self.total) + K1 * (1.0 - B)
+        each = np.frombuffer(weights, dtype=np.float64) * freq / (freq + norm)
+        return np.asarray(np.bincount(rows, weights=each, minlength=n), dtype=np.float64)
+
+    def _hide(
+        self, found: npt.NDArray[np.intp], session_id: str, visible_from: int, shown: Sequence[int]
+    ) -> npt.NDArray[np.intp]:
+        """``found`` without this session's rows the view shows (those it shows as a
+        placeholder or preview, ``shown``, are recalled after all)."""
+        code = self.numbers.get(session_id)
+        if code is None:
+            return found
+        positions = np.frombuffer(self.positions, dtype=np.int64)[found]
+        codes = np.frombuffer(self.codes, dtype=np.int32)[found]
+        hidden = (codes == code) & (positions >= visible_from)
+        if shown:
+            # Sorted is enough for searchsorted (np.unique's first call imports numpy.ma,
+            # tens of ms on a process's first recall turn).
+            held = np.sort(np.asarray(shown, dtype=np.int64))
+            at = np.minimum(held.searchsorted(positions), len(held) - 1)
+            hidden &= held[at] != positions
+        visible: npt.NDArray[np.intp] = found[~hidden]
+        return visible
+
+    def message(self, row: int, content: str, score: float = 0.0) -> IndexedMessage:
+        code, role, dated, digest = self.rows[row]
+        position, row_id = self.positions[row], self.ids[row]
+        return IndexedMessage(
+            self.names[code], position, role, content, dated, digest, row_id, score
+        )
+
+
+class RecallMirror:
+    """Units (a user's rows, or a session's without a user) kept in step with the store,
+    least recently searched dropped beyond ``MIRROR_BYTES``; thread-safe (one lock)."""
+
+    def __init__(self, store: RecallIndex, *, neighbours: Sequence[int] = (-1, 1)) -> None:
+        self.store = store
+        self.neighbours = tuple(neighbours)
+        self._lock = threading.Lock()
+        self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
+        self._epoch: str | None = None
+        self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
+        self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
+        self._texts: OrderedDict[int, str] = OrderedDict()
+        self._chars = 0
+        self.stem = Memo(stem, STEM_CHARS)  # Porter in Python is most of reading a row in
+
+    @property
+    def epoch(self) -> str | None:
+        """The deletion epoch the last search read (None before the first)."""
+        return self._epoch
+
+    def search(
+        self,
+        terms: Sequence[str],
+        *,
+        session_id: str,
+        user_id: str | None,
+        visible_from: int,
+        shown: Sequence[int],
+        limit: int,
+    ) -> Found | None:
+        """The best hits as the store's ``search_index`` ranks them, and their neighbours
+        by (session, position); None when the store must answer (see the module)."""
+        with self._lock:
+            unit = self._current(user_id, session_id)
+            if unit is None:
+                return None
+            ranked = unit.rank(
+                query_keys(terms, self.stem),
+                session_id=session_id,
+                visible_from=visible_from,
+                shown=shown,
+                limit=limit,
+            )
+            return self._found(unit, ranked)
+
+    def _current(self, user_id: str | None, session_id: str) -> _Unit | None:
+        """The unit searched, in step with the store's mark (lock held)."""
+        top, epoch = self.store.recall_mark()
+        if epoch != self._epoch:  # rows went: every copy may hold them
+            self._units.clear()
+            self._unowned.clear()
+            self._epoch = epoch
+        if user_id is not None and self._has_unowned(session_id, top):
+            return None
+        key = ("u", user_id) if user_id is not None else ("s", session_id)
+        unit = self._units.get(key)
+        if unit is None:
+            unit = self._units[key] = _Unit()
+        self._units.move_to_end(key)
+        # This process's own rows being written are left to the refresh that follows the
+        # write (read in off the caller's thread): the unit answers as before it.
+        if unit.last < top and (not unit.last or key not in self._writing):
+            self._add(unit, self._since(unit.last, user_id, session_id))
+        return unit
+
+    def _found(self, unit: _Unit, ranked: Sequence[tuple[int, float]]) -> Found:
+        """The ranked rows as hits, with their neighbours (the newest row at each position
+        beside a hit), their texts read; a row another process deleted since the mark is
+        left out (its epoch is seen next search)."""
+        beside: dict[tuple[int, int], int] = {}  # (row, offset) → the neighbour's row
+        for row, _ in ranked:
+            code, position = unit.rows[row][0], unit.positions[row]
+            for offset in self.neighbours:
+                near = unit.at.get((code, position + offset))
+                if near is not None:
+                    beside[(row, offset)] = near
+        texts = self._read([unit.ids[r] for r in (*(r for r, _ in ranked), *beside.values())])
+        hits, around = [], {}
+        for row, score in ranked:
+            text = texts.get(unit.ids[row])
+            if text is None:
+                continue
+            hits.append(unit.message(row, text, score))
+            name, position = unit.names[unit.rows[row][0]], unit.positions[row]
+            for offset in self.neighbours:
+                near = beside.get((row, offset), -1)
+                near_text = texts.get(unit.ids[near]) if near >= 0 else None
+                if near_text is not None:
+                    around[(name, position + offset)] = unit.message(near, near_text)
+        return hits, around
+
+    @contextlib.contextmanager
+    def writing(self, user_id: str | None, session_id: str) -> Iterator[None]:
+        """Around the indexer's write of one session's rows: a search meanwhile reads no new
+        rows into the units the write touches; after it, the refresh reads them in, counted
+        outside the lock (a search waits for none of that), if those units are held. After
+        a write of a user's rows, whether the session has rows without a user is asked
+        here too: the turn's search then needs not ask unless rows came since."""
+        keys = (("u", user_id), ("s", session_id)) if user_id else (("s", session_id),)
+        with self._lock:
+            self._writing.update(keys)
+        try:
+            yield
+            for key in keys:
+                with self._lock:
+                    unit = self._units.get(key)
+                if unit is not None:
+                    rows = self._since(unit.last, key[1] if key[0] == "u" else None, session_id)
+                    with self._lock:
+                        self._add(unit, rows)
+            with self._lock:
+                if user_id is not None and session_id in self._unowned:
+                    self._has_unowned(session_id, self.store.recall_mark()[0])
+        finally:
+            with self._lock:
+                self._writing.difference_update(keys)
+
+    def _has_unowned(self, session_id: str, top: int) -> bool:
+        """Whether the session has rows indexed without a user (a user's search sees them)."""
+        checked, found = self._unowned.get(session_id, (0, False))
+        if not found and checked < top:
+            found = self.store.unowned_since(session_id, checked)
+            if len(self._unowned) >= UNOWNED_KEPT:
+                self._unowned.clear()
+            self._unowned[session_id] = (top, found)
+        return found
+
+    def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
+        """The store's rows past id ``last`` for a unit, with their terms counted."""
+        rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
+        return [(m, owned, *text_terms(m.content, self.stem)) for m, owned in rows if m.id > last]
+
+    def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
+        """Rows into the unit (those it lacks), then the units kept within their bound
+        (lock held)."""
+        for message, owned, counts, n in rows:
+            if message.id > unit.last:
+                unit.add(message, owned, counts, n)
+                self._keep(message.id, message.content)
+        total = sum(u.bytes for u in self._units.values())
+        while total > MIRROR_BYTES and len(self._units) > 1:
+            _, old = self._units.popitem(last=False)
+            total -= old.bytes
+
+    def _keep(self, row_id: int, text: str) -> None:
+        if row_id in self._texts:
+            return
+        self._texts[row_id] = text
+        self._chars += len(text)
+        while self._chars > TEXT_CHARS and len(self._texts) > 1:
+            _, old = self._texts.popitem(last=False)
+            self._chars -= len(old)
+
+    def _read(self, ids: Sequence[int]) -> dict[int, str]:
+        """Row texts by id, from those kept or (those let go) the store."""
+        out = {row_id: self._texts[row_id] for row_id in ids if row_id in self._texts}
+        missing = [row_id for row_id in ids if row_id not in out]
+        if missing:
+            for row_id, text in self.store.indexed_texts(missing).items():
+                out[row_id] = text
+                self._keep(row_id, text)
+        return out
