@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from ragent_memory.core import chars
+from ragent_memory.core.chars import chars
 from ragent_memory.longterm.batch import HEADERS
 
 REF = re.compile(r"recall: (rm-[0-9a-f]{20})")

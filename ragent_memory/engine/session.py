@@ -64,6 +64,8 @@ from ragent_memory.summary.summarize import Summarizer
 
 log = get_logger(__name__)
 
+PART_SEPARATOR = "\n"  # what a consumer that joins a message's text parts puts between them
+
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view
 LeaveCallback = Callable[[str, "str | None", list[tuple[int, Message]]], None]
 # Submits a compaction to the engine's pool; None when the engine takes no more work.
@@ -1440,7 +1442,13 @@ class Session:
         recaller, settings, raw = self.services.recaller, self.settings, self.raw.messages
         if recaller is None or not settings.recall_enabled or not raw or not view.messages:
             return 0, 0
-        room = min(settings.recall_max_chars, settings.context_window_chars - view.total)
+        # The block is its own text part before the question; a consumer that reads the
+        # message as one text (LangChain's OpenAI conversion, many providers) joins the parts
+        # with a newline, so that char is part of what the block may take of B.
+        room = min(
+            settings.recall_max_chars,
+            settings.context_window_chars - view.total - len(PART_SEPARATOR),
+        )
         role = raw[-1].get("role")
         if role == "tool":  # the turn's tool loop: the model is called again
             at = self._turn_start(view)
