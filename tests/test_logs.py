@@ -77,7 +77,7 @@ def test_app_with_info_logging_receives_events_through_logging(tmp_path: Path) -
     applied = [
         line
         for line in done.stderr.splitlines()
-        if re.match(r"INFO:ragent_memory\.\w+:compaction\.applied ", line)
+        if re.match(r"INFO:ragent_memory\.[\w.]+:compaction\.applied ", line)
     ]
     assert _applied(db) == len(applied)
     assert "session_id='s1'" in applied[0]

@@ -18,6 +18,7 @@ from strategies import conversations
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.core.chars import chars
 from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.turn_recall import hidden
 from ragent_memory.gates.trim import (
     SCAN_LIMIT,
     Eviction,
@@ -321,7 +322,7 @@ class Twins:
         kept = self.engines[0]._sessions.get("s")
         if kept is not None and kept.view is not None:  # what recall leaves out, kept too
             view = kept.view
-            assert frozenset(i + view.offset for i in view.kinds) == kept.hidden(view)[1]
+            assert frozenset(i + view.offset for i in view.kinds) == hidden(view)[1]
         self.trimmed = max(self.trimmed, a.report.trimmed)
         self.compacted += a.report.compacted
         self.dropped = max(self.dropped, a.report.dropped_turns)

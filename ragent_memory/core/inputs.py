@@ -19,12 +19,11 @@ from itertools import repeat
 from typing import Any
 
 from ragent_memory.core.chars import Message
-from ragent_memory.core.watched import WatchedDict
 from ragent_memory.errors import InvalidMessagesError
 
 ALIASES = {"developer": "system"}
 # Chat dicts as they come: the app's own, or copies ``prepare`` handed out that it kept.
-PLAIN_TYPES = frozenset({dict, WatchedDict})
+PLAIN_TYPES = frozenset({dict})
 # Conversions kept per engine; an app passing more objects than this each turn pays a
 # conversion per message (and the engine a digest instead of an identity check), nothing worse.
 MAX_REMEMBERED = 100_000

@@ -7,7 +7,11 @@ store, the mid-turn compaction runs on its pool):
 
 1. ``trim_all``: every tool result before the current turn becomes its placeholder, oldest
    first, whatever its tool, ignoring the 20% rule and the 2-loop protection.
-2. (a mid-turn compaction, ``compact.plan(..., mid_turn=True)``)
+2. (a mid-turn compaction, ``plan_cut(..., mid_turn=True)``)
+
+Rungs 3-5 are one pure function, ``fit``: the session calls it to fit its view and, before a
+mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10):
+
 3. ``preview_turn``: the current turn's tool results and tool-call inputs become head/tail
    previews, with the limit lowered just enough to fit, never below ``MIN_PREVIEW_CHARS``.
 4. ``turns_to_leave_out``: the oldest whole turns after the prefix/summary are left out of the
@@ -18,6 +22,8 @@ store, the mid-turn compaction runs on its pool):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+
+import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.toolloops import last_user_index, map_loops
@@ -153,3 +159,64 @@ def turns_to_leave_out(
         turns += 1
         at = cut
     return at - head, turns
+
+
+@attrs.frozen
+class Fit:
+    """What rungs 3-5 do to a view over B, and the chars_out they leave."""
+
+    previews: list[Truncation]  # rung 3
+    left_out: int  # rung 4: messages from ``head`` on left out...
+    left_turns: int  # ... as whole turns
+    drop_summary: bool  # rung 5: the summary message (just before ``head``) is not sent
+    chars_out: int
+
+
+def fit(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    head: int,
+    prefix_len: int,
+    budget: int,
+    limit_chars: int,
+    language: str,
+    ref_for: Callable[[str], str],
+    originals: Mapping[int, Message],
+    evicted: frozenset[int] | set[int],
+    previews: bool = True,
+) -> Fit:
+    """Rungs 3-5 over ``view`` (``head``: its first message after the prefix and summary),
+    stopping on the first that fits ``budget``; ``previews=False`` skips rung 3 (its
+    previews could not be kept)."""
+    shown = list(sizes)
+    total = sum(shown)
+    if total <= budget:
+        return Fit([], 0, 0, False, total)
+    turn_start = current_turn_start(view, head)
+    made: list[Truncation] = []
+    if previews:
+        made = preview_turn(
+            view,
+            shown,
+            turn_start=turn_start,
+            excess=total - budget,
+            limit_chars=limit_chars,
+            language=language,
+            ref_for=ref_for,
+            originals=originals,
+            evicted=evicted,
+        )
+        for truncation in made:
+            shown[truncation.index] = chars(truncation.replacement)
+        total = sum(shown)
+    count = turns = 0
+    if total > budget:
+        count, turns = turns_to_leave_out(
+            view, shown, head=head, turn_start=turn_start, excess=total - budget
+        )
+        total -= sum(shown[head : head + count])
+    drop = total > budget and head > prefix_len
+    if drop:
+        total -= shown[head - 1]
+    return Fit(made, count, turns, drop, total)
