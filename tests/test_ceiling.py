@@ -19,6 +19,7 @@ from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.ceiling import (
     MIN_PREVIEW_CHARS,
+    Forms,
     current_turn_start,
     preview_turn,
     trim_all,
@@ -53,10 +54,7 @@ def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[in
         head=0,
         turn_start=9,
         excess=excess,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=evicted,
+        forms=Forms("en", ref_for, {}, evicted),
     )
     assert all(e.replacement["content"].startswith("[Earlier tool result omitted") for e in found)
     return [e.index for e in found]
@@ -70,10 +68,7 @@ def previews(view: list[Message], *, excess: int) -> list[Truncation]:
         turn_start=0,
         excess=excess,
         limit_chars=50_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
+        forms=Forms("en", ref_for, {}, set()),
     )
 
 

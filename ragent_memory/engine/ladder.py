@@ -10,7 +10,7 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.view import View
 from ragent_memory.gates import ceiling
-from ragent_memory.gates.compaction import plan_cut
+from ragent_memory.gates.compaction import CutPlan, plan_cut
 from ragent_memory.store import Substitution
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Ladder:
         previews: bool = True,
     ) -> ceiling.Fit:
         """Rungs 3-5 with this session's settings: to fit the view, and to predict the
-        chars_out of a mid-turn compaction's turn (``Session.chars_out_after``)."""
+        chars_out of a compaction's turn (``predict``)."""
         settings = self.settings
         return ceiling.fit(
             view,
@@ -49,13 +49,40 @@ class Ladder:
             head=head,
             prefix_len=prefix_len,
             budget=settings.context_window_chars,
-            limit_chars=settings.oversized_tool_result_chars,
-            language=settings.language,
-            ref_for=self.session.sticky.ref_for,
-            originals=originals,
-            evicted=evicted,
-            previews=previews,
+            limit_chars=settings.oversized_tool_result_chars if previews else None,
+            forms=self._forms(originals, evicted),
         )
+
+    def _forms(self, originals: Mapping[int, Message], evicted: set[int]) -> ceiling.Forms:
+        return ceiling.Forms(
+            self.settings.language, self.session.sticky.ref_for, originals, evicted
+        )
+
+    def predict(self, view: View, decision: CutPlan) -> Callable[[int], int]:
+        """The chars_out of the turn that applies the compaction ``decision``, from the
+        summary message's chars: the ceiling's ``fit`` over the view as it will be (prefix +
+        summary + the kept tail), the same code that fits it then."""
+        cut, prefix_len = decision.cut, view.prefix_len
+        summary: Message = {"role": "user", "content": ""}
+        messages = [*view.messages[:prefix_len], summary, *view.messages[cut:]]
+        sizes = [*view.sizes[:prefix_len], 0, *view.sizes[cut:]]
+        shift = prefix_len + 1 - cut
+        originals = {i + shift: m for i, m in view.originals.items() if i >= cut}
+        evicted = {i + shift for i in view.indexes("trim") if i >= cut}
+
+        def chars_out(summary_chars: int) -> int:
+            sizes[prefix_len] = summary_chars
+            found = self.fit(
+                messages,
+                sizes,
+                head=prefix_len + 1,
+                prefix_len=prefix_len,
+                originals=originals,
+                evicted=evicted,
+            )
+            return found.chars_out
+
+        return chars_out
 
     def climb(self, view: View, user_id: str | None) -> tuple[View, int, str | None]:
         """While ``view.total`` > B, the rungs in order. Returns the view to send, how many
@@ -82,10 +109,7 @@ class Ladder:
             head=max(view.head, min(view.swept, turn_start)),  # before it: nothing left
             turn_start=turn_start,
             excess=view.total - budget + int(budget * ceiling.TRIM_HEADROOM),
-            language=self.settings.language,
-            ref_for=self.session.sticky.ref_for,
-            originals=view.originals,
-            evicted=view.indexes("trim"),
+            forms=self._forms(view.originals, view.indexes("trim")),
         )
         self._stick(
             view, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions], user_id
@@ -169,8 +193,8 @@ class Ladder:
             for index, kind, ref, message, texts in changes
         ]
         state = view.trim_hint
-        if state is not None and not state.replaced([change[0] for change in changes]):
-            state = None  # gate 1 looks at the whole view again
+        if state is not None:
+            state.replaced([change[0] for change in changes])
         self.session.trimming.apply(view, new, state, self._on_left(user_id))
 
     def _leave_out(self, view: View, count: int, turns: int, user_id: str | None) -> None:

@@ -150,6 +150,17 @@ class RawCache:
         """``chain_digest`` of positions ``[start, stop)``."""
         return chain_digest([self.digest_at(i) for i in range(start, stop)])
 
+    def mismatch(self, prefix_len: int, covered: int, covered_digest: str) -> str | None:
+        """Why the history no longer matches a summary of ``[prefix_len, covered)`` (None:
+        it does)."""
+        if len(self.messages) < covered:
+            return "history_shorter"
+        if leading_system_count(self.messages[:covered]) != prefix_len:
+            return "prefix_changed"
+        if self.chain(prefix_len, covered) != covered_digest:
+            return "history_edited"
+        return None
+
     def unchanged(self, start: int, end: int) -> bool:
         """Every position in ``[start, end)`` exists and no change was found there this turn."""
         if end > len(self.messages):

@@ -229,14 +229,8 @@ class Session:
         view, chars_in = self._build(last)
         view, compacted, skipped, dropped_turns = self._gates(view, user_id)
         recalled, recalled_chars = self.turn_recall.recall(view, user_id, self.state.summary)
-        return view, self._report(
-            view,
-            chars_in=chars_in,
-            compacted=compacted,
-            skipped=skipped,
-            dropped_turns=dropped_turns,
-            recalled=recalled,
-            recalled_chars=recalled_chars,
+        return view, report_fields(
+            view, self, chars_in, (compacted, skipped, dropped_turns), (recalled, recalled_chars)
         )
 
     def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, str | None, int]:
@@ -321,13 +315,7 @@ class Session:
             and raw.system_count == state.prefix_len
         ):
             return
-        reason = None
-        if len(raw.messages) < state.covered:
-            reason = "history_shorter"
-        elif leading_system_count(raw.messages[: state.covered]) != state.prefix_len:
-            reason = "prefix_changed"
-        elif raw.chain(state.prefix_len, state.covered) != state.covered_digest:
-            reason = "history_edited"
+        reason = raw.mismatch(state.prefix_len, state.covered, state.covered_digest)
         if reason is None:
             self.verified_digest = state.covered_digest
             return
@@ -411,7 +399,7 @@ class Session:
             new_covered=stop,
             covered_digest=raw.chain(prefix_len, stop),
             plan=decision,
-            chars_out=self.chars_out_after(view, decision),
+            chars_out=self.ladder.predict(view, decision),
         )
         outcome = self.compactions.start(job, self.settings.compaction_timeout_s)
         if isinstance(outcome, str):
@@ -420,59 +408,34 @@ class Session:
         self.verified_digest = outcome.covered_digest
         return None
 
-    def chars_out_after(self, view: View, decision: CutPlan) -> Callable[[int], int]:
-        """The chars_out of the turn that applies the compaction ``decision``, from the
-        summary message's chars: the ceiling's ``fit`` over the view as it will be (prefix +
-        summary + the kept tail), the same code that fits it then."""
-        cut, prefix_len = decision.cut, view.prefix_len
-        summary: Message = {"role": "user", "content": ""}
-        messages = [*view.messages[:prefix_len], summary, *view.messages[cut:]]
-        sizes = [*view.sizes[:prefix_len], 0, *view.sizes[cut:]]
-        shift = prefix_len + 1 - cut
-        originals = {i + shift: m for i, m in view.originals.items() if i >= cut}
-        evicted = {i + shift for i in view.indexes("trim") if i >= cut}
 
-        def chars_out(summary_chars: int) -> int:
-            sizes[prefix_len] = summary_chars
-            found = self.ladder.fit(
-                messages,
-                sizes,
-                head=prefix_len + 1,
-                prefix_len=prefix_len,
-                originals=originals,
-                evicted=evicted,
-            )
-            return found.chars_out
-
-        return chars_out
-
-    def _report(
-        self,
-        view: View,
-        *,
-        chars_in: int,
-        compacted: bool,
-        skipped: str | None,
-        dropped_turns: int,
-        recalled: int,
-        recalled_chars: int,
-    ) -> dict[str, Any]:
-        """The ``TurnReport``'s fields but the two the engine adds (memory_chars,
-        duration_ms): it builds the report once, when they are known."""
-        total = view.total
-        return dict(
-            chars_raw=self.raw.total,
-            chars_in=chars_in,
-            chars_out=total,
-            trimmed=view.counts.get("trim", 0),
-            truncated=view.counts.get("truncate", 0),
-            # The tail differs from the caller's messages only where something is substituted.
-            reclaimed_chars=view.raw_chars - (total - view.head_chars),
-            compacted=compacted,
-            skipped_reason=skipped,
-            generation=self.state.generation,
-            over_budget=total > self.settings.context_window_chars,
-            dropped_turns=dropped_turns,
-            recalled=recalled,
-            recalled_chars=recalled_chars,
-        )
+def report_fields(
+    view: View,
+    session: Session,
+    chars_in: int,
+    gated: tuple[bool, str | None, int],
+    recall: tuple[int, int],
+) -> dict[str, Any]:
+    """The ``TurnReport``'s fields but the two the engine adds (memory_chars,
+    duration_ms): it builds the report once, when they are known. ``gated``: whether a
+    compaction applied, why one did not, the whole turns left out; ``recall``: excerpts
+    shown and their chars. chars_out is the final view's measured total."""
+    total = view.total
+    compacted, skipped, dropped_turns = gated
+    recalled, recalled_chars = recall
+    return dict(
+        chars_raw=session.raw.total,
+        chars_in=chars_in,
+        chars_out=total,
+        trimmed=view.counts.get("trim", 0),
+        truncated=view.counts.get("truncate", 0),
+        # The tail differs from the caller's messages only where something is substituted.
+        reclaimed_chars=view.raw_chars - (total - view.head_chars),
+        compacted=compacted,
+        skipped_reason=skipped,
+        generation=session.state.generation,
+        over_budget=total > session.settings.context_window_chars,
+        dropped_turns=dropped_turns,
+        recalled=recalled,
+        recalled_chars=recalled_chars,
+    )

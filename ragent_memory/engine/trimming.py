@@ -64,8 +64,6 @@ class Trimming:
         total = view.total + sum(chars(s.message) - view.sizes[i] for i, s in pending.items())
         if total <= self.settings.trim_trigger_chars:
             return new, state  # looked at when the view is next over the trigger
-        if state is not None and not state.may_pass(view.sizes, total, view.messages):
-            return new, state  # no trim can pay off yet: nothing to look at
         state = self._state(view, pending, state)
         if state.due(total):
             reclaimed = state.reclaim

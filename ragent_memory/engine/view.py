@@ -106,11 +106,6 @@ class View:
         """Raw index of the first message after the prefix/summary, left out or not."""
         return self.head + self.offset - self.left.messages
 
-    @property
-    def carried(self) -> bool:
-        """The view is last turn's, grown at its end."""
-        return self.fresh > self.head
-
     def grow(self, messages: Sequence[Message], sizes: Sequence[int]) -> None:
         """Append raw messages (unsubstituted)."""
         self.messages.extend(messages)

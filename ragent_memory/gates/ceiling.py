@@ -37,6 +37,18 @@ MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
 TRIM_HEADROOM = 0.1
 
 
+@attrs.frozen
+class Forms:
+    """How the rungs make and read the forms a view shows: the language and ref maker of
+    placeholders and previews, the caller's ``originals`` of messages shown in another form
+    and the indexes ``evicted`` (already placeholders)."""
+
+    language: str
+    ref_for: Callable[[str], str]
+    originals: Mapping[int, Message]
+    evicted: frozenset[int] | set[int]
+
+
 def current_turn_start(view: Sequence[Message], head: int) -> int:
     """View index where the current turn starts: the last user message after ``head``, or
     ``head`` when there is none (then everything after the prefix is the current turn)."""
@@ -50,10 +62,7 @@ def trim_all(
     head: int,
     turn_start: int,
     excess: int,
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message],
-    evicted: frozenset[int] | set[int],
+    forms: Forms,
 ) -> tuple[list[Eviction], int]:
     """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
     they free ``excess`` chars (all of them when that is not enough). Orphan results and
@@ -64,6 +73,7 @@ def trim_all(
     is left to evict (``turn_start`` when all of them were planned): the next call may start
     there."""
     loops = map_loops(view[head:turn_start])
+    evicted, originals = forms.evicted, forms.originals
     planned: list[Eviction] = []
     freed = 0
     for loop in loops.loops:
@@ -81,7 +91,9 @@ def trim_all(
             shown = view[index]
             args = arguments.get(shown["tool_call_id"], "")
             original = originals.get(index, shown)
-            eviction = evict(shown, index, original, args, sizes[index], language, ref_for)
+            eviction = evict(
+                shown, index, original, args, sizes[index], forms.language, forms.ref_for
+            )
             if eviction is None:
                 continue
             planned.append(eviction)
@@ -98,10 +110,7 @@ def preview_turn(
     turn_start: int,
     excess: int,
     limit_chars: int,
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message],
-    evicted: frozenset[int] | set[int],
+    forms: Forms,
 ) -> list[Truncation]:
     """Step 3: previews of the current turn's tool results and tool-call inputs.
 
@@ -112,17 +121,22 @@ def preview_turn(
     items = [
         i
         for i in range(turn_start, len(view))
-        if i not in evicted and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
+        if i not in forms.evicted
+        and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
     ]
     if not items:
         return []
     base = list(view)
     for index in items:
-        base[index] = originals.get(index, view[index])
+        base[index] = forms.originals.get(index, view[index])
 
     def plan(limit: int) -> tuple[int, list[Truncation]]:
         result = reduce(
-            base, limit_chars=limit, language=language, ref_for=ref_for, candidates=items
+            base,
+            limit_chars=limit,
+            language=forms.language,
+            ref_for=forms.ref_for,
+            candidates=items,
         )
         kept = [t for t in result.truncations if chars(t.replacement) < sizes[t.index]]
         return sum(sizes[t.index] - chars(t.replacement) for t in kept), kept
@@ -179,33 +193,26 @@ def fit(
     head: int,
     prefix_len: int,
     budget: int,
-    limit_chars: int,
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message],
-    evicted: frozenset[int] | set[int],
-    previews: bool = True,
+    limit_chars: int | None,
+    forms: Forms,
 ) -> Fit:
     """Rungs 3-5 over ``view`` (``head``: its first message after the prefix and summary),
-    stopping on the first that fits ``budget``; ``previews=False`` skips rung 3 (its
-    previews could not be kept)."""
+    stopping on the first that fits ``budget``. ``limit_chars`` is the oversized limit
+    rung 3 lowers from; None skips rung 3 (its previews could not be kept)."""
     shown = list(sizes)
     total = sum(shown)
     if total <= budget:
         return Fit([], 0, 0, False, total)
     turn_start = current_turn_start(view, head)
     made: list[Truncation] = []
-    if previews:
+    if limit_chars is not None:
         made = preview_turn(
             view,
             shown,
             turn_start=turn_start,
             excess=total - budget,
             limit_chars=limit_chars,
-            language=language,
-            ref_for=ref_for,
-            originals=originals,
-            evicted=evicted,
+            forms=forms,
         )
         for truncation in made:
             shown[truncation.index] = chars(truncation.replacement)

@@ -61,10 +61,13 @@ def plan_cut(
     if cut <= head and not only_left_out:
         return "no_safe_cut"
     material_chars = left_chars + sum(sizes[head:cut])
-    if material_chars == 0:
-        return "empty_material"
-    if material_chars * 2 < total and not mid_turn:
-        return "not_worth_it"
-    if map_loops(view[cut:]).orphan_indexes:
-        return "orphan_in_tail"
-    return CutPlan(cut, head, total, material_chars, sum(sizes[cut:]))
+    skip = (
+        "empty_material"
+        if material_chars == 0
+        else "not_worth_it"
+        if material_chars * 2 < total and not mid_turn
+        else "orphan_in_tail"
+        if map_loops(view[cut:]).orphan_indexes
+        else None
+    )
+    return skip or CutPlan(cut, head, total, material_chars, sum(sizes[cut:]))
