@@ -142,28 +142,14 @@ class Ladder:
     def _finish(self, view: View, user_id: str | None) -> tuple[View, int]:
         """Rungs 3-5 as ``fit`` decides them, applied to the session's view."""
         budget = self.settings.context_window_chars
-        found = self.fit(
-            view.messages,
-            view.sizes,
-            head=view.head,
-            prefix_len=view.prefix_len,
-            originals=view.originals,
-            evicted=view.indexes("trim"),
+        found = self._fit_view(view, previews=True)
+        self._stick(
+            view,
+            [(t.index, "truncate", t.refs[0], t.replacement, t.offloaded) for t in found.previews],
+            user_id,
         )
-        changes = [
-            (t.index, "truncate", t.refs[0], t.replacement, t.offloaded) for t in found.previews
-        ]
-        self._stick(view, changes, user_id)
-        if any(view.kinds.get(change[0]) != "truncate" for change in changes):
-            found = self.fit(  # the store kept none: rung 4 without them
-                view.messages,
-                view.sizes,
-                head=view.head,
-                prefix_len=view.prefix_len,
-                originals=view.originals,
-                evicted=view.indexes("trim"),
-                previews=False,
-            )
+        if any(view.messages[t.index] is not t.replacement for t in found.previews):
+            found = self._fit_view(view, previews=False)  # the store kept none: rung 4 alone
         self._leave_out(view, found.left_out, found.left_turns, user_id)
         dropped_turns = view.left.turns
         if view.total > budget and view.head > view.prefix_len:
@@ -180,6 +166,17 @@ class Ladder:
                 dropped_turns=dropped_turns,
             )
         return view, dropped_turns
+
+    def _fit_view(self, view: View, *, previews: bool) -> ceiling.Fit:
+        return self.fit(
+            view.messages,
+            view.sizes,
+            head=view.head,
+            prefix_len=view.prefix_len,
+            originals=view.originals,
+            evicted=view.indexes("trim"),
+            previews=previews,
+        )
 
     def _stick(self, view: View, changes: Sequence[Change], user_id: str | None) -> None:
         """Record the ceiling's placeholders and previews as sticky substitutions and show

@@ -46,25 +46,23 @@ from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.compaction import Compactions, Submit
 from ragent_memory.engine.ladder import Ladder
-from ragent_memory.engine.raw import RawCache, chain_digest, digest, leading_system_count
+from ragent_memory.engine.raw import RawCache, digest, leading_system_count
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
 from ragent_memory.engine.turn_recall import TurnRecall
-from ragent_memory.engine.view import LeftOut, View
+from ragent_memory.engine.view import View
 from ragent_memory.gates.compaction import CutPlan, plan_cut
 from ragent_memory.recall.search import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState, Substitution
 from ragent_memory.summary.summarize import Summarizer
 
-__all__ = [
-    "LeftOut",
+__all__ = [  # what memory_engine imports from here
     "PreparedContext",
     "Services",
     "Session",
     "TurnReport",
     "View",
-    "chain_digest",
     "digest",
     "leading_system_count",
 ]
