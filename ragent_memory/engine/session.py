@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import attrs
@@ -160,7 +161,7 @@ class Session:
         return self.state.session_id
 
     @property
-    def future(self) -> Any:
+    def future(self) -> Future[SessionState | None] | None:
         """The compaction in flight (None: none)."""
         return self.compactions.future
 
@@ -349,7 +350,15 @@ class Session:
                 summary = compact.summary_message(state.summary, self.settings.language)
                 messages.append(summary)
                 sizes.append(chars(summary))
-            view = View.of(messages, sizes, start - head, prefix_len, state.generation)
+            view = View(
+                messages,
+                sizes,
+                len(messages),
+                start - head,
+                prefix_len,
+                state.generation,
+                total=sum(sizes),
+            )
             begin = start
         view.fresh = len(view.messages)
         view.grow(raw.messages[begin:], raw.sizes[begin:])

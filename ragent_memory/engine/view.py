@@ -71,25 +71,6 @@ class View:
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
     left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
-    @classmethod
-    def of(
-        cls,
-        head_messages: list[Message],
-        head_sizes: list[int],
-        offset: int,
-        prefix_len: int,
-        generation: int,
-    ) -> View:
-        return cls(
-            head_messages,
-            head_sizes,
-            len(head_messages),
-            offset,
-            prefix_len,
-            generation,
-            total=sum(head_sizes),
-        )
-
     @property
     def end(self) -> int:
         """Raw length the view was built from."""
