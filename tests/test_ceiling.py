@@ -19,6 +19,7 @@ from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.ceiling import (
     MIN_PREVIEW_CHARS,
+    Forms,
     current_turn_start,
     preview_turn,
     trim_all,
@@ -53,10 +54,7 @@ def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[in
         head=0,
         turn_start=9,
         excess=excess,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=evicted,
+        forms=Forms("en", ref_for, {}, evicted),
     )
     assert all(e.replacement["content"].startswith("[Earlier tool result omitted") for e in found)
     return [e.index for e in found]
@@ -70,10 +68,7 @@ def previews(view: list[Message], *, excess: int) -> list[Truncation]:
         turn_start=0,
         excess=excess,
         limit_chars=50_000,
-        language="en",
-        ref_for=ref_for,
-        originals={},
-        evicted=set(),
+        forms=Forms("en", ref_for, {}, set()),
     )
 
 
@@ -484,3 +479,55 @@ def test_a_restart_while_turns_are_left_out_adopts_the_right_view(
     assert start >= state.covered
     assert adopted.report.dropped_turns == users(history[state.covered : start])
     assert adopted.report.chars_out <= 20_000
+
+
+class Forgetful:
+    """A summarizer that keeps nothing, so what the summary covers is only recalled."""
+
+    name = "forgetful"
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        return SummaryOutcome("## User requests\nnone\n## To-do\nnone\n## Next step\nnone", "f", 1)
+
+    def close(self) -> None:
+        return None
+
+
+def joined_chars(messages: list[Message]) -> int:
+    """The prompt as a consumer that joins a message's text parts with a newline reads it
+    (LangChain's ``convert_to_openai_messages``, many providers)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            message = {**message, "content": "\n".join(p["text"] for p in content)}
+        total += chars(message)
+    return total
+
+
+def test_a_block_shown_again_in_a_tool_loop_leaves_room_for_the_part_separator(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """The turn's recall block, shown again on the tool loop's next call, fits B with the
+    newline a consumer puts between it and the question: a tool result that leaves exactly
+    the block's length free does not make the prompt B + 1 (the LangChain 200-turn run's
+    call at 20,001 chars)."""
+    budget = 8_000
+    settings = make_settings(context_window_chars=budget)
+    engine = make_engine(settings, summarizer=Forgetful())
+    history = [{"role": "system", "content": "persona"}]
+    for t in range(40):
+        said = "my locker at the gym is the blue one beside the sauna." if t == 1 else f"chat {t}"
+        history += [
+            {"role": "user", "content": said + " filler words here." * 12},
+            {"role": "assistant", "content": f"Reply {t}: " + "that sounds fine. " * 8},
+        ]
+        engine.prepare(history, session_id="s")
+    history.append({"role": "user", "content": "Which locker at the gym is mine?"})
+    asked = engine.prepare(history, session_id="s").report
+    assert asked.recalled >= 1
+    call = tool_loop("c1", "", name="lookup")
+    free = budget - asked.chars_out - asked.recalled_chars - chars(call[0])
+    call[1]["content"] = "r" * (free - chars({**call[1], "content": ""}))
+    prepared = engine.prepare([*history, *call], session_id="s")
+    assert joined_chars(prepared.messages) <= budget

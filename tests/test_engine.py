@@ -220,7 +220,7 @@ def test_fresh_system_prompt_each_turn_stays_incremental(
 ) -> None:
     """An app that rebuilds only its system message every turn measures just that message
     and the new ones, and hashes none of the history (digests are computed when needed)."""
-    from ragent_memory.engine import session as session_module
+    from ragent_memory.engine import raw as session_module
 
     hashed: list[int] = []
     measured: list[int] = []

@@ -128,35 +128,33 @@ def test_in_place_edit_of_a_covered_message_is_caught_before_the_next_summary(
     assert ["applied", "invalidated"] == statuses[:2]
 
 
+@pytest.mark.parametrize("where", [0, 1, -1])
 @pytest.mark.parametrize("edit", ["content", "tool_calls"])
-def test_in_place_edit_of_a_covered_message_is_caught_by_the_rotating_window(
-    make_settings: Callable[..., Settings], edit: str
+def test_in_place_edit_of_a_covered_message_is_seen_on_the_very_next_prepare(
+    make_settings: Callable[..., Settings], edit: str, where: int
 ) -> None:
     """With no compaction due (the last message is not the user's), an edit in place of a
-    covered message is still caught by the rotating window of content and tool_calls
-    identity, within history length ÷ ROLLING_PARTS_CHECK turns: the summary is dropped."""
-    from ragent_memory.engine.session import ROLLING_PARTS_CHECK
-
+    covered message (its content or tool_calls replaced in the same dict) is seen by the
+    next prepare's identity check (DESIGN §5): the summary is dropped at once."""
     with _summarized(make_settings) as (engine, history, state):
         role = "user" if edit == "content" else "assistant"
-        covered = next(
+        candidates = [
             i
-            for i in range(10, state.covered)
+            for i in range(1, state.covered)
             if history[i]["role"] == role and (edit == "content" or history[i].get("tool_calls"))
-        )
+        ]
+        covered = candidates[len(candidates) // 2 if where == 1 else where]
         if edit == "content":
             history[covered]["content"] = "an edit the summary never saw"
         else:
             call = history[covered]["tool_calls"][0]
             function = {**call["function"], "arguments": '{"q": "edited"}'}
             history[covered]["tool_calls"] = [{**call, "function": function}]
-        generations = []
-        for turn in range(len(history) // ROLLING_PARTS_CHECK + 2):
-            history.append({"role": "assistant", "content": f"more {turn}"})
-            generations.append(engine.prepare(history, session_id="s").report.generation)
+        history.append({"role": "assistant", "content": "more"})
+        report = engine.prepare(history, session_id="s").report
         statuses = [r["status"] for r in engine.store.compactions("s")]
     assert ["applied", "invalidated"] == statuses
-    assert 0 == generations[-1]
+    assert 0 == report.generation
 
 
 def test_verify_catches_an_edit_inside_a_content_part(
@@ -259,19 +257,19 @@ def _container_types(value: Any) -> set[type]:
 
 
 def test_copies_serialize_and_copy_as_plain_data(make_engine: Callable[..., MemoryEngine]) -> None:
-    """What is handed out encodes as the history does (json, orjson) and copies, deep copies
-    and pickles to plain dicts and lists the engine does not watch."""
+    """What is handed out is plain dicts and lists: it encodes as the history does (json,
+    orjson), and copies, deep copies and pickles like it."""
     engine = make_engine()
     history = _history()
     out = engine.prepare(history, session_id="s").messages
-    assert {dict, list} != _container_types(out)  # watched copies, that is
+    assert {dict, list} == _container_types(out)
     assert json.dumps(history) == json.dumps(out)
     assert orjson.dumps(history) == orjson.dumps(out)
     for copied in (copy.deepcopy(out), pickle.loads(pickle.dumps(out))):
         assert history == copied
         assert {dict, list} == _container_types(copied)
     deep = copy.deepcopy(out)
-    deep[1]["content"][0]["text"] = "mine now"  # not a handed copy: nothing to notice
+    deep[1]["content"][0]["text"] = "mine now"  # not a handed copy
     assert out == engine.prepare(history, session_id="s").messages
 
 

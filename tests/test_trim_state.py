@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from sessions import SYSTEM, LateSummarizer, tool_loop, user
@@ -18,16 +17,14 @@ from strategies import conversations
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.core.chars import chars
 from ragent_memory.core.toolloops import map_loops
+from ragent_memory.engine.turn_recall import hidden
 from ragent_memory.gates.trim import (
-    SCAN_LIMIT,
     Eviction,
     Rebuild,
     Shown,
     TrimState,
     evict,
-    protected_from,
     protected_loops,
-    worth_it,
 )
 
 Message = dict[str, Any]
@@ -83,19 +80,13 @@ def test_extended_state_knows_what_the_whole_view_says(
 ) -> None:
     """Fed the conversation a few messages at a time (so loops are cut mid-way, results arrive
     after their call, users slide the protection window), with trims applied in between, the
-    kept candidates and oddities always equal those of the whole view looked at afresh, and
-    ``may_pass`` never skips a trim the whole view would make."""
+    kept candidates and oddities always equal those of the whole view looked at afresh."""
     kinds: dict[int, str] = {}
     state = TrimState(TOOLS, "en", ref_for)
     for view, sizes in fed(messages, steps):
-        total = data.draw(st.integers(1, 40_000))
-        may_pass = state.may_pass(sizes, total, view)
-        assert may_pass <= state.may_pass(sizes, total)  # reading the end only tightens it
         state.extend(Shown(view, sizes, {}, kinds))
         free, irregular = whole_view(view, sizes, kinds)
-        state.resolve()
-        assert may_pass or not worth_it(sum(free.values()), total)  # skipping looked nowhere
-        assert {c.index for c in state.candidates} == set(free)
+        assert {e.index for e, _ in state.candidates} == set(free)
         assert state.reclaim == sum(free.values())
         assert state.irregular == irregular
         if free and data.draw(st.booleans()):  # a trim applies every candidate
@@ -115,15 +106,12 @@ def rung_one(
     chosen: set[int],
 ) -> tuple[TrimState, bool]:
     """The ceiling's rung 1 at ``chosen``: placeholders shown and the state told (as
-    ``_stick`` tells it), or rebuilt when it says it cannot follow (then True)."""
+    ``_stick`` tells it)."""
     for index in chosen:
         view[index] = {**view[index], "content": "[omitted]"}
         sizes[index], kinds[index] = chars(view[index]), "trim"
-    if state.replaced(chosen):
-        return state, False
-    state = TrimState(TOOLS, "en", ref_for)
-    state.extend(Shown(view, sizes, {}, kinds))
-    return state, True
+    state.replaced(chosen)
+    return state, False
 
 
 @given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
@@ -155,104 +143,13 @@ def test_state_follows_the_ceilings_placeholders_and_left_out_turns(
                 state = TrimState(TOOLS, "en", ref_for)
                 state.extend(Shown(view, sizes, {}, kinds))
         free, irregular = whole_view(view, sizes, kinds)
-        state.resolve()
-        assert {c.index for c in state.candidates} == set(free)
+        assert {e.index for e, _ in state.candidates} == set(free)
         assert state.reclaim == sum(free.values())
         assert state.irregular == irregular
         assert state.end == len(view)
         users = [i for i, m in enumerate(view) if m.get("role") == "user"]
         assert state.last_user == (users[-1] if users else -1)
         assert state.orphans == set(map_loops(view).orphan_indexes)
-
-
-@given(conversations(max_turns=14), st.lists(st.integers(1, 9), max_size=30), st.data())
-def test_may_pass_between_extends_reads_ahead_as_a_fresh_look_would(
-    messages: list[Message], steps: list[int], data: st.DataObject
-) -> None:
-    """On quiet turns ``may_pass`` runs with no ``extend`` in between, keeping what it read
-    ahead: what it counts is what a state that never read ahead counts, and it never skips
-    a trim the whole view would make, with ceiling placeholders shown in between."""
-    kinds: dict[int, str] = {}
-    state = TrimState(TOOLS, "en", ref_for)
-    for view, sizes in fed(messages, steps):
-        if not state.end or data.draw(st.booleans()):
-            state.extend(Shown(view, sizes, {}, kinds))
-            continue
-        old = [i for i, m in enumerate(view[: state.end]) if m.get("role") == "tool"]
-        if old and data.draw(st.booleans()):  # rung 1, as ``_stick`` tells the state
-            state, rebuilt = rung_one(
-                state, view, sizes, kinds, data.draw(st.sets(st.sampled_from(old), min_size=1))
-            )
-            if rebuilt:
-                continue
-        start = state.tail[0].call_index if state.tail else state.end
-        stop = protected_from(view, start)
-        fresh = attrs.evolve(state, ahead=(0, 0, ()))
-        counted = state._settling(view, sizes, start, stop)
-        assert fresh._settling(view, sizes, start, stop) == counted
-        total = data.draw(st.integers(1, 40_000))
-        may_pass = state.may_pass(sizes, total, view)
-        free, _ = whole_view(view, sizes, kinds)
-        assert may_pass or not worth_it(sum(free.values()), total)
-
-
-class Reads(list[Message]):
-    """A view that records which positions were read."""
-
-    def __init__(self, messages: list[Message]) -> None:
-        super().__init__(messages)
-        self.read: set[int] = set()
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, int):
-            self.read.add(index)
-        return super().__getitem__(index)
-
-
-def test_quiet_turns_read_only_what_was_appended() -> None:
-    """Turn after turn without an ``extend`` (the quiet turns), ``may_pass`` reads no loop it
-    read on an earlier turn: its cost follows what is new, not how long ago gate 1 ran, and
-    it still says no once more than ``SCAN_LIMIT`` messages wait for ``extend``."""
-    view = Reads([SYSTEM])
-    sizes: list[int] = []
-    state = TrimState(TOOLS, "en", ref_for)
-    read_up_to = None  # the end of what the last call counted
-    for turn in range(14):
-        view.append(user(f"q{turn}"))
-        for step in range(3):
-            view += tool_loop(f"c{turn}_{step}", "r" * 3_000, name="read_file")
-        sizes += [chars(m) for m in view[len(sizes) :]]
-        if turn < 2:
-            state.extend(Shown(view, sizes))
-            continue
-        start = state.tail[0].call_index
-        view.read.clear()
-        assert not state.may_pass(sizes, 30_000, view)  # nothing evictable: never worth it
-        stop = protected_from(view, start)
-        assert stop - 1 in view.read  # the first check passed: the new loops were read
-        if read_up_to is None:
-            assert start in view.read
-        else:
-            assert not {i for i in view.read if start <= i < read_up_to}
-        read_up_to = stop
-    assert stop - start > SCAN_LIMIT
-
-
-def test_placeholders_wait_until_the_rule_may_pass() -> None:
-    """No recall ref is made while even the bound of what the candidates free is under 20%."""
-    made: list[str] = []
-
-    def counting(text: str) -> str:
-        made.append(text)
-        return ref_for(text)
-
-    state = TrimState(TOOLS, "en", counting)
-    view = [user("q1"), *tool_loop("a", "A" * 500), user("q2"), *tool_loop("b", "B" * 500)]
-    view += [user("q3"), *tool_loop("c", "C" * 500), user("q4")]
-    state.extend(Shown(view, [chars(m) for m in view]))
-    assert 1 == len(state.candidates)
-    assert not state.due(total=100_000) and not made
-    assert state.due(total=1_000) and ["A" * 500] == made
 
 
 def test_a_call_id_appended_twice_asks_for_a_rebuild() -> None:
@@ -321,7 +218,7 @@ class Twins:
         kept = self.engines[0]._sessions.get("s")
         if kept is not None and kept.view is not None:  # what recall leaves out, kept too
             view = kept.view
-            assert frozenset(i + view.offset for i in view.kinds) == kept.hidden(view)[1]
+            assert frozenset(i + view.offset for i in view.kinds) == hidden(view)[1]
         self.trimmed = max(self.trimmed, a.report.trimmed)
         self.compacted += a.report.compacted
         self.dropped = max(self.dropped, a.report.dropped_turns)
@@ -424,7 +321,7 @@ def test_mid_turn_calls_and_no_user_message(tmp_path: Path) -> None:
 
 def test_a_user_message_alone_may_let_a_trim_pass() -> None:
     """A new user message moves the window: an old loop's result becomes a candidate though
-    nothing large was appended, so the skip must count the loops not settled yet."""
+    nothing large was appended."""
     view = [user("q1"), *tool_loop("a", "A" * 3_000), user("q2"), *tool_loop("b", "B" * 10)]
     view += [user("q3"), *tool_loop("c", "C" * 10)]
     sizes = [chars(m) for m in view]
@@ -433,23 +330,5 @@ def test_a_user_message_alone_may_let_a_trim_pass() -> None:
     assert not state.candidates
     view.append(user("q4"))
     sizes.append(2)
-    assert state.may_pass(sizes, total=10_000)
     state.extend(Shown(view, sizes))
     assert state.due(total=10_000)
-
-
-def test_protected_from_is_where_the_protected_loops_start() -> None:
-    """The second last loop's call before the last user message; what follows the user's
-    message does not move it; ``start`` when nothing before is a loop; the view's length
-    (nothing excluded) when the user message is further back than ``SCAN_LIMIT``."""
-    view = [SYSTEM, user("q0")]
-    for k in range(4):
-        view += tool_loop(f"c{k}", result(k))
-    view.append(user("q1"))
-    assert protected_from(view, 0) == 6  # c2's call: c2 and c3 are protected
-    view += tool_loop("c4", result(4))  # mid-turn: loops after the user are protected anyway
-    assert protected_from(view, 0) == 6
-    assert protected_from(view, 8) == 8  # one loop (c3) between start and the user message
-    chat = [SYSTEM, user("q"), *[{"role": "assistant", "content": "a"}] * SCAN_LIMIT]
-    assert protected_from(chat, 0) == len(chat)
-    assert protected_from(chat, len(chat) - 3) == len(chat) - 3

@@ -1,8 +1,10 @@
 """Gate 2, compaction (DESIGN §5; Ragent ``AgentContextCompactor`` + middleware).
 
-``plan`` decides whether and where to cut (pure). ``run`` executes one planned compaction in
-three steps: ``summarize`` asks the summarizer for the next generation and adds the user's own
-words (a ``Draft`` carrying the audit figures, computed once); ``commit`` writes the session
+``gates.compaction.plan_cut`` decides whether and where to cut (pure). ``Compactions`` holds
+one session's compaction in flight: leased in the store, run on the engine's pool, waited for
+at most ``compaction_timeout_s``. ``run`` executes one planned compaction in three steps:
+``summarize`` asks the summarizer for the next generation and adds the user's own words (a
+``SummaryDraft`` carrying the audit figures, computed once); ``commit`` writes the session
 state and its ``applied`` audit row in one transaction; then the summary is kept as a memory
 of the user (cross-session, DeepFlux; a failure only logs). It runs on the engine's dedicated
 thread pool; any failure is audited ``failed`` and leaves the session as it was.
@@ -11,15 +13,16 @@ thread pool; any failure is audited ``failed`` and leaves the session as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from typing import Any
 
 import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
-from ragent_memory.core.toolloops import map_loops
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
+from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.batch import summary_chunks
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState
@@ -57,64 +60,6 @@ def summary_message(summary: str, language: str) -> Message:
     return {"role": "user", "content": f"{SUMMARY_HEADERS[language]}\n\n{summary}"}
 
 
-@attrs.frozen
-class Plan:
-    cut: int  # view index of the first kept message (a user message)
-    head: int  # view index of the first material message shown (turns left out before it too)
-    total_chars: int
-    material_chars: int  # the material as shown in the view (placeholders, previews)
-    kept_chars: int  # the kept tail from ``cut`` on, as shown
-
-
-def plan(
-    view: Sequence[Message],
-    sizes: Sequence[int],
-    *,
-    head: int,
-    settings: Settings,
-    mid_turn: bool = False,
-    left_chars: int = 0,
-) -> Plan | str:
-    """Where to cut, or why not (a skip reason). ``head`` is the first message after the
-    prefix and any current summary.
-
-    ``left_chars``: the chars of whole turns the ceiling left out of the view just before
-    ``head`` (DESIGN §4b step 4). They count in the total and are material whatever the cut;
-    mid-turn, ``head`` itself (a turn's start) may then be the cut: the summary covers them
-    and the view keeps the rest (the ceiling's later rungs fit it, as ``Job.settle`` tells).
-
-    ``mid_turn`` is the ceiling's compaction (DESIGN §4b step 2, the view is over B): the last
-    message may be a tool result, the cut may be the current turn's user message, and any
-    material is worth summarizing."""
-    total = sum(sizes) + left_chars
-    if total <= settings.compact_trigger_chars:
-        return "below_trigger"
-    if not view or (view[-1].get("role") != "user" and not mid_turn):
-        return "last_not_user"  # tool loops still open: wait for the next user message
-    kept = 0
-    point = len(view)
-    while point > head and kept < settings.keep_recent_chars:
-        point -= 1
-        kept += sizes[point]
-    cut = point
-    while cut > head and view[cut].get("role") != "user":
-        cut -= 1
-    only_left_out = (
-        mid_turn and left_chars > 0 and head == cut < len(view) and view[cut].get("role") == "user"
-    )
-    if cut <= head and not only_left_out:
-        return "no_safe_cut"
-    material_chars = left_chars + sum(sizes[head:cut])
-    if material_chars == 0:
-        return "empty_material"
-    if material_chars * 2 < total and not mid_turn:
-        return "not_worth_it"
-    tail = view[cut:]
-    if map_loops(tail).orphan_indexes:
-        return "orphan_in_tail"
-    return Plan(cut, head, total, material_chars, sum(sizes[cut:]))
-
-
 class StaleCompaction(RagentMemoryError):
     """A finished summary whose session moved on meanwhile; it is not committed."""
 
@@ -129,11 +74,10 @@ class Job:
     prefix_len: int
     new_covered: int
     covered_digest: str
-    plan: Plan
-    prefix_chars: int
-    # For a compaction the ceiling runs mid-turn: the turn's chars_out once the ceiling's later
-    # rungs have finished it, from the summary message's chars (None: the view as applied).
-    settle: Callable[[int], int] | None = None
+    plan: CutPlan
+    # The chars_out of the turn that applies this generation, from its summary message's
+    # chars: what the audit row's chars_after records (DESIGN §10).
+    chars_out: Callable[[int], int]
 
     @property
     def material_chars(self) -> int:
@@ -142,7 +86,7 @@ class Job:
 
 
 @attrs.frozen
-class Draft:
+class SummaryDraft:
     """A summarized generation, not committed yet, with the figures its audit row reports."""
 
     state: SessionState
@@ -154,7 +98,7 @@ class Draft:
     identifiers_lost: int = 0  # ... and those it lost even after the retention check
 
 
-def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
+def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> SummaryDraft:
     """Ask the summarizer for the next generation and add the user's own words."""
     previous = job.previous
     generation = previous.last_generation + 1
@@ -190,12 +134,12 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Draft:
         preserved=preserved,
     )
     sent = outcome.material_chars
-    return Draft(
+    return SummaryDraft(
         state=state,
         model=outcome.model,
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
-        chars_after=chars_after(job, chars(summary_message(summary, language))),
+        chars_after=job.chars_out(chars(summary_message(summary, language))),
         identifiers_kept=len(wanted) - len(lost),
         identifiers_lost=len(lost),
     )
@@ -239,14 +183,9 @@ def checked_summary(
     return attrs.evolve(outcome, attempts=attempts), wanted
 
 
-def chars_after(job: Job, summary_chars: int) -> int:
-    """The chars_out of the turn that applies this compaction."""
-    if job.settle is not None:
-        return job.settle(summary_chars)
-    return job.prefix_chars + summary_chars + job.plan.kept_chars
-
-
-def commit(store: Backend, draft: Draft, previous: SessionState, audit: Mapping[str, Any]) -> None:
+def commit(
+    store: Backend, draft: SummaryDraft, previous: SessionState, audit: Mapping[str, Any]
+) -> None:
     """Write the generation and its ``applied`` audit row in one transaction (DESIGN §10)."""
     if not store.commit_generation(draft.state, previous, dict(audit)):
         raise StaleCompaction(
@@ -358,3 +297,115 @@ def write_audit(store: Backend, row: Mapping[str, Any]) -> None:
             generation=row.get("generation"),
             error=repr(err),
         )
+
+
+# Submits a function to the engine's compaction pool; None when the engine takes no more work.
+Submit = Callable[..., "Future[SessionState | None] | None"]
+
+
+class Compactions:
+    """One session's compaction in flight (at most one, across hosts too: a lease in the
+    store, DESIGN §10), run on the engine's pool. ``start`` waits at most
+    ``compaction_timeout_s``; a generation that finishes later is ``finished`` next turn."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        store: Backend,
+        submit: Submit,
+        run_kwargs: Mapping[str, Any],
+    ) -> None:
+        self.session_id = session_id
+        self.store = store
+        self.submit = submit
+        self.run_kwargs = run_kwargs  # summarizer, store, settings, emit
+        self.future: Future[SessionState | None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.future is not None
+
+    def finished(self) -> SessionState | None:
+        """The generation of a compaction that finished after its caller stopped waiting
+        (None: none in flight, still running, or it did not apply)."""
+        future = self.future
+        if future is None or not future.done():
+            return None
+        self.future = None
+        return self._outcome(future)
+
+    def start(self, job: Job, timeout_s: float) -> SessionState | str:
+        """Run ``job`` under the session's lease and wait for it; returns the applied state,
+        or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``)."""
+        session_id = self.session_id
+        try:
+            if not self.store.claim_compaction(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                return "in_progress"
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return "failed"
+        future = self.submit(self._leased, job)
+        if future is None:
+            self._release()
+            return "closed"
+        self.future = future
+        if not wait([future], timeout=timeout_s).done:
+            log.warning("compaction.timeout", session_id=session_id, timeout_s=timeout_s)
+            return "timeout"
+        self.future = None
+        state = self._outcome(future)
+        return "failed" if state is None else state
+
+    def _leased(self, job: Job) -> SessionState | None:
+        """``run`` under the lease, released before its result is seen (the next host to get
+        the session finds the lease free)."""
+        try:
+            return run(job, **self.run_kwargs)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            self.store.release_compaction(self.session_id)
+        except StoreError as err:  # the lease expires on its own
+            log.error("compaction.release_failed", session_id=self.session_id, error=repr(err))
+
+    def _outcome(self, future: Future[SessionState | None]) -> SessionState | None:
+        crash = future.exception()
+        if crash is not None:  # ``run`` audits its own failures: this is a bug
+            log.error("compaction.crashed", session_id=self.session_id, error=repr(crash))
+            return None
+        return future.result()
+
+
+def invalidate(
+    store: Backend, state: SessionState, user_id: str | None, reason: str
+) -> SessionState:
+    """Drop the summary ``state`` holds (the caller's history no longer matches what it
+    covers): the fresh state is saved and the drop audited ``invalidated``."""
+    log.warning(
+        "compaction.invalidated",
+        session_id=state.session_id,
+        generation=state.generation,
+        reason=reason,
+    )
+    fresh = SessionState(state.session_id, user_id=user_id, last_generation=state.last_generation)
+    try:
+        store.save_session(fresh)
+    except StoreError as err:  # the caller's history wins either way; retried on restart
+        log.error("session.write_failed", session_id=state.session_id, error=repr(err))
+    write_audit(
+        store,
+        {
+            "session_id": state.session_id,
+            "user_id": user_id,
+            "generation": state.generation,
+            "status": "invalidated",
+            "reason": reason,
+            "summary": state.summary,
+            "summary_chars": len(state.summary),
+        },
+    )
+    return fresh

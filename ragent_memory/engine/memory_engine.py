@@ -15,7 +15,7 @@ from typing import Any, Self
 import attrs
 
 from ragent_memory.core.alternation import alternate
-from ragent_memory.core.chars import Message, chars, validate_messages
+from ragent_memory.core.chars import Message, validate_messages
 from ragent_memory.core.inputs import Inputs
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.engine.background import Background
@@ -239,7 +239,7 @@ class MemoryEngine:
         no compaction in flight, no other host moved it on) and ``messages`` are the dicts
         of its last ``prepare`` (or equal ones) plus new ones too small to bring its view
         past the compaction trigger (the view then only grows by what is appended, as in
-        ``Session._may_compact``; a view under the trigger is under B as well, so the
+        ``Session.may_wait``; a view under the trigger is under B as well, so the
         ceiling's mid-turn compaction cannot start either). A caller that edits message
         dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
         Costs one comparison per message (at C speed, the same dict is equal at once) and
@@ -249,29 +249,11 @@ class MemoryEngine:
             return False
         with self._sessions_lock:
             session = self._sessions.get(session_id)
-        if session is None or session.users or session.lock.locked():
-            return True
-        last, raw = session.view, session.raw
-        known = len(raw.messages)
-        if (
-            last is None
-            or session.future is not None
-            or not isinstance(messages, list)
-            or len(messages) < known
-            or last.end > known
-        ):
-            return True
-        try:
-            if messages[:known] != raw.messages:  # C speed: the same dicts meet at once
-                return True
-            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
-        except Exception:  # an odd or invalid message: prepare says what is wrong
+        if session is None or session.may_wait(messages):
             return True
         written = self.store.last_write(session_id)
-        if written not in (None, session.last_write) and written[0] != self.store.host_id:
-            return True  # another host wrote: prepare reloads the session
-        shown = last.with_left_out + grown
-        return shown > min(settings.compact_trigger_chars, settings.context_window_chars)
+        # another host wrote: prepare reloads the session
+        return written not in (None, session.last_write) and written[0] != self.store.host_id
 
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None

@@ -90,13 +90,13 @@ class Sessions:
                 session.last_write = written
                 self._table[session_id] = session
             self._table.move_to_end(session_id)
-            session.users += 1
+            session.callers += 1
             return session
 
     def release(self, session: Session) -> None:
         """A call is done with ``session``; evict idle sessions over the size."""
         with self.lock:
-            session.users -= 1
+            session.callers -= 1
             excess = len(self._table) - self._size
             if excess <= 0:
                 return

@@ -7,7 +7,11 @@ store, the mid-turn compaction runs on its pool):
 
 1. ``trim_all``: every tool result before the current turn becomes its placeholder, oldest
    first, whatever its tool, ignoring the 20% rule and the 2-loop protection.
-2. (a mid-turn compaction, ``compact.plan(..., mid_turn=True)``)
+2. (a mid-turn compaction, ``plan_cut(..., mid_turn=True)``)
+
+Rungs 3-5 are one pure function, ``fit``: the session calls it to fit its view and, before a
+mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10):
+
 3. ``preview_turn``: the current turn's tool results and tool-call inputs become head/tail
    previews, with the limit lowered just enough to fit, never below ``MIN_PREVIEW_CHARS``.
 4. ``turns_to_leave_out``: the oldest whole turns after the prefix/summary are left out of the
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import attrs
+
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.toolloops import last_user_index, map_loops
 from ragent_memory.gates.reduce import Truncation, reduce
@@ -29,6 +35,18 @@ MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
 # loop that keeps the view at B would otherwise trim one more result on every call, and each
 # such trim changes the prefix that provider prompt caches key on.
 TRIM_HEADROOM = 0.1
+
+
+@attrs.frozen
+class Forms:
+    """How the rungs make and read the forms a view shows: the language and ref maker of
+    placeholders and previews, the caller's ``originals`` of messages shown in another form
+    and the indexes ``evicted`` (already placeholders)."""
+
+    language: str
+    ref_for: Callable[[str], str]
+    originals: Mapping[int, Message]
+    evicted: frozenset[int] | set[int]
 
 
 def current_turn_start(view: Sequence[Message], head: int) -> int:
@@ -44,10 +62,7 @@ def trim_all(
     head: int,
     turn_start: int,
     excess: int,
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message],
-    evicted: frozenset[int] | set[int],
+    forms: Forms,
 ) -> tuple[list[Eviction], int]:
     """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
     they free ``excess`` chars (all of them when that is not enough). Orphan results and
@@ -58,6 +73,7 @@ def trim_all(
     is left to evict (``turn_start`` when all of them were planned): the next call may start
     there."""
     loops = map_loops(view[head:turn_start])
+    evicted, originals = forms.evicted, forms.originals
     planned: list[Eviction] = []
     freed = 0
     for loop in loops.loops:
@@ -75,7 +91,9 @@ def trim_all(
             shown = view[index]
             args = arguments.get(shown["tool_call_id"], "")
             original = originals.get(index, shown)
-            eviction = evict(shown, index, original, args, sizes[index], language, ref_for)
+            eviction = evict(
+                shown, index, original, args, sizes[index], forms.language, forms.ref_for
+            )
             if eviction is None:
                 continue
             planned.append(eviction)
@@ -92,10 +110,7 @@ def preview_turn(
     turn_start: int,
     excess: int,
     limit_chars: int,
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message],
-    evicted: frozenset[int] | set[int],
+    forms: Forms,
 ) -> list[Truncation]:
     """Step 3: previews of the current turn's tool results and tool-call inputs.
 
@@ -106,17 +121,22 @@ def preview_turn(
     items = [
         i
         for i in range(turn_start, len(view))
-        if i not in evicted and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
+        if i not in forms.evicted
+        and (view[i].get("role") == "tool" or bool(view[i].get("tool_calls")))
     ]
     if not items:
         return []
     base = list(view)
     for index in items:
-        base[index] = originals.get(index, view[index])
+        base[index] = forms.originals.get(index, view[index])
 
     def plan(limit: int) -> tuple[int, list[Truncation]]:
         result = reduce(
-            base, limit_chars=limit, language=language, ref_for=ref_for, candidates=items
+            base,
+            limit_chars=limit,
+            language=forms.language,
+            ref_for=forms.ref_for,
+            candidates=items,
         )
         kept = [t for t in result.truncations if chars(t.replacement) < sizes[t.index]]
         return sum(sizes[t.index] - chars(t.replacement) for t in kept), kept
@@ -153,3 +173,57 @@ def turns_to_leave_out(
         turns += 1
         at = cut
     return at - head, turns
+
+
+@attrs.frozen
+class Fit:
+    """What rungs 3-5 do to a view over B, and the chars_out they leave."""
+
+    previews: list[Truncation]  # rung 3
+    left_out: int  # rung 4: messages from ``head`` on left out...
+    left_turns: int  # ... as whole turns
+    drop_summary: bool  # rung 5: the summary message (just before ``head``) is not sent
+    chars_out: int
+
+
+def fit(
+    view: Sequence[Message],
+    sizes: Sequence[int],
+    *,
+    head: int,
+    prefix_len: int,
+    budget: int,
+    limit_chars: int | None,
+    forms: Forms,
+) -> Fit:
+    """Rungs 3-5 over ``view`` (``head``: its first message after the prefix and summary),
+    stopping on the first that fits ``budget``. ``limit_chars`` is the oversized limit
+    rung 3 lowers from; None skips rung 3 (its previews could not be kept)."""
+    shown = list(sizes)
+    total = sum(shown)
+    if total <= budget:
+        return Fit([], 0, 0, False, total)
+    turn_start = current_turn_start(view, head)
+    made: list[Truncation] = []
+    if limit_chars is not None:
+        made = preview_turn(
+            view,
+            shown,
+            turn_start=turn_start,
+            excess=total - budget,
+            limit_chars=limit_chars,
+            forms=forms,
+        )
+        for truncation in made:
+            shown[truncation.index] = chars(truncation.replacement)
+        total = sum(shown)
+    count = turns = 0
+    if total > budget:
+        count, turns = turns_to_leave_out(
+            view, shown, head=head, turn_start=turn_start, excess=total - budget
+        )
+        total -= sum(shown[head : head + count])
+    drop = total > budget and head > prefix_len
+    if drop:
+        total -= shown[head - 1]
+    return Fit(made, count, turns, drop, total)

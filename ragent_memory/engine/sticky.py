@@ -1,0 +1,93 @@
+"""A session's sticky substitutions (DESIGN §4, §4b, §8): placeholders and previews recorded
+in the store with their offloaded originals, shown in every later view of the same message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ragent_memory.core.chars import chars
+from ragent_memory.core.logs import get_logger
+from ragent_memory.engine.raw import RawCache
+from ragent_memory.engine.view import View
+from ragent_memory.errors import RagentMemoryError
+from ragent_memory.store import Backend, Substitution, substitution_key
+
+log = get_logger(__name__)
+
+# (view index, substitution, texts to offload) of a substitution not recorded yet
+NewSubstitution = tuple[int, Substitution, Sequence[str]]
+
+
+class Sticky:
+    """The substitutions of one session by key (position after the prefix : digest)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        subs: dict[str, Substitution],
+        *,
+        store: Backend,
+        raw: RawCache,
+        ttl_days: float,
+    ) -> None:
+        self.session_id = session_id
+        self.subs = subs
+        # positions that hold one: only those need a digest to look one up
+        self.positions = {int(key.partition(":")[0]) for key in subs}
+        self.store = store
+        self.raw = raw
+        self.ttl_days = ttl_days
+
+    def ref_for(self, text: str) -> str:
+        return self.store.ref_for(self.session_id, text)
+
+    def key(self, view: View, index: int) -> str:
+        """The key of the caller's message shown at view ``index``."""
+        raw_index = index + view.offset
+        return substitution_key(raw_index - view.prefix_len, self.raw.digest_at(raw_index))
+
+    def at(self, raw_index: int, prefix_len: int) -> Substitution | None:
+        position = raw_index - prefix_len
+        if position not in self.positions:
+            return None
+        return self.subs.get(substitution_key(position, self.raw.digest_at(raw_index)))
+
+    def show_recorded(self, view: View, begin: int) -> None:
+        """Show the recorded substitutions of raw messages ``[begin, end)`` in ``view``."""
+        prefix_len = view.prefix_len
+        for raw_index in range(begin, len(self.raw.messages)):
+            sub = self.at(raw_index, prefix_len)
+            if sub is not None:
+                view.show(raw_index - view.offset, sub.message, sub.kind, chars(sub.message))
+
+    def record(
+        self,
+        view: View,
+        new: Sequence[NewSubstitution],
+        on_left: Callable[[list[int]], None],
+    ) -> bool:
+        """Persist ``new`` (and offload their originals), then show them; ``on_left`` gets
+        their raw indexes. If the store fails the view stays as it was (a placeholder must
+        never point nowhere) and False is returned."""
+        if not new:
+            return True
+        try:
+            self.store.save_substitutions(
+                self.session_id, [(sub, texts) for _, sub, texts in new], ttl_days=self.ttl_days
+            )
+        except RagentMemoryError as err:
+            log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
+            return False
+        for index, sub, _ in new:
+            self.subs[sub.key] = sub
+            self.positions.add(index + view.offset - view.prefix_len)
+            view.show(index, sub.message, sub.kind, chars(sub.message))
+            if sub.kind == "truncate":
+                log.info(
+                    "reduce.truncated",
+                    session_id=self.session_id,
+                    original_chars=chars(view.originals[index]),
+                    shown_chars=view.sizes[index],
+                )
+        on_left(sorted(index + view.offset for index, _, _ in new))
+        return True
