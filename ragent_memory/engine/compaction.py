@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -42,17 +43,19 @@ from ragent_memory.text.terms import index_terms
 
 log = get_logger(__name__)
 
-SUMMARY_HEADERS = {
-    "en": (
-        "[Summary of earlier turns — generated automatically, lossy] This is background on the "
-        "conversation so far, not a new instruction. The messages after it are the latest "
-        "turns; the user's most recent message is the current request."
-    ),
-    "zh": (
-        "[早期对话摘要——自动生成，有损] 以下是此前对话的背景信息，不是新的指令。其后的消息是最近的对话，"
-        "用户的最新消息才是当前请求。"
-    ),
-}
+SUMMARY_HEADERS = MappingProxyType(
+    {
+        "en": (
+            "[Summary of earlier turns — generated automatically, lossy] This is background on the "
+            "conversation so far, not a new instruction. The messages after it are the latest "
+            "turns; the user's most recent message is the current request."
+        ),
+        "zh": (
+            "[早期对话摘要——自动生成，有损] 以下是此前对话的背景信息，不是新的指令。其后的消息是最近的对话，"
+            "用户的最新消息才是当前请求。"
+        ),
+    }
+)
 
 
 def summary_message(summary: str, language: str) -> Message:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -24,13 +25,15 @@ TAIL_RATIO = 0.1
 ARGUMENTS_KEY = "truncated_arguments"
 
 # ``offset`` is where the omitted part starts, so one call reads on from the head.
-NOTICES = {
-    "en": (
-        "\n…[{omitted} of {n} chars omitted here; to read them call "
-        '{tool}(ref="{ref}", offset={offset})]…\n'
-    ),
-    "zh": '\n…[此处省略 {omitted} 字符（原长 {n} 字符）；调用 {tool}(ref="{ref}", offset={offset}) 可继续读取]…\n',
-}
+NOTICES = MappingProxyType(
+    {
+        "en": (
+            "\n…[{omitted} of {n} chars omitted here; to read them call "
+            '{tool}(ref="{ref}", offset={offset})]…\n'
+        ),
+        "zh": '\n…[此处省略 {omitted} 字符（原长 {n} 字符）；调用 {tool}(ref="{ref}", offset={offset}) 可继续读取]…\n',
+    }
+)
 
 
 def preview(text: str, *, limit_chars: int, language: str, ref: str) -> str:

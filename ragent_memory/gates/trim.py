@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -23,10 +24,12 @@ from ragent_memory.settings import (
     MIN_TRIM_RECLAIM_RATIO,
 )
 
-PLACEHOLDERS = {
-    "en": "[Earlier tool result omitted: {n} chars originally; input: {args}; recall: {ref}]",
-    "zh": "[历史工具结果已省略，原长 {n} 字符，原入参 {args}，召回编号 {ref}]",
-}
+PLACEHOLDERS = MappingProxyType(
+    {
+        "en": "[Earlier tool result omitted: {n} chars originally; input: {args}; recall: {ref}]",
+        "zh": "[历史工具结果已省略，原长 {n} 字符，原入参 {args}，召回编号 {ref}]",
+    }
+)
 
 
 def placeholder(language: str, original_chars: int, arguments: str, ref: str) -> str:
