@@ -129,17 +129,13 @@ class RecallIndexTables(OffloadTables):
         else:
             scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
             owner = "(m.user_id = :user OR (m.session_id = :session AND m.user_id IS NULL))"
-        # Ranked on ids and scores alone, the texts read for the best only: sorting the
-        # joined rows carried every match's text through the sorter (most of the cost).
         sql = (
-            f"SELECT {COLUMNS}, best.score FROM (SELECT m.id AS id,"
-            " bm25(recall_fts, 1.0, 0.0) AS score"
+            f"SELECT {COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
             " FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid"
             f" WHERE recall_fts MATCH :match AND {owner}"
             " AND NOT (m.session_id = :session AND m.position >= :visible"
             " AND m.position NOT IN (SELECT value FROM json_each(:shown)))"
-            " ORDER BY score, m.id DESC LIMIT :limit) AS best"
-            " JOIN recall_messages AS m ON m.id = best.id ORDER BY best.score, m.id DESC"
+            " ORDER BY score, m.id DESC LIMIT :limit"
         )
         params = {
             "match": f"{scope} AND terms : ({query})",
@@ -227,8 +223,7 @@ class RecallIndexTables(OffloadTables):
         return self.ref_for(session_id, content)
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
-        """``offload`` of each of ``contents``, in one transaction (the excerpts a turn's
-        recall block clipped: one write, not one per excerpt)."""
+        """``offload`` of each of ``contents``, in one transaction."""
         if not contents:
             return
         with self._locked("write"), self.db.atomic():
