@@ -2,8 +2,8 @@
 the lock around the connection.
 
 The concern mixins write SQL both backends run (``?`` placeholders, ``ON CONFLICT`` upserts,
-``RETURNING``); the few statements that differ are methods here, in SQLite's dialect, which the
-PostgreSQL backend overrides.
+``RETURNING``), in SQLite's dialect where they must choose; the PostgreSQL backend overrides the
+few that differ (the two searches, how offloads are stored and measured).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class StoreBase:
         """Refuse a store whose migrations are recorded but whose tables (``listing``: SQL
         naming them) are not all there, instead of failing on every later call."""
         present = {row[0] for row in self.db.execute(listing).fetchall()}
-        missing = sorted(tables_created(migrations) - present)
+        missing = sorted(set(tables_created(migrations)) - present)
         if missing:
             raise StoreError(
                 f"cannot open store {self.path!r}: its migrations are recorded but tables "
@@ -135,14 +135,3 @@ class StoreBase:
     def _storable(self, text: str) -> str | bytes:
         """An offload's text as its ``content`` column keeps it."""
         return _storable(text)
-
-    def _search_summaries(
-        self, query: str, user_id: str, exclude_session: str, limit: int
-    ) -> list[Any]:
-        """``(excerpt,)`` rows of ``memory_fts`` matching the FTS5 ``query``, best first."""
-        rows: list[Any] = self.db.execute(
-            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
-            " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
-            [query, user_id, exclude_session, limit],
-        ).fetchall()
-        return rows

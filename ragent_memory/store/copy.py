@@ -9,33 +9,16 @@ from typing import Any
 
 from ragent_memory.errors import StoreError
 from ragent_memory.store.postgres import PostgresStore, pg_text
+from ragent_memory.store.schema import MIGRATIONS, tables_created
 from ragent_memory.store.sqlite import Store
 
-# Copied in this order; columns as the SQLite store has them. Leases and last writers are
-# per running host and start afresh.
-TABLES = (
-    "meta",
-    "compactions",
-    "sessions",
-    "substitutions",
-    "offloads",
-    "dropped_sessions",
-    "memories",
-    "memory_fts",
-    "memory_pending",
-    "memory_cursors",
-    "memory_seen",
-    "memory_versions",
-    "recall_messages",
-    "recall_fts",
-)
-SKIPPED = frozenset({"_migrations", "sqlite_sequence", "compaction_leases", "session_writes"})
-IDENTITIES = (
-    "compactions",
-    "memories",
-    "memory_pending",
-    "recall_messages",
-)  # their id sequences move on
+# Leases and last writers are per running host and start afresh.
+PER_HOST = frozenset({"compaction_leases", "session_writes"})
+# Copied in the order the migrations create them (a table before those referring to it).
+TABLES = tuple(t for t in tables_created(MIGRATIONS) if t not in PER_HOST)
+SKIPPED = frozenset({"_migrations", "sqlite_sequence", *PER_HOST})
+# Their id sequences move on past the ids copied.
+IDENTITIES = ("compactions", "memories", "memory_pending", "recall_messages")
 _SELECT = MappingProxyType(
     {
         "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",

@@ -190,14 +190,11 @@ class MemoryTables(StoreBase):
         by its ``(terms, excerpt)`` pairs; it supersedes the session's previous one."""
         now = iso(self.clock())
         with self._locked("memory write"), self.db.atomic():
-            previous = [
-                int(r[0])
-                for r in self.db.execute(
-                    "SELECT id FROM memories WHERE user_id = ? AND session_id = ?"
-                    " AND kind = 'summary' AND status = 'active'",
-                    [user_id, session_id],
-                ).fetchall()
-            ]
+            previous = self.db.execute(
+                "SELECT id FROM memories WHERE user_id = ? AND session_id = ?"
+                " AND kind = 'summary' AND status = 'active'",
+                [user_id, session_id],
+            ).fetchall()
             cursor = self.db.execute(
                 "INSERT INTO memories (user_id, kind, content, status, session_id, generation,"
                 " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)"
@@ -205,7 +202,7 @@ class MemoryTables(StoreBase):
                 [user_id, summary, session_id, generation, now, now],
             )
             memory_id = int(cursor.fetchall()[0][0])
-            for old in previous:
+            for (old,) in previous:
                 self.db.execute(
                     "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
                     " WHERE id = ?",
@@ -230,7 +227,11 @@ class MemoryTables(StoreBase):
         """The user's summary excerpts from other sessions that best match the FTS5
         ``query``, best first (BM25)."""
         with self._locked("search"):
-            rows = self._search_summaries(query, user_id, exclude_session, limit)
+            rows = self.db.execute(
+                "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
+                " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
+                [query, user_id, exclude_session, limit],
+            ).fetchall()
         return [str(r[0]) for r in rows]
 
     def forget(self, user_id: str) -> Forgotten:

@@ -14,8 +14,8 @@ import hashlib
 import json
 import secrets
 from collections.abc import Sequence
-from typing import Any
 
+import attrs
 import sqlite_utils
 
 from ragent_memory.core.records import Forgotten, IndexedMessage
@@ -24,7 +24,8 @@ from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
 
-COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
+# In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``.
+COLUMNS = "m.session_id, m.position, m.role, m.content, m.dated, m.digest, m.id"
 
 
 def scope_token(kind: str, value: str) -> str:
@@ -46,19 +47,6 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
 
 
-def indexed(row: Sequence[Any], score: float = 0.0) -> IndexedMessage:
-    return IndexedMessage(
-        session_id=row[1],
-        position=int(row[2]),
-        role=row[3],
-        content=row[4],
-        dated=row[5],
-        digest=row[6],
-        id=int(row[0]),
-        score=score,
-    )
-
-
 class RecallIndexTables(OffloadTables):
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
@@ -74,16 +62,7 @@ class RecallIndexTables(OffloadTables):
                     "INSERT INTO recall_messages (user_id, session_id, position, role, content,"
                     " dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT DO NOTHING RETURNING id",
-                    [
-                        user_id,
-                        row.session_id,
-                        row.position,
-                        row.role,
-                        row.content,
-                        row.dated,
-                        row.digest,
-                        now,
-                    ],
+                    [user_id, *attrs.astuple(row)[:6], now],  # session_id … digest
                 ).fetchall()
                 if inserted:
                     scope = scope_token("s", row.session_id)
@@ -106,7 +85,7 @@ class RecallIndexTables(OffloadTables):
                 " ORDER BY m.position DESC, m.id DESC LIMIT 1",
                 [session_id],
             ).fetchone()
-        return indexed(row) if row else None
+        return IndexedMessage(*row) if row else None
 
     def search_index(
         self,
@@ -147,7 +126,7 @@ class RecallIndexTables(OffloadTables):
         }
         with self._locked("search"):
             rows = self.db.execute(sql, params).fetchall()
-        return [indexed(r[:-1], float(r[-1])) for r in rows]
+        return [IndexedMessage(*r) for r in rows]
 
     # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
     # (new rows) rather than a whole session's entries of the (session, position) index.
@@ -179,7 +158,7 @@ class RecallIndexTables(OffloadTables):
                 f" WHERE m.id > ? AND {where} ORDER BY m.id",
                 [after, value],
             ).fetchall()
-        return [(indexed(r[:-1]), bool(r[-1])) for r in rows]
+        return [(IndexedMessage(*r[:-1]), bool(r[-1])) for r in rows]
 
     def unowned_since(self, session_id: str, after: int) -> bool:
         """Whether the session has a row indexed without a user with an id above ``after``."""
@@ -214,16 +193,11 @@ class RecallIndexTables(OffloadTables):
                 f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
                 [session_id, *wanted],
             ).fetchall()
-        return list({m.position: m for m in map(indexed, rows)}.values())
-
-    def offload(self, session_id: str, content: str, *, ttl_days: float) -> str:
-        """Keep ``content`` readable from ``session_id`` by its recall ref; returns the ref
-        (an excerpt clipped in a recall block points at its full text this way)."""
-        self.offload_all(session_id, [content], ttl_days=ttl_days)
-        return self.ref_for(session_id, content)
+        return list({r[1]: IndexedMessage(*r) for r in rows}.values())
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
-        """``offload`` of each of ``contents``, in one transaction."""
+        """Keep each of ``contents`` readable from ``session_id`` by its recall ref (an excerpt
+        clipped in a recall block points at its full text this way), in one transaction."""
         if not contents:
             return
         with self._locked("write"), self.db.atomic():
