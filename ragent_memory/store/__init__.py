@@ -1,12 +1,9 @@
 """The store (DESIGN §10), split by what it keeps; every engine on it shares what it holds.
 
-Where each concern lives: ``contract`` (the typed protocols), ``sessions`` (summary state,
-substitutions, drop), ``offloads`` (recall originals, gc), ``memories`` (long-term memory and
-its search index), ``audit`` (``compactions``), ``hosts`` (compaction leases, who wrote a
-session last), ``recall_index`` (DESIGN §9b), ``schema`` (columns and migrations). Two backends
-compose them: ``sqlite`` (the :class:`Store`) and ``postgres`` (``PostgresStore``, schema in
-``pg_schema``); ``open_store`` picks one from the settings. Value types are in
-:mod:`ragent_memory.core.records`.
+Each concern is a mixin in its own module (``contract.Backend`` names them), ``schema`` holds
+the columns and migrations. Two backends compose them: ``sqlite`` (the :class:`Store`) and
+``postgres`` (``PostgresStore``, schema in ``pg_schema``); ``open_store`` picks one from the
+settings. Value types are in :mod:`ragent_memory.core.records`.
 
 Tables not described where they are used:
 

@@ -12,7 +12,7 @@ import json
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -101,8 +101,7 @@ class StoreBase:
 
     def migrations(self) -> list[str]:
         """The names of the schema migrations applied, oldest first."""
-        with self._locked("read"):
-            rows = self.db.execute("SELECT name FROM _migrations ORDER BY version").fetchall()
+        rows = self._fetch("SELECT name FROM _migrations ORDER BY version")
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:
@@ -125,13 +124,16 @@ class StoreBase:
                 f"{', '.join(missing)} are missing (a damaged or foreign database)"
             )
 
-    def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
-        """The rows of a small read a turn makes (who wrote a session last, a memory
-        version, the recall mark), as last committed."""
+    def _fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
+    ) -> list[Any]:
         with self._locked(what):
             rows: list[Any] = self.db.execute(sql, params).fetchall()
         return rows
 
-    def _storable(self, text: str) -> str | bytes:
-        """An offload's text as its ``content`` column keeps it."""
-        return _storable(text)
+    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a small read a turn makes (who wrote a session last, a memory
+        version, the recall mark), as last committed."""
+        return self._fetch(sql, params)
+
+    _storable = staticmethod(_storable)  # an offload's text as its ``content`` column keeps it

@@ -24,8 +24,7 @@ from ragent_memory.core.records import (
 
 
 class RecallIndex(Protocol):
-    """The recall index, DESIGN §9b (``recall_index.py``; PostgreSQL ranks its own search in
-    ``postgres.py``)."""
+    """The recall index, DESIGN §9b (``recall_index.py``)."""
 
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]

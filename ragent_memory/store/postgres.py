@@ -164,13 +164,13 @@ class PostgresStore(IndexedTables, AuditTable):
     ) -> list[str]:
         """As the SQLite store's, ranked by ``ts_rank``."""
         expression, params = tsquery(query)
-        with self._locked("search"):
-            rows = self.db.execute(
-                f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
-                " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
-                " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
-                [*params, user_id, exclude_session, limit],
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
+            " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
+            " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
+            [*params, user_id, exclude_session, limit],
+            what="search",
+        )
         return [str(r[0]) for r in rows]
 
     def search_index(
@@ -192,13 +192,13 @@ class PostgresStore(IndexedTables, AuditTable):
             owner = "(m.user_id = ? OR (m.session_id = ? AND m.user_id IS NULL))"
             owners = [user_id, session_id]
         shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
-        with self._locked("search"):
-            rows = self.db.execute(
-                f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
-                " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
-                f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
-                f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
-                " ORDER BY rank, m.id DESC LIMIT ?",
-                [*phrases, *owners, session_id, visible_from, *shown, limit],
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
+            " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
+            f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
+            f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
+            " ORDER BY rank, m.id DESC LIMIT ?",
+            [*phrases, *owners, session_id, visible_from, *shown, limit],
+            what="search",
+        )
         return [IndexedMessage(*r) for r in rows]

@@ -79,13 +79,12 @@ class RecallIndexTables(OffloadTables):
 
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
-        with self._locked("read"):
-            row = self.db.execute(
-                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
-                " ORDER BY m.position DESC, m.id DESC LIMIT 1",
-                [session_id],
-            ).fetchone()
-        return IndexedMessage(*row) if row else None
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            " ORDER BY m.position DESC, m.id DESC LIMIT 1",
+            [session_id],
+        )
+        return IndexedMessage(*rows[0]) if rows else None
 
     def search_index(
         self,
@@ -124,8 +123,7 @@ class RecallIndexTables(OffloadTables):
             "shown": json.dumps(sorted(shown)),
             "limit": limit,
         }
-        with self._locked("search"):
-            rows = self.db.execute(sql, params).fetchall()
+        rows = self._fetch(sql, params, what="search")
         return [IndexedMessage(*r) for r in rows]
 
     # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
@@ -135,7 +133,6 @@ class RecallIndexTables(OffloadTables):
     def recall_mark(self) -> tuple[int, str]:
         """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
         ((top, epoch),) = self._read_now(
-            "read",
             "SELECT (SELECT max(id) FROM recall_messages),"
             " (SELECT value FROM meta WHERE key = 'recall_epoch')",
             [],
@@ -152,47 +149,43 @@ class RecallIndexTables(OffloadTables):
         else:
             hint = self._BY_ID_ONLY if after else ""
             where, value = f"{hint}m.session_id = ?", session_id
-        with self._locked("read"):
-            rows = self.db.execute(
-                f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
-                f" WHERE m.id > ? AND {where} ORDER BY m.id",
-                [after, value],
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
+            f" WHERE m.id > ? AND {where} ORDER BY m.id",
+            [after, value],
+        )
         return [(IndexedMessage(*r[:-1]), bool(r[-1])) for r in rows]
 
     def unowned_since(self, session_id: str, after: int) -> bool:
         """Whether the session has a row indexed without a user with an id above ``after``."""
         hint = self._BY_ID_ONLY if after else ""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
-                f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
-                [after, session_id],
-            ).fetchone()
-        return row is not None
+        rows = self._fetch(
+            "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
+            f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
+            [after, session_id],
+        )
+        return bool(rows)
 
     def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]:
         """The texts of these rows (those still there)."""
         if not ids:
             return {}
-        with self._locked("read"):
-            rows = self.db.execute(
-                f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
-                list(ids),
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
+            list(ids),
+        )
         return {int(r[0]): r[1] for r in rows}
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
         """The session's indexed messages at these positions (the newest row of each)."""
         if not positions:
             return []
-        with self._locked("read"):
-            wanted = sorted(set(positions))
-            rows = self.db.execute(
-                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
-                f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
-                [session_id, *wanted],
-            ).fetchall()
+        wanted = sorted(set(positions))
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
+            [session_id, *wanted],
+        )
         return list({r[1]: IndexedMessage(*r) for r in rows}.values())
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:

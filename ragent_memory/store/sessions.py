@@ -21,11 +21,9 @@ _COLUMNS = tuple(field.name for field in attrs.fields(SessionState))
 
 class SessionTables(OffloadTables, HostTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
-        with self._locked("read"):
-            rows = self.db.execute(
-                "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?",
-                [session_id],
-            ).fetchall()
+        rows = self._fetch(
+            "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?", [session_id]
+        )
         return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
 
     def save_substitutions(
@@ -57,13 +55,12 @@ class SessionTables(OffloadTables, HostTables):
             )
 
     def load_session(self, session_id: str) -> SessionState | None:
-        with self._locked("read"):
-            row = self.db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM sessions WHERE session_id = ?", [session_id]
-            ).fetchone()
-        if row is None:
+        rows = self._fetch(
+            f"SELECT {', '.join(_COLUMNS)} FROM sessions WHERE session_id = ?", [session_id]
+        )
+        if not rows:
             return None
-        fields = dict(zip(_COLUMNS, row, strict=True))
+        fields = dict(zip(_COLUMNS, rows[0], strict=True))
         for name in ("verbatim", "preserved"):
             fields[name] = tuple(json.loads(fields[name]))
         return SessionState(**fields)
@@ -81,7 +78,7 @@ class SessionTables(OffloadTables, HostTables):
             "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
             [session_id],
         ).fetchone()
-        return int(row[0]) if row is not None and row[0] is not None else 0
+        return int(row[0] or 0)  # MAX: one row, NULL when none applied
 
     def save_session(self, state: SessionState) -> None:
         """Write a session's whole summary state in one transaction."""
