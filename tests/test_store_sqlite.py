@@ -223,7 +223,7 @@ def test_the_wal_stays_bounded(tmp_path: Path) -> None:
     with Store(path) as store:
         largest = 0
         for i in range(120):  # ~60 frames per write: 7,200 frames in all
-            store.offload("s", f"{i:04d}" + "x" * 240_000, ttl_days=1)
+            store.offload_all("s", [f"{i:04d}" + "x" * 240_000], ttl_days=1)
             store.last_write("s")
             largest = max(largest, os.path.getsize(f"{path}-wal"))
         frames = 1_000 + 200  # the threshold and one write past it

@@ -40,6 +40,5 @@ class AuditTable(StoreBase):
         if session_id is not None:
             sql += " WHERE session_id = ?"
             params.append(session_id)
-        with self._locked("read"):
-            rows = self.db.execute(sql + " ORDER BY id", params).fetchall()
+        rows = self._fetch(sql + " ORDER BY id", params)
         return [dict(zip(COMPACTION_COLUMNS, r, strict=True)) for r in rows]

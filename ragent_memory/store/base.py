@@ -2,8 +2,8 @@
 the lock around the connection.
 
 The concern mixins write SQL both backends run (``?`` placeholders, ``ON CONFLICT`` upserts,
-``RETURNING``); the few statements that differ are methods here, in SQLite's dialect, which the
-PostgreSQL backend overrides.
+``RETURNING``), in SQLite's dialect where they must choose; the PostgreSQL backend overrides the
+few that differ (the two searches, how offloads are stored and measured).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -101,8 +101,7 @@ class StoreBase:
 
     def migrations(self) -> list[str]:
         """The names of the schema migrations applied, oldest first."""
-        with self._locked("read"):
-            rows = self.db.execute("SELECT name FROM _migrations ORDER BY version").fetchall()
+        rows = self._fetch("SELECT name FROM _migrations ORDER BY version")
         return [str(r[0]) for r in rows]
 
     def close(self) -> None:
@@ -118,31 +117,23 @@ class StoreBase:
         """Refuse a store whose migrations are recorded but whose tables (``listing``: SQL
         naming them) are not all there, instead of failing on every later call."""
         present = {row[0] for row in self.db.execute(listing).fetchall()}
-        missing = sorted(tables_created(migrations) - present)
+        missing = sorted(set(tables_created(migrations)) - present)
         if missing:
             raise StoreError(
                 f"cannot open store {self.path!r}: its migrations are recorded but tables "
                 f"{', '.join(missing)} are missing (a damaged or foreign database)"
             )
 
-    def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
-        """The rows of a small read a turn makes (who wrote a session last, a memory
-        version, the recall mark), as last committed."""
+    def _fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
+    ) -> list[Any]:
         with self._locked(what):
             rows: list[Any] = self.db.execute(sql, params).fetchall()
         return rows
 
-    def _storable(self, text: str) -> str | bytes:
-        """An offload's text as its ``content`` column keeps it."""
-        return _storable(text)
+    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a small read a turn makes (who wrote a session last, a memory
+        version, the recall mark), as last committed."""
+        return self._fetch(sql, params)
 
-    def _search_summaries(
-        self, query: str, user_id: str, exclude_session: str, limit: int
-    ) -> list[Any]:
-        """``(excerpt,)`` rows of ``memory_fts`` matching the FTS5 ``query``, best first."""
-        rows: list[Any] = self.db.execute(
-            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
-            " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
-            [query, user_id, exclude_session, limit],
-        ).fetchall()
-        return rows
+    _storable = staticmethod(_storable)  # an offload's text as its ``content`` column keeps it

@@ -8,34 +8,17 @@ from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.errors import StoreError
-from ragent_memory.store.postgres import PostgresStore, pg_text
+from ragent_memory.store.postgres import PostgresStore
+from ragent_memory.store.schema import MIGRATIONS, tables_created
 from ragent_memory.store.sqlite import Store
 
-# Copied in this order; columns as the SQLite store has them. Leases and last writers are
-# per running host and start afresh.
-TABLES = (
-    "meta",
-    "compactions",
-    "sessions",
-    "substitutions",
-    "offloads",
-    "dropped_sessions",
-    "memories",
-    "memory_fts",
-    "memory_pending",
-    "memory_cursors",
-    "memory_seen",
-    "memory_versions",
-    "recall_messages",
-    "recall_fts",
-)
-SKIPPED = frozenset({"_migrations", "sqlite_sequence", "compaction_leases", "session_writes"})
-IDENTITIES = (
-    "compactions",
-    "memories",
-    "memory_pending",
-    "recall_messages",
-)  # their id sequences move on
+# Leases and last writers are per running host and start afresh.
+PER_HOST = frozenset({"compaction_leases", "session_writes"})
+# Copied in the order the migrations create them (a table before those referring to it).
+TABLES = tuple(t for t in tables_created(MIGRATIONS) if t not in PER_HOST)
+SKIPPED = frozenset({"_migrations", "sqlite_sequence", *PER_HOST})
+# Their id sequences move on past the ids copied.
+IDENTITIES = ("compactions", "memories", "memory_pending", "recall_messages")
 _SELECT = MappingProxyType(
     {
         "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",
@@ -91,7 +74,7 @@ def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[An
                 [key, value],
             )
         return
-    values = [[pg_text(value) for value in row] for row in rows]
+    values = [list(row) for row in rows]  # the target's ``executemany`` applies ``pg_text``
     if table == "offloads":
         at = columns.index("content")
         for row in values:
@@ -103,9 +86,8 @@ def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[An
         later = [(row[at], row[key]) for row in values if row[at] is not None]
         for row in values:
             row[at] = None
-    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('%s' for _ in columns)})"
-    with target.db.conn.cursor() as cursor:
-        for start in range(0, len(values), _BATCH):
-            cursor.executemany(sql, values[start : start + _BATCH])
-        if later:
-            cursor.executemany("UPDATE memories SET superseded_by = %s WHERE id = %s", later)
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    for start in range(0, len(values), _BATCH):
+        target.db.executemany(sql, values[start : start + _BATCH])
+    if later:
+        target.db.executemany("UPDATE memories SET superseded_by = ? WHERE id = ?", later)

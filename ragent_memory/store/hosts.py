@@ -12,7 +12,6 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.base import StoreBase, iso
 
 
@@ -20,7 +19,7 @@ class HostTables(StoreBase):
     host_id: str
     lease_s: float
 
-    def _start_host(self, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def _start_host(self, lease_s: float) -> None:
         self.host_id = secrets.token_hex(8)
         self.lease_s = lease_s
 
@@ -28,19 +27,14 @@ class HostTables(StoreBase):
         """Take the session's compaction lease for ``lease_s``; False while another host
         holds an unexpired one."""
         now = self.clock()
+        expires = iso(now + timedelta(seconds=self.lease_s))
         with self._locked("lease"), self.db.atomic():
             cursor = self.db.execute(
                 "INSERT INTO compaction_leases (session_id, owner, expires_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner,"
                 " expires_at = excluded.expires_at"
                 " WHERE compaction_leases.expires_at <= ? OR compaction_leases.owner = ?",
-                [
-                    session_id,
-                    self.host_id,
-                    iso(now + timedelta(seconds=self.lease_s)),
-                    iso(now),
-                    self.host_id,
-                ],
+                [session_id, self.host_id, expires, iso(now), self.host_id],
             )
             return int(cursor.rowcount) == 1
 
@@ -55,7 +49,7 @@ class HostTables(StoreBase):
     def last_write(self, session_id: str) -> tuple[str, int] | None:
         """``(host id, counter)`` of the session's latest write (None: never written)."""
         rows = self._read_now(
-            "read", "SELECT writer, stamp FROM session_writes WHERE session_id = ?", [session_id]
+            "SELECT writer, stamp FROM session_writes WHERE session_id = ?", [session_id]
         )
         return (str(rows[0][0]), int(rows[0][1])) if rows else None
 

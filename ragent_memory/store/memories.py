@@ -28,19 +28,16 @@ class MemoryTables(StoreBase):
 
     def memory_version(self, user_id: str) -> int:
         """Changes with every change to the user's memories (0: none stored)."""
-        rows = self._read_now(
-            "read", "SELECT version FROM memory_versions WHERE user_id = ?", [user_id]
-        )
+        rows = self._read_now("SELECT version FROM memory_versions WHERE user_id = ?", [user_id])
         return int(rows[0][0]) if rows else 0
 
     def memory_cursor(self, user_id: str, session_id: str) -> tuple[int, str] | None:
         """How many messages of the session's history were read, and the last one's digest."""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT seen, last_digest FROM memory_cursors WHERE user_id = ? AND session_id = ?",
-                [user_id, session_id],
-            ).fetchone()
-        return (int(row[0]), str(row[1])) if row else None
+        rows = self._fetch(
+            "SELECT seen, last_digest FROM memory_cursors WHERE user_id = ? AND session_id = ?",
+            [user_id, session_id],
+        )
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
     def record_user_messages(
         self,
@@ -81,12 +78,11 @@ class MemoryTables(StoreBase):
 
     def pending_messages(self, user_id: str, *, limit: int) -> list[PendingMessage]:
         """The user's oldest pending messages, oldest first."""
-        with self._locked("read"):
-            rows = self.db.execute(
-                "SELECT id, session_id, raw_index, content, attempts FROM memory_pending"
-                " WHERE user_id = ? ORDER BY id LIMIT ?",
-                [user_id, limit],
-            ).fetchall()
+        rows = self._fetch(
+            "SELECT id, session_id, raw_index, content, attempts FROM memory_pending"
+            " WHERE user_id = ? ORDER BY id LIMIT ?",
+            [user_id, limit],
+        )
         return [PendingMessage(*row) for row in rows]
 
     def fail_pending(self, user_id: str, ids: Sequence[int], *, max_attempts: int) -> int:
@@ -108,12 +104,11 @@ class MemoryTables(StoreBase):
 
     def facts(self, user_id: str) -> list[Fact]:
         """The user's active facts, oldest first."""
-        with self._locked("read"):
-            rows = self.db.execute(
-                "SELECT id, content, created_at FROM memories WHERE user_id = ? AND kind = 'fact'"
-                " AND status = 'active' ORDER BY id",
-                [user_id],
-            ).fetchall()
+        rows = self._fetch(
+            "SELECT id, content, created_at FROM memories WHERE user_id = ? AND kind = 'fact'"
+            " AND status = 'active' ORDER BY id",
+            [user_id],
+        )
         return [Fact(int(r[0]), r[1], r[2]) for r in rows]
 
     def memory_rows(self, user_id: str, *, kind: str | None = None) -> list[dict[str, Any]]:
@@ -190,14 +185,6 @@ class MemoryTables(StoreBase):
         by its ``(terms, excerpt)`` pairs; it supersedes the session's previous one."""
         now = iso(self.clock())
         with self._locked("memory write"), self.db.atomic():
-            previous = [
-                int(r[0])
-                for r in self.db.execute(
-                    "SELECT id FROM memories WHERE user_id = ? AND session_id = ?"
-                    " AND kind = 'summary' AND status = 'active'",
-                    [user_id, session_id],
-                ).fetchall()
-            ]
             cursor = self.db.execute(
                 "INSERT INTO memories (user_id, kind, content, status, session_id, generation,"
                 " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)"
@@ -205,12 +192,13 @@ class MemoryTables(StoreBase):
                 [user_id, summary, session_id, generation, now, now],
             )
             memory_id = int(cursor.fetchall()[0][0])
-            for old in previous:
-                self.db.execute(
-                    "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
-                    " WHERE id = ?",
-                    [memory_id, now, old],
-                )
+            previous = self.db.execute(
+                "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
+                " WHERE user_id = ? AND session_id = ? AND kind = 'summary' AND status = 'active'"
+                " AND id != ? RETURNING id",
+                [memory_id, now, user_id, session_id, memory_id],
+            ).fetchall()
+            for (old,) in previous:
                 self.db.execute(
                     "DELETE FROM memory_fts WHERE rowid >= ? AND rowid < ?",
                     [old * FTS_ROWS_PER_MEMORY, (old + 1) * FTS_ROWS_PER_MEMORY],
@@ -229,8 +217,12 @@ class MemoryTables(StoreBase):
     ) -> list[str]:
         """The user's summary excerpts from other sessions that best match the FTS5
         ``query``, best first (BM25)."""
-        with self._locked("search"):
-            rows = self._search_summaries(query, user_id, exclude_session, limit)
+        rows = self._fetch(
+            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
+            " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
+            [query, user_id, exclude_session, limit],
+            what="search",
+        )
         return [str(r[0]) for r in rows]
 
     def forget(self, user_id: str) -> Forgotten:

@@ -9,8 +9,6 @@ import hmac
 from collections.abc import Sequence
 from datetime import timedelta
 
-import attrs
-
 from ragent_memory.core.records import GCReport
 from ragent_memory.store.base import StoreBase, iso
 
@@ -22,25 +20,19 @@ def _sha256(content: str) -> str:
 class OffloadTables(StoreBase):
     def ref_for(self, session_id: str, content: str) -> str:
         """The recall ref of ``content`` in ``session_id``: stable per store, unguessable."""
-        return self._ref(session_id, _sha256(content))
-
-    def _ref(self, session_id: str, sha: str) -> str:
-        """``ref_for`` from the content's SHA-256 (hex): an HMAC of session and hash under the
-        store's secret (``_offload`` hashes each content once for both its row and its ref)."""
-        mac = hmac.digest(self._secret, f"{session_id}\0{sha}".encode(), "sha256")
+        mac = hmac.digest(self._secret, f"{session_id}\0{_sha256(content)}".encode(), "sha256")
         return "rm-" + mac.hex()[:20]
 
     def _offload(self, session_id: str, contents: Sequence[str], ttl_days: float) -> None:
-        """Store ``contents`` behind their refs in one statement, each hashed once. Stored once
-        per session (content-addressed); storing again only extends the expiry."""
+        """Store ``contents`` behind their refs in one statement. Stored once per session
+        (content-addressed); storing again only extends the expiry."""
         if not contents:
             return
         now = self.clock()
         created, expires = iso(now), iso(now + timedelta(days=ttl_days))
         rows = []
         for content in contents:
-            sha = _sha256(content)
-            ref = self._ref(session_id, sha)
+            ref, sha = self.ref_for(session_id, content), _sha256(content)
             rows.append(
                 [session_id, ref, sha, self._storable(content), len(content), created, expires]
             )
@@ -54,15 +46,14 @@ class OffloadTables(StoreBase):
     def read_offload(self, session_id: str, ref: str) -> str | None:
         """The original text behind ``ref`` in this session, or None (unknown, other session,
         expired, or the session was dropped)."""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?"
-                " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_id = ?)",
-                [session_id, ref, iso(self.clock()), session_id],
-            ).fetchone()
-        if row is None:
+        rows = self._fetch(
+            "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?"
+            " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_id = ?)",
+            [session_id, ref, iso(self.clock()), session_id],
+        )
+        if not rows:
             return None
-        content = row[0]
+        content = rows[0][0]
         return content.decode("utf-8", "surrogatepass") if isinstance(content, bytes) else content
 
     def revive(self, session_id: str) -> None:
@@ -73,29 +64,14 @@ class OffloadTables(StoreBase):
     def _revive(self, session_id: str) -> None:
         # A dropped session id used again starts a new life: what is left of the old one goes
         # now, so neither its refs nor the next gc touch the new life's offloads.
-        dropped = self.db.execute(
-            "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [session_id]
-        ).fetchone()
-        if dropped is not None:
+        cursor = self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
+        if cursor.rowcount:
             self.db.execute("DELETE FROM offloads WHERE session_id = ?", [session_id])
-            self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
 
     def gc(self, *, vacuum: bool = False) -> GCReport:
         """Delete expired offloads and the offloads of dropped sessions, in one transaction,
         then hand the freed pages back to the disk (:meth:`_shrink`)."""
         before = self.file_bytes()
-        report = self._delete_garbage()
-        self._shrink(vacuum=vacuum)
-        return attrs.evolve(report, file_bytes_before=before, file_bytes_after=self.file_bytes())
-
-    def file_bytes(self) -> int:
-        """The size of the store on disk (0 when it has no file)."""
-        return 0
-
-    def _shrink(self, *, vacuum: bool) -> None:
-        """Give freed space back to the file system (a backend without a file has none)."""
-
-    def _delete_garbage(self) -> GCReport:
         now = iso(self.clock())
         dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
         measure = f"SELECT COUNT(*), COALESCE(SUM({self._OCTETS}), 0) FROM offloads"
@@ -107,9 +83,19 @@ class OffloadTables(StoreBase):
             (sessions,) = self.db.execute("SELECT COUNT(*) FROM dropped_sessions").fetchone()
             self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
             self.db.execute("DELETE FROM dropped_sessions")
+        self._shrink(vacuum=vacuum)
         return GCReport(
             expired_offloads=int(expired),
             dropped_sessions=int(sessions),
             dropped_offloads=int(of_dropped),
             freed_bytes=int(expired_bytes) + int(dropped_bytes),
+            file_bytes_before=before,
+            file_bytes_after=self.file_bytes(),
         )
+
+    def file_bytes(self) -> int:
+        """The size of the store on disk (0 when it has no file)."""
+        return 0
+
+    def _shrink(self, *, vacuum: bool) -> None:
+        """Give freed space back to the file system (a backend without a file has none)."""

@@ -25,7 +25,7 @@ from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
 from ragent_memory.store.base import Clock, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
-from ragent_memory.store.recall_index import COLUMNS, IndexedTables, indexed
+from ragent_memory.store.recall_index import COLUMNS, IndexedTables
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74
@@ -132,8 +132,6 @@ class PostgresStore(IndexedTables, AuditTable):
             url, kwargs=kwargs, min_size=1, max_size=pool_size, open=True, name="ragent-memory"
         )
 
-    # ------------------------------------------------------------------ plumbing
-
     def _scrub(self, err: BaseException) -> str:
         text = str(err).strip() or type(err).__name__
         return text.replace(self._password, "***") if self._password else text
@@ -157,23 +155,23 @@ class PostgresStore(IndexedTables, AuditTable):
     def close(self) -> None:
         self._pool.close()
 
-    # ------------------------------------------------------------------ dialect
-
     def _storable(self, text: str) -> str | bytes:
         # BYTEA keeps any Python text, lone surrogates and NULs included.
         return text.encode("utf-8", "surrogatepass")
 
-    def _search_summaries(
-        self, query: str, user_id: str, exclude_session: str, limit: int
-    ) -> list[Any]:
+    def search_summaries(
+        self, user_id: str, query: str, *, exclude_session: str, limit: int
+    ) -> list[str]:
+        """As the SQLite store's, ranked by ``ts_rank``."""
         expression, params = tsquery(query)
-        rows: list[Any] = self.db.execute(
+        rows = self._fetch(
             f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
             " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
             " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
             [*params, user_id, exclude_session, limit],
-        ).fetchall()
-        return rows
+            what="search",
+        )
+        return [str(r[0]) for r in rows]
 
     def search_index(
         self,
@@ -194,13 +192,13 @@ class PostgresStore(IndexedTables, AuditTable):
             owner = "(m.user_id = ? OR (m.session_id = ? AND m.user_id IS NULL))"
             owners = [user_id, session_id]
         shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
-        with self._locked("search"):
-            rows = self.db.execute(
-                f"SELECT {COLUMNS}, ts_rank(f.tsv, q.query) AS rank"
-                " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
-                f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
-                f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
-                " ORDER BY rank DESC, m.id DESC LIMIT ?",
-                [*phrases, *owners, session_id, visible_from, *shown, limit],
-            ).fetchall()
-        return [indexed(r[:-1], -float(r[-1])) for r in rows]
+        rows = self._fetch(
+            f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
+            " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
+            f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
+            f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
+            " ORDER BY rank, m.id DESC LIMIT ?",
+            [*phrases, *owners, session_id, visible_from, *shown, limit],
+            what="search",
+        )
+        return [IndexedMessage(*r) for r in rows]

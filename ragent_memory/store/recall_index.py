@@ -14,8 +14,8 @@ import hashlib
 import json
 import secrets
 from collections.abc import Sequence
-from typing import Any
 
+import attrs
 import sqlite_utils
 
 from ragent_memory.core.records import Forgotten, IndexedMessage
@@ -24,7 +24,8 @@ from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
 
-COLUMNS = "m.id, m.session_id, m.position, m.role, m.content, m.dated, m.digest"
+# In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``.
+COLUMNS = "m.session_id, m.position, m.role, m.content, m.dated, m.digest, m.id"
 
 
 def scope_token(kind: str, value: str) -> str:
@@ -46,19 +47,6 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
 
 
-def indexed(row: Sequence[Any], score: float = 0.0) -> IndexedMessage:
-    return IndexedMessage(
-        session_id=row[1],
-        position=int(row[2]),
-        role=row[3],
-        content=row[4],
-        dated=row[5],
-        digest=row[6],
-        id=int(row[0]),
-        score=score,
-    )
-
-
 class RecallIndexTables(OffloadTables):
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
@@ -74,16 +62,7 @@ class RecallIndexTables(OffloadTables):
                     "INSERT INTO recall_messages (user_id, session_id, position, role, content,"
                     " dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT DO NOTHING RETURNING id",
-                    [
-                        user_id,
-                        row.session_id,
-                        row.position,
-                        row.role,
-                        row.content,
-                        row.dated,
-                        row.digest,
-                        now,
-                    ],
+                    [user_id, *attrs.astuple(row)[:6], now],  # session_id … digest
                 ).fetchall()
                 if inserted:
                     scope = scope_token("s", row.session_id)
@@ -100,13 +79,12 @@ class RecallIndexTables(OffloadTables):
 
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
-        with self._locked("read"):
-            row = self.db.execute(
-                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
-                " ORDER BY m.position DESC, m.id DESC LIMIT 1",
-                [session_id],
-            ).fetchone()
-        return indexed(row) if row else None
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            " ORDER BY m.position DESC, m.id DESC LIMIT 1",
+            [session_id],
+        )
+        return IndexedMessage(*rows[0]) if rows else None
 
     def search_index(
         self,
@@ -129,17 +107,13 @@ class RecallIndexTables(OffloadTables):
         else:
             scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
             owner = "(m.user_id = :user OR (m.session_id = :session AND m.user_id IS NULL))"
-        # Ranked on ids and scores alone, the texts read for the best only: sorting the
-        # joined rows carried every match's text through the sorter (most of the cost).
         sql = (
-            f"SELECT {COLUMNS}, best.score FROM (SELECT m.id AS id,"
-            " bm25(recall_fts, 1.0, 0.0) AS score"
+            f"SELECT {COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
             " FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid"
             f" WHERE recall_fts MATCH :match AND {owner}"
             " AND NOT (m.session_id = :session AND m.position >= :visible"
             " AND m.position NOT IN (SELECT value FROM json_each(:shown)))"
-            " ORDER BY score, m.id DESC LIMIT :limit) AS best"
-            " JOIN recall_messages AS m ON m.id = best.id ORDER BY best.score, m.id DESC"
+            " ORDER BY score, m.id DESC LIMIT :limit"
         )
         params = {
             "match": f"{scope} AND terms : ({query})",
@@ -149,9 +123,8 @@ class RecallIndexTables(OffloadTables):
             "shown": json.dumps(sorted(shown)),
             "limit": limit,
         }
-        with self._locked("search"):
-            rows = self.db.execute(sql, params).fetchall()
-        return [indexed(r[:-1], float(r[-1])) for r in rows]
+        rows = self._fetch(sql, params, what="search")
+        return [IndexedMessage(*r) for r in rows]
 
     # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
     # (new rows) rather than a whole session's entries of the (session, position) index.
@@ -160,7 +133,6 @@ class RecallIndexTables(OffloadTables):
     def recall_mark(self) -> tuple[int, str]:
         """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
         ((top, epoch),) = self._read_now(
-            "read",
             "SELECT (SELECT max(id) FROM recall_messages),"
             " (SELECT value FROM meta WHERE key = 'recall_epoch')",
             [],
@@ -177,58 +149,48 @@ class RecallIndexTables(OffloadTables):
         else:
             hint = self._BY_ID_ONLY if after else ""
             where, value = f"{hint}m.session_id = ?", session_id
-        with self._locked("read"):
-            rows = self.db.execute(
-                f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
-                f" WHERE m.id > ? AND {where} ORDER BY m.id",
-                [after, value],
-            ).fetchall()
-        return [(indexed(r[:-1]), bool(r[-1])) for r in rows]
+        rows = self._fetch(
+            f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
+            f" WHERE m.id > ? AND {where} ORDER BY m.id",
+            [after, value],
+        )
+        return [(IndexedMessage(*r[:-1]), bool(r[-1])) for r in rows]
 
     def unowned_since(self, session_id: str, after: int) -> bool:
         """Whether the session has a row indexed without a user with an id above ``after``."""
         hint = self._BY_ID_ONLY if after else ""
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
-                f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
-                [after, session_id],
-            ).fetchone()
-        return row is not None
+        rows = self._fetch(
+            "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
+            f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
+            [after, session_id],
+        )
+        return bool(rows)
 
     def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]:
         """The texts of these rows (those still there)."""
         if not ids:
             return {}
-        with self._locked("read"):
-            rows = self.db.execute(
-                f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
-                list(ids),
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
+            list(ids),
+        )
         return {int(r[0]): r[1] for r in rows}
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
         """The session's indexed messages at these positions (the newest row of each)."""
         if not positions:
             return []
-        with self._locked("read"):
-            wanted = sorted(set(positions))
-            rows = self.db.execute(
-                f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
-                f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
-                [session_id, *wanted],
-            ).fetchall()
-        return list({m.position: m for m in map(indexed, rows)}.values())
-
-    def offload(self, session_id: str, content: str, *, ttl_days: float) -> str:
-        """Keep ``content`` readable from ``session_id`` by its recall ref; returns the ref
-        (an excerpt clipped in a recall block points at its full text this way)."""
-        self.offload_all(session_id, [content], ttl_days=ttl_days)
-        return self.ref_for(session_id, content)
+        wanted = sorted(set(positions))
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
+            [session_id, *wanted],
+        )
+        return list({r[1]: IndexedMessage(*r) for r in rows}.values())
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:
-        """``offload`` of each of ``contents``, in one transaction (the excerpts a turn's
-        recall block clipped: one write, not one per excerpt)."""
+        """Keep each of ``contents`` readable from ``session_id`` by its recall ref (an excerpt
+        clipped in a recall block points at its full text this way), in one transaction."""
         if not contents:
             return
         with self._locked("write"), self.db.atomic():

@@ -209,7 +209,6 @@ FTS_ROWS_PER_MEMORY = 1024
 _CREATED_TABLE = re.compile(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)", re.IGNORECASE)
 
 
-def tables_created(migrations: tuple[tuple[str, str], ...]) -> frozenset[str]:
-    """Every table ``migrations`` create: a store whose migrations are recorded but one of
-    them is missing is refused at start-up instead of failing on every later call."""
-    return frozenset(name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))
+def tables_created(migrations: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """Every table ``migrations`` create, in the order they create them."""
+    return tuple(name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))

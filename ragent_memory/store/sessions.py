@@ -7,20 +7,23 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from ragent_memory.core.records import SessionState, Substitution
 from ragent_memory.store.audit import audit_record, insert_audit
 from ragent_memory.store.base import _json_text, iso
 from ragent_memory.store.hosts import HostTables
 from ragent_memory.store.offloads import OffloadTables
 
+# The columns of ``sessions``, ``updated_at`` aside, are named after ``SessionState``'s fields.
+_COLUMNS = tuple(field.name for field in attrs.fields(SessionState))
+
 
 class SessionTables(OffloadTables, HostTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
-        with self._locked("read"):
-            rows = self.db.execute(
-                "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?",
-                [session_id],
-            ).fetchall()
+        rows = self._fetch(
+            "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?", [session_id]
+        )
         return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
 
     def save_substitutions(
@@ -51,30 +54,16 @@ class SessionTables(OffloadTables, HostTables):
                 ],
             )
 
-    # ------------------------------------------------------------------ sessions
-
     def load_session(self, session_id: str) -> SessionState | None:
-        with self._locked("read"):
-            row = self.db.execute(
-                "SELECT user_id, generation, last_generation, summary, body, prefix_len, covered,"
-                " covered_digest, verbatim, preserved FROM sessions WHERE session_id = ?",
-                [session_id],
-            ).fetchone()
-        if row is None:
-            return None
-        return SessionState(
-            session_id=session_id,
-            user_id=row[0],
-            generation=row[1],
-            last_generation=row[2],
-            summary=row[3],
-            body=row[4],
-            prefix_len=row[5],
-            covered=row[6],
-            covered_digest=row[7],
-            verbatim=tuple(json.loads(row[8])),
-            preserved=tuple(json.loads(row[9])),
+        rows = self._fetch(
+            f"SELECT {', '.join(_COLUMNS)} FROM sessions WHERE session_id = ?", [session_id]
         )
+        if not rows:
+            return None
+        fields = dict(zip(_COLUMNS, rows[0], strict=True))
+        for name in ("verbatim", "preserved"):
+            fields[name] = tuple(json.loads(fields[name]))
+        return SessionState(**fields)
 
     def new_session(self, session_id: str) -> SessionState:
         """The state a session without a stored one starts from. A dropped id used again
@@ -89,7 +78,7 @@ class SessionTables(OffloadTables, HostTables):
             "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
             [session_id],
         ).fetchone()
-        return int(row[0]) if row is not None and row[0] is not None else 0
+        return int(row[0] or 0)  # MAX: one row, NULL when none applied
 
     def save_session(self, state: SessionState) -> None:
         """Write a session's whole summary state in one transaction."""
@@ -124,30 +113,15 @@ class SessionTables(OffloadTables, HostTables):
 
     def _write_session(self, state: SessionState) -> None:
         self._mark_written(state.session_id)
+        fields = attrs.asdict(state, recurse=False)
+        for name in ("verbatim", "preserved"):
+            fields[name] = json.dumps(list(fields[name]), ensure_ascii=False)
+        fields["updated_at"] = iso(self.clock())
         self.db.execute(
-            "INSERT INTO sessions (session_id, user_id, generation, last_generation, summary,"
-            " body, prefix_len, covered, covered_digest, verbatim, preserved, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET"
-            " user_id = excluded.user_id, generation = excluded.generation,"
-            " last_generation = excluded.last_generation, summary = excluded.summary,"
-            " body = excluded.body, prefix_len = excluded.prefix_len,"
-            " covered = excluded.covered, covered_digest = excluded.covered_digest,"
-            " verbatim = excluded.verbatim, preserved = excluded.preserved,"
-            " updated_at = excluded.updated_at",
-            [
-                state.session_id,
-                state.user_id,
-                state.generation,
-                state.last_generation,
-                state.summary,
-                state.body,
-                state.prefix_len,
-                state.covered,
-                state.covered_digest,
-                json.dumps(list(state.verbatim), ensure_ascii=False),
-                json.dumps(list(state.preserved), ensure_ascii=False),
-                iso(self.clock()),
-            ],
+            f"INSERT INTO sessions ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})"
+            " ON CONFLICT (session_id) DO UPDATE SET "
+            + ", ".join(f"{name} = excluded.{name}" for name in list(fields)[1:]),
+            list(fields.values()),
         )
 
     def drop_session(self, session_id: str) -> None:

@@ -31,16 +31,11 @@ BUSY_TIMEOUT_S = 30.0
 
 
 class _Database(sqlite_utils.Database):
-    """``atomic()`` opens its transaction with ``BEGIN IMMEDIATE``.
-
-    A deferred ``BEGIN`` that reads and then writes upgrades its lock mid-transaction; when
-    another process wrote meanwhile, SQLite fails that upgrade at once with ``database is
-    locked`` instead of waiting out the busy timeout. Taking the write lock up front makes a
-    second writer wait its turn.
-    """
+    """``atomic()`` opens its transaction with ``BEGIN IMMEDIATE``: a deferred ``BEGIN`` that
+    reads, then writes after another process wrote, fails at once with ``database is locked``
+    instead of waiting out the busy timeout; taking the write lock up front makes it wait."""
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
-        """``sql`` once per row (the mixins' batched writes)."""
         return self.conn.executemany(sql, rows)
 
     @contextmanager
@@ -155,7 +150,7 @@ class Store(IndexedTables, AuditTable):
                 f"cannot open store {self.path!r}: it is not writable ({err})"
             ) from err
 
-    def _read_now(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """On the reading connection (in WAL a reader waits for no writer): a turn's checks,
         on ``serve``'s event loop too, never wait for the store lock that the recall indexer's
         write transaction holds, and see every connection's commits, this store's included."""
@@ -165,8 +160,8 @@ class Store(IndexedTables, AuditTable):
                 try:
                     return reader.execute(sql, params).fetchall()
                 except sqlite3.Error as err:
-                    raise StoreError(f"store {what} failed: {err}") from err
-        return super()._read_now(what, sql, params)
+                    raise StoreError(f"store read failed: {err}") from err
+        return super()._read_now(sql, params)
 
     def file_bytes(self) -> int:
         """The size of the database on disk, its WAL included (0 for ``:memory:``)."""
@@ -189,12 +184,11 @@ class Store(IndexedTables, AuditTable):
             else:
                 # One page per step: run it to completion (execute() would step only once).
                 self.db.conn.executescript("PRAGMA incremental_vacuum;")
-            if self.path != ":memory:":
-                self._truncate_wal()
+            self._truncate_wal()
 
     def _truncate_wal(self) -> None:
-        """Copy the whole WAL into the file and truncate it; try again (bounded by the busy
-        timeout) while another connection's checkpoint or reader holds it."""
+        """Copy the whole WAL into the file and truncate it (a no-op without a WAL); try again
+        (bounded by the busy timeout) while another connection's checkpoint or reader holds it."""
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         while self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
             if time.monotonic() > deadline:
