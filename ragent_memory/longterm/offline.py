@@ -116,11 +116,7 @@ def read_fact(content: str) -> Reading | None:
         if match is not None:
             groups = match.groupdict()
             return Reading(
-                slot.key,
-                normalised(groups["x"]),
-                language,
-                groups["x"],
-                groups.get("thing") or "",
+                slot.key, normalised(groups["x"]), language, groups["x"], groups.get("thing") or ""
             )
     return None
 
@@ -178,11 +174,7 @@ PATTERNS: Final = (
     _en("employer", r"i (?:no longer|don't|do not) work (?:at|for) (?P<x>.+)", is_retraction=True),
     _en("occupation", r"i (?:no longer|don't|do not) work as (?P<x>.+)", is_retraction=True),
     _en("likes", r"i no longer (?:like|love|enjoy) (?P<x>.+)", is_retraction=True),
-    _en(
-        "allergic",
-        rf"{_I_AM} (?:no longer|not) allergic to (?P<x>.+)",
-        is_retraction=True,
-    ),
+    _en("allergic", rf"{_I_AM} (?:no longer|not) allergic to (?P<x>.+)", is_retraction=True),
     _zh("lives", r"我(?:已经)?不再住在(?P<x>.+)", is_retraction=True),
     _zh("employer", r"我(?:已经)?不再在(?P<x>.+?)(?:工作|上班)", is_retraction=True),
     _zh("likes", r"我(?:已经)?不再喜欢(?P<x>.+)", is_retraction=True),
@@ -402,8 +394,7 @@ def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> No
     reading = candidate.reading
     if candidate.is_retraction:
         target = _first(
-            live,
-            lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value),
+            live, lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value)
         )
         if target is not None:
             live.remove(target)

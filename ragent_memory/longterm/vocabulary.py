@@ -80,10 +80,7 @@ HEADERS: Final = MappingProxyType(
     }
 )
 EXCERPTS_LABEL: Final = MappingProxyType(
-    {
-        "en": "From summaries of the user's earlier sessions:",
-        "zh": "此前会话摘要摘录：",
-    }
+    {"en": "From summaries of the user's earlier sessions:", "zh": "此前会话摘要摘录："}
 )
 
 

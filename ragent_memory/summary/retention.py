@@ -109,12 +109,7 @@ def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -
 
 
 def restore(
-    body: str,
-    missing: Iterable[str],
-    sources: Sequence[str],
-    *,
-    language: str,
-    max_chars: int,
+    body: str, missing: Iterable[str], sources: Sequence[str], *, language: str, max_chars: int
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
     the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""

@@ -50,8 +50,7 @@ MAX_OTHERS_KEPT = 32
 
 
 def update_verbatim(
-    entries: Sequence[Mapping[str, Any]],
-    material: Sequence[tuple[int, Mapping[str, Any]]],
+    entries: Sequence[Mapping[str, Any]], material: Sequence[tuple[int, Mapping[str, Any]]]
 ) -> tuple[dict[str, Any], ...]:
     """Add the real user messages of ``material`` ((raw index, message) pairs) to the list.
 
