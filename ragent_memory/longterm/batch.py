@@ -1,9 +1,5 @@
 """One extraction batch (DESIGN §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
 a user learnt in the background from their pending messages, the result committed atomically.
-
-The room: ``vocabulary`` (operations, wording, the block's text, the extractor protocol),
-``operations`` (parsed from a reply, applied to facts), ``plan`` (fitting a batch under the
-cap), ``block`` (the injected text), ``model`` and ``offline`` (the two extractors).
 """
 
 from __future__ import annotations
@@ -167,25 +163,18 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
     return out
 
 
-def _count_failure(store: Backend, user_id: str, ids: Sequence[int]) -> int:
-    try:
-        return store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
-    except StoreError as err:
-        log.error("memory.fail_write_failed", user_id=user_id, error=repr(err))
-        return 0
-
-
 def _give_up(
     store: Backend, user_id: str, ids: Sequence[int], status: str, error: str
 ) -> ExtractionReport:
     """A batch that did not apply: its attempts counted (dropped after ``MAX_ATTEMPTS``),
     logged as ``memory.failed`` or ``memory.rejected``."""
-    dropped = _count_failure(store, user_id, ids)
-    fields = {"user_id": user_id, "messages": len(ids), "error": error, "dropped": dropped}
-    if status == "rejected":
-        log.warning("memory.rejected", **fields)
-    else:
-        log.warning("memory.failed", **fields)
+    try:
+        dropped = store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
+    except StoreError as err:
+        log.error("memory.fail_write_failed", user_id=user_id, error=repr(err))
+        dropped = 0
+    event = "memory.rejected" if status == "rejected" else "memory.failed"
+    log.warning(event, user_id=user_id, messages=len(ids), error=error, dropped=dropped)
     if dropped:
         log.error("memory.dropped", user_id=user_id, messages=dropped, attempts=MAX_ATTEMPTS)
     return ExtractionReport(status, len(ids), dropped=dropped, error=error)

@@ -1,13 +1,10 @@
 """The offline extractor: deterministic first-person patterns, no network (the embedded default).
 
-A user message is cut into sentences (questions are skipped) and clauses; a clause that starts,
-after a little filler ("btw,", "and", "actually"), with a first-person pattern — "my name is",
-"I live in", "I prefer", 我叫, 我住在, 我对…过敏 … — becomes a short third-person fact in the
-language it was said in. A single-valued slot (name, home, employer, occupation, a favourite)
-supersedes the stored fact of that slot; "I like X" and "I don't like X" supersede each other;
-"I no longer …" / 我不再… retracts. Consolidation is a deterministic merge: near-duplicates
-are folded into the longer one, then facts of one multi-valued slot are joined ("Likes tea,
-jazz") while the block is over its target. Same input, same output.
+A clause of a user message (questions skipped) that starts with a first-person pattern — "my
+name is", "I live in", 我住在 … — becomes a short third-person fact in its language. A
+single-valued slot (name, home, employer …) supersedes the stored fact of that slot; "I like X"
+and "I don't like X" supersede each other; "I no longer …" / 我不再… retracts. Same input,
+same output.
 """
 
 from __future__ import annotations
@@ -124,21 +121,20 @@ def read_fact(content: str) -> Reading | None:
 # ---------------------------------------------------------------------------- message patterns
 
 
+Check = Callable[[str], object]  # a truthy result accepts the value
+
+
 @attrs.frozen
 class Pattern:
     slot: str
     language: str
     regex: re.Pattern[str]
     is_retraction: bool = False
-    check: Callable[[str], object] | None = None  # a truthy result accepts the value
+    check: Check | None = None
 
 
 def _en(
-    slot: str,
-    regex: str,
-    *,
-    is_retraction: bool = False,
-    check: Callable[[str], object] | None = None,
+    slot: str, regex: str, *, is_retraction: bool = False, check: Check | None = None
 ) -> Pattern:
     return Pattern(slot, "en", re.compile(regex, re.IGNORECASE), is_retraction, check)
 
@@ -428,16 +424,10 @@ def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[
 # ---------------------------------------------------------------------------- consolidation
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"\w+", text.casefold())
-
-
 def _extends(longer: str, shorter: str) -> bool:
     """``longer`` says all ``shorter`` says and more, in the same words from the start."""
-    a, b = _words(longer), _words(shorter)
-    if a[: len(b)] == b:
-        return True
-    return normalised(longer).startswith(normalised(shorter))
+    a, b = re.findall(r"\w+", longer.casefold()), re.findall(r"\w+", shorter.casefold())
+    return a[: len(b)] == b or normalised(longer).startswith(normalised(shorter))
 
 
 # A fact's wording and the drafts it stands for; None once folded into another group.

@@ -5,7 +5,6 @@ chunks, falling back to the offline summarizer when every endpoint fails.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -36,12 +35,9 @@ class SummaryRequest:
     previous: str  # the previous generation's body ("" for the first)
     language: str
     max_chars: int  # room for the body (the verbatim block is added after)
-    # Identifiers an earlier attempt lost (the retention check's one retry names them).
-    lost: tuple[str, ...] = ()
-    # The most chars one pass may send the summarizer, every call of it together: its
-    # instructions, the previous (running) summary and the rendered transcript. The engine
-    # passes B (DESIGN §5: the summarizer input is bounded by the budget). None: no bound
-    # beyond DESIGN §1's clip.
+    lost: tuple[str, ...] = ()  # identifiers an earlier attempt lost (the retention retry)
+    # The most chars one pass may send, every call together: instructions, running summary
+    # and transcript; the engine passes B (DESIGN §5). None: only DESIGN §1's clip.
     input_chars: int | None = None
 
 
@@ -50,10 +46,8 @@ class SummaryOutcome:
     body: str
     model: str
     attempts: int
-    # Chars of rendered transcript the summarizer was sent (summed over the chunks of the
-    # pass that wrote ``body``; the instructions and the previous summary not counted). The
-    # audit reports it as ``material_chars``; None: the summarizer does not say, and the
-    # audit counts the raw material.
+    # Chars of rendered transcript sent by the pass that wrote ``body``, all chunks (the
+    # audit's ``material_chars``); None: not known, the audit counts the raw material.
     material_chars: int | None = None
 
 
@@ -66,10 +60,6 @@ class Summarizer(Protocol):
 
 
 MIN_CHUNK_CHARS = 2_000
-
-
-def _prompt_chars(messages: Sequence[Mapping[str, str]]) -> int:
-    return sum(len(m["content"]) for m in messages)
 
 
 class ModelSummarizer:
@@ -103,18 +93,18 @@ class ModelSummarizer:
             if nonce not in transcript.lower() and nonce not in previous.lower():
                 break
             nonce = new_nonce()
-        language, max_chars = request.language, request.max_chars
+        language = request.language
         messages = build_prompt(
-            transcript, previous, nonce=nonce, language=language, max_chars=max_chars
+            transcript, previous, nonce=nonce, language=language, max_chars=request.max_chars
         )
-        messages[-1]["content"] += lost_note(request.lost, nonce, request.language)
+        messages[-1]["content"] += lost_note(request.lost, nonce, language)
         return messages, nonce
 
     def chunks(self, request: SummaryRequest) -> list[str]:
         """The transcript chunks one pass sends, within ``request.input_chars`` in all."""
         language = request.language
         empty, _ = self._prompt("", "", request)
-        instructions = _prompt_chars(empty) - len(EMPTY[language])
+        instructions = sum(len(m["content"]) for m in empty) - len(EMPTY[language])
         previous = request.previous
         first = instructions + (
             len(neutralise_tags(previous)) if previous.strip() else len(EMPTY[language])
@@ -123,19 +113,22 @@ class ModelSummarizer:
         later = instructions + max(request.max_chars, len(EMPTY[language]))
         room = max(self.max_input_chars - max(first, later), MIN_CHUNK_CHARS)
         transcript = Transcript(request.material)
-        if request.input_chars is None:
+        input_chars = request.input_chars
+        if input_chars is None:
             return transcript.chunks(DEFAULT_CLIP, room)
+
+        def within(count: int) -> list[str]:
+            budget = input_chars - first - (count - 1) * later
+            return transcript.chunks(transcript.fit(max(budget, 0)), room)
+
         count = 1
         for _ in range(4):
-            budget = request.input_chars - first - (count - 1) * later
-            chunks = transcript.chunks(transcript.fit(max(budget, 0)), room)
+            chunks = within(count)
             if len(chunks) <= count:
                 return chunks
             count = len(chunks)
         # Still more chunks than budgeted: assume the most there can be (one per message).
-        count = len(request.material) + 1
-        budget = request.input_chars - first - (count - 1) * later
-        return transcript.chunks(transcript.fit(max(budget, 0)), room)
+        return within(len(request.material) + 1)
 
     def _call(
         self, transcript: str, previous: str, request: SummaryRequest
