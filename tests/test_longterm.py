@@ -22,7 +22,7 @@ from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.core.records import Draft, Fact, Plan
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ExtractionError
-from ragent_memory.longterm.block import fit_block
+from ragent_memory.longterm.batch import Rejected, plan_batch
 from ragent_memory.longterm.model import build_consolidation_prompt, build_extraction_prompt
 from ragent_memory.longterm.offline import (
     OfflineExtractor,
@@ -32,7 +32,6 @@ from ragent_memory.longterm.offline import (
     read_fact,
 )
 from ragent_memory.longterm.operations import parse_operations
-from ragent_memory.longterm.plan import Rejected, plan_batch
 from ragent_memory.longterm.vocabulary import (
     EXCERPTS_LABEL,
     HEADERS,
@@ -43,6 +42,7 @@ from ragent_memory.longterm.vocabulary import (
     Noop,
     Retract,
     Supersede,
+    fit_block,
 )
 from ragent_memory.store import Store
 from ragent_memory.text.terms import fts_query, search_terms

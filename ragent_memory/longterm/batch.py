@@ -1,32 +1,39 @@
 """One extraction batch (DESIGN §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
-a user learnt in the background from their pending messages, the result committed atomically.
+a user learnt in the background from their pending messages, fitted under the block's cap
+(``plan_batch``) and committed atomically.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.records import Draft, Plan
 from ragent_memory.core.records import Fact as Fact
-from ragent_memory.core.records import Plan
 from ragent_memory.errors import ExtractionError, LLMError, StoreError
 
 # Re-exported for engine.memory_engine and engine.compaction, which import them from here.
-from ragent_memory.longterm.block import EXCERPT_CANDIDATES as EXCERPT_CANDIDATES
-from ragent_memory.longterm.block import MIN_EXCERPT_ROOM as MIN_EXCERPT_ROOM
-from ragent_memory.longterm.block import fit_block as fit_block
-from ragent_memory.longterm.block import memory_message as memory_message
-from ragent_memory.longterm.block import summary_chunks as summary_chunks
 from ragent_memory.longterm.model import build_extractor as build_extractor
-from ragent_memory.longterm.plan import Rejected, plan_batch
+from ragent_memory.longterm.operations import apply_operations, merge_drafts
+from ragent_memory.longterm.vocabulary import EXCERPT_CANDIDATES as EXCERPT_CANDIDATES
 from ragent_memory.longterm.vocabulary import HEADERS as HEADERS
-from ragent_memory.longterm.vocabulary import Extraction, ExtractionRequest
+from ragent_memory.longterm.vocabulary import MIN_EXCERPT_ROOM as MIN_EXCERPT_ROOM
+from ragent_memory.longterm.vocabulary import (
+    Extraction,
+    ExtractionRequest,
+    Merge,
+    Operation,
+    block_chars,
+)
 from ragent_memory.longterm.vocabulary import Extractor as Extractor
+from ragent_memory.longterm.vocabulary import fit_block as fit_block
+from ragent_memory.longterm.vocabulary import memory_message as memory_message
+from ragent_memory.longterm.vocabulary import summary_chunks as summary_chunks
 from ragent_memory.longterm.vocabulary import utf8 as utf8
 from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS, Settings
 
@@ -38,6 +45,66 @@ log = get_logger(__name__)
 
 MAX_BATCH_MESSAGES: Final = 32  # pending user messages read by one extraction
 MAX_ATTEMPTS: Final = 3  # a batch failing this often is dropped
+
+
+@attrs.frozen
+class Rejected:
+    """The batch cannot fit the block even after consolidation and eviction."""
+
+    reason: str
+
+
+Consolidate = Callable[[Sequence[Draft]], Sequence[Merge]]
+
+
+def plan_batch(
+    facts: Sequence[Fact],
+    operations: Sequence[Operation],
+    *,
+    max_chars: int,
+    stop_chars: int,
+    language: str,
+    consolidate: Consolidate | None = None,
+) -> Plan | Rejected:
+    """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity).
+
+    Over ``max_chars``: one ``consolidate`` call (which aims at ``stop_chars``); still over:
+    evict the oldest drafts this batch did not touch while the block is over ``stop_chars``;
+    still over ``max_chars``: ``Rejected``.
+    """
+    drafts, retracted, added, superseded = apply_operations(facts, operations)
+    chars_before = chars = block_chars(drafts, language)
+    merged = 0
+    is_consolidated = False
+    if chars > max_chars and consolidate is not None:
+        drafts, merged = merge_drafts(drafts, consolidate(drafts))
+        chars = block_chars(drafts, language)
+        is_consolidated = True
+    chars_consolidated = chars
+    evicted: set[int] = set()
+    if chars > max_chars:
+        for victim in sorted((d for d in drafts if not d.is_touched), key=lambda d: d.order):
+            if chars <= stop_chars:
+                break
+            drafts.remove(victim)
+            evicted |= victim.sources
+            chars = block_chars(drafts, language)
+        if chars > max_chars:
+            return Rejected(
+                f"the facts this batch touches need {chars} chars, over the {max_chars} cap"
+            )
+    return Plan(
+        tuple(drafts),
+        retracted,
+        frozenset(evicted),
+        added,
+        superseded,
+        merged,
+        chars_before,
+        chars_consolidated,
+        chars,
+        is_consolidated,
+    )
 
 
 @attrs.frozen

@@ -42,7 +42,6 @@ class Slot:
     templates: dict[str, str]  # language → "Lives in {x}"
     is_single: bool = False
     opposite: str | None = None
-    joiners: dict[str, str] = attrs.field(factory=lambda: {"en": ", ", "zh": "、"})
 
     def render(self, language: str, value: str, thing: str = "") -> str:
         return self.templates[language].format(x=value, thing=thing)
@@ -84,6 +83,7 @@ def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
     return re.compile(f"^{regex}$", re.IGNORECASE if language == "en" else 0)
 
 
+_JOINERS: Final = MappingProxyType({"en": ", ", "zh": "、"})  # values of one slot joined
 _FACT_PATTERNS: Final = tuple(
     (slot, language, _fact_pattern(template, language))
     for slot in SLOTS.values()
@@ -454,7 +454,7 @@ def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) ->
     """Join the values of one multi-valued slot's facts into the first, within the item cap."""
     reading = readings[0][1]
     slot, language = SLOTS[reading.slot], reading.language
-    joiner = slot.joiners[language]
+    joiner = _JOINERS[language]
     values: list[str] = []
     folded: list[Draft] = []
     taken: list[int] = []
