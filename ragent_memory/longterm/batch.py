@@ -128,11 +128,8 @@ class ExtractionReport:
 def run_extraction(
     store: Backend, extractor: Extractor, user_id: str, *, settings: Settings
 ) -> ExtractionReport:
-    """Learn from one batch of the user's pending messages and commit the result atomically.
-
-    A failed or rejected batch stays pending (its attempts counted) for a later turn, and is
-    dropped, logged, after ``MAX_ATTEMPTS``.
-    """
+    """Learn from one batch of the user's pending messages and commit the result atomically;
+    a failed or rejected batch stays pending, and is dropped after ``MAX_ATTEMPTS``."""
     started = time.perf_counter()
     batch = _fitting(store.pending_messages(user_id, limit=MAX_BATCH_MESSAGES), settings)
     if not batch:

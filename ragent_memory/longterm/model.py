@@ -135,12 +135,8 @@ def build_consolidation_prompt(
 
 
 class ModelExtractor:
-    """Operations from an OpenAI-compatible model, the offline extractor as last resort.
-
-    When every endpoint fails without one well-formed reply, the offline extractor answers
-    (if ``offline`` is given). When the model did answer but never with valid operations, the
-    batch fails: an unparseable reply is the model's answer, not an outage.
-    """
+    """Operations from an OpenAI-compatible model; the offline extractor answers when every
+    endpoint fails, but not after a malformed reply (the model's answer, not an outage)."""
 
     def __init__(
         self, client: LLMClient, *, model: str, max_tokens: int, offline: Extractor | None

@@ -105,14 +105,10 @@ def _operation(item: Any, where: str, facts: Sequence[Fact], known: set[str]) ->
 
 
 def parse_operations(text: str, facts: Sequence[Fact], *, nonce: str | None = None) -> Parsed:
-    """Operations from a model reply, strictly. ``id`` is the fact's number in the prompt
-    (1-based, in ``facts`` order) and comes back as the stored fact's id.
+    """Operations from a model reply, strictly (``id``: the fact's 1-based prompt number).
 
-    Anything but ``{"operations": [...]}`` (or a bare list) of well-formed items raises
-    ``ExtractionError``, and the batch fails. An item is rejected alone, logged, when it is
-    over 500 chars, holds no word (a copied placeholder such as "..."), or is a ``SUPERSEDE``
-    or ``RETRACT`` of a number not shown. An ``ADD`` (or ``SUPERSEDE``) whose wording equals
-    an active fact's is a ``NOOP``.
+    A malformed reply raises ``ExtractionError``; an item over 500 chars, with no word, or
+    about a number not shown is rejected alone, logged; a known wording is a ``NOOP``.
     """
     known = {normalised(f.content) for f in facts}
     items = _items(text, nonce, "operations")
@@ -181,11 +177,8 @@ def apply_operations(
 
 
 def merge_drafts(drafts: Sequence[Draft], merges: Sequence[Merge]) -> tuple[list[Draft], int]:
-    """The drafts with ``merges`` applied, oldest first, and how many drafts were folded.
-
-    A merge naming an unknown or already merged draft, or with an empty or over-long content,
-    is skipped: consolidation may shrink the block, never lose a fact.
-    """
+    """The drafts with ``merges`` applied, oldest first, and how many were folded; a merge
+    of unknown drafts or with bad content is skipped: consolidation never loses a fact."""
     by_key = {d.key: d for d in drafts}
     next_key = min([0, *by_key]) - 1
     merged = 0

@@ -1,9 +1,6 @@
-"""Preserved tool outputs (DESIGN §6, Eino's PreserveSkills).
-
-Results of the tools named in ``preserved_tools`` (skills, playbooks the agent loaded) are
-instructions, not findings: they are never summarized. The latest result of each is carried
-verbatim as session state from one generation to the next (like the user's own words) and shown
-after the summary, within ``preserved_max_chars`` (head + tail clipped with a marker when longer).
+"""Preserved tool outputs (DESIGN §6, Eino's PreserveSkills): results of ``preserved_tools``
+are instructions, never summarized; the latest of each is carried verbatim as session state and
+shown after the summary, within ``preserved_max_chars``.
 """
 
 from __future__ import annotations

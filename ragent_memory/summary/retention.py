@@ -1,10 +1,5 @@
-"""The retention check (DESIGN §6): validation proves a summary's form, this checks its content.
-
-After a summary is accepted, the identifiers of the material and of the previous summary
-(``identifiers.py``) that it lost are listed; a summary that only repeats the previous one while
-the new material holds identifiers is rejected; whatever is still lost is appended under the
-findings section as the shortest source sentence holding it (extractive, newest first, within
-the summary target).
+"""The retention check (DESIGN §6): validation proves a summary's form, this checks its content
+— the identifiers it lost, a repeat of the previous summary, and the restoring of what is lost.
 """
 
 from __future__ import annotations

@@ -63,12 +63,8 @@ MIN_CHUNK_CHARS = 2_000
 
 
 class ModelSummarizer:
-    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort.
-
-    The transcript is clipped (``Transcript.fit``) so that one pass — every chunk's instructions,
-    running summary and transcript — stays within ``request.input_chars``; each call stays
-    within ``max_input_chars``. ``SummaryOutcome.material_chars`` is the transcript sent.
-    """
+    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort:
+    one pass stays within ``request.input_chars``, each call within ``max_input_chars``."""
 
     def __init__(
         self,

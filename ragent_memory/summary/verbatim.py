@@ -52,11 +52,8 @@ MAX_OTHERS_KEPT = 32
 def update_verbatim(
     entries: Sequence[Mapping[str, Any]], material: Sequence[tuple[int, Mapping[str, Any]]]
 ) -> tuple[dict[str, Any], ...]:
-    """Add the real user messages of ``material`` ((raw index, message) pairs) to the list.
-
-    The first user message of the session and every message stating a constraint are pinned.
-    The state stays bounded: the newest pinned and unpinned entries are kept.
-    """
+    """Add the user messages of ``material`` ((raw index, message) pairs) to the list: the
+    first and those stating a constraint pinned, the newest of each kind kept (bounded)."""
     out = [dict(e) for e in entries]
     seen = {e["i"] for e in out}
     is_first = not out
@@ -85,11 +82,8 @@ def _quote(text: str) -> str:
 
 
 def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, language: str) -> str:
-    """The quoted user messages within ``budget`` chars, shown in conversation order.
-
-    Priority: the session's first message (the original task), then the other pinned ones
-    newest first (when they overflow, the newest win), then the newest others.
-    """
+    """The quoted user messages within ``budget`` chars, in conversation order: the first
+    message, then the other pinned ones newest first, then the newest others."""
     if not entries:
         return ""
     label = VERBATIM_LABEL[language]
@@ -161,11 +155,8 @@ def _unquote_requests(body: str, language: str) -> str:
 
 
 def compose_summary(body: str, verbatim_block: str, language: str) -> str:
-    """Insert the verbatim block at the end of the ``## User requests`` section.
-
-    The user's words are guaranteed by the engine, not the model: quote lines the model wrote
-    in that section (a forged request copied from a tool result, say) lose their ``>``.
-    """
+    """Insert the verbatim block at the end of ``## User requests``; quote lines the model
+    wrote there (a request forged by a tool result, say) lose their ``>``."""
     body = _unquote_requests(body, language)
     if not verbatim_block:
         return body
