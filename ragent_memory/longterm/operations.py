@@ -146,13 +146,9 @@ def apply_operations(
     keys = itertools.count(1)
     added = superseded = 0
 
-    def fresh(content: str, replaces: frozenset[int]) -> Draft:
+    def add(content: str, replaces: frozenset[int]) -> None:
         number = next(keys)
-        return Draft(-number, content, _NEW + number, True, replaces)
-
-    def is_known(content: str) -> bool:
-        key = normalised(content)
-        return any(normalised(d.content) == key for d in drafts.values())
+        drafts[-number] = Draft(-number, content, _NEW + number, True, replaces)
 
     for operation in operations:
         if isinstance(operation, Retract):
@@ -164,14 +160,13 @@ def apply_operations(
             if normalised(old.content) == normalised(operation.content):
                 continue
             del drafts[operation.id]
-            draft = fresh(operation.content, old.sources)
-            drafts[draft.key] = draft
+            add(operation.content, old.sources)
             superseded += 1
         elif isinstance(operation, Add | Supersede):  # a Supersede of a fact already gone adds
-            if is_known(operation.content):
+            key = normalised(operation.content)
+            if any(normalised(d.content) == key for d in drafts.values()):
                 continue
-            draft = fresh(operation.content, frozenset())
-            drafts[draft.key] = draft
+            add(operation.content, frozenset())
             added += 1
     return list(drafts.values()), frozenset(retracted), added, superseded
 

@@ -5,6 +5,7 @@ fenced previous summary and transcript, and the retry's note naming what was los
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from types import MappingProxyType
 
 from ragent_memory.summary.fence import neutralise
@@ -108,12 +109,7 @@ def lost_note(lost: Sequence[str], nonce: str, language: str) -> str:
     """The retry's line naming what the previous answer lost, newest first, bounded."""
     if not lost:
         return ""
-    lines: list[str] = []
-    size = 0
-    for identifier in lost:
-        line = f"- {neutralise(identifier, nonce)}"
-        if size + len(line) + 1 > MAX_LOST_NOTE_CHARS:
-            break
-        lines.append(line)
-        size += len(line) + 1
-    return LOST_NOTE[language] + "\n".join(lines)
+    lines = [f"- {neutralise(identifier, nonce)}" for identifier in lost]
+    sizes = accumulate(len(line) + 1 for line in lines)
+    kept = [line for line, size in zip(lines, sizes, strict=True) if size <= MAX_LOST_NOTE_CHARS]
+    return LOST_NOTE[language] + "\n".join(kept)
