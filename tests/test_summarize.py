@@ -13,7 +13,6 @@ from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
     Transcript,
     clip_middle,
-    render_transcript,
 )
 from ragent_memory.summary.validate import validate_summary
 from ragent_memory.summary.verbatim import (
@@ -54,7 +53,7 @@ def test_render_transcript() -> None:
     assert (
         '[user] find it\n[assistant → tool] search_knowledge {"q":"x"}\n'
         "[tool result · search_knowledge] found\n[assistant] here"
-    ) == render_transcript(material)
+    ) == Transcript(material).render()
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from ragent_memory.longterm.operations import Parsed, parse_merges, parse_operat
 from ragent_memory.longterm.vocabulary import Extraction, ExtractionRequest, Extractor, Merge
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS, LLMSettings, Settings
 from ragent_memory.summary.fence import neutralise, new_nonce
-from ragent_memory.summary.transcript import render_transcript
+from ragent_memory.summary.transcript import Transcript
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import Completion, LLMClient
@@ -115,7 +115,7 @@ def build_extraction_prompt(
     """The chat messages asking a model for operations: known facts and new user messages,
     both fenced with ``nonce`` and neutralised as in DESIGN §6."""
     system = _EXTRACT[language].format(nonce=nonce, max_chars=MEMORY_ITEM_MAX_CHARS)
-    transcript = render_transcript([{"role": "user", "content": m} for m in messages])
+    transcript = Transcript([{"role": "user", "content": m} for m in messages]).render()
     user = (
         f"{_facts_fence([f.content for f in facts], nonce, language)}\n\n"
         f'<transcript nonce="{nonce}">\n{neutralise(transcript, nonce)}\n'

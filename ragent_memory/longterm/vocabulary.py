@@ -13,6 +13,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
+from ragent_memory.core.chars import clip
 from ragent_memory.core.records import Draft, Fact
 from ragent_memory.summary.verbatim import VERBATIM_LABEL
 
@@ -134,8 +135,7 @@ def summary_chunks(summary: str) -> list[str]:
         text = clean(re.sub(r"^(?:[-*+]\s+|>\s?)+", "", text))
         if not text or text.casefold() in skip:
             continue
-        if len(text) > EXCERPT_MAX_CHARS:
-            text = text[: EXCERPT_MAX_CHARS - 1] + "…"
+        text = clip(text, EXCERPT_MAX_CHARS)
         if text not in chunks:
             chunks.append(text)
     return chunks

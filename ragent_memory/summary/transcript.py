@@ -205,8 +205,3 @@ class Transcript:
                 ]
             out.append(copy)
         return tuple(out)
-
-
-def render_transcript(material: Sequence[Mapping[str, Any]], clip: Clip = DEFAULT_CLIP) -> str:
-    """The material as a plain transcript (``Transcript.render``)."""
-    return Transcript(material).render(clip)
