@@ -152,12 +152,9 @@ def _statements(role: str, text: str, when: str) -> list[str]:
     return out
 
 
-def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
-    out: list[str] = []
-    for item in [*new, *old]:
-        if item and item not in out:
-            out.append(item)
-    return out[:limit]
+def _merge(new: Sequence[str], old: Sequence[str] = (), limit: int | None = None) -> list[str]:
+    """``new`` then ``old``, each item once, empty ones left out, at most ``limit``."""
+    return list(dict.fromkeys(filter(None, [*new, *old])))[:limit]
 
 
 def _said(text: str, found: dict[str, list[str]]) -> None:
@@ -249,14 +246,9 @@ def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
 def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     """Newer and older findings, each most salient first, taken in turn: when the section is
     cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
-    a = sorted(_merge(fresh, (), len(fresh)), key=salience, reverse=True)
-    b = sorted(_merge(earlier, (), len(earlier)), key=salience, reverse=True)
-    out: list[str] = []
-    for pair in zip_longest(a, b):
-        for item in pair:
-            if item is not None and item not in out:
-                out.append(item)
-    return out
+    a = sorted(_merge(fresh), key=salience, reverse=True)
+    b = sorted(_merge(earlier), key=salience, reverse=True)
+    return _merge([item for pair in zip_longest(a, b) for item in pair if item])
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:
