@@ -22,8 +22,8 @@ from ragent_memory.engine.compaction import Plan, plan
 from ragent_memory.engine.memory_engine import MemoryEngine, leading_system_count
 from ragent_memory.settings import MIN_CONTEXT_WINDOW_CHARS
 from ragent_memory.summary.offline import OfflineSummarizer
+from ragent_memory.summary.prompt import section_count
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
-from ragent_memory.summary.validate import section_count
 
 CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
 

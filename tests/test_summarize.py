@@ -8,13 +8,12 @@ import pytest
 
 from ragent_memory import SummaryError
 from ragent_memory.summary.fence import NEUTRALISED, neutralise
-from ragent_memory.summary.prompt import build_prompt
+from ragent_memory.summary.prompt import build_prompt, validate_summary
 from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
     Transcript,
     clip_middle,
 )
-from ragent_memory.summary.validate import validate_summary
 from ragent_memory.summary.verbatim import (
     compose_summary,
     render_verbatim,

@@ -12,10 +12,9 @@ from itertools import zip_longest
 from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
-from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.transcript import UNCLIPPED, Transcript
-from ragent_memory.summary.validate import validate_summary
 
 NAME = "offline-extractive"
 

@@ -13,9 +13,8 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.errors import LLMError
 from ragent_memory.summary.fence import neutralise, neutralise_tags, new_nonce
-from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note
+from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note, validate_summary
 from ragent_memory.summary.transcript import DEFAULT_CLIP, Transcript
-from ragent_memory.summary.validate import validate_summary
 
 # Re-exported for engine.compaction, which imports them from here.
 from ragent_memory.summary.verbatim import compose_summary as compose_summary

@@ -13,9 +13,8 @@ from typing import Any
 from ragent_memory.core.chars import text_of
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.fence import INVISIBLE
-from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
 from ragent_memory.summary.transcript import clip_middle
-from ragent_memory.summary.validate import validate_summary
 
 VERBATIM_LABEL = MappingProxyType({"en": "In the user's own words:", "zh": "用户原话："})
 _CONSTRAINT_EN = re.compile(
