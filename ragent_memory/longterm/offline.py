@@ -284,16 +284,12 @@ _PRONOUNS = (
 )
 
 
-def _is_question(sentence: str) -> bool:
-    return sentence.rstrip().endswith(("?", "？", "吗", "吗。", "呢"))
-
-
 def clauses(text: str) -> list[str]:
     """The clauses of ``text`` that may state a fact, filler taken off, in order."""
     out: list[str] = []
     for sentence in _SENTENCE_SPLIT.split(text):
         sentence = sentence.strip()
-        if not sentence or _is_question(sentence):
+        if not sentence or sentence.endswith(("?", "？", "吗", "吗。", "呢")):  # a question
             continue
         for index, part in enumerate(_CLAUSE_SPLIT.split(sentence)):
             part = _FILLER.sub("", part.strip())
