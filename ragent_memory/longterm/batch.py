@@ -54,9 +54,6 @@ class Rejected:
     reason: str
 
 
-Consolidate = Callable[[Sequence[Draft]], Sequence[Merge]]
-
-
 def plan_batch(
     facts: Sequence[Fact],
     operations: Sequence[Operation],
@@ -64,7 +61,7 @@ def plan_batch(
     max_chars: int,
     stop_chars: int,
     language: str,
-    consolidate: Consolidate | None = None,
+    consolidate: Callable[[Sequence[Draft]], Sequence[Merge]] | None = None,
 ) -> Plan | Rejected:
     """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity).
 

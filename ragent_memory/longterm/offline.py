@@ -118,9 +118,6 @@ def read_fact(content: str) -> Reading | None:
     return None
 
 
-# ---------------------------------------------------------------------------- message patterns
-
-
 Check = Callable[[str], object]  # a truthy result accepts the value
 
 
@@ -353,9 +350,6 @@ def candidates(text: str) -> list[Candidate]:
     return found
 
 
-# ---------------------------------------------------------------------------- extraction
-
-
 @attrs.define
 class _Entry:
     id: int | None  # the stored fact, None for one added by this batch
@@ -415,9 +409,6 @@ def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[
         if e.id is None or e.is_changed
     ]
     return (*[Retract(i) for i in retracted], *changes)
-
-
-# ---------------------------------------------------------------------------- consolidation
 
 
 def _extends(longer: str, shorter: str) -> bool:

@@ -39,9 +39,7 @@ _QUANTITY = re.compile(
 
 def states_constraint(text: str) -> bool:
     """Does a user message state a constraint (negation, limit, deadline, quantity, hold)?"""
-    return bool(
-        _CONSTRAINT_EN.search(text) or _CONSTRAINT_ZH.search(text) or _QUANTITY.search(text)
-    )
+    return any(p.search(text) for p in (_CONSTRAINT_EN, _CONSTRAINT_ZH, _QUANTITY))
 
 
 MAX_PINNED_KEPT = 64
