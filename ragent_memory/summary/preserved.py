@@ -23,8 +23,6 @@ def update_preserved(
 ) -> tuple[dict[str, Any], ...]:
     """The carried results with those of ``material`` ((raw index, message) pairs) folded in:
     one entry per preserved tool, its latest result, most recently loaded last."""
-    if not tools:
-        return tuple(dict(e) for e in entries)
     names: dict[str, str] = {}  # tool_call_id -> tool name
     latest = {e["tool"]: dict(e) for e in entries}
     for index, message in material:

@@ -91,18 +91,13 @@ def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, langua
     chosen: dict[int, str] = {}
     for entry in [*first, *reversed(pinned), *reversed(others)]:
         quoted = _quote(entry["text"])
+        room = remaining - 40
+        if len(quoted) + 1 > remaining and (remaining >= 120 or not chosen) and room >= 40:
+            head = room * 2 // 3
+            quoted = _quote(clip_middle(entry["text"], over=room, head=head, tail=room - head))
         if len(quoted) + 1 <= remaining:
             chosen[entry["i"]] = quoted
             remaining -= len(quoted) + 1
-        elif remaining >= 120 or not chosen:
-            room = remaining - 40
-            if room < 40:
-                continue
-            head = room * 2 // 3
-            clipped = _quote(clip_middle(entry["text"], over=room, head=head, tail=room - head))
-            if len(clipped) + 1 <= remaining:
-                chosen[entry["i"]] = clipped
-                remaining -= len(clipped) + 1
     if not chosen:
         return ""
     return label + "\n" + "\n".join(chosen[i] for i in sorted(chosen))
