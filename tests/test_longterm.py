@@ -27,7 +27,6 @@ from ragent_memory.longterm.model import build_consolidation_prompt, build_extra
 from ragent_memory.longterm.offline import (
     OfflineExtractor,
     candidates,
-    consolidate_drafts,
     extract_operations,
     read_fact,
 )
@@ -194,7 +193,7 @@ def test_new_slots_read_back_and_join_only_their_own() -> None:
     said = ["I have a dog.", "I've got two cats.", "I've been learning Spanish."]
     contents = [c.content for m in said for c in candidates(m)]
     drafts = [Draft(n, c, n) for n, c in enumerate(contents, start=1)]
-    merges = consolidate_drafts(drafts, target_chars=0, language="en")
+    merges = OfflineExtractor().consolidate(drafts, target_chars=0, language="en")
     assert [Merge("Has a dog, two cats", (1, 2))] == merges
     reading = read_fact("Has been learning Spanish")
     assert reading is not None and "doing" == reading.slot
@@ -270,7 +269,7 @@ def test_offline_consolidation_folds_duplicates_and_joins_a_slot() -> None:
         Draft(5, "喜欢喝茶", 5),
         Draft(6, "喜欢爬山", 6),
     ]
-    merges = consolidate_drafts(drafts, target_chars=0, language="en")
+    merges = OfflineExtractor().consolidate(drafts, target_chars=0, language="en")
     assert [
         Merge("Likes tea and biscuits, jazz", (1, 4, 3)),
         Merge("喜欢喝茶、爬山", (5, 6)),

@@ -461,31 +461,6 @@ def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) ->
         groups[index] = None
 
 
-def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
-    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
-    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
-    block is over the target."""
-    groups = _fold_duplicates(drafts)
-    buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
-    for index, group in enumerate(groups):
-        reading = read_fact(group[0]) if group is not None else None
-        if reading is not None and not SLOTS[reading.slot].is_single:
-            key = (reading.slot, reading.thing, reading.language)
-            buckets.setdefault(key, []).append((index, reading))
-    for readings in buckets.values():
-        if (
-            block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
-            <= target_chars
-        ):
-            break
-        _join_slot(groups, readings)
-    return [
-        Merge(content, tuple(d.key for d in members))
-        for content, members in (g for g in groups if g is not None)
-        if len(members) > 1 or members[0].content != content
-    ]
-
-
 class OfflineExtractor:
     """The embedded default extractor."""
 
@@ -497,7 +472,26 @@ class OfflineExtractor:
     def consolidate(
         self, drafts: Sequence[Draft], *, target_chars: int, language: str
     ) -> list[Merge]:
-        return consolidate_drafts(drafts, target_chars=target_chars, language=language)
+        """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
+        longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
+        block is over the target."""
+        groups = _fold_duplicates(drafts)
+        buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
+        for index, group in enumerate(groups):
+            reading = read_fact(group[0]) if group is not None else None
+            if reading is not None and not SLOTS[reading.slot].is_single:
+                key = (reading.slot, reading.thing, reading.language)
+                buckets.setdefault(key, []).append((index, reading))
+        for readings in buckets.values():
+            kept = [Draft(0, g[0], 0) for g in groups if g is not None]
+            if block_chars(kept, language) <= target_chars:
+                break
+            _join_slot(groups, readings)
+        return [
+            Merge(content, tuple(d.key for d in members))
+            for content, members in (g for g in groups if g is not None)
+            if len(members) > 1 or members[0].content != content
+        ]
 
     def close(self) -> None:
         return None
