@@ -27,7 +27,6 @@ from ragent_memory.longterm.model import build_consolidation_prompt, build_extra
 from ragent_memory.longterm.offline import (
     OfflineExtractor,
     candidates,
-    extract_operations,
     read_fact,
 )
 from ragent_memory.longterm.operations import parse_operations
@@ -243,15 +242,14 @@ def test_offline_supersedes_and_retracts() -> None:
         Fact(3, "Works at Siemens"),
         Fact(4, "Is allergic to peanuts"),
     ]
-    operations = extract_operations(
-        facts,
-        [
-            "I moved to Paris last month.",
-            "I don't like jazz anymore. I'm allergic to peanuts.",
-            "I no longer work at Siemens.",
-            "I live in Lyon now.",
-        ],
+    messages = (
+        "I moved to Paris last month.",
+        "I don't like jazz anymore. I'm allergic to peanuts.",
+        "I no longer work at Siemens.",
+        "I live in Lyon now.",
     )
+    request = ExtractionRequest(tuple(facts), messages, "en")
+    operations = OfflineExtractor().extract(request).operations
     assert (
         Retract(3),
         Supersede(1, "Lives in Lyon"),

@@ -16,13 +16,12 @@ from typing import Final
 
 import attrs
 
-from ragent_memory.core.records import Draft, Fact
+from ragent_memory.core.records import Draft
 from ragent_memory.longterm.vocabulary import (
     Add,
     Extraction,
     ExtractionRequest,
     Merge,
-    Operation,
     Retract,
     Supersede,
     block_chars,
@@ -396,21 +395,6 @@ def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> No
         target.content, target.reading, target.is_changed = candidate.content, reading, True
 
 
-def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[Operation, ...]:
-    """The operations the patterns in ``messages`` imply for ``facts`` (DESIGN §9)."""
-    live = [_Entry(f.id, f.content, read_fact(f.content)) for f in facts]
-    retracted: list[int] = []
-    for message in messages:
-        for candidate in candidates(message):
-            _apply(live, retracted, candidate)
-    changes = [
-        Add(e.content) if e.id is None else Supersede(e.id, e.content)
-        for e in live
-        if e.id is None or e.is_changed
-    ]
-    return (*[Retract(i) for i in retracted], *changes)
-
-
 def _extends(longer: str, shorter: str) -> bool:
     """``longer`` says all ``shorter`` says and more, in the same words from the start."""
     a, b = re.findall(r"\w+", longer.casefold()), re.findall(r"\w+", shorter.casefold())
@@ -467,7 +451,18 @@ class OfflineExtractor:
     name = NAME
 
     def extract(self, request: ExtractionRequest) -> Extraction:
-        return Extraction(extract_operations(request.facts, request.messages), 0, NAME, 0)
+        """The operations the patterns in the messages imply for the facts (DESIGN §9)."""
+        live = [_Entry(f.id, f.content, read_fact(f.content)) for f in request.facts]
+        retracted: list[int] = []
+        for message in request.messages:
+            for candidate in candidates(message):
+                _apply(live, retracted, candidate)
+        changes = [
+            Add(e.content) if e.id is None else Supersede(e.id, e.content)
+            for e in live
+            if e.id is None or e.is_changed
+        ]
+        return Extraction((*[Retract(i) for i in retracted], *changes), 0, NAME, 0)
 
     def consolidate(
         self, drafts: Sequence[Draft], *, target_chars: int, language: str
