@@ -1,6 +1,5 @@
-"""Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply
-(``parse_operations``, ``parse_merges``) and applied to the active facts as drafts
-(``apply_operations``, ``merge_drafts``).
+"""Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply and
+applied to the active facts as drafts.
 """
 
 from __future__ import annotations

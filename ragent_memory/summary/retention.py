@@ -24,9 +24,8 @@ def material_texts(material: Sequence[Message]) -> list[str]:
     """The text of each material message, tool-call arguments included, oldest first."""
     texts: list[str] = []
     for message in material:
-        parts = [text_of(message)]
-        for call in message.get("tool_calls") or ():
-            parts.append((call.get("function") or {}).get("arguments") or "")
+        calls = message.get("tool_calls") or ()
+        parts = [text_of(message), *((c.get("function") or {}).get("arguments") for c in calls)]
         texts.append("\n".join(p for p in parts if p))
     return texts
 

@@ -1,6 +1,5 @@
 """The summarizer contract (DESIGN §6; Ragent ``AgentConversationSummarizer``) and the model
-summarizer: an OpenAI-compatible model through ``llm.LLMClient``, folding long material in
-chunks, falling back to the offline summarizer when every endpoint fails.
+summarizer, folding long material in chunks through ``llm.LLMClient``.
 """
 
 from __future__ import annotations
