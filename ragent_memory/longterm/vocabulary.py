@@ -112,9 +112,8 @@ def fit_block(
         kept.pop(0)
     chosen: list[str] = []
     for excerpt in excerpts:
-        if excerpt in chosen:
-            continue
-        if len(render_block(kept, [*chosen, excerpt], language=language)) <= max_chars:
+        is_new = excerpt not in chosen
+        if is_new and len(render_block(kept, [*chosen, excerpt], language=language)) <= max_chars:
             chosen.append(excerpt)
     return render_block(kept, chosen, language=language)
 
@@ -135,10 +134,8 @@ def summary_chunks(summary: str) -> list[str]:
         text = clean(re.sub(r"^(?:[-*+]\s+|>\s?)+", "", text))
         if not text or text.casefold() in skip:
             continue
-        text = clip(text, EXCERPT_MAX_CHARS)
-        if text not in chunks:
-            chunks.append(text)
-    return chunks
+        chunks.append(clip(text, EXCERPT_MAX_CHARS))
+    return list(dict.fromkeys(chunks))
 
 
 @attrs.frozen
