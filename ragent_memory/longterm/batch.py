@@ -227,8 +227,7 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
 def _give_up(
     store: Backend, user_id: str, ids: Sequence[int], status: str, error: str
 ) -> ExtractionReport:
-    """A batch that did not apply: its attempts counted (dropped after ``MAX_ATTEMPTS``),
-    logged as ``memory.failed`` or ``memory.rejected``."""
+    """A batch that did not apply: its attempts counted, dropped after ``MAX_ATTEMPTS``."""
     try:
         dropped = store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
     except StoreError as err:

@@ -107,8 +107,7 @@ def is_small_talk(sentence: str) -> bool:
 
 def salience(item: str) -> float:
     """How much an item is worth keeping: numbers, dates, names and first-person facts score,
-    greetings and small talk weigh nothing. Deterministic, computed from the text alone (so
-    items carried over from an earlier generation are ranked the same way)."""
+    small talk nothing; from the text alone, so carried-over items rank the same way."""
     item = _META.sub("", item, count=1)
     if is_small_talk(item):
         return 0.0
@@ -225,9 +224,8 @@ _USAGE = re.compile(r"^(\S+) ×(\d+), latest: (.*)$", re.DOTALL)
 
 
 def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
-    """Tool usage lines first (counts added up across generations, most recently used first),
-    then the other findings, most salient first, so shrinking sheds the least salient finding
-    and the record of which tools were used goes last."""
+    """Tool usage lines first (counts added up, most recently used first), then the other
+    findings, so shrinking sheds the least salient finding and the tool record last."""
     usage: dict[str, tuple[int, str]] = {}
     # Newer first: its "latest" wins.
     for match in filter(None, map(_USAGE.match, [*fresh, *earlier])):
@@ -279,9 +277,8 @@ def summarize_offline(
 
 
 def _shrink(items: list[list[str]], held: Sequence[int], language: str, max_chars: int) -> str:
-    """Cut the body to ``max_chars``: Done and Dead ends go first, then the space is shared by
-    what the material holds: the section using the most chars per item it was given yields
-    its last item (a chat with many findings and few to-dos keeps findings)."""
+    """Cut the body to ``max_chars``: Done and Dead ends first, then the section using the most
+    chars per item it was given yields its last item (space follows the material)."""
 
     def is_over() -> bool:
         return len(render(items, language)) > max_chars
@@ -308,9 +305,8 @@ class OfflineSummarizer:
     name = NAME
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        """Reads the material whole, or — when its transcript and the previous summary would
-        exceed ``request.input_chars`` — clipped like the model path's (``Transcript.fit``);
-        ``material_chars`` is the transcript of what it read."""
+        """Reads the material whole, or clipped like the model path's to fit
+        ``request.input_chars``; ``material_chars`` is the transcript of what it read."""
         transcript = Transcript(request.material)
         clip = UNCLIPPED
         if request.input_chars is not None:

@@ -112,8 +112,7 @@ _HIDE_INVISIBLE = str.maketrans("", "", INVISIBLE)
 
 
 def _is_title(line: str, title: str) -> bool:
-    """``line`` is ``title`` give or take case, spacing, invisible characters and a trailing
-    colon."""
+    """``line`` is ``title`` give or take case, spacing, invisible characters and a colon."""
     line = line.translate(_HIDE_INVISIBLE)
     return " ".join(line.rstrip(" \t:：").split()).casefold() == title.casefold()
 
@@ -166,9 +165,8 @@ def compose_summary(body: str, verbatim_block: str, language: str) -> str:
 
 
 def fit_summary(body: str, verbatim_block: str, language: str, max_chars: int) -> tuple[str, str]:
-    """The body (clipped at a section boundary if need be) and the composed summary, which
-    fits ``max_chars`` — a model that left out ``## User requests`` gets it added, and that
-    must not push the summary over the clamp."""
+    """The body (clipped at a section boundary if need be) and the composed summary within
+    ``max_chars``, even when a ``## User requests`` the model left out is added."""
     summary = compose_summary(body, verbatim_block, language)
     overflow = len(summary) - max_chars
     if overflow > 0:
