@@ -12,7 +12,7 @@ from ragent_memory.summary.prompt import build_prompt, validate_summary
 from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
     Transcript,
-    clip_middle,
+    clip_text,
 )
 from ragent_memory.summary.verbatim import (
     compose_summary,
@@ -24,11 +24,11 @@ from ragent_memory.summary.verbatim import (
 SEVEN = "\n".join(f"## S{i}\nnone" for i in range(7))
 
 
-def test_clip_middle_keeps_head_800_and_tail_400() -> None:
+def test_default_clip_keeps_head_800_and_tail_400() -> None:
     """Inputs over 1,200 chars become head 800 + marker + tail 400."""
     text = "h" * 800 + "m" * 1000 + "t" * 400
-    assert "h" * 800 + "…(1000 chars omitted)…" + "t" * 400 == clip_middle(text)
-    assert "x" * 1200 == clip_middle("x" * 1200)
+    assert "h" * 800 + "…(1000 chars omitted)…" + "t" * 400 == clip_text(text, DEFAULT_CLIP.user)
+    assert "x" * 1200 == clip_text("x" * 1200, DEFAULT_CLIP.user)
 
 
 def test_render_transcript() -> None:

@@ -10,21 +10,11 @@ from typing import Any
 import attrs
 
 from ragent_memory.core.chars import Message, text_of
-from ragent_memory.settings import (
-    TRANSCRIPT_CLIP_HEAD_CHARS,
-    TRANSCRIPT_CLIP_OVER_CHARS,
-    TRANSCRIPT_CLIP_TAIL_CHARS,
-)
+from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS
 from ragent_memory.summary.fence import neutralise_tags
 
 
-def clip_middle(
-    text: str,
-    *,
-    over: int = TRANSCRIPT_CLIP_OVER_CHARS,
-    head: int = TRANSCRIPT_CLIP_HEAD_CHARS,
-    tail: int = TRANSCRIPT_CLIP_TAIL_CHARS,
-) -> str:
+def clip_middle(text: str, *, over: int, head: int, tail: int) -> str:
     """Head + ``…(N chars omitted)…`` + tail for text longer than ``over``."""
     if len(text) <= over:
         return text
