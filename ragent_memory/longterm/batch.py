@@ -63,12 +63,9 @@ def plan_batch(
     language: str,
     consolidate: Callable[[Sequence[Draft]], Sequence[Merge]] | None = None,
 ) -> Plan | Rejected:
-    """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity).
-
-    Over ``max_chars``: one ``consolidate`` call (which aims at ``stop_chars``); still over:
-    evict the oldest drafts this batch did not touch while the block is over ``stop_chars``;
-    still over ``max_chars``: ``Rejected``.
-    """
+    """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity): over
+    ``max_chars``, one ``consolidate`` (aiming at ``stop_chars``), then the oldest untouched
+    drafts evicted down to ``stop_chars``; still over: ``Rejected``."""
     drafts, retracted, added, superseded = apply_operations(facts, operations)
     chars_before = chars = block_chars(drafts, language)
     merged = 0
