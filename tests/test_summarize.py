@@ -31,7 +31,7 @@ def test_default_clip_keeps_head_800_and_tail_400() -> None:
     assert "x" * 1200 == clip_text("x" * 1200, DEFAULT_CLIP.user)
 
 
-def test_render_transcript() -> None:
+def test_transcript_render() -> None:
     """Messages render as role-tagged lines, tool calls and results named."""
     material = [
         {"role": "user", "content": "find it"},
