@@ -22,17 +22,14 @@ from ragent_memory import InvalidMessagesError, Settings
 from ragent_memory.core.records import Draft, Fact, Plan
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ExtractionError
-from ragent_memory.longterm.block import fit_block
+from ragent_memory.longterm.batch import Rejected, plan_batch
 from ragent_memory.longterm.model import build_consolidation_prompt, build_extraction_prompt
 from ragent_memory.longterm.offline import (
     OfflineExtractor,
     candidates,
-    consolidate_drafts,
-    extract_operations,
     read_fact,
 )
 from ragent_memory.longterm.operations import parse_operations
-from ragent_memory.longterm.plan import Rejected, plan_batch
 from ragent_memory.longterm.vocabulary import (
     EXCERPTS_LABEL,
     HEADERS,
@@ -43,6 +40,7 @@ from ragent_memory.longterm.vocabulary import (
     Noop,
     Retract,
     Supersede,
+    fit_block,
 )
 from ragent_memory.store import Store
 from ragent_memory.text.terms import fts_query, search_terms
@@ -194,7 +192,7 @@ def test_new_slots_read_back_and_join_only_their_own() -> None:
     said = ["I have a dog.", "I've got two cats.", "I've been learning Spanish."]
     contents = [c.content for m in said for c in candidates(m)]
     drafts = [Draft(n, c, n) for n, c in enumerate(contents, start=1)]
-    merges = consolidate_drafts(drafts, target_chars=0, language="en")
+    merges = OfflineExtractor().consolidate(drafts, target_chars=0, language="en")
     assert [Merge("Has a dog, two cats", (1, 2))] == merges
     reading = read_fact("Has been learning Spanish")
     assert reading is not None and "doing" == reading.slot
@@ -244,15 +242,14 @@ def test_offline_supersedes_and_retracts() -> None:
         Fact(3, "Works at Siemens"),
         Fact(4, "Is allergic to peanuts"),
     ]
-    operations = extract_operations(
-        facts,
-        [
-            "I moved to Paris last month.",
-            "I don't like jazz anymore. I'm allergic to peanuts.",
-            "I no longer work at Siemens.",
-            "I live in Lyon now.",
-        ],
+    messages = (
+        "I moved to Paris last month.",
+        "I don't like jazz anymore. I'm allergic to peanuts.",
+        "I no longer work at Siemens.",
+        "I live in Lyon now.",
     )
+    request = ExtractionRequest(tuple(facts), messages, "en")
+    operations = OfflineExtractor().extract(request).operations
     assert (
         Retract(3),
         Supersede(1, "Lives in Lyon"),
@@ -270,7 +267,7 @@ def test_offline_consolidation_folds_duplicates_and_joins_a_slot() -> None:
         Draft(5, "喜欢喝茶", 5),
         Draft(6, "喜欢爬山", 6),
     ]
-    merges = consolidate_drafts(drafts, target_chars=0, language="en")
+    merges = OfflineExtractor().consolidate(drafts, target_chars=0, language="en")
     assert [
         Merge("Likes tea and biscuits, jazz", (1, 4, 3)),
         Merge("喜欢喝茶、爬山", (5, 6)),

@@ -8,14 +8,12 @@ import pytest
 
 from ragent_memory import SummaryError
 from ragent_memory.summary.fence import NEUTRALISED, neutralise
-from ragent_memory.summary.prompt import build_prompt
+from ragent_memory.summary.prompt import build_prompt, validate_summary
 from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
     Transcript,
-    clip_middle,
-    render_transcript,
+    clip_text,
 )
-from ragent_memory.summary.validate import validate_summary
 from ragent_memory.summary.verbatim import (
     compose_summary,
     render_verbatim,
@@ -26,14 +24,14 @@ from ragent_memory.summary.verbatim import (
 SEVEN = "\n".join(f"## S{i}\nnone" for i in range(7))
 
 
-def test_clip_middle_keeps_head_800_and_tail_400() -> None:
+def test_default_clip_keeps_head_800_and_tail_400() -> None:
     """Inputs over 1,200 chars become head 800 + marker + tail 400."""
     text = "h" * 800 + "m" * 1000 + "t" * 400
-    assert "h" * 800 + "…(1000 chars omitted)…" + "t" * 400 == clip_middle(text)
-    assert "x" * 1200 == clip_middle("x" * 1200)
+    assert "h" * 800 + "…(1000 chars omitted)…" + "t" * 400 == clip_text(text, DEFAULT_CLIP.user)
+    assert "x" * 1200 == clip_text("x" * 1200, DEFAULT_CLIP.user)
 
 
-def test_render_transcript() -> None:
+def test_transcript_render() -> None:
     """Messages render as role-tagged lines, tool calls and results named."""
     material = [
         {"role": "user", "content": "find it"},
@@ -54,7 +52,7 @@ def test_render_transcript() -> None:
     assert (
         '[user] find it\n[assistant → tool] search_knowledge {"q":"x"}\n'
         "[tool result · search_knowledge] found\n[assistant] here"
-    ) == render_transcript(material)
+    ) == Transcript(material).render()
 
 
 @pytest.mark.parametrize(

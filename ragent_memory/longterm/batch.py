@@ -1,36 +1,39 @@
 """One extraction batch (DESIGN §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
-a user learnt in the background from their pending messages, the result committed atomically.
-
-The room: ``vocabulary`` (operations, wording, the block's text, the extractor protocol),
-``operations`` (parsed from a reply, applied to facts), ``plan`` (fitting a batch under the
-cap), ``block`` (the injected text), ``model`` and ``offline`` (the two extractors).
+a user learnt in the background from their pending messages, fitted under the block's cap
+(``plan_batch``) and committed atomically.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.records import Draft, Plan
 from ragent_memory.core.records import Fact as Fact
-from ragent_memory.core.records import Plan
 from ragent_memory.errors import ExtractionError, LLMError, StoreError
 
 # Re-exported for engine.memory_engine and engine.compaction, which import them from here.
-from ragent_memory.longterm.block import EXCERPT_CANDIDATES as EXCERPT_CANDIDATES
-from ragent_memory.longterm.block import MIN_EXCERPT_ROOM as MIN_EXCERPT_ROOM
-from ragent_memory.longterm.block import fit_block as fit_block
-from ragent_memory.longterm.block import memory_message as memory_message
-from ragent_memory.longterm.block import summary_chunks as summary_chunks
 from ragent_memory.longterm.model import build_extractor as build_extractor
-from ragent_memory.longterm.plan import Rejected, plan_batch
+from ragent_memory.longterm.operations import apply_operations, merge_drafts
+from ragent_memory.longterm.vocabulary import EXCERPT_CANDIDATES as EXCERPT_CANDIDATES
 from ragent_memory.longterm.vocabulary import HEADERS as HEADERS
-from ragent_memory.longterm.vocabulary import Extraction, ExtractionRequest
+from ragent_memory.longterm.vocabulary import MIN_EXCERPT_ROOM as MIN_EXCERPT_ROOM
+from ragent_memory.longterm.vocabulary import (
+    Extraction,
+    ExtractionRequest,
+    Merge,
+    Operation,
+    block_chars,
+)
 from ragent_memory.longterm.vocabulary import Extractor as Extractor
+from ragent_memory.longterm.vocabulary import fit_block as fit_block
+from ragent_memory.longterm.vocabulary import memory_message as memory_message
+from ragent_memory.longterm.vocabulary import summary_chunks as summary_chunks
 from ragent_memory.longterm.vocabulary import utf8 as utf8
 from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS, Settings
 
@@ -42,6 +45,60 @@ log = get_logger(__name__)
 
 MAX_BATCH_MESSAGES: Final = 32  # pending user messages read by one extraction
 MAX_ATTEMPTS: Final = 3  # a batch failing this often is dropped
+
+
+@attrs.frozen
+class Rejected:
+    """The batch cannot fit the block even after consolidation and eviction."""
+
+    reason: str
+
+
+def plan_batch(
+    facts: Sequence[Fact],
+    operations: Sequence[Operation],
+    *,
+    max_chars: int,
+    stop_chars: int,
+    language: str,
+    consolidate: Callable[[Sequence[Draft]], Sequence[Merge]] | None = None,
+) -> Plan | Rejected:
+    """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity): over
+    ``max_chars``, one ``consolidate`` (aiming at ``stop_chars``), then the oldest untouched
+    drafts evicted down to ``stop_chars``; still over: ``Rejected``."""
+    drafts, retracted, added, superseded = apply_operations(facts, operations)
+    chars_before = chars = block_chars(drafts, language)
+    merged = 0
+    is_consolidated = False
+    if chars > max_chars and consolidate is not None:
+        drafts, merged = merge_drafts(drafts, consolidate(drafts))
+        chars = block_chars(drafts, language)
+        is_consolidated = True
+    chars_consolidated = chars
+    evicted: set[int] = set()
+    if chars > max_chars:
+        for victim in sorted((d for d in drafts if not d.is_touched), key=lambda d: d.order):
+            if chars <= stop_chars:
+                break
+            drafts.remove(victim)
+            evicted |= victim.sources
+            chars = block_chars(drafts, language)
+        if chars > max_chars:
+            return Rejected(
+                f"the facts this batch touches need {chars} chars, over the {max_chars} cap"
+            )
+    return Plan(
+        tuple(drafts),
+        retracted,
+        frozenset(evicted),
+        added,
+        superseded,
+        merged,
+        chars_before,
+        chars_consolidated,
+        chars,
+        is_consolidated,
+    )
 
 
 @attrs.frozen
@@ -65,11 +122,8 @@ class ExtractionReport:
 def run_extraction(
     store: Backend, extractor: Extractor, user_id: str, *, settings: Settings
 ) -> ExtractionReport:
-    """Learn from one batch of the user's pending messages and commit the result atomically.
-
-    A failed or rejected batch stays pending (its attempts counted) for a later turn, and is
-    dropped, logged, after ``MAX_ATTEMPTS``.
-    """
+    """Learn from one batch of the user's pending messages and commit the result atomically;
+    a failed or rejected batch stays pending, and is dropped after ``MAX_ATTEMPTS``."""
     started = time.perf_counter()
     batch = _fitting(store.pending_messages(user_id, limit=MAX_BATCH_MESSAGES), settings)
     if not batch:
@@ -167,25 +221,17 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
     return out
 
 
-def _count_failure(store: Backend, user_id: str, ids: Sequence[int]) -> int:
-    try:
-        return store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
-    except StoreError as err:
-        log.error("memory.fail_write_failed", user_id=user_id, error=repr(err))
-        return 0
-
-
 def _give_up(
     store: Backend, user_id: str, ids: Sequence[int], status: str, error: str
 ) -> ExtractionReport:
-    """A batch that did not apply: its attempts counted (dropped after ``MAX_ATTEMPTS``),
-    logged as ``memory.failed`` or ``memory.rejected``."""
-    dropped = _count_failure(store, user_id, ids)
-    fields = {"user_id": user_id, "messages": len(ids), "error": error, "dropped": dropped}
-    if status == "rejected":
-        log.warning("memory.rejected", **fields)
-    else:
-        log.warning("memory.failed", **fields)
+    """A batch that did not apply: its attempts counted, dropped after ``MAX_ATTEMPTS``."""
+    try:
+        dropped = store.fail_pending(user_id, ids, max_attempts=MAX_ATTEMPTS)
+    except StoreError as err:
+        log.error("memory.fail_write_failed", user_id=user_id, error=repr(err))
+        dropped = 0
+    event = "memory.rejected" if status == "rejected" else "memory.failed"
+    log.warning(event, user_id=user_id, messages=len(ids), error=error, dropped=dropped)
     if dropped:
         log.error("memory.dropped", user_id=user_id, messages=dropped, attempts=MAX_ATTEMPTS)
     return ExtractionReport(status, len(ids), dropped=dropped, error=error)

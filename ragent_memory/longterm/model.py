@@ -1,6 +1,5 @@
-"""The model extractor (DESIGN §9): a nonce-fenced prompt through ``llm.LLMClient``, as in
-DESIGN §6, asking for operations on the facts, or for merges when the block is too large; the
-offline extractor answers when every endpoint fails.
+"""The model extractor (DESIGN §9): a nonce-fenced prompt (DESIGN §6) through ``llm.LLMClient``
+asking for operations on the facts, or for merges when the block is too large.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from ragent_memory.longterm.operations import Parsed, parse_merges, parse_operat
 from ragent_memory.longterm.vocabulary import Extraction, ExtractionRequest, Extractor, Merge
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS, LLMSettings, Settings
 from ragent_memory.summary.fence import neutralise, new_nonce
-from ragent_memory.summary.transcript import render_transcript
+from ragent_memory.summary.transcript import Transcript
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import Completion, LLMClient
@@ -115,7 +114,7 @@ def build_extraction_prompt(
     """The chat messages asking a model for operations: known facts and new user messages,
     both fenced with ``nonce`` and neutralised as in DESIGN §6."""
     system = _EXTRACT[language].format(nonce=nonce, max_chars=MEMORY_ITEM_MAX_CHARS)
-    transcript = render_transcript([{"role": "user", "content": m} for m in messages])
+    transcript = Transcript([{"role": "user", "content": m} for m in messages]).render()
     user = (
         f"{_facts_fence([f.content for f in facts], nonce, language)}\n\n"
         f'<transcript nonce="{nonce}">\n{neutralise(transcript, nonce)}\n'
@@ -135,12 +134,8 @@ def build_consolidation_prompt(
 
 
 class ModelExtractor:
-    """Operations from an OpenAI-compatible model, the offline extractor as last resort.
-
-    When every endpoint fails without one well-formed reply, the offline extractor answers
-    (if ``offline`` is given). When the model did answer but never with valid operations, the
-    batch fails: an unparseable reply is the model's answer, not an outage.
-    """
+    """Operations from an OpenAI-compatible model; the offline extractor answers when every
+    endpoint fails, but not after a malformed reply (the model's answer, not an outage)."""
 
     def __init__(
         self, client: LLMClient, *, model: str, max_tokens: int, offline: Extractor | None

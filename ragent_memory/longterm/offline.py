@@ -1,13 +1,10 @@
 """The offline extractor: deterministic first-person patterns, no network (the embedded default).
 
-A user message is cut into sentences (questions are skipped) and clauses; a clause that starts,
-after a little filler ("btw,", "and", "actually"), with a first-person pattern — "my name is",
-"I live in", "I prefer", 我叫, 我住在, 我对…过敏 … — becomes a short third-person fact in the
-language it was said in. A single-valued slot (name, home, employer, occupation, a favourite)
-supersedes the stored fact of that slot; "I like X" and "I don't like X" supersede each other;
-"I no longer …" / 我不再… retracts. Consolidation is a deterministic merge: near-duplicates
-are folded into the longer one, then facts of one multi-valued slot are joined ("Likes tea,
-jazz") while the block is over its target. Same input, same output.
+A clause of a user message (questions skipped) that starts with a first-person pattern — "my
+name is", "I live in", 我住在 … — becomes a short third-person fact in its language. A
+single-valued slot (name, home, employer …) supersedes the stored fact of that slot; "I like X"
+and "I don't like X" supersede each other; "I no longer …" / 我不再… retracts. Same input,
+same output.
 """
 
 from __future__ import annotations
@@ -19,13 +16,12 @@ from typing import Final
 
 import attrs
 
-from ragent_memory.core.records import Draft, Fact
+from ragent_memory.core.records import Draft
 from ragent_memory.longterm.vocabulary import (
     Add,
     Extraction,
     ExtractionRequest,
     Merge,
-    Operation,
     Retract,
     Supersede,
     block_chars,
@@ -45,7 +41,6 @@ class Slot:
     templates: dict[str, str]  # language → "Lives in {x}"
     is_single: bool = False
     opposite: str | None = None
-    joiners: dict[str, str] = attrs.field(factory=lambda: {"en": ", ", "zh": "、"})
 
     def render(self, language: str, value: str, thing: str = "") -> str:
         return self.templates[language].format(x=value, thing=thing)
@@ -87,6 +82,7 @@ def _fact_pattern(template: str, language: str) -> re.Pattern[str]:
     return re.compile(f"^{regex}$", re.IGNORECASE if language == "en" else 0)
 
 
+_JOINERS: Final = MappingProxyType({"en": ", ", "zh": "、"})  # values of one slot joined
 _FACT_PATTERNS: Final = tuple(
     (slot, language, _fact_pattern(template, language))
     for slot in SLOTS.values()
@@ -116,16 +112,12 @@ def read_fact(content: str) -> Reading | None:
         if match is not None:
             groups = match.groupdict()
             return Reading(
-                slot.key,
-                normalised(groups["x"]),
-                language,
-                groups["x"],
-                groups.get("thing") or "",
+                slot.key, normalised(groups["x"]), language, groups["x"], groups.get("thing") or ""
             )
     return None
 
 
-# ---------------------------------------------------------------------------- message patterns
+Check = Callable[[str], object]  # a truthy result accepts the value
 
 
 @attrs.frozen
@@ -134,15 +126,11 @@ class Pattern:
     language: str
     regex: re.Pattern[str]
     is_retraction: bool = False
-    check: Callable[[str], object] | None = None  # a truthy result accepts the value
+    check: Check | None = None
 
 
 def _en(
-    slot: str,
-    regex: str,
-    *,
-    is_retraction: bool = False,
-    check: Callable[[str], object] | None = None,
+    slot: str, regex: str, *, is_retraction: bool = False, check: Check | None = None
 ) -> Pattern:
     return Pattern(slot, "en", re.compile(regex, re.IGNORECASE), is_retraction, check)
 
@@ -178,11 +166,7 @@ PATTERNS: Final = (
     _en("employer", r"i (?:no longer|don't|do not) work (?:at|for) (?P<x>.+)", is_retraction=True),
     _en("occupation", r"i (?:no longer|don't|do not) work as (?P<x>.+)", is_retraction=True),
     _en("likes", r"i no longer (?:like|love|enjoy) (?P<x>.+)", is_retraction=True),
-    _en(
-        "allergic",
-        rf"{_I_AM} (?:no longer|not) allergic to (?P<x>.+)",
-        is_retraction=True,
-    ),
+    _en("allergic", rf"{_I_AM} (?:no longer|not) allergic to (?P<x>.+)", is_retraction=True),
     _zh("lives", r"我(?:已经)?不再住在(?P<x>.+)", is_retraction=True),
     _zh("employer", r"我(?:已经)?不再在(?P<x>.+?)(?:工作|上班)", is_retraction=True),
     _zh("likes", r"我(?:已经)?不再喜欢(?P<x>.+)", is_retraction=True),
@@ -296,16 +280,12 @@ _PRONOUNS = (
 )
 
 
-def _is_question(sentence: str) -> bool:
-    return sentence.rstrip().endswith(("?", "？", "吗", "吗。", "呢"))
-
-
 def clauses(text: str) -> list[str]:
     """The clauses of ``text`` that may state a fact, filler taken off, in order."""
     out: list[str] = []
     for sentence in _SENTENCE_SPLIT.split(text):
         sentence = sentence.strip()
-        if not sentence or _is_question(sentence):
+        if not sentence or sentence.endswith(("?", "？", "吗", "吗。", "呢")):  # a question
             continue
         for index, part in enumerate(_CLAUSE_SPLIT.split(sentence)):
             part = _FILLER.sub("", part.strip())
@@ -369,9 +349,6 @@ def candidates(text: str) -> list[Candidate]:
     return found
 
 
-# ---------------------------------------------------------------------------- extraction
-
-
 @attrs.define
 class _Entry:
     id: int | None  # the stored fact, None for one added by this batch
@@ -402,8 +379,7 @@ def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> No
     reading = candidate.reading
     if candidate.is_retraction:
         target = _first(
-            live,
-            lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value),
+            live, lambda r: r.slot_key == reading.slot_key and _same_value(r.value, reading.value)
         )
         if target is not None:
             live.remove(target)
@@ -419,34 +395,10 @@ def _apply(live: list[_Entry], retracted: list[int], candidate: Candidate) -> No
         target.content, target.reading, target.is_changed = candidate.content, reading, True
 
 
-def extract_operations(facts: Sequence[Fact], messages: Sequence[str]) -> tuple[Operation, ...]:
-    """The operations the patterns in ``messages`` imply for ``facts`` (DESIGN §9)."""
-    live = [_Entry(f.id, f.content, read_fact(f.content)) for f in facts]
-    retracted: list[int] = []
-    for message in messages:
-        for candidate in candidates(message):
-            _apply(live, retracted, candidate)
-    changes = [
-        Add(e.content) if e.id is None else Supersede(e.id, e.content)
-        for e in live
-        if e.id is None or e.is_changed
-    ]
-    return (*[Retract(i) for i in retracted], *changes)
-
-
-# ---------------------------------------------------------------------------- consolidation
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"\w+", text.casefold())
-
-
 def _extends(longer: str, shorter: str) -> bool:
     """``longer`` says all ``shorter`` says and more, in the same words from the start."""
-    a, b = _words(longer), _words(shorter)
-    if a[: len(b)] == b:
-        return True
-    return normalised(longer).startswith(normalised(shorter))
+    a, b = re.findall(r"\w+", longer.casefold()), re.findall(r"\w+", shorter.casefold())
+    return a[: len(b)] == b or normalised(longer).startswith(normalised(shorter))
 
 
 # A fact's wording and the drafts it stands for; None once folded into another group.
@@ -473,7 +425,7 @@ def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) ->
     """Join the values of one multi-valued slot's facts into the first, within the item cap."""
     reading = readings[0][1]
     slot, language = SLOTS[reading.slot], reading.language
-    joiner = slot.joiners[language]
+    joiner = _JOINERS[language]
     values: list[str] = []
     folded: list[Draft] = []
     taken: list[int] = []
@@ -493,43 +445,48 @@ def _join_slot(groups: list[_Group], readings: Sequence[tuple[int, Reading]]) ->
         groups[index] = None
 
 
-def consolidate_drafts(drafts: Sequence[Draft], *, target_chars: int, language: str) -> list[Merge]:
-    """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
-    longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
-    block is over the target."""
-    groups = _fold_duplicates(drafts)
-    buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
-    for index, group in enumerate(groups):
-        reading = read_fact(group[0]) if group is not None else None
-        if reading is not None and not SLOTS[reading.slot].is_single:
-            key = (reading.slot, reading.thing, reading.language)
-            buckets.setdefault(key, []).append((index, reading))
-    for readings in buckets.values():
-        if (
-            block_chars([Draft(0, g[0], 0) for g in groups if g is not None], language)
-            <= target_chars
-        ):
-            break
-        _join_slot(groups, readings)
-    return [
-        Merge(content, tuple(d.key for d in members))
-        for content, members in (g for g in groups if g is not None)
-        if len(members) > 1 or members[0].content != content
-    ]
-
-
 class OfflineExtractor:
     """The embedded default extractor."""
 
     name = NAME
 
     def extract(self, request: ExtractionRequest) -> Extraction:
-        return Extraction(extract_operations(request.facts, request.messages), 0, NAME, 0)
+        """The operations the patterns in the messages imply for the facts (DESIGN §9)."""
+        live = [_Entry(f.id, f.content, read_fact(f.content)) for f in request.facts]
+        retracted: list[int] = []
+        for message in request.messages:
+            for candidate in candidates(message):
+                _apply(live, retracted, candidate)
+        changes = [
+            Add(e.content) if e.id is None else Supersede(e.id, e.content)
+            for e in live
+            if e.id is None or e.is_changed
+        ]
+        return Extraction((*[Retract(i) for i in retracted], *changes), 0, NAME, 0)
 
     def consolidate(
         self, drafts: Sequence[Draft], *, target_chars: int, language: str
     ) -> list[Merge]:
-        return consolidate_drafts(drafts, target_chars=target_chars, language=language)
+        """Deterministic merges toward ``target_chars``: near-duplicates always fold into the
+        longer wording; then facts of one multi-valued slot are joined, slot by slot, while the
+        block is over the target."""
+        groups = _fold_duplicates(drafts)
+        buckets: dict[tuple[str, str, str], list[tuple[int, Reading]]] = {}
+        for index, group in enumerate(groups):
+            reading = read_fact(group[0]) if group is not None else None
+            if reading is not None and not SLOTS[reading.slot].is_single:
+                key = (reading.slot, reading.thing, reading.language)
+                buckets.setdefault(key, []).append((index, reading))
+        for readings in buckets.values():
+            kept = [Draft(0, g[0], 0) for g in groups if g is not None]
+            if block_chars(kept, language) <= target_chars:
+                break
+            _join_slot(groups, readings)
+        return [
+            Merge(content, tuple(d.key for d in members))
+            for content, members in (g for g in groups if g is not None)
+            if len(members) > 1 or members[0].content != content
+        ]
 
     def close(self) -> None:
         return None

@@ -1,6 +1,5 @@
-"""Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply
-(``parse_operations``, ``parse_merges``) and applied to the active facts as drafts
-(``apply_operations``, ``merge_drafts``).
+"""Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply and
+applied to the active facts as drafts.
 """
 
 from __future__ import annotations
@@ -105,14 +104,10 @@ def _operation(item: Any, where: str, facts: Sequence[Fact], known: set[str]) ->
 
 
 def parse_operations(text: str, facts: Sequence[Fact], *, nonce: str | None = None) -> Parsed:
-    """Operations from a model reply, strictly. ``id`` is the fact's number in the prompt
-    (1-based, in ``facts`` order) and comes back as the stored fact's id.
+    """Operations from a model reply, strictly (``id``: the fact's 1-based prompt number).
 
-    Anything but ``{"operations": [...]}`` (or a bare list) of well-formed items raises
-    ``ExtractionError``, and the batch fails. An item is rejected alone, logged, when it is
-    over 500 chars, holds no word (a copied placeholder such as "..."), or is a ``SUPERSEDE``
-    or ``RETRACT`` of a number not shown. An ``ADD`` (or ``SUPERSEDE``) whose wording equals
-    an active fact's is a ``NOOP``.
+    A malformed reply raises ``ExtractionError``; an item over 500 chars, with no word, or
+    about a number not shown is rejected alone, logged; a known wording is a ``NOOP``.
     """
     known = {normalised(f.content) for f in facts}
     items = _items(text, nonce, "operations")
@@ -150,13 +145,9 @@ def apply_operations(
     keys = itertools.count(1)
     added = superseded = 0
 
-    def fresh(content: str, replaces: frozenset[int]) -> Draft:
+    def add(content: str, replaces: frozenset[int]) -> None:
         number = next(keys)
-        return Draft(-number, content, _NEW + number, True, replaces)
-
-    def is_known(content: str) -> bool:
-        key = normalised(content)
-        return any(normalised(d.content) == key for d in drafts.values())
+        drafts[-number] = Draft(-number, content, _NEW + number, True, replaces)
 
     for operation in operations:
         if isinstance(operation, Retract):
@@ -168,24 +159,20 @@ def apply_operations(
             if normalised(old.content) == normalised(operation.content):
                 continue
             del drafts[operation.id]
-            draft = fresh(operation.content, old.sources)
-            drafts[draft.key] = draft
+            add(operation.content, old.sources)
             superseded += 1
         elif isinstance(operation, Add | Supersede):  # a Supersede of a fact already gone adds
-            if is_known(operation.content):
+            key = normalised(operation.content)
+            if any(normalised(d.content) == key for d in drafts.values()):
                 continue
-            draft = fresh(operation.content, frozenset())
-            drafts[draft.key] = draft
+            add(operation.content, frozenset())
             added += 1
     return list(drafts.values()), frozenset(retracted), added, superseded
 
 
 def merge_drafts(drafts: Sequence[Draft], merges: Sequence[Merge]) -> tuple[list[Draft], int]:
-    """The drafts with ``merges`` applied, oldest first, and how many drafts were folded.
-
-    A merge naming an unknown or already merged draft, or with an empty or over-long content,
-    is skipped: consolidation may shrink the block, never lose a fact.
-    """
+    """The drafts with ``merges`` applied, oldest first, and how many were folded; a merge
+    of unknown drafts or with bad content is skipped: consolidation never loses a fact."""
     by_key = {d.key: d for d in drafts}
     next_key = min([0, *by_key]) - 1
     merged = 0

@@ -1,22 +1,20 @@
-"""The vocabulary of long-term memory (DESIGN §9), below both extractors and the batch logic:
-imports point one way, batch → model → offline → vocabulary.
-
-- Operations a batch applies to the active facts: ``Add``, ``Supersede``, ``Retract``, ``Noop``;
-  a consolidation's ``Merge``.
-- Fact wording: ``clean`` (storable, one line) and ``normalised`` (the comparison key).
-- The block's text: ``render_block`` and its size ``block_chars``.
-- The extractor protocol: ``ExtractionRequest`` in, ``Extraction`` out.
+"""The vocabulary of long-term memory (DESIGN §9), below both extractors and the batch logic
+(batch → model → offline → vocabulary): the operations, fact wording, the memory block as
+injected (facts, then excerpts of other sessions while room is left), the extractor protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
+from ragent_memory.core.chars import clip
 from ragent_memory.core.records import Draft, Fact
+from ragent_memory.summary.verbatim import VERBATIM_LABEL
 
 
 @attrs.frozen
@@ -80,10 +78,7 @@ HEADERS: Final = MappingProxyType(
     }
 )
 EXCERPTS_LABEL: Final = MappingProxyType(
-    {
-        "en": "From summaries of the user's earlier sessions:",
-        "zh": "此前会话摘要摘录：",
-    }
+    {"en": "From summaries of the user's earlier sessions:", "zh": "此前会话摘要摘录："}
 )
 
 
@@ -99,6 +94,47 @@ def render_block(facts: Sequence[str], excerpts: Sequence[str] = (), *, language
 
 def block_chars(drafts: Sequence[Draft], language: str) -> int:
     return len(render_block([d.content for d in drafts], language=language))
+
+
+EXCERPT_MAX_CHARS: Final = 300
+EXCERPT_CANDIDATES: Final = 8
+MIN_EXCERPT_ROOM: Final = 80  # below this, the block has no room worth an FTS query
+
+
+def fit_block(
+    facts: Sequence[str], excerpts: Iterable[str], *, language: str, max_chars: int
+) -> str:
+    """The block within ``max_chars``: every fact (the newest that fit, should the cap have
+    shrunk since they were stored), then each excerpt that still fits, best first."""
+    kept = list(facts)
+    while kept and len(render_block(kept, language=language)) > max_chars:
+        kept.pop(0)
+    chosen: list[str] = []
+    for excerpt in excerpts:
+        is_new = excerpt not in chosen
+        if is_new and len(render_block(kept, [*chosen, excerpt], language=language)) <= max_chars:
+            chosen.append(excerpt)
+    return render_block(kept, chosen, language=language)
+
+
+def memory_message(text: str) -> dict[str, Any]:
+    """The injected message: role ``user`` (some providers reject a mid-context system one)."""
+    return {"role": "user", "content": text}
+
+
+def summary_chunks(summary: str) -> list[str]:
+    """The excerpts a summary is indexed as: its items and quoted user words, one per line."""
+    skip = {"none", "无", *(label.casefold() for label in VERBATIM_LABEL.values())}
+    chunks: list[str] = []
+    for line in summary.splitlines():
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        text = clean(re.sub(r"^(?:[-*+]\s+|>\s?)+", "", text))
+        if not text or text.casefold() in skip:
+            continue
+        chunks.append(clip(text, EXCERPT_MAX_CHARS))
+    return list(dict.fromkeys(chunks))
 
 
 @attrs.frozen

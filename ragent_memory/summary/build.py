@@ -1,8 +1,5 @@
-"""Which summarizer an engine uses: the offline one, or a model with it as the fallback.
-
-Kept apart from ``summarize`` (the contract and the model summarizer) and ``offline`` (which
-builds on the contract), so imports point one way: build → offline → summarize.
-"""
+"""Which summarizer an engine uses: the offline one, or a model with it as the fallback
+(apart from both, so imports point one way: build → offline → summarize)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The offline summarizer: deterministic, extractive, no network (the embedded default).
 
-It writes the same seven sections as a model would and merges with the previous summary
-(newer items first, so new wins; findings interleave newer and older, each by salience).
-Greetings and small talk weigh nothing; a finding from a dated session keeps its date. The
-body is shortened Done → Dead ends first, then space follows the material: the section
-holding the most chars per item it was given yields. Same input, same output: no clocks,
-no randomness.
+It writes the same seven sections as a model would, merged with the previous summary (new
+wins), and shortens Done → Dead ends first. Same input, same output: no clocks, no randomness.
 """
 
 from __future__ import annotations
@@ -16,10 +12,9 @@ from itertools import zip_longest
 from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
-from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.transcript import UNCLIPPED, Transcript
-from ragent_memory.summary.validate import validate_summary
 
 NAME = "offline-extractive"
 
@@ -54,11 +49,6 @@ def _item(text: str, limit: int = ITEM_CHARS) -> str:
 
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
-
-
-def _first_sentence(text: str) -> str:
-    parts = _sentences(text)
-    return parts[0] if parts else ""
 
 
 def parse_sections(body: str, language: str) -> list[list[str]]:
@@ -117,8 +107,7 @@ def is_small_talk(sentence: str) -> bool:
 
 def salience(item: str) -> float:
     """How much an item is worth keeping: numbers, dates, names and first-person facts score,
-    greetings and small talk weigh nothing. Deterministic, computed from the text alone (so
-    items carried over from an earlier generation are ranked the same way)."""
+    small talk nothing; from the text alone, so carried-over items rank the same way."""
     item = _META.sub("", item, count=1)
     if is_small_talk(item):
         return 0.0
@@ -161,12 +150,9 @@ def _statements(role: str, text: str, when: str) -> list[str]:
     return out
 
 
-def _merge(new: Sequence[str], old: Sequence[str], limit: int) -> list[str]:
-    out: list[str] = []
-    for item in [*new, *old]:
-        if item and item not in out:
-            out.append(item)
-    return out[:limit]
+def _merge(new: Sequence[str], old: Sequence[str] = (), limit: int | None = None) -> list[str]:
+    """``new`` then ``old``, each item once, empty ones left out, at most ``limit``."""
+    return list(dict.fromkeys(filter(None, [*new, *old])))[:limit]
 
 
 def _said(text: str, found: dict[str, list[str]]) -> None:
@@ -184,7 +170,7 @@ def _tool_result(
 ) -> None:
     """A tool result: the tool's usage line, a salient finding, a failure as a dead end."""
     name, arguments = call
-    finding = _item(_first_sentence(text), 120)
+    finding = _item((_sentences(text) or [""])[0], 120)
     count = usage.pop(name, (0, ""))[0] + 1
     usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
     if salience(finding) >= 2.0:
@@ -221,7 +207,7 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             call = calls.get(message.get("tool_call_id", ""), ("tool", ""))
             _tool_result(text, call, usage, found)
     requests = found["requests"]
-    usage_lines = [_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())]
+    usage_lines = [f"{n} ×{c}, latest: {latest}" for n, (c, latest) in reversed(usage.items())]
     return [
         list(reversed(requests[:-1])),
         requests[-1:],  # the latest request is the to-do; earlier ones are user requests
@@ -237,40 +223,29 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 _USAGE = re.compile(r"^(\S+) ×(\d+), latest: (.*)$", re.DOTALL)
 
 
-def _usage_line(name: str, count: int, latest: str) -> str:
-    return f"{name} ×{count}, latest: {latest}"
-
-
 def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
-    """Tool usage lines first (counts added up across generations, most recently used first),
-    then the other findings, most salient first, so shrinking sheds the least salient finding
-    and the record of which tools were used goes last."""
+    """Tool usage lines first (counts added up, most recently used first), then the other
+    findings, so shrinking sheds the least salient finding and the tool record last."""
     usage: dict[str, tuple[int, str]] = {}
-    others: list[str] = []
-    earlier_others = [item for item in earlier if _USAGE.match(item) is None]
-    for item in [*fresh, *earlier]:  # newer first: its "latest" wins
-        match = _USAGE.match(item)
-        if match is None:
-            others.append(item)
-            continue
+    # Newer first: its "latest" wins.
+    for match in filter(None, map(_USAGE.match, [*fresh, *earlier])):
         name, count, latest = match.group(1), int(match.group(2)), match.group(3)
         known = usage.get(name)
         usage[name] = (count + known[0], known[1]) if known else (count, latest)
-    lines = [_usage_line(name, count, latest) for name, (count, latest) in usage.items()]
-    return lines + _interleave([i for i in fresh if _USAGE.match(i) is None], earlier_others)
+    lines = [f"{name} ×{count}, latest: {latest}" for name, (count, latest) in usage.items()]
+
+    def others(items: Sequence[str]) -> list[str]:
+        return [item for item in items if _USAGE.match(item) is None]
+
+    return lines + _interleave(others(fresh), others(earlier))
 
 
 def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     """Newer and older findings, each most salient first, taken in turn: when the section is
     cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
-    a = sorted(_merge(fresh, (), len(fresh)), key=salience, reverse=True)
-    b = sorted(_merge(earlier, (), len(earlier)), key=salience, reverse=True)
-    out: list[str] = []
-    for pair in zip_longest(a, b):
-        for item in pair:
-            if item is not None and item not in out:
-                out.append(item)
-    return out
+    a = sorted(_merge(fresh), key=salience, reverse=True)
+    b = sorted(_merge(earlier), key=salience, reverse=True)
+    return _merge([item for pair in zip_longest(a, b) for item in pair if item])
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:
@@ -302,27 +277,26 @@ def summarize_offline(
 
 
 def _shrink(items: list[list[str]], held: Sequence[int], language: str, max_chars: int) -> str:
-    """Cut the body to ``max_chars``: Done and Dead ends go first, then the space is shared by
-    what the material holds: the section using the most chars per item it was given yields
-    its last item (a chat with many findings and few to-dos keeps findings)."""
-    body = render(items, language)
+    """Cut the body to ``max_chars``: Done and Dead ends first, then the section using the most
+    chars per item it was given yields its last item (space follows the material)."""
+
+    def is_over() -> bool:
+        return len(render(items, language)) > max_chars
+
     for index in SHRINK_ORDER[:2]:
-        while len(body) > max_chars and items[index]:
+        while items[index] and is_over():
             items[index].pop()
-            body = render(items, language)
     rest = [i for i in SHRINK_ORDER[2:] if i not in (2, 3)]  # next step and progress: last
-    while len(body) > max_chars and any(items[i] for i in rest):
+    while any(items[i] for i in rest) and is_over():
         index = max(
             (i for i in rest if items[i]),
             key=lambda i: (sum(map(len, items[i])) / max(1, held[i]), -rest.index(i)),
         )
         items[index].pop()
-        body = render(items, language)
     for index in (3, 2):
-        while len(body) > max_chars and items[index]:
+        while items[index] and is_over():
             items[index].pop()
-            body = render(items, language)
-    return body
+    return render(items, language)
 
 
 class OfflineSummarizer:
@@ -331,9 +305,8 @@ class OfflineSummarizer:
     name = NAME
 
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        """Reads the material whole, or — when its transcript and the previous summary would
-        exceed ``request.input_chars`` — clipped like the model path's (``Transcript.fit``);
-        ``material_chars`` is the transcript of what it read."""
+        """Reads the material whole, or clipped like the model path's to fit
+        ``request.input_chars``; ``material_chars`` is the transcript of what it read."""
         transcript = Transcript(request.material)
         clip = UNCLIPPED
         if request.input_chars is not None:

@@ -1,9 +1,6 @@
-"""Preserved tool outputs (DESIGN §6, Eino's PreserveSkills).
-
-Results of the tools named in ``preserved_tools`` (skills, playbooks the agent loaded) are
-instructions, not findings: they are never summarized. The latest result of each is carried
-verbatim as session state from one generation to the next (like the user's own words) and shown
-after the summary, within ``preserved_max_chars`` (head + tail clipped with a marker when longer).
+"""Preserved tool outputs (DESIGN §6, Eino's PreserveSkills): results of ``preserved_tools``
+are instructions, never summarized; the latest of each is carried verbatim as session state and
+shown after the summary, within ``preserved_max_chars``.
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ def update_preserved(
 ) -> tuple[dict[str, Any], ...]:
     """The carried results with those of ``material`` ((raw index, message) pairs) folded in:
     one entry per preserved tool, its latest result, most recently loaded last."""
-    if not tools:
-        return tuple(dict(e) for e in entries)
     names: dict[str, str] = {}  # tool_call_id -> tool name
     latest = {e["tool"]: dict(e) for e in entries}
     for index, message in material:

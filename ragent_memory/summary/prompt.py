@@ -1,12 +1,15 @@
 """The summarizer's prompt (DESIGN §6): the seven sections asked for, the instructions, the
-fenced previous summary and transcript, and the retry's note naming what was lost.
+fenced previous summary and transcript, the retry's note naming what was lost, and the
+validation of a reply (finish reason, sections, no echoed nonce, clamped at a section boundary).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from types import MappingProxyType
 
+from ragent_memory.errors import SummaryError
 from ragent_memory.summary.fence import neutralise
 
 SECTIONS = MappingProxyType(
@@ -108,12 +111,32 @@ def lost_note(lost: Sequence[str], nonce: str, language: str) -> str:
     """The retry's line naming what the previous answer lost, newest first, bounded."""
     if not lost:
         return ""
-    lines: list[str] = []
-    size = 0
-    for identifier in lost:
-        line = f"- {neutralise(identifier, nonce)}"
-        if size + len(line) + 1 > MAX_LOST_NOTE_CHARS:
-            break
-        lines.append(line)
-        size += len(line) + 1
-    return LOST_NOTE[language] + "\n".join(lines)
+    lines = [f"- {neutralise(identifier, nonce)}" for identifier in lost]
+    sizes = accumulate(len(line) + 1 for line in lines)
+    kept = [line for line, size in zip(lines, sizes, strict=True) if size <= MAX_LOST_NOTE_CHARS]
+    return LOST_NOTE[language] + "\n".join(kept)
+
+
+def section_count(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("## "))
+
+
+def validate_summary(
+    text: str, *, max_chars: int, nonce: str | None = None, finish_reason: str = "stop"
+) -> str:
+    """Return the accepted (possibly clipped) summary, or raise SummaryError."""
+    if finish_reason != "stop":
+        raise SummaryError(f"finish reason {finish_reason!r}, not 'stop'")
+    text = text.strip()
+    if nonce and nonce.lower() in text.lower():
+        raise SummaryError("the summary echoes the fence nonce")
+    if section_count(text) < 3:
+        raise SummaryError(f"only {section_count(text)} '## ' sections, need at least 3")
+    if len(text) > max_chars:
+        clip = text.rfind("\n## ", 0, max_chars)
+        if clip <= 0:
+            raise SummaryError(f"summary of {len(text)} chars has no section boundary to clip at")
+        text = text[:clip].rstrip()
+        if section_count(text) < 2:
+            raise SummaryError("fewer than 2 sections left after clipping to the target")
+    return text

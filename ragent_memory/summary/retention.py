@@ -1,10 +1,5 @@
-"""The retention check (DESIGN §6): validation proves a summary's form, this checks its content.
-
-After a summary is accepted, the identifiers of the material and of the previous summary
-(``identifiers.py``) that it lost are listed; a summary that only repeats the previous one while
-the new material holds identifiers is rejected; whatever is still lost is appended under the
-findings section as the shortest source sentence holding it (extractive, newest first, within
-the summary target).
+"""The retention check (DESIGN §6): validation proves a summary's form, this checks its content
+— the identifiers it lost, a repeat of the previous summary, and the restoring of what is lost.
 """
 
 from __future__ import annotations
@@ -29,9 +24,8 @@ def material_texts(material: Sequence[Message]) -> list[str]:
     """The text of each material message, tool-call arguments included, oldest first."""
     texts: list[str] = []
     for message in material:
-        parts = [text_of(message)]
-        for call in message.get("tool_calls") or ():
-            parts.append((call.get("function") or {}).get("arguments") or "")
+        calls = message.get("tool_calls") or ()
+        parts = [text_of(message), *((c.get("function") or {}).get("arguments") for c in calls)]
         texts.append("\n".join(p for p in parts if p))
     return texts
 
@@ -109,12 +103,7 @@ def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -
 
 
 def restore(
-    body: str,
-    missing: Iterable[str],
-    sources: Sequence[str],
-    *,
-    language: str,
-    max_chars: int,
+    body: str, missing: Iterable[str], sources: Sequence[str], *, language: str, max_chars: int
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
     the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""

@@ -1,11 +1,9 @@
 """The summarizer contract (DESIGN §6; Ragent ``AgentConversationSummarizer``) and the model
-summarizer: an OpenAI-compatible model through ``llm.LLMClient``, folding long material in
-chunks, falling back to the offline summarizer when every endpoint fails.
+summarizer, folding long material in chunks through ``llm.LLMClient``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -14,9 +12,8 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.errors import LLMError
 from ragent_memory.summary.fence import neutralise, neutralise_tags, new_nonce
-from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note
+from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note, validate_summary
 from ragent_memory.summary.transcript import DEFAULT_CLIP, Transcript
-from ragent_memory.summary.validate import validate_summary
 
 # Re-exported for engine.compaction, which imports them from here.
 from ragent_memory.summary.verbatim import compose_summary as compose_summary
@@ -36,12 +33,9 @@ class SummaryRequest:
     previous: str  # the previous generation's body ("" for the first)
     language: str
     max_chars: int  # room for the body (the verbatim block is added after)
-    # Identifiers an earlier attempt lost (the retention check's one retry names them).
-    lost: tuple[str, ...] = ()
-    # The most chars one pass may send the summarizer, every call of it together: its
-    # instructions, the previous (running) summary and the rendered transcript. The engine
-    # passes B (DESIGN §5: the summarizer input is bounded by the budget). None: no bound
-    # beyond DESIGN §1's clip.
+    lost: tuple[str, ...] = ()  # identifiers an earlier attempt lost (the retention retry)
+    # The most chars one pass may send, every call together: instructions, running summary
+    # and transcript; the engine passes B (DESIGN §5). None: only DESIGN §1's clip.
     input_chars: int | None = None
 
 
@@ -50,10 +44,8 @@ class SummaryOutcome:
     body: str
     model: str
     attempts: int
-    # Chars of rendered transcript the summarizer was sent (summed over the chunks of the
-    # pass that wrote ``body``; the instructions and the previous summary not counted). The
-    # audit reports it as ``material_chars``; None: the summarizer does not say, and the
-    # audit counts the raw material.
+    # Chars of rendered transcript sent by the pass that wrote ``body``, all chunks (the
+    # audit's ``material_chars``); None: not known, the audit counts the raw material.
     material_chars: int | None = None
 
 
@@ -68,17 +60,9 @@ class Summarizer(Protocol):
 MIN_CHUNK_CHARS = 2_000
 
 
-def _prompt_chars(messages: Sequence[Mapping[str, str]]) -> int:
-    return sum(len(m["content"]) for m in messages)
-
-
 class ModelSummarizer:
-    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort.
-
-    The transcript is clipped (``Transcript.fit``) so that one pass — every chunk's instructions,
-    running summary and transcript — stays within ``request.input_chars``; each call stays
-    within ``max_input_chars``. ``SummaryOutcome.material_chars`` is the transcript sent.
-    """
+    """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort:
+    one pass stays within ``request.input_chars``, each call within ``max_input_chars``."""
 
     def __init__(
         self,
@@ -103,18 +87,18 @@ class ModelSummarizer:
             if nonce not in transcript.lower() and nonce not in previous.lower():
                 break
             nonce = new_nonce()
-        language, max_chars = request.language, request.max_chars
+        language = request.language
         messages = build_prompt(
-            transcript, previous, nonce=nonce, language=language, max_chars=max_chars
+            transcript, previous, nonce=nonce, language=language, max_chars=request.max_chars
         )
-        messages[-1]["content"] += lost_note(request.lost, nonce, request.language)
+        messages[-1]["content"] += lost_note(request.lost, nonce, language)
         return messages, nonce
 
     def chunks(self, request: SummaryRequest) -> list[str]:
         """The transcript chunks one pass sends, within ``request.input_chars`` in all."""
         language = request.language
         empty, _ = self._prompt("", "", request)
-        instructions = _prompt_chars(empty) - len(EMPTY[language])
+        instructions = sum(len(m["content"]) for m in empty) - len(EMPTY[language])
         previous = request.previous
         first = instructions + (
             len(neutralise_tags(previous)) if previous.strip() else len(EMPTY[language])
@@ -123,19 +107,22 @@ class ModelSummarizer:
         later = instructions + max(request.max_chars, len(EMPTY[language]))
         room = max(self.max_input_chars - max(first, later), MIN_CHUNK_CHARS)
         transcript = Transcript(request.material)
-        if request.input_chars is None:
+        input_chars = request.input_chars
+        if input_chars is None:
             return transcript.chunks(DEFAULT_CLIP, room)
+
+        def within(count: int) -> list[str]:
+            budget = input_chars - first - (count - 1) * later
+            return transcript.chunks(transcript.fit(max(budget, 0)), room)
+
         count = 1
         for _ in range(4):
-            budget = request.input_chars - first - (count - 1) * later
-            chunks = transcript.chunks(transcript.fit(max(budget, 0)), room)
+            chunks = within(count)
             if len(chunks) <= count:
                 return chunks
             count = len(chunks)
         # Still more chunks than budgeted: assume the most there can be (one per message).
-        count = len(request.material) + 1
-        budget = request.input_chars - first - (count - 1) * later
-        return transcript.chunks(transcript.fit(max(budget, 0)), room)
+        return within(len(request.material) + 1)
 
     def _call(
         self, transcript: str, previous: str, request: SummaryRequest

@@ -10,21 +10,11 @@ from typing import Any
 import attrs
 
 from ragent_memory.core.chars import Message, text_of
-from ragent_memory.settings import (
-    TRANSCRIPT_CLIP_HEAD_CHARS,
-    TRANSCRIPT_CLIP_OVER_CHARS,
-    TRANSCRIPT_CLIP_TAIL_CHARS,
-)
+from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS
 from ragent_memory.summary.fence import neutralise_tags
 
 
-def clip_middle(
-    text: str,
-    *,
-    over: int = TRANSCRIPT_CLIP_OVER_CHARS,
-    head: int = TRANSCRIPT_CLIP_HEAD_CHARS,
-    tail: int = TRANSCRIPT_CLIP_TAIL_CHARS,
-) -> str:
+def clip_middle(text: str, *, over: int, head: int, tail: int) -> str:
     """Head + ``…(N chars omitted)…`` + tail for text longer than ``over``."""
     if len(text) <= over:
         return text
@@ -40,13 +30,9 @@ def _entry(text: str) -> str:
 
 @attrs.frozen
 class Clip:
-    """How hard the transcript clips its texts, per kind: tool results and tool-call
-    arguments (``tool``), assistant and other text (``assistant``), the user's (``user``).
-
-    A text longer than its cap becomes head (2/3 of the cap) + ``…(N chars omitted)…`` +
-    tail (1/3); ``None`` leaves it whole. The default is DESIGN §1's 1,200 → 800 + 400.
-    ``omitted``: the oldest messages left out entirely (the last resort of ``Transcript.fit``),
-    shown as one line saying how many.
+    """The cap on each kind of text (``tool`` results and arguments, ``assistant``, ``user``):
+    longer becomes head (2/3) + marker + tail (1/3), ``None`` leaves it whole (default: DESIGN
+    §1's). ``omitted``: the oldest messages left out, shown as one line (``Transcript.fit``).
     """
 
     tool: int | None = TRANSCRIPT_CLIP_OVER_CHARS
@@ -114,10 +100,8 @@ def _omitted_line(count: int) -> str:
 
 
 class Transcript:
-    """Material as the summarizer reads it (DESIGN §6), rendered at any ``Clip``: one
-    entry per message or tool call, ``[user] …``, ``[assistant → tool] name args``,
-    ``[tool result · name] …``. Built once per summary; each rendering is a pass over the
-    (clipped) texts."""
+    """Material as the summarizer reads it (DESIGN §6), rendered at any ``Clip``: ``[user] …``,
+    ``[assistant → tool] name args``, ``[tool result · name] …``."""
 
     def __init__(self, material: Sequence[Mapping[str, Any]]) -> None:
         self.material = tuple(material)
@@ -139,12 +123,9 @@ class Transcript:
         return "\n".join(lines + [entry for entry in self._entries(clip) if entry])
 
     def fit(self, max_chars: int, *, start: Clip = DEFAULT_CLIP) -> Clip:
-        """The gentlest clip from ``start`` whose rendering fits ``max_chars``.
-
-        Kinds are clipped in ``CLIP_ORDER``, each to the largest cap that fits (bisection:
-        a few renderings) before the next is touched; with every cap at 0, the oldest
-        messages are left out, as few as fit.
-        """
+        """The gentlest clip from ``start`` whose rendering fits ``max_chars``: kinds in
+        ``CLIP_ORDER``, each to the largest cap that fits, then the fewest oldest messages left
+        out."""
 
         def fits(clip: Clip) -> bool:
             return len(self.render(clip)) <= max_chars
@@ -177,10 +158,8 @@ class Transcript:
         return attrs.evolve(clip, omitted=low)
 
     def chunks(self, clip: Clip, max_chars: int) -> list[str]:
-        """The rendering folded into chunks of at most ``max_chars``, split at user-turn
-        starts (DESIGN §6); a turn longer than that is split between its messages, and a
-        single message longer still is a chunk of its own. The chunks' lengths add up to at
-        most the whole rendering's."""
+        """The rendering in chunks of at most ``max_chars``, split at user turns (DESIGN §6),
+        a longer turn between its messages (a longer message is a chunk of its own)."""
         turns: list[list[str]] = [[_omitted_line(clip.omitted)]] if clip.omitted else []
         for message, entry in zip(self.material, self._entries(clip), strict=True):
             if message.get("role") == "user" or not turns:
@@ -216,8 +195,3 @@ class Transcript:
                 ]
             out.append(copy)
         return tuple(out)
-
-
-def render_transcript(material: Sequence[Mapping[str, Any]], clip: Clip = DEFAULT_CLIP) -> str:
-    """The material as a plain transcript (``Transcript.render``)."""
-    return Transcript(material).render(clip)

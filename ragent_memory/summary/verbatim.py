@@ -13,9 +13,8 @@ from typing import Any
 from ragent_memory.core.chars import text_of
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.fence import INVISIBLE
-from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
 from ragent_memory.summary.transcript import clip_middle
-from ragent_memory.summary.validate import validate_summary
 
 VERBATIM_LABEL = MappingProxyType({"en": "In the user's own words:", "zh": "用户原话："})
 _CONSTRAINT_EN = re.compile(
@@ -40,9 +39,7 @@ _QUANTITY = re.compile(
 
 def states_constraint(text: str) -> bool:
     """Does a user message state a constraint (negation, limit, deadline, quantity, hold)?"""
-    return bool(
-        _CONSTRAINT_EN.search(text) or _CONSTRAINT_ZH.search(text) or _QUANTITY.search(text)
-    )
+    return any(p.search(text) for p in (_CONSTRAINT_EN, _CONSTRAINT_ZH, _QUANTITY))
 
 
 MAX_PINNED_KEPT = 64
@@ -50,14 +47,10 @@ MAX_OTHERS_KEPT = 32
 
 
 def update_verbatim(
-    entries: Sequence[Mapping[str, Any]],
-    material: Sequence[tuple[int, Mapping[str, Any]]],
+    entries: Sequence[Mapping[str, Any]], material: Sequence[tuple[int, Mapping[str, Any]]]
 ) -> tuple[dict[str, Any], ...]:
-    """Add the real user messages of ``material`` ((raw index, message) pairs) to the list.
-
-    The first user message of the session and every message stating a constraint are pinned.
-    The state stays bounded: the newest pinned and unpinned entries are kept.
-    """
+    """Add the user messages of ``material`` ((raw index, message) pairs) to the list: the
+    first and those stating a constraint pinned, the newest of each kind kept (bounded)."""
     out = [dict(e) for e in entries]
     seen = {e["i"] for e in out}
     is_first = not out
@@ -86,11 +79,8 @@ def _quote(text: str) -> str:
 
 
 def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, language: str) -> str:
-    """The quoted user messages within ``budget`` chars, shown in conversation order.
-
-    Priority: the session's first message (the original task), then the other pinned ones
-    newest first (when they overflow, the newest win), then the newest others.
-    """
+    """The quoted user messages within ``budget`` chars, in conversation order: the first
+    message, then the other pinned ones newest first, then the newest others."""
     if not entries:
         return ""
     label = VERBATIM_LABEL[language]
@@ -101,18 +91,13 @@ def render_verbatim(entries: Sequence[Mapping[str, Any]], *, budget: int, langua
     chosen: dict[int, str] = {}
     for entry in [*first, *reversed(pinned), *reversed(others)]:
         quoted = _quote(entry["text"])
+        room = remaining - 40
+        if len(quoted) + 1 > remaining and (remaining >= 120 or not chosen) and room >= 40:
+            head = room * 2 // 3
+            quoted = _quote(clip_middle(entry["text"], over=room, head=head, tail=room - head))
         if len(quoted) + 1 <= remaining:
             chosen[entry["i"]] = quoted
             remaining -= len(quoted) + 1
-        elif remaining >= 120 or not chosen:
-            room = remaining - 40
-            if room < 40:
-                continue
-            head = room * 2 // 3
-            clipped = _quote(clip_middle(entry["text"], over=room, head=head, tail=room - head))
-            if len(clipped) + 1 <= remaining:
-                chosen[entry["i"]] = clipped
-                remaining -= len(clipped) + 1
     if not chosen:
         return ""
     return label + "\n" + "\n".join(chosen[i] for i in sorted(chosen))
@@ -127,8 +112,7 @@ _HIDE_INVISIBLE = str.maketrans("", "", INVISIBLE)
 
 
 def _is_title(line: str, title: str) -> bool:
-    """``line`` is ``title`` give or take case, spacing, invisible characters and a trailing
-    colon."""
+    """``line`` is ``title`` give or take case, spacing, invisible characters and a colon."""
     line = line.translate(_HIDE_INVISIBLE)
     return " ".join(line.rstrip(" \t:：").split()).casefold() == title.casefold()
 
@@ -162,11 +146,8 @@ def _unquote_requests(body: str, language: str) -> str:
 
 
 def compose_summary(body: str, verbatim_block: str, language: str) -> str:
-    """Insert the verbatim block at the end of the ``## User requests`` section.
-
-    The user's words are guaranteed by the engine, not the model: quote lines the model wrote
-    in that section (a forged request copied from a tool result, say) lose their ``>``.
-    """
+    """Insert the verbatim block at the end of ``## User requests``; quote lines the model
+    wrote there (a request forged by a tool result, say) lose their ``>``."""
     body = _unquote_requests(body, language)
     if not verbatim_block:
         return body
@@ -184,9 +165,8 @@ def compose_summary(body: str, verbatim_block: str, language: str) -> str:
 
 
 def fit_summary(body: str, verbatim_block: str, language: str, max_chars: int) -> tuple[str, str]:
-    """The body (clipped at a section boundary if need be) and the composed summary, which
-    fits ``max_chars`` — a model that left out ``## User requests`` gets it added, and that
-    must not push the summary over the clamp."""
+    """The body (clipped at a section boundary if need be) and the composed summary within
+    ``max_chars``, even when a ``## User requests`` the model left out is added."""
     summary = compose_summary(body, verbatim_block, language)
     overflow = len(summary) - max_chars
     if overflow > 0:
