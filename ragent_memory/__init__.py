@@ -14,6 +14,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from ragent_memory.core.chars import chars
+from ragent_memory.core.records import Fact
 from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
 from ragent_memory.errors import (
     ConfigError,
@@ -24,7 +25,6 @@ from ragent_memory.errors import (
     StoreError,
     SummaryError,
 )
-from ragent_memory.longterm.batch import Fact
 from ragent_memory.settings import (
     EndpointSettings,
     LLMSettings,

@@ -24,7 +24,7 @@ from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
-from ragent_memory.longterm.batch import summary_chunks
+from ragent_memory.longterm.vocabulary import summary_chunks
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState
 from ragent_memory.summary import retention
@@ -34,6 +34,8 @@ from ragent_memory.summary.summarize import (
     Summarizer,
     SummaryOutcome,
     SummaryRequest,
+)
+from ragent_memory.summary.verbatim import (
     compose_summary,
     fit_summary,
     render_verbatim,

@@ -16,13 +16,13 @@ from ragent_memory.engine.background import Background
 from ragent_memory.engine.session import Session
 from ragent_memory.engine.session import digest as message_digest
 from ragent_memory.errors import StoreError
-from ragent_memory.longterm.batch import (
+from ragent_memory.longterm.batch import run_extraction
+from ragent_memory.longterm.vocabulary import (
     EXCERPT_CANDIDATES,
     HEADERS,
     MIN_EXCERPT_ROOM,
     Extractor,
     fit_block,
-    run_extraction,
     utf8,
 )
 from ragent_memory.recall.excerpts import HEADERS as RECALL_HEADERS

@@ -18,6 +18,7 @@ from ragent_memory.core.alternation import alternate
 from ragent_memory.core.chars import Message, validate_messages
 from ragent_memory.core.inputs import Inputs
 from ragent_memory.core.logs import EventCallback, get_logger
+from ragent_memory.core.records import Fact
 from ragent_memory.engine.background import Background
 from ragent_memory.engine.memory import ENGINE_HEADERS, LongTermMemory
 from ragent_memory.engine.session import (
@@ -32,7 +33,8 @@ from ragent_memory.engine.session import (
 from ragent_memory.engine.sessions import Sessions, Validated
 from ragent_memory.engine.tools import as_int
 from ragent_memory.errors import EngineClosedError, InvalidMessagesError, StoreError
-from ragent_memory.longterm.batch import Extractor, Fact, build_extractor, memory_message
+from ragent_memory.longterm.model import build_extractor
+from ragent_memory.longterm.vocabulary import Extractor, memory_message
 from ragent_memory.recall.excerpts import place
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema

@@ -13,28 +13,17 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from ragent_memory.core.logs import get_logger
-from ragent_memory.core.records import Draft, Plan
-from ragent_memory.core.records import Fact as Fact
+from ragent_memory.core.records import Draft, Fact, Plan
 from ragent_memory.errors import ExtractionError, LLMError, StoreError
-
-# Re-exported for engine.memory_engine and engine.compaction, which import them from here.
-from ragent_memory.longterm.model import build_extractor as build_extractor
 from ragent_memory.longterm.operations import apply_operations, merge_drafts
-from ragent_memory.longterm.vocabulary import EXCERPT_CANDIDATES as EXCERPT_CANDIDATES
-from ragent_memory.longterm.vocabulary import HEADERS as HEADERS
-from ragent_memory.longterm.vocabulary import MIN_EXCERPT_ROOM as MIN_EXCERPT_ROOM
 from ragent_memory.longterm.vocabulary import (
     Extraction,
     ExtractionRequest,
+    Extractor,
     Merge,
     Operation,
     block_chars,
 )
-from ragent_memory.longterm.vocabulary import Extractor as Extractor
-from ragent_memory.longterm.vocabulary import fit_block as fit_block
-from ragent_memory.longterm.vocabulary import memory_message as memory_message
-from ragent_memory.longterm.vocabulary import summary_chunks as summary_chunks
-from ragent_memory.longterm.vocabulary import utf8 as utf8
 from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS, Settings
 
 if TYPE_CHECKING:

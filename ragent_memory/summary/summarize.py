@@ -15,12 +15,6 @@ from ragent_memory.summary.fence import neutralise, neutralise_tags, new_nonce
 from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note, validate_summary
 from ragent_memory.summary.transcript import DEFAULT_CLIP, Transcript
 
-# Re-exported for engine.compaction, which imports them from here.
-from ragent_memory.summary.verbatim import compose_summary as compose_summary
-from ragent_memory.summary.verbatim import fit_summary as fit_summary
-from ragent_memory.summary.verbatim import render_verbatim as render_verbatim
-from ragent_memory.summary.verbatim import update_verbatim as update_verbatim
-
 if TYPE_CHECKING:
     from ragent_memory.llm.client import LLMClient
 
