@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import attrs
@@ -157,11 +157,9 @@ class StoreSettings:
     )
 
     def __attrs_post_init__(self) -> None:
-        if self.url is None:
-            if self.password_env is not None:
-                raise ConfigError("store.password_env", "needs store.url (PostgreSQL)")
-            return
-        if self.path != "ragent-memory.db":
+        if self.url is None and self.password_env is not None:
+            raise ConfigError("store.password_env", "needs store.url (PostgreSQL)")
+        if self.url is not None and self.path != "ragent-memory.db":
             raise ConfigError(
                 "store", "give store.path (SQLite) or store.url (PostgreSQL), not both"
             )
@@ -392,10 +390,6 @@ class Settings:
 # ---------------------------------------------------------------------------- loading
 
 
-def _fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
-    return {a.name: a for a in attrs.fields(cls)}
-
-
 def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
     """One key's YAML value as its field takes it: a nested section built, lists checked."""
     if cls is Settings and key in _SECTIONS:
@@ -414,7 +408,7 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
     """Build an attrs settings class from a mapping, naming the key path on every error."""
     if not isinstance(data, Mapping):
         raise ConfigError(path or "(top level)", f"expected a mapping, got {data!r}")
-    known = _fields(cls)
+    known = {a.name: a for a in attrs.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
@@ -441,8 +435,7 @@ _SECTIONS: Mapping[str, type] = MappingProxyType(
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     """Settings from a parsed YAML/JSON mapping."""
-    settings: Settings = _build(Settings, data, "")
-    return settings
+    return cast(Settings, _build(Settings, data, ""))
 
 
 def _where(err: yaml.YAMLError) -> str:
