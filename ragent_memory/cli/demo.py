@@ -130,12 +130,9 @@ def _recall_loop(
         start = re.search(r"offset=(\d+)", seen)
         offset = int(start.group(1)) if start else 0
         arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
-        call_id = f"recall_{turn}"
-        call = _tool_turn(call_id, RECALL_TOOL_NAME, arguments, "")[0]
-        # What the app does when the model calls the tool: parse the arguments, answer.
-        parsed = json.loads(call["tool_calls"][0]["function"]["arguments"])
-        content = engine.recall(session_id, **parsed)
-        answer = {"role": "tool", "tool_call_id": call_id, "content": content}
+        call, answer = _tool_turn(
+            f"recall_{turn}", RECALL_TOOL_NAME, arguments, engine.recall(session_id, **arguments)
+        )
         return RecallLoop(turn, seen, call, answer)
     return None
 
@@ -195,14 +192,11 @@ def _print_summary(
 ) -> None:
     applied = [r for r in audit_rows if r["status"] == "applied"]
     last = reports[-1]
+    peak = max(r.chars_out for r in reports)
     rows = [
         ("budget B", f"{settings.context_window_chars:,}", ""),
         ("history at the end", f"{last.chars_raw:,}", f"{len(reports)} turns"),
-        (
-            "largest context sent",
-            f"{max(r.chars_out for r in reports):,}",
-            f"{max(r.chars_out for r in reports) / settings.context_window_chars:.0%} of B",
-        ),
+        ("largest context sent", f"{peak:,}", f"{peak / settings.context_window_chars:.0%} of B"),
         (
             "trim gate (50%)",
             f"{settings.trim_trigger_chars:,}",
@@ -289,6 +283,3 @@ def _chart(reports: list[TurnReport], settings: Settings, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     click.echo(f"  chart: {path}")
-
-
-__all__ = ["RECALL_TOOL_NAME", "run_demo", "simulate_session"]

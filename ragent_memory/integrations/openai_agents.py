@@ -6,12 +6,10 @@
     agent = Agent(name="support", instructions="…", tools=[*my_tools, *session.tools()])
     result = await Runner.run(agent, "question", session=session, run_config=session.run_config())
 
-The session keeps the raw items (``session.items``) and hands ``engine.prepare``'s view to the
-SDK: ``get_items()`` returns the prepared history, and the ``call_model_input_filter`` of
-``run_config()`` prepares every model call of a run (tool loops included), so the model never
-sees more than the budget. ``add_items`` feeds ``after_turn``; ``tools()`` are the engine's recall
-(and search) tools as SDK function tools. Items the chat format has no place for (reasoning,
-hosted tool calls) stay in the raw history but are not shown to the model.
+The session keeps the raw items (``session.items``); ``get_items()`` and the
+``call_model_input_filter`` of ``run_config()`` give the SDK ``engine.prepare``'s view, for every
+model call of a run. ``add_items`` feeds ``after_turn``. Items the chat format has no place for
+(reasoning, hosted tool calls) stay in the raw history but are not shown to the model.
 """
 
 from __future__ import annotations
@@ -157,9 +155,8 @@ class RagentSession(SessionABC):
             return list(self.items[-limit:]) if limit > 0 else []
         async with self._lock:
             raw = list(self.items)
-        # Prepared with the instructions the last run had, so that this history has the
-        # shape the model input filter gives the engine (a system message first): a history
-        # that gains and loses its first message between calls would undo every compaction.
+        # With the last run's instructions: the shape the input filter gives the engine, since
+        # a history gaining and losing its first message would undo every compaction.
         _, messages = await self._view(raw, self._instructions)
         shown = to_items(messages)
         self._shown, self._shown_raw = from_items(shown), raw

@@ -1,18 +1,11 @@
 """The one retry layer between this library and OpenAI-compatible chat endpoints (DESIGN §7).
 
-The ``openai`` client is built with ``max_retries=0``: every retry, backoff, fallback and
-circuit-breaker decision is made here, so stacked retries cannot multiply the wait.
-
-Per HTTP call, the outcome decides what happens next:
-
-- retry on the same endpoint, after :func:`retry_delay_s`: timeouts, connection errors,
-  HTTP 408/409/429/5xx, and bad replies (finish reason other than ``stop``, tool calls, empty
-  content, a body that is not a chat completion, ``validate`` raising ``SummaryError``);
-- go straight to the next endpoint: any other 4xx, and an unset API-key variable (no call made);
-- when every endpoint has failed: ``LLMError`` with the number of calls made.
-
-API keys are read from the environment at call time and sent per request; they never sit on a
-client object, and are scrubbed from every error text this module logs or raises.
+The ``openai`` client is built with ``max_retries=0``, so stacked retries cannot multiply the
+wait. Timeouts, connection errors, HTTP 408/409/429/5xx and bad replies (not ``stop``, tool
+calls, empty, not a chat completion, ``validate`` raising ``SummaryError``) are retried on the
+same endpoint; any other 4xx or an unset API-key variable moves on to the next endpoint;
+``LLMError`` when every one failed. API keys are read from the environment at call time, sent
+per request, and scrubbed from every error text this module logs or raises.
 """
 
 from __future__ import annotations
@@ -310,9 +303,7 @@ class LLMClient:
         try:
             reply = self._client(endpoint.base_url).chat.completions.create(
                 model=endpoint.model,
-                # The caller's messages are plain OpenAI chat dicts; the SDK types them as
-                # TypedDicts, which a dict[str, str] cannot be proven to match.
-                messages=cast(Any, request.messages),
+                messages=cast(Any, request.messages),  # plain dicts, not the SDK's TypedDicts
                 temperature=request.temperature,
                 max_tokens=request.max_tokens,
                 extra_headers={"Authorization": f"Bearer {api_key}"},
@@ -326,8 +317,7 @@ class LLMClient:
                 status_code=status,
                 retry_after=err.response.headers.get("retry-after"),
             )
-        # Timeouts, connection errors, anything else the SDK raises.
-        except openai.OpenAIError as err:
+        except openai.OpenAIError as err:  # timeouts, connection errors, anything else
             return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
@@ -397,11 +387,8 @@ def _api_key(endpoint: EndpointSettings) -> str | None:
 
 
 def _reply_text(reply: object) -> str:
-    """The text of the first choice, or ``_BadReply`` saying why there is none.
-
-    The SDK builds responses without validating them (and returns a bare ``str`` for a non-JSON
-    content type), so every field is read defensively.
-    """
+    """The text of the first choice, or ``_BadReply`` saying why there is none. The SDK does not
+    validate responses (a non-JSON body comes back as a ``str``): every field is read warily."""
     if not isinstance(reply, ChatCompletion):
         raise _BadReply("the body is not a chat completion")
     choices = getattr(reply, "choices", None)

@@ -75,7 +75,6 @@ def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
 
 
 def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
-    """``report_headers`` as they go out."""
     items = report_headers(report, rounds).items()
     return [(name.lower().encode(), value.encode("latin-1")) for name, value in items]
 
@@ -150,9 +149,6 @@ def json_or_none(content: bytes) -> Any:
         return orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-
-
-# ---------------------------------------------------------------------- streamed replies
 
 
 def deltas(chunk: dict[str, Any]) -> list[dict[str, Any]]:

@@ -96,15 +96,11 @@ class StreamReader:
         if rest := splitter.rest():
             yield rest
 
-    async def _next(self) -> bytes | None:
-        """The next complete event, None at the end of the stream."""
-        return await anext(self._events, None)
-
     async def decide(self) -> str:
         """``"own"`` when the first substantive delta calls a proxy tool, else ``"pass"``."""
         if not self.own:
             return "pass"
-        while (event := await self._next()) is not None:
+        while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
             chunk = chunk_of(event)
             verdict = chat.verdict(chunk, self.own) if chunk is not None else None
@@ -114,7 +110,7 @@ class StreamReader:
 
     async def drain(self) -> chat.Message:
         """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
-        while (event := await self._next()) is not None:
+        while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
         builder = chat.ReplyBuilder()
         for event in self._held:
@@ -128,7 +124,7 @@ class StreamReader:
         for event in held:
             if out := self._filter(event):
                 yield out
-        while (following := await self._next()) is not None:
+        while (following := await anext(self._events, None)) is not None:
             if out := self._filter(following):
                 yield out
 

@@ -69,8 +69,7 @@ class Turn:
 
 
 class Proxy:
-    """The proxy's state: one engine, one upstream client, the worker threads. See the
-    module doc."""
+    """The proxy's state: one engine, one upstream client, the worker threads."""
 
     def __init__(self, engine: MemoryEngine, settings: ServeSettings) -> None:
         if not settings.upstream:
@@ -86,7 +85,7 @@ class Proxy:
         self._local = engine.settings.store.url is None
         # sessions with a prepare in a worker: their next one goes there too (the session lock)
         self._waiting: collections.Counter[str] = collections.Counter()
-        # after_turn in order, off the request path; one thread is plenty (it writes rows).
+        # after_turn in order, off the request path.
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
         self._workers = ThreadPoolExecutor(
             max_workers=min(settings.max_concurrency, _WORKERS), thread_name_prefix="ragent-serve"
@@ -101,8 +100,6 @@ class Proxy:
         await asyncio.to_thread(self._workers.shutdown, wait=True)
         await asyncio.to_thread(self.engine.flush)
 
-    # ------------------------------------------------------------------ prepare
-
     async def turn(
         self,
         body: dict[str, Any],
@@ -110,8 +107,7 @@ class Proxy:
         forward: list[tuple[str, str]],
         started: float,
     ) -> Turn:
-        """The turn of a parsed request (arrived at ``started``, a ``perf_counter()``): its
-        session identified and its history prepared."""
+        """The turn of a parsed request, its session identified and its history prepared."""
         session_id, user_id = chat.identify(headers, body)
         history = body["messages"]
         try:
@@ -182,8 +178,6 @@ class Proxy:
             del own[name]
         return own
 
-    # ------------------------------------------------------------------ own tools
-
     def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
         """The tool messages answering the proxy's own calls (run in a worker thread): the
         arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
@@ -209,11 +203,8 @@ class Proxy:
         turn.messages += [assistant, *answers]
         turn.rounds += 1
 
-    # ------------------------------------------------------------------ forward
-
     async def complete(self, turn: Turn) -> tuple[Response, Message | None]:
-        """A non-streamed completion, with the proxy's own tool rounds inside, and the reply
-        to record (None when there is none)."""
+        """A non-streamed completion (own tool rounds inside) and the reply to record, if any."""
         last_round = self.settings.max_tool_rounds
         while True:
             payload = turn.payload(with_tools=turn.rounds < last_round)
@@ -266,8 +257,6 @@ class Proxy:
             message = f"upstream stream broke: {type(err).__name__}"
             raise Reject(502, message, "upstream_error") from err
         return False
-
-    # ------------------------------------------------------------------ after the turn
 
     def done(self, turn: Turn, reply: Message | None, status: int) -> None:
         """Log the request; hand history + reply to ``after_turn`` off the request path."""
