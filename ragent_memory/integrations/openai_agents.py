@@ -44,22 +44,13 @@ def _text(content: Any) -> str:
     return "".join(_texts(content))
 
 
-def _chat_content(content: Any) -> str | list[dict[str, str]]:
-    """Item content as chat content: one text stays a string; several text parts (the
-    engine's recall block ahead of the user's words, §9b) stay separate parts."""
+def _content(content: Any, part_type: str | None) -> str | list[dict[str, str]]:
+    """One text as a string; several (the recall block ahead of the user's words, §9b) stay
+    separate parts of ``part_type`` so the model reads them apart, or are joined (None)."""
     texts = _texts(content)
-    if len(texts) <= 1:
+    if len(texts) <= 1 or part_type is None:
         return "".join(texts)
-    return [{"type": "text", "text": text} for text in texts]
-
-
-def _item_content(role: str, content: Any) -> str | list[dict[str, str]]:
-    """Chat content as item content: several parts of an input message stay separate
-    ``input_text`` parts, so the model reads the recall block apart from the question."""
-    texts = _texts(content)
-    if len(texts) <= 1 or role == "assistant":
-        return "".join(texts)
-    return [{"type": "input_text", "text": text} for text in texts]
+    return [{"type": part_type, "text": text} for text in texts]
 
 
 def _plain(item: Any) -> dict[str, Any]:
@@ -74,7 +65,7 @@ def from_items(items: Sequence[Any]) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _chat_content(item.get("content"))})
+            out.append({"role": role, "content": _content(item.get("content"), "text")})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -108,7 +99,8 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[Any]:
             )
             continue
         if message.get("content"):
-            out.append({"role": role, "content": _item_content(role, message["content"])})
+            part_type = None if role == "assistant" else "input_text"
+            out.append({"role": role, "content": _content(message["content"], part_type)})
         for call in message.get("tool_calls") or []:
             function = call["function"]
             out.append(

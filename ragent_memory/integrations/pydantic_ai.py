@@ -13,6 +13,7 @@ registers the engine's tools.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -174,11 +175,7 @@ class HistoryProcessor:
     def _raw(self, messages: list[ModelMessage]) -> list[ModelMessage]:
         """The raw history behind ``messages``: the view returned last time, then what is new."""
         n = len(self._shown)
-        if (
-            n
-            and len(messages) >= n
-            and all(a is b for a, b in zip(messages, self._shown, strict=False))
-        ):
+        if n and len(messages) >= n and all(map(operator.is_, messages, self._shown)):
             return [*self.raw_history, *messages[n:]]
         return list(messages)
 
@@ -191,15 +188,8 @@ class HistoryProcessor:
             )
             if self.user_id is not None:
                 self.engine.after_turn(history, session_id=self.session_id, user_id=self.user_id)
-            instructions = next(
-                (
-                    m.instructions
-                    for m in reversed(raw)
-                    if isinstance(m, ModelRequest) and m.instructions
-                ),
-                None,
-            )
-            shown = to_pydantic_ai(prepared.messages, instructions)
+            given = [m.instructions for m in raw if isinstance(m, ModelRequest) and m.instructions]
+            shown = to_pydantic_ai(prepared.messages, given[-1] if given else None)
             self.raw_history, self._shown = raw, shown
             return list(shown)
 
