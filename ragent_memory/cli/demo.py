@@ -193,6 +193,8 @@ def _print_summary(
     applied = [r for r in audit_rows if r["status"] == "applied"]
     last = reports[-1]
     peak = max(r.chars_out for r in reports)
+    generations = f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied"
+    mean_ms = sum(r.duration_ms for r in reports) / len(reports)
     rows = [
         ("budget B", f"{settings.context_window_chars:,}", ""),
         ("history at the end", f"{last.chars_raw:,}", f"{len(reports)} turns"),
@@ -207,17 +209,9 @@ def _print_summary(
             f"{settings.oversized_tool_result_chars:,}",
             f"{max(r.truncated for r in reports)} oversized results shown as previews",
         ),
-        (
-            "compaction gate (80%)",
-            f"{settings.compact_trigger_chars:,}",
-            f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied",
-        ),
+        ("compaction gate (80%)", f"{settings.compact_trigger_chars:,}", generations),
         ("final context", f"{last.chars_out:,}", f"generation {last.generation}"),
-        (
-            "prepare time",
-            f"{sum(r.duration_ms for r in reports) / len(reports):.2f} ms",
-            "mean per turn",
-        ),
+        ("prepare time", f"{mean_ms:.2f} ms", "mean per turn"),
     ]
     width = max(len(r[0]) for r in rows)
     click.echo("\nragent-memory demo (offline summarizer, no network)\n")

@@ -346,9 +346,7 @@ def memory_list(
     if not facts:
         click.echo(f"nothing remembered about {user}")
         return
-    cols = (
-        ["id", "status", "created_at", "content"] if show_all else ["id", "created_at", "content"]
-    )
+    cols = ["id", *(["status"] if show_all else []), "created_at", "content"]
     click.echo(_table([[f[c] for c in cols] for f in facts], cols))
 
 

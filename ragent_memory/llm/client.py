@@ -88,11 +88,8 @@ def _seconds(value: str | None) -> float | None:
 
 
 class CircuitBreaker:
-    """Skips an endpoint for ``cooldown_s`` after ``failures`` consecutive failed requests.
-
-    When the cooldown has passed, requests go through again (half-open): a success closes the
-    breaker, one more failure opens it for another cooldown. Thread-safe.
-    """
+    """Skips an endpoint for ``cooldown_s`` after ``failures`` consecutive failed requests; then
+    half-open: a success closes it, one more failure opens it again. Thread-safe."""
 
     def __init__(
         self,
@@ -163,11 +160,8 @@ class _GaveUp:
 
 
 class LLMClient:
-    """Chat completions over ``settings.endpoints`` in order, with retries and a breaker.
-
-    One instance is meant to be shared by threads. Call :meth:`close` (or use it as a context
-    manager) to release the HTTP connection pools.
-    """
+    """Chat completions over ``settings.endpoints`` in order, with retries and a breaker; shared
+    by threads. :meth:`close` (or ``with``) releases the HTTP connection pools."""
 
     def __init__(
         self,

@@ -58,17 +58,15 @@ def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, 
 
 def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
     """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
-    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
-    answered itself."""
+    ``X-Ragent-Chars-In``), plus the tool rounds the proxy answered itself."""
     headers = {}
     for field in attrs.fields(type(report)):
         value = getattr(report, field.name)
         if value is None:
             continue
         if isinstance(value, bool):
-            text = "true" if value else "false"
-        else:
-            text = f"{value:.3f}" if isinstance(value, float) else str(value)
+            value = "true" if value else "false"
+        text = f"{value:.3f}" if isinstance(value, float) else str(value)
         headers["X-Ragent-" + "-".join(p.capitalize() for p in field.name.split("_"))] = text
     headers["X-Ragent-Tool-Rounds"] = str(rounds)
     return headers

@@ -161,10 +161,9 @@ class Proxy:
     def _offer(
         self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
     ) -> dict[str, dict[str, Any]]:
-        """The proxy's own tools for this request: the recall tool when the view shows a
-        placeholder, preview or recalled excerpt to read back; the search tool when there is
-        earlier conversation the view no longer shows (a summary, dropped turns, or the user's
-        other sessions). None when the app pins its tools, and never one the app declares."""
+        """The proxy's own tools for this request: recall when the view shows a ref to read
+        back, search when there is earlier conversation it no longer shows. None when the app
+        pins its tools, and never one the app declares."""
         if chat.pins_tools(body):
             return {}
         own: dict[str, dict[str, Any]] = {}
