@@ -123,17 +123,13 @@ class LLMSettings:
     @property
     def endpoints(self) -> tuple[EndpointSettings, ...]:
         """The primary endpoint followed by the fallbacks, in the order they are tried."""
-        primary = EndpointSettings(self.base_url, self.model, self.api_key_env)
-        return (primary, *self.fallbacks)
+        return (EndpointSettings(self.base_url, self.model, self.api_key_env), *self.fallbacks)
 
 
 @attrs.frozen
 class StoreSettings:
-    """Where the store lives: a SQLite file (``path``), or PostgreSQL (``url``) for many hosts.
-
-    The PostgreSQL password is never in the YAML or the URL: ``password_env`` names the
-    environment variable it is read from when the store opens.
-    """
+    """Where the store lives: a SQLite file (``path``), or PostgreSQL (``url``) for many hosts,
+    its password read from the variable ``password_env`` names (never in the YAML or URL)."""
 
     path: str = _field("store.path", "ragent-memory.db", _non_empty_str, "a file path")
     url: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_pg_url(v))

@@ -57,11 +57,10 @@ FACTS = (
 
 
 def _search_result(topic: str, rng: random.Random) -> str:
-    lines = [
+    return "\n".join(
         f"[{topic} · doc {k}] {KNOWLEDGE[topic]} (revision {rng.randint(1, 40)})"
         for k in range(rng.randint(10, 40))
-    ]
-    return "\n".join(lines)
+    )
 
 
 def _tool_turn(call_id: str, name: str, arguments: dict[str, Any], result: str) -> list[Message]:
@@ -129,7 +128,7 @@ def _recall_loop(
         # A preview's notice says where the omitted part starts; a placeholder reads from 0.
         start = re.search(r"offset=(\d+)", seen)
         offset = int(start.group(1)) if start else 0
-        arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
+        arguments: dict[str, Any] = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
         call, answer = _tool_turn(
             f"recall_{turn}", RECALL_TOOL_NAME, arguments, engine.recall(session_id, **arguments)
         )

@@ -31,9 +31,6 @@ def _to_log_kwargs(
     return {"msg": message, "extra": {EVENT_ATTR: dict(event_dict)}}
 
 
-_PROCESSORS: tuple[structlog.typing.Processor, ...] = (_to_log_kwargs,)
-
-
 class Logger:
     """The bound logger every module uses: ``log.info("trim.applied", session_id=…)``."""
 
@@ -46,7 +43,7 @@ class Logger:
         elif self._stdlib.isEnabledFor(level):
             bound = structlog.wrap_logger(
                 self._stdlib,
-                processors=_PROCESSORS,
+                processors=(_to_log_kwargs,),
                 wrapper_class=structlog.stdlib.BoundLogger,
             )
         else:

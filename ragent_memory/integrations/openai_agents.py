@@ -53,15 +53,11 @@ def _content(content: Any, part_type: str | None) -> str | list[dict[str, str]]:
     return [{"type": part_type, "text": text} for text in texts]
 
 
-def _plain(item: Any) -> dict[str, Any]:
-    return item if isinstance(item, dict) else dict(item.model_dump(exclude_none=True))
-
-
 def from_items(items: Sequence[Any]) -> list[dict[str, Any]]:
     """Responses-API input items as chat dicts (function calls in a row form one message)."""
     out: list[dict[str, Any]] = []
     for raw in items:
-        item = _plain(raw)
+        item = raw if isinstance(raw, dict) else dict(raw.model_dump(exclude_none=True))
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]

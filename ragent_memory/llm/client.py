@@ -61,12 +61,9 @@ class Completion:
 
 
 def retry_delay_s(retry_index: int, retry_after: str | None, jitter: float) -> float:
-    """Seconds to wait before retry ``retry_index`` (0 = the first retry) on one endpoint.
-
-    Exponential backoff 0.5 s·2ⁿ capped at 10 s, plus up to 25% of it scaled by ``jitter``, a
-    number in [0, 1) drawn by the caller so this function stays pure. A ``Retry-After`` value in
-    seconds can lengthen the wait, to at most 30 s; HTTP-dates and garbage are ignored.
-    """
+    """Seconds before retry ``retry_index`` (0 = the first) on one endpoint: 0.5 s·2ⁿ capped at
+    10 s, plus up to 25% scaled by ``jitter`` (in [0, 1), drawn by the caller so this stays
+    pure). A ``Retry-After`` in seconds can lengthen it, to at most 30 s; dates are ignored."""
     exponent = min(max(retry_index, 0), 32)  # 2**n beyond the cap is pointless and can overflow
     backoff = min(BACKOFF_BASE_S * 2.0**exponent, BACKOFF_CAP_S)
     unit = min(max(jitter, 0.0), 1.0) if math.isfinite(jitter) else 0.0

@@ -1,12 +1,10 @@
 """A streamed chat completion relayed as it arrives: server-sent events split, read along
 (the JSON chunk each carries) and forwarded byte for byte.
 
-The proxy holds back only the events that say nothing yet (the role chunk). When the first
-substantive delta is a call of a proxy tool, it reads that reply to its end; if every call in
-it is the proxy's, it answers them and streams the next round instead, so the app sees one
-ordinary reply. Once text (or an app tool call) has been forwarded, the reply streams through
-as it comes and any proxy-tool call later in it is cut out of the events: the app never sees a
-tool it did not declare.
+Only events that say nothing yet (the role chunk) are held back. A reply that starts with a
+call of a proxy tool is read to its end and, when every call is the proxy's, answered and
+followed by the next round: the app sees one ordinary reply. Otherwise it streams through, any
+later proxy-tool call cut out: the app never sees a tool it did not declare.
 """
 
 from __future__ import annotations

@@ -180,17 +180,14 @@ class Proxy:
     def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
         """The tool messages answering the proxy's own calls (run in a worker thread): the
         arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
+        answer = functools.partial(
+            call_tool, self.engine, session_id=turn.session_id, user_id=turn.user_id
+        )
         return [
             {
                 "role": "tool",
                 "tool_call_id": call.get("id"),
-                "content": call_tool(
-                    self.engine,
-                    call["function"].get("name"),
-                    call["function"].get("arguments"),
-                    session_id=turn.session_id,
-                    user_id=turn.user_id,
-                ),
+                "content": answer(call["function"].get("name"), call["function"].get("arguments")),
             }
             for call in calls
         ]
