@@ -1,9 +1,8 @@
 """``ragent-memory demo``: a long simulated RAG-agent session, offline, through every gate.
 
-The agent answers questions over a small bundled knowledge base with ``search_knowledge``,
-sometimes pulls an oversized export, and once — the first time its context shows a placeholder
-or a preview — calls the recall tool to read the original back, the way a model would.
-Everything is deterministic (seeded); no network, no API key.
+The agent answers from a small bundled knowledge base with ``search_knowledge``, sometimes
+pulls an oversized export, and once reads a placeholder or preview back with the recall tool,
+as a model would. Deterministic (seeded); no network, no API key.
 """
 
 from __future__ import annotations
@@ -193,21 +192,15 @@ def _print_summary(
     last = reports[-1]
     peak = max(r.chars_out for r in reports)
     generations = f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied"
+    placeholders = f"{last.trimmed} results shown as placeholders at the end"
+    previews = f"{max(r.truncated for r in reports)} oversized results shown as previews"
     mean_ms = sum(r.duration_ms for r in reports) / len(reports)
     rows = [
         ("budget B", f"{settings.context_window_chars:,}", ""),
         ("history at the end", f"{last.chars_raw:,}", f"{len(reports)} turns"),
         ("largest context sent", f"{peak:,}", f"{peak / settings.context_window_chars:.0%} of B"),
-        (
-            "trim gate (50%)",
-            f"{settings.trim_trigger_chars:,}",
-            f"{last.trimmed} results shown as placeholders at the end",
-        ),
-        (
-            "reduction",
-            f"{settings.oversized_tool_result_chars:,}",
-            f"{max(r.truncated for r in reports)} oversized results shown as previews",
-        ),
+        ("trim gate (50%)", f"{settings.trim_trigger_chars:,}", placeholders),
+        ("reduction", f"{settings.oversized_tool_result_chars:,}", previews),
         ("compaction gate (80%)", f"{settings.compact_trigger_chars:,}", generations),
         ("final context", f"{last.chars_out:,}", f"generation {last.generation}"),
         ("prepare time", f"{mean_ms:.2f} ms", "mean per turn"),

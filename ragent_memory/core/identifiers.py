@@ -87,9 +87,8 @@ def identifiers(text: str) -> list[str]:
                 words.pop()
             if not words:
                 continue
-            if len(words) == 1 and (
-                _is_sentence_start(text, match.start()) and words[0] == value.split()[0]
-            ):
+            is_first = len(words) == 1 and words[0] == value.split()[0]
+            if is_first and _is_sentence_start(text, match.start()):
                 continue
             value = " ".join(words)
         value = value.strip()

@@ -208,10 +208,7 @@ class LLMClient:
         purpose: str = "summary",
     ) -> Completion:
         """The first reply that passes the checks and ``validate``; ``LLMError`` when none does.
-
-        ``validate`` returns the (possibly cleaned) text or raises ``SummaryError``, which
-        counts as a bad reply and is retried like one.
-        """
+        ``validate`` returns the (cleaned) text or raises ``SummaryError``, a bad reply."""
         if self._is_closed:
             raise RuntimeError("LLMClient is closed")
         endpoints = self._settings.endpoints

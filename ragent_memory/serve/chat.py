@@ -99,11 +99,8 @@ def split_calls(
     message: Mapping[str, Any], own: Mapping[str, Any]
 ) -> tuple[list[Message], list[Message]]:
     """The message's tool calls: (the proxy's own, the app's)."""
-    mine: list[Message] = []
-    theirs: list[Message] = []
-    for call in message.get("tool_calls") or ():
-        (mine if call_name(call) in own else theirs).append(call)
-    return mine, theirs
+    calls = message.get("tool_calls") or ()
+    return [c for c in calls if call_name(c) in own], [c for c in calls if call_name(c) not in own]
 
 
 def strip_own_calls(data: dict[str, Any], own: Mapping[str, Any]) -> bool:
@@ -150,8 +147,7 @@ def json_or_none(content: bytes) -> Any:
 
 
 def deltas(chunk: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``delta`` of every choice of the first index in a chunk (the proxy follows one
-    choice; ``n > 1`` streams are forwarded untouched)."""
+    """The ``delta`` of each choice of index 0 in a chunk (the proxy follows that one only)."""
     out = []
     for choice in chunk.get("choices") or ():
         if isinstance(choice, dict) and choice.get("index", 0) == 0:

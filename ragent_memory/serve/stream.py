@@ -101,8 +101,7 @@ class StreamReader:
         while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
             chunk = chunk_of(event)
-            verdict = chat.verdict(chunk, self.own) if chunk is not None else None
-            if verdict is not None:
+            if chunk is not None and (verdict := chat.verdict(chunk, self.own)) is not None:
                 return verdict
         return "pass"
 
@@ -142,9 +141,8 @@ class StreamReader:
 
 @attrs.define
 class Relay:
-    """An ASGI response streaming the reader's events to the client as they come (no
-    Content-Length); ``finish`` runs exactly once, with the reply the client received (None
-    when the stream broke or the client left)."""
+    """An ASGI response streaming the reader's events as they come; ``finish`` runs once, with
+    the reply the client received (None when the stream broke or the client left)."""
 
     reader: StreamReader
     headers: RawHeaders

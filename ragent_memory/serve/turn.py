@@ -139,8 +139,8 @@ class Proxy:
     async def _prepare_in_worker(
         self, history: list[Message], session_id: str, user_id: str | None
     ) -> PreparedContext:
-        """``prepare`` in a worker thread; the session counts as waiting until the thread is
-        done with it, even when this request is cancelled meanwhile (the thread goes on)."""
+        """``prepare`` in a worker; the session counts as waiting until the thread is done,
+        even when this request is cancelled meanwhile."""
         loop = asyncio.get_running_loop()
         prepare = self.engine.prepare
         future = self._workers.submit(prepare, history, session_id=session_id, user_id=user_id)
@@ -255,7 +255,7 @@ class Proxy:
         return False
 
     def done(self, turn: Turn, reply: Message | None, status: int) -> None:
-        """Log the request; hand history + reply to ``after_turn`` off the request path."""
+        """Log the request; hand history + reply to ``after_turn``, off the request path."""
         log.info(
             "serve.request",
             session_id=turn.session_id,
