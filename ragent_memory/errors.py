@@ -49,8 +49,7 @@ class SummaryError(RagentMemoryError):
 
 
 class ExtractionError(SummaryError):
-    """Model output for long-term memory is not valid JSON operations, or a batch cannot be
-    applied. A ``SummaryError`` so the LLM client retries such a reply like any bad reply."""
+    """Model output for long-term memory is not valid operations (retried like a bad reply)."""
 
 
 class LLMError(RagentMemoryError):

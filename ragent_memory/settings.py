@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import attrs
@@ -50,11 +50,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _field(key: str, default: Any, ok: Callable[[Any], bool], want: str) -> Any:
+    """A field with a default that refuses what ``ok`` rejects, naming ``key``."""
+    return attrs.field(default=default, validator=_check(key, ok, want))
+
+
 def _flag(key: str, *, default: bool) -> Any:
     """A true/false field, refusing anything else (YAML's "yes" is a string here)."""
-    return attrs.field(
-        default=default, validator=_check(key, lambda v: isinstance(v, bool), "true or false")
-    )
+    return _field(key, default, lambda v: isinstance(v, bool), "true or false")
+
+
+def _positive(value: Any) -> bool:
+    return _is_number(value) and value > 0
 
 
 def _check(key: str, ok: Callable[[Any], bool], want: str) -> Callable[[Any, Any, Any], None]:
@@ -85,9 +92,7 @@ class EndpointSettings:
 
     base_url: str = attrs.field(validator=_check("base_url", _non_empty_str, "a URL string"))
     model: str = attrs.field(validator=_check("model", _non_empty_str, "a model name"))
-    api_key_env: str | None = attrs.field(
-        default=None, validator=_check("api_key_env", _env_name, "an environment variable name")
-    )
+    api_key_env: str | None = _field("api_key_env", None, _env_name, "an environment variable name")
 
 
 @attrs.frozen
@@ -96,23 +101,13 @@ class LLMSettings:
 
     base_url: str = attrs.field(validator=_check("llm.base_url", _non_empty_str, "a URL string"))
     model: str = attrs.field(validator=_check("llm.model", _non_empty_str, "a model name"))
-    api_key_env: str | None = attrs.field(
-        default=None,
-        validator=_check("llm.api_key_env", _env_name, "an environment variable name"),
+    api_key_env: str | None = _field(
+        "llm.api_key_env", None, _env_name, "an environment variable name"
     )
-    timeout_s: float = attrs.field(
-        default=60.0,
-        validator=_check("llm.timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
-    )
-    max_retries: int = attrs.field(
-        default=3,
-        validator=_check("llm.max_retries", lambda v: is_int(v) and 0 <= v <= 10, "0..10"),
-    )
-    max_input_chars: int = attrs.field(
-        default=200_000,
-        validator=_check(
-            "llm.max_input_chars", lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
-        ),
+    timeout_s: float = _field("llm.timeout_s", 60.0, _positive, "a number > 0")
+    max_retries: int = _field("llm.max_retries", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10")
+    max_input_chars: int = _field(
+        "llm.max_input_chars", 200_000, lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
     )
     offline_fallback: bool = _flag("llm.offline_fallback", default=True)
     fallbacks: tuple[EndpointSettings, ...] = attrs.field(
@@ -128,40 +123,26 @@ class LLMSettings:
     @property
     def endpoints(self) -> tuple[EndpointSettings, ...]:
         """The primary endpoint followed by the fallbacks, in the order they are tried."""
-        primary = EndpointSettings(self.base_url, self.model, self.api_key_env)
-        return (primary, *self.fallbacks)
+        return (EndpointSettings(self.base_url, self.model, self.api_key_env), *self.fallbacks)
 
 
 @attrs.frozen
 class StoreSettings:
-    """Where the store lives: a SQLite file (``path``), or PostgreSQL (``url``) for many hosts.
+    """Where the store lives: a SQLite file (``path``), or PostgreSQL (``url``) for many hosts,
+    its password read from the variable ``password_env`` names (never in the YAML or URL)."""
 
-    The PostgreSQL password is never in the YAML or the URL: ``password_env`` names the
-    environment variable it is read from when the store opens.
-    """
-
-    path: str = attrs.field(
-        default="ragent-memory.db", validator=_check("store.path", _non_empty_str, "a file path")
-    )
+    path: str = _field("store.path", "ragent-memory.db", _non_empty_str, "a file path")
     url: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_pg_url(v))
-    password_env: str | None = attrs.field(
-        default=None,
-        validator=_check("store.password_env", _env_name, "an environment variable name"),
+    password_env: str | None = _field(
+        "store.password_env", None, _env_name, "an environment variable name"
     )
-    pool_size: int = attrs.field(
-        default=8, validator=_check("store.pool_size", lambda v: is_int(v) and v >= 1, "≥ 1")
-    )
-    lease_s: float = attrs.field(
-        default=DEFAULT_LEASE_S,
-        validator=_check("store.lease_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
-    )
+    pool_size: int = _field("store.pool_size", 8, lambda v: is_int(v) and v >= 1, "≥ 1")
+    lease_s: float = _field("store.lease_s", DEFAULT_LEASE_S, _positive, "a number > 0")
 
     def __attrs_post_init__(self) -> None:
-        if self.url is None:
-            if self.password_env is not None:
-                raise ConfigError("store.password_env", "needs store.url (PostgreSQL)")
-            return
-        if self.path != "ragent-memory.db":
+        if self.url is None and self.password_env is not None:
+            raise ConfigError("store.password_env", "needs store.url (PostgreSQL)")
+        if self.url is not None and self.path != "ragent-memory.db":
             raise ConfigError(
                 "store", "give store.path (SQLite) or store.url (PostgreSQL), not both"
             )
@@ -207,36 +188,23 @@ def _http_url(value: Any) -> bool:
 class ServeSettings:
     """``ragent-memory serve`` (DESIGN §14b): the OpenAI-compatible proxy and its bounds."""
 
-    upstream: str | None = attrs.field(
-        default=None,
-        validator=_check("serve.upstream", _http_url, "an http(s) base URL, e.g. http://h/v1"),
+    upstream: str | None = _field(
+        "serve.upstream", None, _http_url, "an http(s) base URL, e.g. http://h/v1"
     )
-    host: str = attrs.field(
-        default="127.0.0.1", validator=_check("serve.host", _non_empty_str, "a host name")
+    host: str = _field("serve.host", "127.0.0.1", _non_empty_str, "a host name")
+    port: int = _field("serve.port", 8089, lambda v: is_int(v) and 0 <= v <= 65535, "0..65535")
+    max_body_bytes: int = _field(
+        "serve.max_body_bytes",
+        32 * 1024 * 1024,
+        lambda v: is_int(v) and v >= 1024,
+        "an integer ≥ 1024",
     )
-    port: int = attrs.field(
-        default=8089,
-        validator=_check("serve.port", lambda v: is_int(v) and 0 <= v <= 65535, "0..65535"),
+    timeout_s: float = _field("serve.timeout_s", 600.0, _positive, "a number > 0")
+    max_concurrency: int = _field(
+        "serve.max_concurrency", 64, lambda v: is_int(v) and 1 <= v <= 10_000, "1..10000"
     )
-    max_body_bytes: int = attrs.field(
-        default=32 * 1024 * 1024,
-        validator=_check(
-            "serve.max_body_bytes", lambda v: is_int(v) and v >= 1024, "an integer ≥ 1024"
-        ),
-    )
-    timeout_s: float = attrs.field(
-        default=600.0,
-        validator=_check("serve.timeout_s", lambda v: _is_number(v) and v > 0, "a number > 0"),
-    )
-    max_concurrency: int = attrs.field(
-        default=64,
-        validator=_check(
-            "serve.max_concurrency", lambda v: is_int(v) and 1 <= v <= 10_000, "1..10000"
-        ),
-    )
-    max_tool_rounds: int = attrs.field(
-        default=3,
-        validator=_check("serve.max_tool_rounds", lambda v: is_int(v) and 0 <= v <= 10, "0..10"),
+    max_tool_rounds: int = _field(
+        "serve.max_tool_rounds", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10"
     )
 
 
@@ -276,13 +244,11 @@ _DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep
 class Settings:
     """Every setting of the engine. Construct in code or with :func:`load_settings`."""
 
-    context_window_chars: int = attrs.field(
-        default=1_200_000,
-        validator=_check(
-            "context_window_chars",
-            lambda v: is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
-            f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
-        ),
+    context_window_chars: int = _field(
+        "context_window_chars",
+        1_200_000,
+        lambda v: is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
+        f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
     )
     summary_enabled: bool = _flag("summary_enabled", default=True)
     long_term_enabled: bool = _flag("long_term_enabled", default=True)
@@ -291,34 +257,22 @@ class Settings:
         converter=_to_tuple,
         validator=_check("evictable_tools", _tool_names, "a list of tool names"),
     )
-    language: str = attrs.field(
-        default="en", validator=_check("language", lambda v: v in LANGUAGES, "'en' or 'zh'")
-    )
+    language: str = _field("language", "en", lambda v: v in LANGUAGES, "'en' or 'zh'")
     store: StoreSettings = attrs.field(
         factory=StoreSettings,
         converter=_store_section,
         validator=_check("store", lambda v: isinstance(v, StoreSettings), "StoreSettings"),
     )
-    compaction_timeout_s: float = attrs.field(
-        default=120.0,
-        validator=_check(
-            "compaction_timeout_s", lambda v: _is_number(v) and v >= 0, "a number >= 0"
-        ),
+    compaction_timeout_s: float = _field(
+        "compaction_timeout_s", 120.0, lambda v: _is_number(v) and v >= 0, "a number >= 0"
     )
-    compaction_workers: int = attrs.field(
-        default=2,
-        validator=_check(
-            "compaction_workers", lambda v: is_int(v) and 1 <= v <= 64, "an integer 1..64"
-        ),
+    compaction_workers: int = _field(
+        "compaction_workers", 2, lambda v: is_int(v) and 1 <= v <= 64, "an integer 1..64"
     )
-    session_cache_size: int = attrs.field(
-        default=1000,
-        validator=_check("session_cache_size", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    session_cache_size: int = _field(
+        "session_cache_size", 1000, lambda v: is_int(v) and v >= 1, "an integer >= 1"
     )
-    offload_ttl_days: float = attrs.field(
-        default=7,
-        validator=_check("offload_ttl_days", lambda v: _is_number(v) and v > 0, "a number > 0"),
-    )
+    offload_ttl_days: float = _field("offload_ttl_days", 7, _positive, "a number > 0")
     strict_alternation: bool = _flag("strict_alternation", default=False)
     recall_enabled: bool = _flag("recall_enabled", default=True)
     preserved_tools: tuple[str, ...] = attrs.field(
@@ -392,10 +346,6 @@ class Settings:
 # ---------------------------------------------------------------------------- loading
 
 
-def _fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
-    return {a.name: a for a in attrs.fields(cls)}
-
-
 def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
     """One key's YAML value as its field takes it: a nested section built, lists checked."""
     if cls is Settings and key in _SECTIONS:
@@ -414,7 +364,7 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
     """Build an attrs settings class from a mapping, naming the key path on every error."""
     if not isinstance(data, Mapping):
         raise ConfigError(path or "(top level)", f"expected a mapping, got {data!r}")
-    known = _fields(cls)
+    known = {a.name: a for a in attrs.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
@@ -441,8 +391,7 @@ _SECTIONS: Mapping[str, type] = MappingProxyType(
 
 def settings_from_dict(data: Mapping[str, Any]) -> Settings:
     """Settings from a parsed YAML/JSON mapping."""
-    settings: Settings = _build(Settings, data, "")
-    return settings
+    return cast(Settings, _build(Settings, data, ""))
 
 
 def _where(err: yaml.YAMLError) -> str:

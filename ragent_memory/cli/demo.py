@@ -1,9 +1,8 @@
 """``ragent-memory demo``: a long simulated RAG-agent session, offline, through every gate.
 
-The agent answers questions over a small bundled knowledge base with ``search_knowledge``,
-sometimes pulls an oversized export, and once — the first time its context shows a placeholder
-or a preview — calls the recall tool to read the original back, the way a model would.
-Everything is deterministic (seeded); no network, no API key.
+The agent answers from a small bundled knowledge base with ``search_knowledge``, sometimes
+pulls an oversized export, and once reads a placeholder or preview back with the recall tool,
+as a model would. Deterministic (seeded); no network, no API key.
 """
 
 from __future__ import annotations
@@ -57,11 +56,10 @@ FACTS = (
 
 
 def _search_result(topic: str, rng: random.Random) -> str:
-    lines = [
+    return "\n".join(
         f"[{topic} · doc {k}] {KNOWLEDGE[topic]} (revision {rng.randint(1, 40)})"
         for k in range(rng.randint(10, 40))
-    ]
-    return "\n".join(lines)
+    )
 
 
 def _tool_turn(call_id: str, name: str, arguments: dict[str, Any], result: str) -> list[Message]:
@@ -129,13 +127,10 @@ def _recall_loop(
         # A preview's notice says where the omitted part starts; a placeholder reads from 0.
         start = re.search(r"offset=(\d+)", seen)
         offset = int(start.group(1)) if start else 0
-        arguments = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
-        call_id = f"recall_{turn}"
-        call = _tool_turn(call_id, RECALL_TOOL_NAME, arguments, "")[0]
-        # What the app does when the model calls the tool: parse the arguments, answer.
-        parsed = json.loads(call["tool_calls"][0]["function"]["arguments"])
-        content = engine.recall(session_id, **parsed)
-        answer = {"role": "tool", "tool_call_id": call_id, "content": content}
+        arguments: dict[str, Any] = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
+        call, answer = _tool_turn(
+            f"recall_{turn}", RECALL_TOOL_NAME, arguments, engine.recall(session_id, **arguments)
+        )
         return RecallLoop(turn, seen, call, answer)
     return None
 
@@ -195,35 +190,20 @@ def _print_summary(
 ) -> None:
     applied = [r for r in audit_rows if r["status"] == "applied"]
     last = reports[-1]
+    peak = max(r.chars_out for r in reports)
+    generations = f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied"
+    placeholders = f"{last.trimmed} results shown as placeholders at the end"
+    previews = f"{max(r.truncated for r in reports)} oversized results shown as previews"
+    mean_ms = sum(r.duration_ms for r in reports) / len(reports)
     rows = [
         ("budget B", f"{settings.context_window_chars:,}", ""),
         ("history at the end", f"{last.chars_raw:,}", f"{len(reports)} turns"),
-        (
-            "largest context sent",
-            f"{max(r.chars_out for r in reports):,}",
-            f"{max(r.chars_out for r in reports) / settings.context_window_chars:.0%} of B",
-        ),
-        (
-            "trim gate (50%)",
-            f"{settings.trim_trigger_chars:,}",
-            f"{last.trimmed} results shown as placeholders at the end",
-        ),
-        (
-            "reduction",
-            f"{settings.oversized_tool_result_chars:,}",
-            f"{max(r.truncated for r in reports)} oversized results shown as previews",
-        ),
-        (
-            "compaction gate (80%)",
-            f"{settings.compact_trigger_chars:,}",
-            f"{len(applied)} generation{'' if len(applied) == 1 else 's'} applied",
-        ),
+        ("largest context sent", f"{peak:,}", f"{peak / settings.context_window_chars:.0%} of B"),
+        ("trim gate (50%)", f"{settings.trim_trigger_chars:,}", placeholders),
+        ("reduction", f"{settings.oversized_tool_result_chars:,}", previews),
+        ("compaction gate (80%)", f"{settings.compact_trigger_chars:,}", generations),
         ("final context", f"{last.chars_out:,}", f"generation {last.generation}"),
-        (
-            "prepare time",
-            f"{sum(r.duration_ms for r in reports) / len(reports):.2f} ms",
-            "mean per turn",
-        ),
+        ("prepare time", f"{mean_ms:.2f} ms", "mean per turn"),
     ]
     width = max(len(r[0]) for r in rows)
     click.echo("\nragent-memory demo (offline summarizer, no network)\n")
@@ -289,6 +269,3 @@ def _chart(reports: list[TurnReport], settings: Settings, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     click.echo(f"  chart: {path}")
-
-
-__all__ = ["RECALL_TOOL_NAME", "run_demo", "simulate_session"]

@@ -7,23 +7,22 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import click
 import structlog
 
 from ragent_memory.core.logs import EVENT_ATTR, ROOT
-from ragent_memory.errors import RagentMemoryError
+from ragent_memory.errors import ConfigError, RagentMemoryError, StoreError
 from ragent_memory.settings import Settings, StoreSettings, load_settings
 
 if TYPE_CHECKING:
     from ragent_memory.store import Backend
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CONFIG = "config/ragent-memory.yaml"
 
@@ -73,8 +72,6 @@ def _settings(config: str | None, db: str | None = None) -> Settings:
         config = DEFAULT_CONFIG
     settings = load_settings(config) if config else Settings()
     if db is not None:
-        import attrs
-
         settings = attrs.evolve(settings, store=StoreSettings(path=db))
     return settings
 
@@ -258,8 +255,6 @@ def compact(
 )
 def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
     """Delete expired offloads and what is left of dropped sessions; report what was freed."""
-    import attrs
-
     with user_errors(), _existing_store(config, db) as store:
         report = store.gc(vacuum=vacuum)
     sizes = ("file_bytes_before", "file_bytes_after")
@@ -280,7 +275,6 @@ def gc(db: str | None, config: str | None, as_json: bool, vacuum: bool) -> None:
 
 def _existing_store(config: str | None, db: str | None) -> Backend:
     """The store of the config (or ``--db``); never creates an empty SQLite file by accident."""
-    from ragent_memory.errors import StoreError
     from ragent_memory.store import open_store
 
     settings = _settings(config, db).store
@@ -298,7 +292,6 @@ def _existing_store(config: str | None, db: str | None) -> Backend:
 )
 def migrate(source: str, target: str, password_env: str | None) -> None:
     """Copy a SQLite store into an empty PostgreSQL database (DESIGN §10, many hosts)."""
-    from ragent_memory.errors import StoreError
     from ragent_memory.store import Store
     from ragent_memory.store.copy import copy_store
     from ragent_memory.store.postgres import PostgresStore
@@ -353,9 +346,7 @@ def memory_list(
     if not facts:
         click.echo(f"nothing remembered about {user}")
         return
-    cols = (
-        ["id", "status", "created_at", "content"] if show_all else ["id", "created_at", "content"]
-    )
+    cols = ["id", *(["status"] if show_all else []), "created_at", "content"]
     click.echo(_table([[f[c] for c in cols] for f in facts], cols))
 
 
@@ -417,10 +408,6 @@ def serve(
     port: int | None,
 ) -> None:
     """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
-    import attrs
-
-    from ragent_memory.errors import ConfigError
-
     with user_errors():
         settings = _settings(config)
         given: dict[str, Any] = {"upstream": upstream, "host": host, "port": port}
@@ -445,18 +432,13 @@ def serve(
         )
 
 
-def default_config_text() -> str:
-    """The documented default config shipped in the wheel (``config/ragent-memory.yaml``)."""
-    from importlib.resources import files
-
-    return (files("ragent_memory") / "data" / "ragent-memory.yaml").read_text(encoding="utf-8")
-
-
 @cli.command()
 @click.argument("path", default=DEFAULT_CONFIG, type=click.Path())
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init(path: str, force: bool) -> None:
     """Write the documented default config to PATH (default config/ragent-memory.yaml)."""
+    from importlib.resources import files
+
     target = Path(path)
     with user_errors():
         if target.exists() and not force:
@@ -465,5 +447,6 @@ def init(path: str, force: bool) -> None:
             target.parent.mkdir(exist_ok=True)
         elif not target.parent.is_dir():
             raise click.ClickException(f"{path}: directory {target.parent} does not exist")
-        target.write_text(default_config_text(), encoding="utf-8")
+        shipped = files("ragent_memory") / "data" / "ragent-memory.yaml"
+        target.write_text(shipped.read_text(encoding="utf-8"), encoding="utf-8")
     click.echo(f"wrote {path}")

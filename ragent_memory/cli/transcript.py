@@ -79,11 +79,7 @@ def replay(
         prepared = engine.prepare(messages[: index + 1], session_id=session_id, user_id=user_id)
         report = prepared.report
         fields = {k: getattr(report, k) for k in _REPORTED}
-        turns.append(
-            {"message_index": index, **fields, "duration_ms": round(report.duration_ms, 3)}
-        )
-    return {
-        "session_id": session_id,
-        "messages": prepared.messages if prepared else [],
-        "turns": turns,
-    }
+        duration_ms = round(report.duration_ms, 3)
+        turns.append({"message_index": index, **fields, "duration_ms": duration_ms})
+    view = prepared.messages if prepared else []
+    return {"session_id": session_id, "messages": view, "turns": turns}

@@ -1,12 +1,10 @@
 """Strict role alternation, for chat templates that reject two user turns in a row
 (``strict_alternation: true``, DESIGN §12, §14b).
 
-The engine inserts messages of its own after the leading system messages (the memory block,
-the summary): each is a ``user`` message, and the raw tail after a compaction starts with the
-user's message, so a Mistral- or Gemma-style template served by vLLM or llama.cpp would see
-three user messages in a row. :func:`alternate` merges every inserted message into its
-neighbour of the same role, so the output has two consecutive messages of one role only where
-the caller's own history had them.
+The engine's own messages after the leading system ones (memory block, summary) are ``user``
+messages, as is the start of the raw tail, which a Mistral- or Gemma-style template refuses.
+:func:`alternate` merges each inserted message into its neighbour of the same role, so two in
+a row of one role remain only where the caller's own history had them.
 """
 
 from __future__ import annotations
@@ -56,8 +54,7 @@ def alternate(messages: Sequence[Message], inserted: range) -> list[Message]:
         is_inserted = index in inserted
         if out and (is_inserted or last_inserted) and out[-1].get("role") == message.get("role"):
             out[-1] = merge(out[-1], message, keep_second_keys=not is_inserted)
-            last_inserted = is_inserted
-            continue
-        out.append(message)
+        else:
+            out.append(message)
         last_inserted = is_inserted
     return out

@@ -146,10 +146,7 @@ def measured(message: Any, index: int) -> int:
 
 
 def validate_messages(messages: Any, start: int = 0) -> Sequence[Message]:
-    """Validate a chat history (from ``start`` on) and return it as a sequence.
-
-    Accepts a list or tuple; anything else (a string, a dict, None) is rejected.
-    """
+    """Validate a chat history (a list or tuple, from ``start`` on) and return it."""
     if not isinstance(messages, list | tuple):
         raise InvalidMessagesError(
             None, f"expected a list of messages, got {type(messages).__name__}"

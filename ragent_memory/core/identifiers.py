@@ -6,6 +6,7 @@ dates and capitalised names, in English and Chinese. Pure functions, no state.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 
@@ -86,9 +87,8 @@ def identifiers(text: str) -> list[str]:
                 words.pop()
             if not words:
                 continue
-            if len(words) == 1 and (
-                _is_sentence_start(text, match.start()) and words[0] == value.split()[0]
-            ):
+            is_first = len(words) == 1 and words[0] == value.split()[0]
+            if is_first and _is_sentence_start(text, match.start()):
                 continue
             value = " ".join(words)
         value = value.strip()
@@ -121,18 +121,8 @@ def lost(wanted: Iterable[str], summary: str) -> list[str]:
 
 def sentences(text: str) -> list[str]:
     """``text`` split into sentences (en and zh punctuation, line breaks)."""
-    parts: list[str] = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        end = match.end()
-        part = text[start:end].strip()
-        if part:
-            parts.append(part)
-        start = end
-    tail = text[start:].strip()
-    if tail:
-        parts.append(tail)
-    return parts
+    bounds = [0, *(match.end() for match in _SENTENCE_END.finditer(text)), len(text)]
+    return [part for a, b in itertools.pairwise(bounds) if (part := text[a:b].strip())]
 
 
 class Sentences:

@@ -1,10 +1,8 @@
 """Input normalisation: what SDKs hand out, accepted as chat dicts (DESIGN §14b).
 
-An app built on an SDK holds its history as the SDK's pydantic objects (the OpenAI client's
-``ChatCompletionMessage``, anything with ``model_dump``) and may use the ``developer`` role,
-OpenAI's newer name for ``system``. Both become plain chat dicts before the engine looks at
-them; plain dicts with the usual roles pass through as they are (the caller's own list when
-nothing needs converting, so an appending app's identity checks keep holding).
+SDK pydantic objects (anything with ``model_dump``) and the ``developer`` role (OpenAI's newer
+``system``) become plain chat dicts; plain dicts pass through, the caller's own list when
+nothing needs converting, so an appending app's identity checks keep holding.
 """
 
 from __future__ import annotations

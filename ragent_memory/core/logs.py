@@ -1,12 +1,8 @@
 """Logging: a library is silent until its app asks (DESIGN §13).
 
-Every event goes to the standard ``logging`` logger ``ragent_memory.<module>`` through structlog's
-stdlib bound logger, so ``logging`` configuration (levels, handlers) decides what is shown and
-nothing reaches stdout by default. The library never calls ``structlog.configure()``: when the app
-has configured structlog itself (or a test uses ``structlog.testing.capture_logs()``), its
-processors shape the event, still handed to the same ``logging`` logger; otherwise a fixed chain
-turns the event into one ``event key=value …`` line with the fields attached to the
-``LogRecord`` as ``ragent_event`` (a dict) for structured handlers such as the CLI's.
+Events go to the ``logging`` logger ``ragent_memory.<module>``, shaped by the app's structlog
+processors when it configured structlog, else as one ``event key=value …`` line with the fields
+on the ``LogRecord`` as ``ragent_event``. The library never calls ``structlog.configure()``.
 """
 
 from __future__ import annotations
@@ -35,9 +31,6 @@ def _to_log_kwargs(
     return {"msg": message, "extra": {EVENT_ATTR: dict(event_dict)}}
 
 
-_PROCESSORS: tuple[structlog.typing.Processor, ...] = (_to_log_kwargs,)
-
-
 class Logger:
     """The bound logger every module uses: ``log.info("trim.applied", session_id=…)``."""
 
@@ -50,15 +43,12 @@ class Logger:
         elif self._stdlib.isEnabledFor(level):
             bound = structlog.wrap_logger(
                 self._stdlib,
-                processors=_PROCESSORS,
+                processors=(_to_log_kwargs,),
                 wrapper_class=structlog.stdlib.BoundLogger,
             )
         else:
             return
         getattr(bound, method)(event, **fields)
-
-    def debug(self, event: str, /, **fields: Any) -> None:
-        self._log(logging.DEBUG, "debug", event, fields)
 
     def info(self, event: str, /, **fields: Any) -> None:
         self._log(logging.INFO, "info", event, fields)

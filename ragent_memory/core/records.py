@@ -48,12 +48,9 @@ def substitution_key(position: int, digest: str) -> str:
 
 @attrs.frozen
 class Substitution:
-    """A sticky replacement of one original message in the view.
-
-    ``key`` is the message's position after the leading system messages plus its content
-    digest (see :func:`substitution_key`): the same content at another position, such as a
-    repeated search answered under a reused call id in the current turn, is not substituted.
-    """
+    """A sticky replacement of one original message in the view. ``key`` (see
+    :func:`substitution_key`) is the position after the leading system messages plus the content
+    digest: the same content at another position (a repeated search) is not substituted."""
 
     key: str
     kind: str  # "trim" | "truncate"

@@ -7,8 +7,7 @@
 
 Every model call sees ``engine.prepare`` of the agent's messages (session = the run config's
 ``configurable.thread_id``, user = ``configurable.user_id``); the agent's state keeps the raw
-history. The recall tool (and ``search_memory`` when the engine has it) is registered as a
-LangChain tool; after each model call the history and the reply go to ``after_turn``.
+history, and after each model call the history and the reply go to ``after_turn``.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ __all__ = ["RagentMemoryMiddleware", "from_langchain", "to_langchain"]
 
 
 def from_langchain(message: BaseMessage) -> dict[str, Any]:
-    """One LangChain message as an OpenAI chat dict. Content given as a list of parts stays a
-    list (LangChain's string form joins text parts with a newline: one char per join that the
-    budget never saw, on the user message a recall block rides on, §9b)."""
+    """One LangChain message as an OpenAI chat dict; a list of parts stays a list (LangChain's
+    string form joins them with newlines the budget never saw, §9b)."""
     if isinstance(message.content, list):
         return dict(_to_openai(message, text_format="block"))
     return dict(_to_openai(message))

@@ -6,12 +6,10 @@
     agent = Agent(name="support", instructions="…", tools=[*my_tools, *session.tools()])
     result = await Runner.run(agent, "question", session=session, run_config=session.run_config())
 
-The session keeps the raw items (``session.items``) and hands ``engine.prepare``'s view to the
-SDK: ``get_items()`` returns the prepared history, and the ``call_model_input_filter`` of
-``run_config()`` prepares every model call of a run (tool loops included), so the model never
-sees more than the budget. ``add_items`` feeds ``after_turn``; ``tools()`` are the engine's recall
-(and search) tools as SDK function tools. Items the chat format has no place for (reasoning,
-hosted tool calls) stay in the raw history but are not shown to the model.
+The session keeps the raw items (``session.items``); ``get_items()`` and the
+``call_model_input_filter`` of ``run_config()`` give the SDK ``engine.prepare``'s view, for every
+model call of a run. ``add_items`` feeds ``after_turn``. Items the chat format has no place for
+(reasoning, hosted tool calls) stay in the raw history but are not shown to the model.
 """
 
 from __future__ import annotations
@@ -46,37 +44,24 @@ def _text(content: Any) -> str:
     return "".join(_texts(content))
 
 
-def _chat_content(content: Any) -> str | list[dict[str, str]]:
-    """Item content as chat content: one text stays a string; several text parts (the
-    engine's recall block ahead of the user's words, §9b) stay separate parts."""
+def _content(content: Any, part_type: str | None) -> str | list[dict[str, str]]:
+    """One text as a string; several (the recall block ahead of the user's words, §9b) stay
+    separate parts of ``part_type`` so the model reads them apart, or are joined (None)."""
     texts = _texts(content)
-    if len(texts) <= 1:
+    if len(texts) <= 1 or part_type is None:
         return "".join(texts)
-    return [{"type": "text", "text": text} for text in texts]
-
-
-def _item_content(role: str, content: Any) -> str | list[dict[str, str]]:
-    """Chat content as item content: several parts of an input message stay separate
-    ``input_text`` parts, so the model reads the recall block apart from the question."""
-    texts = _texts(content)
-    if len(texts) <= 1 or role == "assistant":
-        return "".join(texts)
-    return [{"type": "input_text", "text": text} for text in texts]
-
-
-def _plain(item: Any) -> dict[str, Any]:
-    return item if isinstance(item, dict) else dict(item.model_dump(exclude_none=True))
+    return [{"type": part_type, "text": text} for text in texts]
 
 
 def from_items(items: Sequence[Any]) -> list[dict[str, Any]]:
     """Responses-API input items as chat dicts (function calls in a row form one message)."""
     out: list[dict[str, Any]] = []
     for raw in items:
-        item = _plain(raw)
+        item = raw if isinstance(raw, dict) else dict(raw.model_dump(exclude_none=True))
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _chat_content(item.get("content"))})
+            out.append({"role": role, "content": _content(item.get("content"), "text")})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -110,7 +95,8 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[Any]:
             )
             continue
         if message.get("content"):
-            out.append({"role": role, "content": _item_content(role, message["content"])})
+            part_type = None if role == "assistant" else "input_text"
+            out.append({"role": role, "content": _content(message["content"], part_type)})
         for call in message.get("tool_calls") or []:
             function = call["function"]
             out.append(
@@ -157,9 +143,8 @@ class RagentSession(SessionABC):
             return list(self.items[-limit:]) if limit > 0 else []
         async with self._lock:
             raw = list(self.items)
-        # Prepared with the instructions the last run had, so that this history has the
-        # shape the model input filter gives the engine (a system message first): a history
-        # that gains and loses its first message between calls would undo every compaction.
+        # With the last run's instructions: the shape the input filter gives the engine, since
+        # a history gaining and losing its first message would undo every compaction.
         _, messages = await self._view(raw, self._instructions)
         shown = to_items(messages)
         self._shown, self._shown_raw = from_items(shown), raw

@@ -6,15 +6,14 @@
                   toolsets=[memory_toolset(engine, "s1", "u1")])
 
 pydantic-ai replaces the run's history with what a history processor returns, so the processor
-keeps the raw history itself: each call it takes the messages appended since the view it last
-returned, runs ``prepare`` over the whole raw history and returns the prepared view as
-``ModelMessage`` objects (``processor.raw_history`` is the raw one). The user's new messages
-go to ``after_turn``. ``memory_toolset`` registers the recall tool (and ``search_memory`` when
-the engine has it).
+keeps the raw history itself (``processor.raw_history``): each call it appends what is new since
+the view it last returned, and returns ``prepare``'s view of the whole. ``memory_toolset``
+registers the engine's tools.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -79,10 +78,6 @@ def _part_dict(part: ModelRequestPart) -> dict[str, Any] | None:
     return None
 
 
-def _request_dicts(message: ModelRequest) -> list[dict[str, Any]]:
-    return [d for d in map(_part_dict, message.parts) if d is not None]
-
-
 def _response_dict(message: ModelResponse) -> dict[str, Any]:
     text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
     calls = [
@@ -105,7 +100,7 @@ def from_pydantic_ai(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for message in messages:
         if isinstance(message, ModelRequest):
-            out += _request_dicts(message)
+            out += [d for d in map(_part_dict, message.parts) if d is not None]
         else:
             out.append(_response_dict(message))
     return out
@@ -180,11 +175,7 @@ class HistoryProcessor:
     def _raw(self, messages: list[ModelMessage]) -> list[ModelMessage]:
         """The raw history behind ``messages``: the view returned last time, then what is new."""
         n = len(self._shown)
-        if (
-            n
-            and len(messages) >= n
-            and all(a is b for a, b in zip(messages, self._shown, strict=False))
-        ):
+        if n and len(messages) >= n and all(map(operator.is_, messages, self._shown)):
             return [*self.raw_history, *messages[n:]]
         return list(messages)
 
@@ -197,15 +188,8 @@ class HistoryProcessor:
             )
             if self.user_id is not None:
                 self.engine.after_turn(history, session_id=self.session_id, user_id=self.user_id)
-            instructions = next(
-                (
-                    m.instructions
-                    for m in reversed(raw)
-                    if isinstance(m, ModelRequest) and m.instructions
-                ),
-                None,
-            )
-            shown = to_pydantic_ai(prepared.messages, instructions)
+            given = [m.instructions for m in raw if isinstance(m, ModelRequest) and m.instructions]
+            shown = to_pydantic_ai(prepared.messages, given[-1] if given else None)
             self.raw_history, self._shown = raw, shown
             return list(shown)
 

@@ -27,10 +27,8 @@ def with_model(
     on_event: EventCallback | None = None,
     sleep: Callable[[float], None] | None = None,
 ) -> M:
-    """``offline`` when no ``llm`` is configured; otherwise ``model(client, llm, fallback)``
-    with a client for the configured endpoints and ``offline`` as the last-resort fallback
-    (unless ``llm.offline_fallback`` is off). ``sleep`` replaces ``time.sleep`` between
-    retries (tests record the waits instead)."""
+    """``offline`` when no ``llm`` is configured, else ``model(client, llm, fallback)`` with
+    ``offline`` as the fallback unless ``llm.offline_fallback`` is off."""
     if settings.llm is None:
         return offline
     from ragent_memory.llm.client import LLMClient

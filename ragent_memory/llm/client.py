@@ -1,18 +1,11 @@
 """The one retry layer between this library and OpenAI-compatible chat endpoints (DESIGN §7).
 
-The ``openai`` client is built with ``max_retries=0``: every retry, backoff, fallback and
-circuit-breaker decision is made here, so stacked retries cannot multiply the wait.
-
-Per HTTP call, the outcome decides what happens next:
-
-- retry on the same endpoint, after :func:`retry_delay_s`: timeouts, connection errors,
-  HTTP 408/409/429/5xx, and bad replies (finish reason other than ``stop``, tool calls, empty
-  content, a body that is not a chat completion, ``validate`` raising ``SummaryError``);
-- go straight to the next endpoint: any other 4xx, and an unset API-key variable (no call made);
-- when every endpoint has failed: ``LLMError`` with the number of calls made.
-
-API keys are read from the environment at call time and sent per request; they never sit on a
-client object, and are scrubbed from every error text this module logs or raises.
+The ``openai`` client is built with ``max_retries=0``, so stacked retries cannot multiply the
+wait. Timeouts, connection errors, HTTP 408/409/429/5xx and bad replies (not ``stop``, tool
+calls, empty, not a chat completion, ``validate`` raising ``SummaryError``) are retried on the
+same endpoint; any other 4xx or an unset API-key variable moves on to the next endpoint;
+``LLMError`` when every one failed. API keys are read from the environment at call time, sent
+per request, and scrubbed from every error text this module logs or raises.
 """
 
 from __future__ import annotations
@@ -68,12 +61,9 @@ class Completion:
 
 
 def retry_delay_s(retry_index: int, retry_after: str | None, jitter: float) -> float:
-    """Seconds to wait before retry ``retry_index`` (0 = the first retry) on one endpoint.
-
-    Exponential backoff 0.5 s·2ⁿ capped at 10 s, plus up to 25% of it scaled by ``jitter``, a
-    number in [0, 1) drawn by the caller so this function stays pure. A ``Retry-After`` value in
-    seconds can lengthen the wait, to at most 30 s; HTTP-dates and garbage are ignored.
-    """
+    """Seconds before retry ``retry_index`` (0 = the first) on one endpoint: 0.5 s·2ⁿ capped at
+    10 s, plus up to 25% scaled by ``jitter`` (in [0, 1), drawn by the caller so this stays
+    pure). A ``Retry-After`` in seconds can lengthen it, to at most 30 s; dates are ignored."""
     exponent = min(max(retry_index, 0), 32)  # 2**n beyond the cap is pointless and can overflow
     backoff = min(BACKOFF_BASE_S * 2.0**exponent, BACKOFF_CAP_S)
     unit = min(max(jitter, 0.0), 1.0) if math.isfinite(jitter) else 0.0
@@ -95,11 +85,8 @@ def _seconds(value: str | None) -> float | None:
 
 
 class CircuitBreaker:
-    """Skips an endpoint for ``cooldown_s`` after ``failures`` consecutive failed requests.
-
-    When the cooldown has passed, requests go through again (half-open): a success closes the
-    breaker, one more failure opens it for another cooldown. Thread-safe.
-    """
+    """Skips an endpoint for ``cooldown_s`` after ``failures`` consecutive failed requests; then
+    half-open: a success closes it, one more failure opens it again. Thread-safe."""
 
     def __init__(
         self,
@@ -170,11 +157,8 @@ class _GaveUp:
 
 
 class LLMClient:
-    """Chat completions over ``settings.endpoints`` in order, with retries and a breaker.
-
-    One instance is meant to be shared by threads. Call :meth:`close` (or use it as a context
-    manager) to release the HTTP connection pools.
-    """
+    """Chat completions over ``settings.endpoints`` in order, with retries and a breaker; shared
+    by threads. :meth:`close` (or ``with``) releases the HTTP connection pools."""
 
     def __init__(
         self,
@@ -224,10 +208,7 @@ class LLMClient:
         purpose: str = "summary",
     ) -> Completion:
         """The first reply that passes the checks and ``validate``; ``LLMError`` when none does.
-
-        ``validate`` returns the (possibly cleaned) text or raises ``SummaryError``, which
-        counts as a bad reply and is retried like one.
-        """
+        ``validate`` returns the (cleaned) text or raises ``SummaryError``, a bad reply."""
         if self._is_closed:
             raise RuntimeError("LLMClient is closed")
         endpoints = self._settings.endpoints
@@ -310,9 +291,7 @@ class LLMClient:
         try:
             reply = self._client(endpoint.base_url).chat.completions.create(
                 model=endpoint.model,
-                # The caller's messages are plain OpenAI chat dicts; the SDK types them as
-                # TypedDicts, which a dict[str, str] cannot be proven to match.
-                messages=cast(Any, request.messages),
+                messages=cast(Any, request.messages),  # plain dicts, not the SDK's TypedDicts
                 temperature=request.temperature,
                 max_tokens=request.max_tokens,
                 extra_headers={"Authorization": f"Bearer {api_key}"},
@@ -326,8 +305,7 @@ class LLMClient:
                 status_code=status,
                 retry_after=err.response.headers.get("retry-after"),
             )
-        # Timeouts, connection errors, anything else the SDK raises.
-        except openai.OpenAIError as err:
+        except openai.OpenAIError as err:  # timeouts, connection errors, anything else
             return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
@@ -397,11 +375,8 @@ def _api_key(endpoint: EndpointSettings) -> str | None:
 
 
 def _reply_text(reply: object) -> str:
-    """The text of the first choice, or ``_BadReply`` saying why there is none.
-
-    The SDK builds responses without validating them (and returns a bare ``str`` for a non-JSON
-    content type), so every field is read defensively.
-    """
+    """The text of the first choice, or ``_BadReply`` saying why there is none. The SDK does not
+    validate responses (a non-JSON body comes back as a ``str``): every field is read warily."""
     if not isinstance(reply, ChatCompletion):
         raise _BadReply("the body is not a chat completion")
     choices = getattr(reply, "choices", None)

@@ -14,9 +14,7 @@ The API is stateless: every request carries the app's whole history, so the prox
 nothing but the engine's store. The caller's headers are forwarded to the upstream and never
 logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
 
-This module is the Starlette app: its routes, the bounds on a request (body size, requests in
-flight), and running it under uvicorn. Each wire format is a module of its own (``chat``), a
-turn's path through the engine is ``turn``, streaming ``stream``, the upstream ``upstream``.
+This module is the Starlette app: its routes, a request's bounds, and running it under uvicorn.
 """
 
 from __future__ import annotations

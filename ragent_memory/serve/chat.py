@@ -58,24 +58,21 @@ def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, 
 
 def report_headers(report: TurnReport, rounds: int) -> dict[str, str]:
     """Every figure of the ``TurnReport`` as an ``X-Ragent-*`` header (``chars_in`` →
-    ``X-Ragent-Chars-In``; booleans as ``true``/``false``), plus the tool rounds the proxy
-    answered itself."""
+    ``X-Ragent-Chars-In``), plus the tool rounds the proxy answered itself."""
     headers = {}
     for field in attrs.fields(type(report)):
         value = getattr(report, field.name)
         if value is None:
             continue
         if isinstance(value, bool):
-            text = "true" if value else "false"
-        else:
-            text = f"{value:.3f}" if isinstance(value, float) else str(value)
+            value = "true" if value else "false"
+        text = f"{value:.3f}" if isinstance(value, float) else str(value)
         headers["X-Ragent-" + "-".join(p.capitalize() for p in field.name.split("_"))] = text
     headers["X-Ragent-Tool-Rounds"] = str(rounds)
     return headers
 
 
 def report_raw(report: TurnReport, rounds: int) -> RawHeaders:
-    """``report_headers`` as they go out."""
     items = report_headers(report, rounds).items()
     return [(name.lower().encode(), value.encode("latin-1")) for name, value in items]
 
@@ -102,11 +99,8 @@ def split_calls(
     message: Mapping[str, Any], own: Mapping[str, Any]
 ) -> tuple[list[Message], list[Message]]:
     """The message's tool calls: (the proxy's own, the app's)."""
-    mine: list[Message] = []
-    theirs: list[Message] = []
-    for call in message.get("tool_calls") or ():
-        (mine if call_name(call) in own else theirs).append(call)
-    return mine, theirs
+    calls = message.get("tool_calls") or ()
+    return [c for c in calls if call_name(c) in own], [c for c in calls if call_name(c) not in own]
 
 
 def strip_own_calls(data: dict[str, Any], own: Mapping[str, Any]) -> bool:
@@ -152,12 +146,8 @@ def json_or_none(content: bytes) -> Any:
         return None
 
 
-# ---------------------------------------------------------------------- streamed replies
-
-
 def deltas(chunk: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``delta`` of every choice of the first index in a chunk (the proxy follows one
-    choice; ``n > 1`` streams are forwarded untouched)."""
+    """The ``delta`` of each choice of index 0 in a chunk (the proxy follows that one only)."""
     out = []
     for choice in chunk.get("choices") or ():
         if isinstance(choice, dict) and choice.get("index", 0) == 0:

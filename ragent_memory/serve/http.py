@@ -38,10 +38,8 @@ class Reject(Exception):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, a 413 ``Reject`` past ``limit`` bytes (``serve.max_body_bytes``):
-    a declared ``Content-Length`` over it is refused before a byte is read, a body sent
-    without one is read only up to the bound. Starlette's ``ClientDisconnect`` when the client
-    goes away meanwhile."""
+    """The request body, a 413 ``Reject`` past ``limit`` bytes (``serve.max_body_bytes``), before
+    a byte is read when ``Content-Length`` says so; ``ClientDisconnect`` when the client leaves."""
     too_big = Reject(413, f"request body over {limit} bytes (serve.max_body_bytes)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:

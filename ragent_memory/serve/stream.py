@@ -1,12 +1,10 @@
 """A streamed chat completion relayed as it arrives: server-sent events split, read along
 (the JSON chunk each carries) and forwarded byte for byte.
 
-The proxy holds back only the events that say nothing yet (the role chunk). When the first
-substantive delta is a call of a proxy tool, it reads that reply to its end; if every call in
-it is the proxy's, it answers them and streams the next round instead, so the app sees one
-ordinary reply. Once text (or an app tool call) has been forwarded, the reply streams through
-as it comes and any proxy-tool call later in it is cut out of the events: the app never sees a
-tool it did not declare.
+Only events that say nothing yet (the role chunk) are held back. A reply that starts with a
+call of a proxy tool is read to its end and, when every call is the proxy's, answered and
+followed by the next round: the app sees one ordinary reply. Otherwise it streams through, any
+later proxy-tool call cut out: the app never sees a tool it did not declare.
 """
 
 from __future__ import annotations
@@ -96,25 +94,20 @@ class StreamReader:
         if rest := splitter.rest():
             yield rest
 
-    async def _next(self) -> bytes | None:
-        """The next complete event, None at the end of the stream."""
-        return await anext(self._events, None)
-
     async def decide(self) -> str:
         """``"own"`` when the first substantive delta calls a proxy tool, else ``"pass"``."""
         if not self.own:
             return "pass"
-        while (event := await self._next()) is not None:
+        while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
             chunk = chunk_of(event)
-            verdict = chat.verdict(chunk, self.own) if chunk is not None else None
-            if verdict is not None:
+            if chunk is not None and (verdict := chat.verdict(chunk, self.own)) is not None:
                 return verdict
         return "pass"
 
     async def drain(self) -> chat.Message:
         """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
-        while (event := await self._next()) is not None:
+        while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
         builder = chat.ReplyBuilder()
         for event in self._held:
@@ -128,7 +121,7 @@ class StreamReader:
         for event in held:
             if out := self._filter(event):
                 yield out
-        while (following := await self._next()) is not None:
+        while (following := await anext(self._events, None)) is not None:
             if out := self._filter(following):
                 yield out
 
@@ -148,9 +141,8 @@ class StreamReader:
 
 @attrs.define
 class Relay:
-    """An ASGI response streaming the reader's events to the client as they come (no
-    Content-Length); ``finish`` runs exactly once, with the reply the client received (None
-    when the stream broke or the client left)."""
+    """An ASGI response streaming the reader's events as they come; ``finish`` runs once, with
+    the reply the client received (None when the stream broke or the client left)."""
 
     reader: StreamReader
     headers: RawHeaders

@@ -69,8 +69,7 @@ class Turn:
 
 
 class Proxy:
-    """The proxy's state: one engine, one upstream client, the worker threads. See the
-    module doc."""
+    """The proxy's state: one engine, one upstream client, the worker threads."""
 
     def __init__(self, engine: MemoryEngine, settings: ServeSettings) -> None:
         if not settings.upstream:
@@ -86,7 +85,7 @@ class Proxy:
         self._local = engine.settings.store.url is None
         # sessions with a prepare in a worker: their next one goes there too (the session lock)
         self._waiting: collections.Counter[str] = collections.Counter()
-        # after_turn in order, off the request path; one thread is plenty (it writes rows).
+        # after_turn in order, off the request path.
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
         self._workers = ThreadPoolExecutor(
             max_workers=min(settings.max_concurrency, _WORKERS), thread_name_prefix="ragent-serve"
@@ -101,8 +100,6 @@ class Proxy:
         await asyncio.to_thread(self._workers.shutdown, wait=True)
         await asyncio.to_thread(self.engine.flush)
 
-    # ------------------------------------------------------------------ prepare
-
     async def turn(
         self,
         body: dict[str, Any],
@@ -110,8 +107,7 @@ class Proxy:
         forward: list[tuple[str, str]],
         started: float,
     ) -> Turn:
-        """The turn of a parsed request (arrived at ``started``, a ``perf_counter()``): its
-        session identified and its history prepared."""
+        """The turn of a parsed request, its session identified and its history prepared."""
         session_id, user_id = chat.identify(headers, body)
         history = body["messages"]
         try:
@@ -143,8 +139,8 @@ class Proxy:
     async def _prepare_in_worker(
         self, history: list[Message], session_id: str, user_id: str | None
     ) -> PreparedContext:
-        """``prepare`` in a worker thread; the session counts as waiting until the thread is
-        done with it, even when this request is cancelled meanwhile (the thread goes on)."""
+        """``prepare`` in a worker; the session counts as waiting until the thread is done,
+        even when this request is cancelled meanwhile."""
         loop = asyncio.get_running_loop()
         prepare = self.engine.prepare
         future = self._workers.submit(prepare, history, session_id=session_id, user_id=user_id)
@@ -165,10 +161,9 @@ class Proxy:
     def _offer(
         self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
     ) -> dict[str, dict[str, Any]]:
-        """The proxy's own tools for this request: the recall tool when the view shows a
-        placeholder, preview or recalled excerpt to read back; the search tool when there is
-        earlier conversation the view no longer shows (a summary, dropped turns, or the user's
-        other sessions). None when the app pins its tools, and never one the app declares."""
+        """The proxy's own tools for this request: recall when the view shows a ref to read
+        back, search when there is earlier conversation it no longer shows. None when the app
+        pins its tools, and never one the app declares."""
         if chat.pins_tools(body):
             return {}
         own: dict[str, dict[str, Any]] = {}
@@ -182,22 +177,17 @@ class Proxy:
             del own[name]
         return own
 
-    # ------------------------------------------------------------------ own tools
-
     def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
         """The tool messages answering the proxy's own calls (run in a worker thread): the
         arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
+        answer = functools.partial(
+            call_tool, self.engine, session_id=turn.session_id, user_id=turn.user_id
+        )
         return [
             {
                 "role": "tool",
                 "tool_call_id": call.get("id"),
-                "content": call_tool(
-                    self.engine,
-                    call["function"].get("name"),
-                    call["function"].get("arguments"),
-                    session_id=turn.session_id,
-                    user_id=turn.user_id,
-                ),
+                "content": answer(call["function"].get("name"), call["function"].get("arguments")),
             }
             for call in calls
         ]
@@ -209,11 +199,8 @@ class Proxy:
         turn.messages += [assistant, *answers]
         turn.rounds += 1
 
-    # ------------------------------------------------------------------ forward
-
     async def complete(self, turn: Turn) -> tuple[Response, Message | None]:
-        """A non-streamed completion, with the proxy's own tool rounds inside, and the reply
-        to record (None when there is none)."""
+        """A non-streamed completion (own tool rounds inside) and the reply to record, if any."""
         last_round = self.settings.max_tool_rounds
         while True:
             payload = turn.payload(with_tools=turn.rounds < last_round)
@@ -267,10 +254,8 @@ class Proxy:
             raise Reject(502, message, "upstream_error") from err
         return False
 
-    # ------------------------------------------------------------------ after the turn
-
     def done(self, turn: Turn, reply: Message | None, status: int) -> None:
-        """Log the request; hand history + reply to ``after_turn`` off the request path."""
+        """Log the request; hand history + reply to ``after_turn``, off the request path."""
         log.info(
             "serve.request",
             session_id=turn.session_id,

@@ -71,9 +71,8 @@ class Upstream:
         except TimeoutError as err:
             raise self._timed_out() from err
         except aiohttp.ClientError as err:
-            raise Reject(
-                502, f"upstream unreachable: {type(err).__name__}", "upstream_error"
-            ) from err
+            message = f"upstream unreachable: {type(err).__name__}"
+            raise Reject(502, message, "upstream_error") from err
 
     async def read(self, response: aiohttp.ClientResponse) -> Reply:
         """The rest of ``response``, whole; the connection goes back to the pool."""
