@@ -62,8 +62,7 @@ def test_prepare_takes_sdk_objects_and_never_touches_them(
     assert ["system", "user", "assistant", "tool", "assistant", "user"] == [
         m["role"] for m in prepared.messages
     ]
-    # Chat dicts, not SDK objects: the copies handed out are watched dict subclasses (README,
-    # "Speed") that a JSON encoder sends as the dicts they equal.
+    # Chat dicts, not SDK objects: a JSON encoder sends the copies handed out as they are.
     assert all(isinstance(m, dict) for m in prepared.messages)
     assert prepared.messages == json.loads(json.dumps(prepared.messages))
 

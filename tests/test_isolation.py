@@ -1,6 +1,6 @@
 """What the caller gets is its own: changing a prepared message changes neither the caller's
 history nor later turns (issue 8, item 10); the history is read incrementally, yet edits are
-caught (README, "Speed")."""
+caught on the very next prepare."""
 
 from __future__ import annotations
 
@@ -294,7 +294,7 @@ def test_an_edit_deep_inside_an_old_shown_message_is_measured_before_a_compactio
 def test_prepared_copies_go_through_the_openai_client_as_sent(
     make_engine: Callable[..., MemoryEngine],
 ) -> None:
-    """The real ``openai`` client sends the watched copies as the JSON of the history."""
+    """The real ``openai`` client sends the copies handed out as the JSON of the history."""
     engine = make_engine()
     history = _history()
     prepared = engine.prepare(history, session_id="s").messages
