@@ -227,7 +227,7 @@ class RecallMirror:
         self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
         self._texts: OrderedDict[int, str] = OrderedDict()
         self._chars = 0
-        self.stem = Memo(stem, STEM_CHARS)  # Porter in Python is most of reading a row in
+        self.stem = Memo(stem, STEM_CHARS, len)  # Porter in Python is most of reading a row in
 
     @property
     def epoch(self) -> str | None:
