@@ -244,9 +244,6 @@ def find_block(
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
     hits, around = _search(store, mirror, ask, terms)
-    if ask.known_text:
-        folded = " ".join(ask.known_text.split())
-        hits = [hit for hit in hits if not _within(hit.content, folded)]
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
@@ -257,7 +254,13 @@ def find_block(
 def _search(
     store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str]
 ) -> Found:
-    """The best hits and their neighbours, from the mirror when it can answer."""
+    """The best hits but those ``ask.known_text`` holds verbatim, and their neighbours, from
+    the mirror when it can answer."""
+    folded = " ".join(ask.known_text.split())
+
+    def keep(text: str) -> bool:
+        return not ask.known_text or not _within(text, folded)
+
     where: dict[str, Any] = {
         "session_id": ask.session_id,
         "user_id": ask.user_id,
@@ -265,10 +268,10 @@ def _search(
         "shown": sorted(ask.shown),
         "limit": CANDIDATES,
     }
-    found = None if mirror is None else mirror.search(terms, **where)
+    found = None if mirror is None else mirror.search(terms, keep=keep, **where)
     if found is not None:
         return found
-    hits = store.search_index(fts_query(terms), **where)
+    hits = [hit for hit in store.search_index(fts_query(terms), **where) if keep(hit.content)]
     return hits, _around(store, hits)
 
 
