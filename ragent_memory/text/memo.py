@@ -14,7 +14,7 @@ V = TypeVar("V")
 
 class Memo(Generic[K, V]):
     """``fn`` of a key with its answers kept: the least recently used go once the keys kept
-    measure more than ``max_chars`` (``size``: the chars of the text a key holds). ``fn``
+    measure more than ``max_chars`` (``size``: the chars a key and its answer hold). ``fn``
     runs outside the lock: two threads may both find one answer."""
 
     def __init__(self, fn: Callable[[K], V], max_chars: int, size: Callable[[K], int]) -> None:
