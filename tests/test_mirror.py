@@ -349,3 +349,19 @@ def test_a_processs_first_ranking_loads_no_more_of_numpy() -> None:
         [sys.executable, "-c", _FIRST_RANK], capture_output=True, text=True, check=True, timeout=60
     )
     assert ["[0, 1, 2, 4, 5]", "[]"] == out.stdout.split("\n")[:2]
+
+
+def test_hits_a_search_does_not_keep_are_left_out_with_their_neighbours(
+    stores: tuple[Backend, Backend],
+) -> None:
+    """``keep`` drops a hit (the prompt holds it already) and the neighbours only it had."""
+    store, _ = stores
+    put(store, None, "s", ["Walls first.", "Dana paints the walls.", "Then the floor."])
+    put(store, None, "s", ["Aside.", "The fence gets paint too.", "Done."], start=10)
+    mirror = RecallMirror(store)
+    ask = {"session_id": "s", "user_id": None, "visible_from": 99, "shown": (), "limit": 5}
+    found = mirror.search(search_terms("paint"), keep=lambda text: "Dana" not in text, **ask)
+    assert found is not None
+    hits, around = found
+    assert [hit.position for hit in hits] == [11]
+    assert sorted(around) == [("s", 10), ("s", 12)]

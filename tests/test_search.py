@@ -27,6 +27,7 @@ from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.recaller import SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
+from ragent_memory.text.memo import Memo
 from ragent_memory.text.terms import date_stamp
 
 # The index and its search on both stores (FTS5 and tsvector).
@@ -287,6 +288,20 @@ def test_focus_keeps_sentences_sharing_query_words() -> None:
     kept, clipped = focus(text, 120, frozenset({"passp"}))
     assert clipped and "X1234567" in kept and len(kept) <= 120
     assert ("short", False) == focus("short", 120)
+
+
+def test_a_cut_is_kept_for_the_query_words_a_text_holds() -> None:
+    """A long hit is cut once for the query words it holds: a query that differs only in
+    words it does not hold reuses the cut, and the kept cut is what a plain cut gives."""
+    text = " ".join(f"Sentence {i} is filler about nothing." for i in range(30))
+    text += " The passport number is X1234567. " + text
+    cuts: list[tuple[str, int, frozenset[str]]] = []
+    sentences = Memo(excerpts.Sentences.of, 1_000_000, len)
+    cut = Memo(lambda key: cuts.append(key) or sentences(key[0]).cut(*key[1:]), 10_000, len)
+    first = focus(text, 120, frozenset({"passp", "turn"}), sentences, cut)
+    again = focus(text, 120, frozenset({"passp", "week"}), sentences, cut)
+    assert first == again == focus(text, 120, frozenset({"passp"}))
+    assert [(text, 120, frozenset({"passp"}))] == cuts
 
 
 def test_a_long_text_of_one_sentence_is_cut_to_head_and_tail() -> None:

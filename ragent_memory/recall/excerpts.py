@@ -106,40 +106,29 @@ def split_sentences(folded: str) -> tuple[str, ...]:
 
 @attrs.frozen
 class Sentences:
-    """A text whitespace-folded, cut into sentences, and the stems each holds (its search
-    terms' first chars, as a query's are cut; none for a text of one sentence: ``focus``
-    cuts that to head and tail whatever the query)."""
+    """A text whitespace-folded, cut into sentences, the stems each holds and all of them
+    (its search terms' first chars, as a query's are cut; none for a text of one sentence:
+    ``focus`` cuts that to head and tail whatever the query)."""
 
     folded: str
     sentences: tuple[str, ...]
     stems: tuple[frozenset[str], ...]
+    every: frozenset[str]
 
     @classmethod
     def of(cls, text: str) -> Sentences:
         folded = " ".join(text.split())
         sentences = split_sentences(folded)
         stems = [frozenset(t[:_STEM_CHARS] for t in term_set(s)) for s in sentences]
-        return cls(folded, sentences, tuple(stems) if len(sentences) > 1 else ())
+        if len(sentences) == 1:
+            stems = []
+        return cls(folded, sentences, tuple(stems), frozenset().union(*stems))
 
-
-# A long text → its ``Sentences`` (``Sentences.of``, or a ``Memo`` of it).
-Splitter = Callable[[str], Sentences]
-
-
-def focus(
-    text: str, limit: int, stems: frozenset[str] = frozenset(), split: Splitter = Sentences.of
-) -> tuple[str, bool]:
-    """``text`` within ``limit`` chars (and whether it was cut): whole when it fits, else the
-    sentences sharing most stems with the query (in their order, gaps marked `` … ``), else
-    head + tail."""
-    if len(text) <= limit:
-        return " ".join(text.split()), False
-    whole = split(text)
-    folded, sentences = whole.folded, whole.sentences
-    if len(folded) <= limit:
-        return folded, False
-    if stems and len(sentences) > 1:
-        shared = [len(stems & held) for held in whole.stems]
+    def cut(self, limit: int, stems: frozenset[str]) -> str | None:
+        """The sentences sharing most ``stems`` that fit ``limit`` chars, in their order (gaps
+        marked `` … ``); None when none fits."""
+        sentences = self.sentences
+        shared = [len(stems & held) for held in self.stems]
         # most shared first, in text order among equals (a stable sort reversed keeps it)
         ranked = sorted(range(len(sentences)), key=shared.__getitem__, reverse=True)
         chosen: list[int] = []
@@ -148,8 +137,35 @@ def focus(
             if size + len(sentences[i]) + 3 <= limit:
                 chosen.append(i)
                 size += len(sentences[i]) + 3
-        if chosen:
-            return _joined(sentences, sorted(chosen)), True
+        return _joined(sentences, sorted(chosen)) if chosen else None
+
+
+# A long text → its ``Sentences`` (``Sentences.of``, or a ``Memo`` of it).
+Splitter = Callable[[str], Sentences]
+# (a long text, a limit, the query's stems it holds) → ``Sentences.cut`` (a ``Memo`` of it)
+Cutter = Callable[[tuple[str, int, frozenset[str]]], str | None]
+
+
+def focus(
+    text: str,
+    limit: int,
+    stems: frozenset[str] = frozenset(),
+    split: Splitter = Sentences.of,
+    cut: Cutter | None = None,
+) -> tuple[str, bool]:
+    """``text`` within ``limit`` chars (and whether it was cut): whole when it fits, else the
+    sentences sharing most stems with the query (``Sentences.cut``), else head + tail."""
+    if len(text) <= limit:
+        return " ".join(text.split()), False
+    whole = split(text)
+    folded, sentences = whole.folded, whole.sentences
+    if len(folded) <= limit:
+        return folded, False
+    if stems and len(sentences) > 1:
+        held = stems & whole.every  # all a cut depends on: the same each turn a hit returns
+        chosen = whole.cut(limit, held) if cut is None else cut((text, limit, held))
+        if chosen is not None:
+            return chosen, True
     head = limit * 2 // 3
     tail = limit - head - 20
     return f"{folded[:head]} … {folded[-tail:]}", True
@@ -187,13 +203,14 @@ def render_excerpt(
     ref_for: RefFor | None = None,
     stems: frozenset[str] = frozenset(),
     split: Splitter = Sentences.of,
+    cut: Cutter | None = None,
 ) -> tuple[str, list[IndexedMessage]]:
     """One excerpt: a tag line (session, date, position), then one line per message; and
     the messages whose clipped line names a ref."""
     lines = [_tag(excerpt)]
     referred = []
     for message in excerpt.messages:
-        text, clipped = focus(message.content, _limit(excerpt, message), stems, split)
+        text, clipped = focus(message.content, _limit(excerpt, message), stems, split, cut)
         ref = ref_for(message) if clipped and ref_for is not None else ""
         if ref:
             referred.append(message)
@@ -216,29 +233,34 @@ def find_block(
     mirror: RecallMirror | None = None,
     ref_for: RefFor | None = None,
     split: Splitter = Sentences.of,
+    cut: Cutter | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
     ``mirror`` the search runs in process, the store answering only what it cannot;
-    ``split`` cuts a long text into sentences (a ``Memo`` keeps them)."""
+    ``split`` cuts a long text into sentences and ``cut`` picks those a query wants (``Memo``s
+    keep them)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
     hits, around = _search(store, mirror, ask, terms)
-    if ask.known_text:
-        folded = " ".join(ask.known_text.split())
-        hits = [hit for hit in hits if not _within(hit.content, folded)]
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
     stems = frozenset(t[:_STEM_CHARS] for t in terms)
-    return _fill(excerpts, ask, stems, ref_for, split)
+    return _fill(excerpts, ask, stems, ref_for, (split, cut))
 
 
 def _search(
     store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str]
 ) -> Found:
-    """The best hits and their neighbours, from the mirror when it can answer."""
+    """The best hits but those ``ask.known_text`` holds verbatim, and their neighbours, from
+    the mirror when it can answer."""
+    folded = " ".join(ask.known_text.split())
+
+    def keep(text: str) -> bool:
+        return not ask.known_text or not _within(text, folded)
+
     where: dict[str, Any] = {
         "session_id": ask.session_id,
         "user_id": ask.user_id,
@@ -246,10 +268,10 @@ def _search(
         "shown": sorted(ask.shown),
         "limit": CANDIDATES,
     }
-    found = None if mirror is None else mirror.search(terms, **where)
+    found = None if mirror is None else mirror.search(terms, keep=keep, **where)
     if found is not None:
         return found
-    hits = store.search_index(fts_query(terms), **where)
+    hits = [hit for hit in store.search_index(fts_query(terms), **where) if keep(hit.content)]
     return hits, _around(store, hits)
 
 
@@ -320,7 +342,7 @@ def _fill(
     ask: Ask,
     stems: frozenset[str],
     ref_for: RefFor | None,
-    split: Splitter,
+    cutting: tuple[Splitter, Cutter | None],
 ) -> Recalled:
     """The excerpts, best first, that fit the room left (``ask.limit`` of them at most)."""
     room = ask.max_chars - len(HEADERS[ask.language]) - 1
@@ -329,7 +351,7 @@ def _fill(
     for excerpt in excerpts:
         if ask.limit is not None and len(parts) >= ask.limit:
             break
-        text, named = render_excerpt(excerpt, ref_for, stems, split)
+        text, named = render_excerpt(excerpt, ref_for, stems, *cutting)
         if len(text) + 1 <= room:
             parts.append(text)
             referred += named

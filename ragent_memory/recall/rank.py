@@ -227,7 +227,7 @@ class RecallMirror:
         self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
         self._texts: OrderedDict[int, str] = OrderedDict()
         self._chars = 0
-        self.stem = Memo(stem, STEM_CHARS)  # Porter in Python is most of reading a row in
+        self.stem = Memo(stem, STEM_CHARS, len)  # Porter in Python is most of reading a row in
 
     @property
     def epoch(self) -> str | None:
@@ -243,9 +243,11 @@ class RecallMirror:
         visible_from: int,
         shown: Sequence[int],
         limit: int,
+        keep: Callable[[str], bool] = lambda text: True,
     ) -> Found | None:
-        """The best hits as the store's ``search_index`` ranks them, and their neighbours
-        by (session, position); None when the store must answer (see the module)."""
+        """The best hits as the store's ``search_index`` ranks them, those whose text
+        ``keep`` keeps, and their neighbours by (session, position); None when the store
+        must answer (see the module)."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
@@ -257,7 +259,7 @@ class RecallMirror:
                 shown=shown,
                 limit=limit,
             )
-            return self._found(unit, ranked)
+            return self._found(unit, ranked, keep)
 
     def _current(self, user_id: str | None, session_id: str) -> _Unit | None:
         """The unit searched, in step with the store's mark (lock held)."""
@@ -279,24 +281,27 @@ class RecallMirror:
             self._add(unit, self._since(unit.last, user_id, session_id))
         return unit
 
-    def _found(self, unit: _Unit, ranked: Sequence[tuple[int, float]]) -> Found:
-        """The ranked rows as hits, with their neighbours (the newest row at each position
-        beside a hit), their texts read; a row another process deleted since the mark is
-        left out (its epoch is seen next search)."""
+    def _found(
+        self, unit: _Unit, ranked: Sequence[tuple[int, float]], keep: Callable[[str], bool]
+    ) -> Found:
+        """The ranked rows ``keep`` keeps as hits, with their neighbours (the newest row at
+        each position beside a hit), their texts read; a row another process deleted since
+        the mark is left out (its epoch is seen next search)."""
+        texts = self._read([unit.ids[row] for row, _ in ranked])
+        kept = [(row, texts[unit.ids[row]]) for row, _ in ranked if unit.ids[row] in texts]
+        kept = [(row, text) for row, text in kept if keep(text)]
         beside: dict[tuple[int, int], int] = {}  # (row, offset) → the neighbour's row
-        for row, _ in ranked:
+        for row, _ in kept:
             code, position = unit.rows[row][0], unit.positions[row]
             for offset in self.neighbours:
                 near = unit.at.get((code, position + offset))
                 if near is not None:
                     beside[(row, offset)] = near
-        texts = self._read([unit.ids[r] for r in (*(r for r, _ in ranked), *beside.values())])
+        texts.update(self._read([unit.ids[near] for near in beside.values()]))
+        scores = dict(ranked)
         hits, around = [], {}
-        for row, score in ranked:
-            text = texts.get(unit.ids[row])
-            if text is None:
-                continue
-            hits.append(unit.message(row, text, score))
+        for row, text in kept:
+            hits.append(unit.message(row, text, scores[row]))
             name, position = unit.names[unit.rows[row][0]], unit.positions[row]
             for offset in self.neighbours:
                 near = beside.get((row, offset), -1)

@@ -42,6 +42,7 @@ DEFAULT_SEARCH_LIMIT: Final = 5
 OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recently is not rewritten
 OFFLOADS_REMEMBERED: Final = 65_536  # (session, text) pairs remembered for that
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by their length
+CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
 EMPTY_SEARCH: Final = {
     "en": "[search_memory: nothing found for this query]",
     "zh": "[search_memory：没有找到相关内容]",
@@ -130,8 +131,14 @@ class Recaller:
             store, engine_headers=headers, mirror=self.mirror, on_left=self._ready
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
-        # the same long hits come back turn after turn: each split and stemmed once
-        self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS)
+        # the same long hits come back turn after turn: each split and stemmed once, and cut
+        # once for the query words it holds
+        self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS, len)
+        self.cuts = Memo(self._cut, CUT_CHARS, lambda key: len(key[0]) + key[1])
+
+    def _cut(self, key: tuple[str, int, frozenset[str]]) -> str | None:
+        text, limit, stems = key
+        return self.sentences(text).cut(limit, stems)
 
     def _ready(self, rows: Sequence[IndexedMessage]) -> None:
         """On the indexer's thread, as rows leave a view (what recall can now show): each
@@ -163,6 +170,7 @@ class Recaller:
             mirror=self.mirror,
             ref_for=lambda message: self.offloads.ref(ask.session_id, message),
             split=self.sentences,
+            cut=self.cuts,
         )
         self.offloads.write(ask.session_id, found.referred)
         return found
