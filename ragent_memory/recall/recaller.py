@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from types import MappingProxyType
 from typing import Any, Final
 
 from ragent_memory.core.chars import Message
@@ -43,10 +44,12 @@ OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recentl
 OFFLOADS_REMEMBERED: Final = 65_536  # (session, text) pairs remembered for that
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by their length
 CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
-EMPTY_SEARCH: Final = {
-    "en": "[search_memory: nothing found for this query]",
-    "zh": "[search_memory：没有找到相关内容]",
-}
+EMPTY_SEARCH: Final = MappingProxyType(
+    {
+        "en": "[search_memory: nothing found for this query]",
+        "zh": "[search_memory：没有找到相关内容]",
+    }
+)
 
 
 def search_tool_schema() -> dict[str, Any]:

@@ -10,6 +10,8 @@ so the in-process recall mirror (``recall/rank.py``) counts exactly what the sto
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from ragent_memory.text.terms import WORD
@@ -25,7 +27,9 @@ def tokens(text: str) -> list[str]:
     return [t if t.isascii() else fold(t) for t in found]
 
 
-_SAME_AS: Final = {"µ": "μ", "ſ": "s"}  # unicode61's folding where lower() differs
+_SAME_AS: Final = MappingProxyType(
+    {"µ": "μ", "ſ": "s"}
+)  # unicode61's folding where lower() differs
 
 
 def fold(token: str) -> str:
@@ -100,52 +104,63 @@ def _s_or_t_m_gt1(s: str) -> bool:
 # (suffix, replacement, condition on the stem) grouped by the word's second-last char; in a
 # group the first suffix the word ends with decides, whether its condition holds or not.
 _Rule = tuple[str, str, object]
-_STEP2: Final[dict[str, tuple[_Rule, ...]]] = {
-    "a": (("ational", "ate", _m_gt0), ("tional", "tion", _m_gt0)),
-    "c": (("enci", "ence", _m_gt0), ("anci", "ance", _m_gt0)),
-    "e": (("izer", "ize", _m_gt0),),
-    "g": (("logi", "log", _m_gt0),),
-    "l": (
-        ("bli", "ble", _m_gt0),
-        ("alli", "al", _m_gt0),
-        ("entli", "ent", _m_gt0),
-        ("eli", "e", _m_gt0),
-        ("ousli", "ous", _m_gt0),
-    ),
-    "o": (("ization", "ize", _m_gt0), ("ation", "ate", _m_gt0), ("ator", "ate", _m_gt0)),
-    "s": (
-        ("alism", "al", _m_gt0),
-        ("iveness", "ive", _m_gt0),
-        ("fulness", "ful", _m_gt0),
-        ("ousness", "ous", _m_gt0),
-    ),
-    "t": (("aliti", "al", _m_gt0), ("iviti", "ive", _m_gt0), ("biliti", "ble", _m_gt0)),
-}
-_STEP3: Final[dict[str, tuple[_Rule, ...]]] = {
-    "a": (("ical", "ic", _m_gt0),),
-    "s": (("ness", "", _m_gt0),),
-    "t": (("icate", "ic", _m_gt0), ("iciti", "ic", _m_gt0)),
-    "u": (("ful", "", _m_gt0),),
-    "v": (("ative", "", _m_gt0),),
-    "z": (("alize", "al", _m_gt0),),
-}
-_STEP4: Final[dict[str, tuple[_Rule, ...]]] = {
-    "a": (("al", "", _m_gt1),),
-    "c": (("ance", "", _m_gt1), ("ence", "", _m_gt1)),
-    "e": (("er", "", _m_gt1),),
-    "i": (("ic", "", _m_gt1),),
-    "l": (("able", "", _m_gt1), ("ible", "", _m_gt1)),
-    "n": (("ant", "", _m_gt1), ("ement", "", _m_gt1), ("ment", "", _m_gt1), ("ent", "", _m_gt1)),
-    "o": (("ion", "", _s_or_t_m_gt1), ("ou", "", _m_gt1)),
-    "s": (("ism", "", _m_gt1),),
-    "t": (("ate", "", _m_gt1), ("iti", "", _m_gt1)),
-    "u": (("ous", "", _m_gt1),),
-    "v": (("ive", "", _m_gt1),),
-    "z": (("ize", "", _m_gt1),),
-}
+_STEP2: Final[Mapping[str, tuple[_Rule, ...]]] = MappingProxyType(
+    {
+        "a": (("ational", "ate", _m_gt0), ("tional", "tion", _m_gt0)),
+        "c": (("enci", "ence", _m_gt0), ("anci", "ance", _m_gt0)),
+        "e": (("izer", "ize", _m_gt0),),
+        "g": (("logi", "log", _m_gt0),),
+        "l": (
+            ("bli", "ble", _m_gt0),
+            ("alli", "al", _m_gt0),
+            ("entli", "ent", _m_gt0),
+            ("eli", "e", _m_gt0),
+            ("ousli", "ous", _m_gt0),
+        ),
+        "o": (("ization", "ize", _m_gt0), ("ation", "ate", _m_gt0), ("ator", "ate", _m_gt0)),
+        "s": (
+            ("alism", "al", _m_gt0),
+            ("iveness", "ive", _m_gt0),
+            ("fulness", "ful", _m_gt0),
+            ("ousness", "ous", _m_gt0),
+        ),
+        "t": (("aliti", "al", _m_gt0), ("iviti", "ive", _m_gt0), ("biliti", "ble", _m_gt0)),
+    }
+)
+_STEP3: Final[Mapping[str, tuple[_Rule, ...]]] = MappingProxyType(
+    {
+        "a": (("ical", "ic", _m_gt0),),
+        "s": (("ness", "", _m_gt0),),
+        "t": (("icate", "ic", _m_gt0), ("iciti", "ic", _m_gt0)),
+        "u": (("ful", "", _m_gt0),),
+        "v": (("ative", "", _m_gt0),),
+        "z": (("alize", "al", _m_gt0),),
+    }
+)
+_STEP4: Final[Mapping[str, tuple[_Rule, ...]]] = MappingProxyType(
+    {
+        "a": (("al", "", _m_gt1),),
+        "c": (("ance", "", _m_gt1), ("ence", "", _m_gt1)),
+        "e": (("er", "", _m_gt1),),
+        "i": (("ic", "", _m_gt1),),
+        "l": (("able", "", _m_gt1), ("ible", "", _m_gt1)),
+        "n": (
+            ("ant", "", _m_gt1),
+            ("ement", "", _m_gt1),
+            ("ment", "", _m_gt1),
+            ("ent", "", _m_gt1),
+        ),
+        "o": (("ion", "", _s_or_t_m_gt1), ("ou", "", _m_gt1)),
+        "s": (("ism", "", _m_gt1),),
+        "t": (("ate", "", _m_gt1), ("iti", "", _m_gt1)),
+        "u": (("ous", "", _m_gt1),),
+        "v": (("ive", "", _m_gt1),),
+        "z": (("ize", "", _m_gt1),),
+    }
+)
 
 
-def _step(word: str, rules: dict[str, tuple[_Rule, ...]]) -> str:
+def _step(word: str, rules: Mapping[str, tuple[_Rule, ...]]) -> str:
     if len(word) < 2:
         return word
     for suffix, replacement, condition in rules.get(word[-2], ()):
