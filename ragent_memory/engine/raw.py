@@ -52,11 +52,15 @@ class RawCache:
     """The caller's history as last seen: each message, its content and tool_calls objects
     (to notice an edit in place), its size and (computed when first needed) its digest.
 
-    Each turn ``sync`` compares every position by identity (the dict, then its content and
-    tool_calls objects; an equal dict the caller rebuilt passes), and the ``suspects`` the
-    session's hand-out check points at by size and digest too (an edit inside a content part
-    of a message in view); new messages are validated and measured. ``compare_digests``
-    compares every position by digest and size (``verify``)."""
+    Each turn ``sync`` compares every position by dict identity (one list comparison; an
+    equal dict the caller rebuilt passes), the content and tool_calls objects of the
+    leading system messages, the first message and the positions from ``check_from`` on
+    (what the view shows: an edit in place of a dict), and
+    the ``suspects`` the session's hand-out check points at by size and digest too (an edit
+    inside a content part of a message in view); new messages are validated and measured.
+    ``recheck`` looks for edits in place before ``check_from`` (the session asks before a
+    compaction may read the history), ``compare_digests`` compares every position by digest
+    and size (``verify``)."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -68,22 +72,50 @@ class RawCache:
         self.system_count = 0  # leading system messages
         self.changed: list[int] = []  # positions found new or changed this turn, ascending
 
-    def sync(self, messages: Sequence[Any], *, suspects: Sequence[int] = ()) -> None:
+    def sync(
+        self, messages: Sequence[Any], *, suspects: Sequence[int] = (), check_from: int = 0
+    ) -> None:
         """Take ``messages`` as the new history. On an invalid message the cache is left as
         it was and InvalidMessagesError propagates."""
         limit = min(len(messages), len(self.messages))
-        given = list(messages[:limit])
-        changed = set(unequal(given, self.messages[:limit]))
+        given = messages[:limit] if isinstance(messages, list) else list(messages[:limit])
+        known = self.messages if limit == len(self.messages) else self.messages[:limit]
+        changed = set(unequal(given, known))
         for index in changed:  # before reading their fields
             validate_message(messages[index], index)
-        edited: set[int] = set()
-        for name, known in (("content", self.contents), ("tool_calls", self.calls)):
-            edited.update(unequal(list(map(_get, given, repeat(name))), known[:limit]))
-        for index in edited - changed:
-            validate_message(messages[index], index)
-        changed |= edited
+        # The system prompt and the first message (the original task, quoted verbatim in
+        # every summary, DESIGN §6) are looked at in place every turn, as the view is.
+        head = min(self.system_count + 1, limit)
+        changed |= self._in_place(given, range(head), changed)
+        changed |= self._in_place(given, range(max(head, min(check_from, limit)), limit), changed)
         changed.update(self._edited(messages, suspects, limit))
         self._take(messages, sorted(changed), limit)
+
+    def recheck(self, start: int, stop: int) -> bool:
+        """Whether a kept dict in ``[start, stop)`` was edited in place (its content or
+        tool_calls replaced); such positions are taken again, as ``sync`` would."""
+        stop = min(stop, len(self.messages))
+        edited = sorted(self._in_place(self.messages, range(start, stop), set()))
+        if edited:
+            found_before = self.changed
+            self._take(self.messages, edited, len(self.messages))
+            self.changed = sorted({*found_before, *edited})
+        return bool(edited)
+
+    def _in_place(self, given: Sequence[Any], where: range, known: set[int]) -> set[int]:
+        """Positions in ``where`` whose content or tool_calls object is not the one kept;
+        each is validated (those in ``known`` already were)."""
+        if not where:
+            return set()
+        lo, hi = where.start, where.stop
+        part = given[lo:hi]
+        edited: set[int] = set()
+        for name, kept in (("content", self.contents), ("tool_calls", self.calls)):
+            now = list(map(_get, part, repeat(name)))
+            edited.update(lo + i for i in unequal(now, kept[lo:hi]))
+        for index in edited - known:
+            validate_message(given[index], index)
+        return edited
 
     def _edited(self, messages: Sequence[Any], suspects: Sequence[int], limit: int) -> list[int]:
         """Suspects below ``limit`` edited inside a part: not the size or digest known."""

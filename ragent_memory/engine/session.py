@@ -242,7 +242,9 @@ class Session:
         compacted, skipped = False, None
         if self.settings.summary_enabled:
             skipped = self._compact_if_due(view, user_id)
-            if self.state.generation != self.returned_generation:
+            if skipped == "history_edited":
+                view, _ = self._build(None)  # without the summary it no longer matches
+            elif self.state.generation != self.returned_generation:
                 compacted = True
                 view, _ = self._build(None)  # the hint's indexes belonged to the old view
         self.returned_generation = self.state.generation
@@ -260,11 +262,20 @@ class Session:
         return view
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
-        """Take the caller's history: by identity, plus the positions whose copy handed out
-        no longer equals the view (an edit inside a part); with ``verify``, by digest."""
-        self.raw.sync(messages, suspects=() if last is None else self._suspects(last))
+        """Take the caller's history: every dict by identity, what the view shows down to
+        its content and tool_calls objects, plus the positions whose copy handed out no
+        longer equals the view (an edit inside a part); with ``verify``, by digest. The
+        summarized dicts are looked at in place before a compaction builds on them
+        (``_compact_if_due``), so a turn costs what the view holds, not the whole history
+        (DESIGN §5, §17)."""
+        raw, state = self.raw, self.state
+        covered = state.covered if state.generation else 0
+        suspects = () if last is None else self._suspects(last)
+        raw.sync(messages, suspects=suspects, check_from=covered)
+        if last is None and covered:  # a session loaded from the store: look at all once
+            raw.recheck(raw.system_count, covered)
         if verify:
-            self.raw.compare_digests(messages)
+            raw.compare_digests(messages)
 
     @staticmethod
     def _suspects(last: View) -> list[int]:
@@ -390,6 +401,10 @@ class Session:
                     chars=view.total,
                 )
             return decision
+        state = self.state
+        if state.generation and self.raw.recheck(self.raw.system_count, state.covered):
+            self._verify(user_id)  # a summarized dict was edited in place: drop the summary
+            return "history_edited"
         return self.compact(view, decision, user_id)
 
     def compact(self, view: View, decision: CutPlan, user_id: str | None) -> str | None:
