@@ -262,32 +262,18 @@ class Session:
         return view
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
-        """Take the caller's history: every dict by identity, what the view shows down to
-        its content and tool_calls objects, plus the positions whose copy handed out no
-        longer equals the view (an edit inside a part); with ``verify``, by digest. The
-        summarized dicts are looked at in place before a compaction builds on them
-        (``_compact_if_due``), so a turn costs what the view holds, not the whole history
-        (DESIGN §5, §17)."""
+        """Take the caller's history: every dict by identity, what the view shows (and the
+        copies handed out that no longer equal it) down to their parts; summarized dicts in
+        place only before a compaction builds on them, so a turn costs what the view holds
+        (DESIGN §5, §17); with ``verify``, everything by digest."""
         raw, state = self.raw, self.state
         covered = state.covered if state.generation else 0
-        suspects = () if last is None else self._suspects(last)
+        suspects = () if last is None else _suspects(last)
         raw.sync(messages, suspects=suspects, check_from=covered)
         if last is None and covered:  # a session loaded from the store: look at all once
             raw.recheck(raw.system_count, covered)
         if verify:
             raw.compare_digests(messages)
-
-    @staticmethod
-    def _suspects(last: View) -> list[int]:
-        """Raw positions of the caller's messages last turn's view showed as written whose
-        copy handed out no longer equals them (``View.untouched``), and of those it showed
-        but never handed out."""
-        handed_end = len(last.handed) + last.offset
-        return [
-            index + last.offset
-            for index in last.untouched()
-            if index >= last.head and index not in last.kinds
-        ] + list(range(max(handed_end, last.head + last.offset), last.end))
 
     def _apply(self, state: SessionState, user_id: str | None) -> None:
         """Take an applied generation; what it newly covers has left the view (a message
@@ -401,8 +387,7 @@ class Session:
                     chars=view.total,
                 )
             return decision
-        state = self.state
-        if state.generation and self.raw.recheck(self.raw.system_count, state.covered):
+        if self.state.generation and self.raw.recheck(self.raw.system_count, self.state.covered):
             self._verify(user_id)  # a summarized dict was edited in place: drop the summary
             return "history_edited"
         return self.compact(view, decision, user_id)
@@ -461,3 +446,15 @@ def report_fields(
         recalled=recalled,
         recalled_chars=recalled_chars,
     )
+
+
+def _suspects(last: View) -> list[int]:
+    """Raw positions of the caller's messages last turn's view showed as written whose
+    copy handed out no longer equals them (``View.untouched``), and of those it showed
+    but never handed out."""
+    handed_end = len(last.handed) + last.offset
+    return [
+        index + last.offset
+        for index in last.untouched()
+        if index >= last.head and index not in last.kinds
+    ] + list(range(max(handed_end, last.head + last.offset), last.end))
