@@ -8,6 +8,7 @@ few that differ (the two searches, how offloads are stored and measured).
 
 from __future__ import annotations
 
+import abc
 import json
 import secrets
 import sqlite3
@@ -46,7 +47,7 @@ def _json_text(value: Any) -> str:
     return text if isinstance(_storable(text), str) else json.dumps(value)
 
 
-class StoreBase:
+class StoreBase(abc.ABC):
     """The connection, its lock and the clock; each concern's tables are a mixin over this."""
 
     db: Any  # sqlite_utils.Database, or the PostgreSQL connection of the calling thread
@@ -104,8 +105,9 @@ class StoreBase:
         rows = self._fetch("SELECT name FROM _migrations ORDER BY version")
         return [str(r[0]) for r in rows]
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the backend's connections (each backend owns its own)."""
 
     def __enter__(self) -> Self:
         return self
