@@ -105,6 +105,17 @@ def test_round_trip_keeps_roles_tool_calls_and_results() -> None:
     assert dicts == from_pydantic_ai(to_pydantic_ai(dicts))
 
 
+def test_user_text_parts_stay_apart() -> None:
+    """A user message's text parts (a recall block, then the question) stay separate items."""
+    block = {"type": "text", "text": "[earlier conversation] Locker 7 code 4417"}
+    dicts = [{"role": "user", "content": [block, {"type": "text", "text": "What is the code?"}]}]
+    (request,) = to_pydantic_ai(dicts)
+    assert ["[earlier conversation] Locker 7 code 4417", "What is the code?"] == list(
+        request.parts[0].content  # type: ignore[union-attr]
+    )
+    assert dicts == from_pydantic_ai([request])
+
+
 def test_toolset_answers_untrusted_arguments(make_settings: Callable[..., Settings]) -> None:
     """The recall tool ignores unknown keys and refuses a missing ref in one line."""
     with MemoryEngine(make_settings()) as engine:

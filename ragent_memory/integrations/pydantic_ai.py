@@ -139,7 +139,10 @@ def _request_part(message: dict[str, Any], names: dict[str, str]) -> ModelReques
         call_id = message["tool_call_id"]
         name = names.get(call_id) or message.get("name") or "tool"
         return ToolReturnPart(tool_name=name, content=_text(content), tool_call_id=call_id)
-    return UserPromptPart(content=content if isinstance(content, str) else _text(content))
+    if isinstance(content, str):
+        return UserPromptPart(content=content)
+    # Each text part stays its own item, so a recall block never runs into the question.
+    return UserPromptPart(content=[p.get("text", "") for p in content if isinstance(p, dict)])
 
 
 def to_pydantic_ai(
