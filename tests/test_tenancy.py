@@ -352,3 +352,39 @@ def test_scope_and_audit_by_scope_through_the_cli(
     printed = run_cli("scope", "--key-env", "ALICE_KEY", "--config", str(config))
     assert scope_of(b"s" * 32, ALICE) == printed.stdout.strip()
     assert not (tmp_path / "never.db").exists()
+
+
+def test_a_transcript_replayed_into_a_scope_is_that_keys_memory(
+    tmp_path: Path, upstream: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move docs/proxy.md describes: ``compact FILE --session SCOPE:s --user SCOPE:u``
+    puts an old session into a key's scope; that key's next session recalls it, another
+    key's does not."""
+    config = write_config(tmp_path, "moved")
+    transcript = tmp_path / "alice.json"
+    transcript.write_text(json.dumps(alice_history(6)))
+    with Store(tmp_path / "moved.db"):
+        pass
+    monkeypatch.setenv("ALICE_KEY", ALICE)
+    scope = run_cli("scope", "--key-env", "ALICE_KEY", "--config", str(config)).stdout.strip()
+    moved = run_cli(
+        "compact",
+        str(transcript),
+        "--config",
+        str(config),
+        "--session",
+        f"{scope}:a-1",
+        "--user",
+        f"{scope}:alice",
+        "--out",
+        str(tmp_path / "o.json"),
+    )
+    assert 0 == moved.returncode, moved.stderr
+    question = [SYSTEM, {"role": "user", "content": QUESTION}]
+    with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as proxy:
+        for key in (ALICE, MALLORY):
+            client(proxy, key, "later", "alice").chat.completions.create(
+                model="m", messages=question
+            )
+    assert "4417" in sent(upstream, ALICE)
+    assert "4417" not in sent(upstream, MALLORY)
