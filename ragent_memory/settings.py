@@ -189,17 +189,9 @@ def _http_url(value: Any) -> bool:
 
 def _networks(value: Any) -> bool:
     try:
-        for item in value if isinstance(value, tuple) else "?":
-            ipaddress.ip_network(item if isinstance(item, str) else "?", strict=False)
-    except ValueError:
-        return False
-    return True
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        ok = (isinstance(v, str) and ipaddress.ip_network(v, strict=False) for v in value)
+        return isinstance(value, tuple) and all(ok)
+    except (TypeError, ValueError):
         return False
 
 
@@ -227,11 +219,9 @@ class ServeSettings:
     )
     # Who a request speaks for (serve/identity.py): its credential, or trusted headers.
     identity: str = _field(
-        "serve.identity", "credential", lambda v: v in IDENTITIES, "'credential' or 'headers'"
+        "serve.identity", "credential", IDENTITIES.__contains__, "credential or headers"
     )
-    secret_env: str | None = _field(
-        "serve.secret_env", None, _env_name, "an environment variable name"
-    )
+    secret_env: str | None = _field("serve.secret_env", None, _env_name, "a variable name")
     allow_anonymous: bool = _flag("serve.allow_anonymous", default=False)
     trusted_proxies: tuple[str, ...] = attrs.field(
         default=(),
@@ -240,23 +230,21 @@ class ServeSettings:
     )
 
     def __attrs_post_init__(self) -> None:
-        if self.identity == "headers" and not self.trusted_proxies and not _loopback(self.host):
+        try:
+            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = False
+        if self.identity == "headers" and not (self.trusted_proxies or loopback):
             raise ConfigError(
-                "serve.trusted_proxies",
-                f"required to listen on {self.host} with serve.identity: headers "
-                "(the peers allowed to set X-Session-Id / X-User-Id)",
+                "serve.trusted_proxies", f"required for identity: headers on host {self.host}"
             )
 
     def secret(self) -> bytes | None:
         """The scope secret from ``secret_env`` (None when no variable is named)."""
-        if self.secret_env is None:
-            return None
-        value = env_value("serve.secret_env", self.secret_env)
-        if len(value) < MIN_SECRET_CHARS:
-            raise ConfigError(
-                "serve.secret_env", f"{self.secret_env} holds under {MIN_SECRET_CHARS} characters"
-            )
-        return value.encode()
+        value = env_value("serve.secret_env", self.secret_env) if self.secret_env else ""
+        if value and len(value) < MIN_SECRET_CHARS:
+            raise ConfigError("serve.secret_env", f"under {MIN_SECRET_CHARS} characters")
+        return value.encode() or None
 
 
 def env_value(key_path: str, name: str) -> str:

@@ -78,6 +78,7 @@ def test_shipped_config_loads_with_defaults() -> None:
         ({"serve": {"trusted_proxies": "10.0.0.0/8"}}, "serve.trusted_proxies"),
         ({"serve": {"trusted_proxies": ["10.0.0.300"]}}, "serve.trusted_proxies"),
         ({"serve": {"trusted_proxies": [10]}}, "serve.trusted_proxies"),
+        ({"serve": {"trusted_proxies": 5}}, "serve.trusted_proxies"),
         ({"serve": {"identity": "headers", "host": "0.0.0.0"}}, "serve.trusted_proxies"),
         ({"serve": {"identity": "headers", "host": "gateway.internal"}}, "serve.trusted_proxies"),
         ({"compaction_workers": 0}, "compaction_workers"),

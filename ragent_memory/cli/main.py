@@ -304,8 +304,7 @@ def _identity() -> ModuleType:
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
 def scope(key_env: str, db: str | None, config: str | None) -> None:
-    """Print the proxy's scope of the API key held in KEY_ENV (never a key on the command
-    line): its session and user ids are stored as SCOPE:id, `audit --scope SCOPE` lists them."""
+    """Print the proxy's scope of the API key in variable KEY_ENV (for `audit --scope`)."""
     with user_errors():
         identity = _identity()
         key = env_value("--key-env", key_env)

@@ -2,7 +2,7 @@
 
 An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
 
-    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``)
+    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``, scoped per key)
                        │   + recall_tool_result / search_memory when the view needs them
                        ▼
                      upstream {upstream}/chat/completions  (the caller's own Authorization)

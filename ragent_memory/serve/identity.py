@@ -1,16 +1,11 @@
 """Who a proxy request speaks for (DESIGN §14b): the one place that decides it.
 
-``serve.identity: credential`` (the default): the request's credential (``Authorization: Bearer
-…``, else ``x-api-key`` / ``api-key``) names a scope, ``scope_of(secret, credential)``, and
-every session and user id the request names becomes ``"<scope>:<id>"`` before the engine sees
-it. So the same user id under two keys is two users, and whatever the engine keeps or answers
-(recall, search, refs, facts, sticky state, audit rows) is per key by construction. The
-credential is never kept: only its scope. A scope is the first 24 hex digits (96 bits) of an
-HMAC-SHA-256 under a server secret: ids are only compared, never trusted to carry a key, so a
-collision needs about 2**48 keys, and without the secret no scope can be computed at all.
-
-``serve.identity: headers``: the ids are taken as sent, for a gateway that authenticates and
-sets them itself; ``serve.trusted_proxies`` names the peers allowed to talk to the proxy.
+``serve.identity: credential`` (default): the request's key (``Authorization: Bearer``, else
+``x-api-key``) names a scope, and every session and user id it names becomes ``SCOPE:id``
+before the engine sees it, so all the engine keeps or answers is per key by construction; the
+key itself is never kept. A scope is 24 hex digits (96 bits) of an HMAC-SHA-256 under a server
+secret: a collision takes about 2**48 keys, and without the secret none can be computed.
+``headers``: the ids as sent, for a gateway that authenticates and sets them itself.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 SCOPE_HEX = 24
-ANONYMOUS = "anonymous"  # the one scope of requests without a credential (allow_anonymous)
+ANONYMOUS = "anonymous"  # the one scope of requests without a key (serve.allow_anonymous)
 NO_CREDENTIAL = (
     "no credential: send your API key (Authorization: Bearer …, or x-api-key); this proxy "
     "keeps each key's memory apart (serve.identity: credential)"
@@ -42,27 +37,19 @@ NO_CREDENTIAL = (
 
 def scope_of(secret: bytes, credential: str) -> str:
     """The scope of ``credential`` under the server ``secret``."""
-    return hmac.new(secret, credential.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[
-        :SCOPE_HEX
-    ]
+    mac = hmac.new(secret, credential.encode("utf-8", "surrogatepass"), "sha256")
+    return mac.hexdigest()[:SCOPE_HEX]
 
 
 def is_scope(text: str) -> bool:
-    """``text`` is a scope ``scope_of`` gives, or the anonymous one."""
     return text == ANONYMOUS or (len(text) == SCOPE_HEX and text.strip("0123456789abcdef") == "")
 
 
 def credential_of(headers: Mapping[str, str]) -> str | None:
-    """The request's credential: a bearer token, else an ``x-api-key`` / ``api-key`` header."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return headers.get("x-api-key") or headers.get("api-key") or None
-
-
-def secret_for(settings: ServeSettings, store: Backend) -> bytes:
-    """The scope secret: ``serve.secret_env``'s variable, else the store's own."""
-    return settings.secret() or store.scope_secret()
 
 
 class Identity:
@@ -70,19 +57,16 @@ class Identity:
 
     def __init__(self, settings: ServeSettings, store: Backend) -> None:
         self.settings = settings
-        self._secret = secret_for(settings, store) if settings.identity == "credential" else b""
-        if settings.identity == "headers":
-            log.warning(
-                "serve.identity_from_headers",
-                detail="X-Session-Id / X-User-Id are trusted as sent: run behind a gateway",
-                trusted_proxies=list(settings.trusted_proxies),
-            )
+        self._secret = b""
+        if settings.identity == "credential":
+            self._secret = settings.secret() or store.scope_secret()
+        else:
+            log.warning("serve.identity_from_headers", trusted=list(settings.trusted_proxies))
 
     def identify(
         self, headers: Mapping[str, str], body: Mapping[str, Any]
     ) -> tuple[str, str | None]:
-        """``(session_id, user_id)`` as the engine gets them; a 401 ``Reject`` without a
-        credential (unless ``serve.allow_anonymous``)."""
+        """``(session_id, user_id)`` as the engine gets them; a 401 without a credential."""
         if self.settings.identity == "headers":
             return chat.identify(headers, body)
         credential = credential_of(headers)
@@ -94,8 +78,7 @@ class Identity:
 
 
 class TrustedPeers:
-    """ASGI middleware: a 403 for any peer outside ``serve.trusted_proxies`` (health checks
-    excepted)."""
+    """ASGI middleware: a 403 for a peer outside ``serve.trusted_proxies`` but on /healthz."""
 
     def __init__(self, app: ASGIApp, networks: tuple[str, ...]) -> None:
         self.app = app
@@ -109,10 +92,9 @@ class TrustedPeers:
         await self.app(scope, receive, send)
 
     def _admits(self, scope: Scope) -> bool:
-        client = scope.get("client")
         try:
-            peer = ipaddress.ip_address(client[0]) if client else None
+            peer = ipaddress.ip_address((scope.get("client") or ("",))[0])
         except ValueError:
             return False
         peer = getattr(peer, "ipv4_mapped", None) or peer  # ::ffff:a.b.c.d on a dual stack
-        return peer is not None and any(peer in network for network in self.networks)
+        return any(peer in network for network in self.networks)

@@ -37,8 +37,7 @@ class AuditTable(StoreBase):
     def compactions(
         self, session_id: str | None = None, *, scope: str | None = None
     ) -> list[dict[str, Any]]:
-        """The rows, oldest first: of one session, and/or of one proxy scope (its session
-        ids start with ``"<scope>:"``, serve/identity.py)."""
+        """The rows, oldest first; of one session and/or one proxy scope (``SCOPE:id``)."""
         sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions WHERE 1 = 1"
         params: list[Any] = []
         if session_id is not None:

@@ -92,8 +92,7 @@ class StoreBase(abc.ABC):
                 )
 
     def _load_secret(self, key: str = "secret") -> bytes:
-        """A secret of the store, made by its first opener: ``secret`` (recall refs are HMACs
-        under it) or ``scope_secret`` (the proxy's scopes, serve/identity.py)."""
+        """A secret made by the store's first opener: for recall refs, or ``scope_secret``."""
         self.db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
             [key, secrets.token_hex(32)],
