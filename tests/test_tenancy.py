@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from fake_openai import FakeOpenAI
+from fake_openai import Answer, FakeOpenAI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_process import ProxyProcess
@@ -39,11 +39,20 @@ def write_config(directory: Path, name: str, **serve: Any) -> Path:
     return config
 
 
-def client(proxy: ProxyProcess, key: str, session: str, user: str | None) -> openai.OpenAI:
+def ask(
+    proxy: ProxyProcess,
+    key: str,
+    session: str,
+    user: str | None,
+    messages: list[dict[str, Any]],
+    **extra: Any,
+) -> Any:
+    """One chat completion through the real openai client (closed after); the raw response."""
     headers = {"X-Session-Id": session, **({"X-User-Id": user} if user else {})}
-    return openai.OpenAI(
+    with openai.OpenAI(
         base_url=proxy.base_url, api_key=key, default_headers=headers, max_retries=0, timeout=60
-    )
+    ) as chat:
+        return chat.chat.completions.with_raw_response.create(model="m", messages=messages, **extra)
 
 
 def rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -81,14 +90,10 @@ def alice_history(turns: int = 30) -> list[dict[str, Any]]:
     return history
 
 
-def talk(chat: openai.OpenAI, history: list[dict[str, Any]]) -> openai.APIResponse[Any]:
-    """Send ``history`` turn by turn (each call carries everything before it); the last
-    call's raw response."""
-    raw = None
+def talk(proxy: ProxyProcess, key: str, session: str, history: list[dict[str, Any]]) -> None:
+    """Send ``history`` turn by turn as Alice's user, each call carrying everything before it."""
     for end in range(2, len(history) + 1, 2):
-        raw = chat.chat.completions.with_raw_response.create(model="m", messages=history[:end])
-    assert raw is not None
-    return raw
+        ask(proxy, key, session, "alice", history[:end])
 
 
 def sent(upstream: FakeOpenAI, key: str) -> str:
@@ -109,7 +114,7 @@ def test_another_key_claiming_a_user_reads_and_resets_nothing(
     config = write_config(tmp_path, identity, identity=identity)
     db = tmp_path / f"{identity}.db"
     with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as first:
-        talk(client(first, ALICE, "a-1", "alice"), alice_history())
+        talk(first, ALICE, "a-1", alice_history())
         first.stop()  # a graceful stop runs every after_turn: the PIN is indexed
     alice = f"{store_scope(db, ALICE)}:a-1" if identity == "credential" else "a-1"
     [(generation,)] = rows(
@@ -121,20 +126,12 @@ def test_another_key_claiming_a_user_reads_and_resets_nothing(
 
     upstream.reset()
     with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as second:
-        mallory = client(second, MALLORY, "m-1", "alice")
-        mallory.chat.completions.create(
-            model="m", messages=[SYSTEM, {"role": "user", "content": QUESTION}]
-        )
-        client(second, ALICE, "a-2", "alice").chat.completions.create(
-            model="m", messages=[SYSTEM, {"role": "user", "content": QUESTION}]
-        )
-        client(second, MALLORY, "a-1", "alice").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}]
-        )
+        question = [SYSTEM, {"role": "user", "content": QUESTION}]
+        ask(second, MALLORY, "m-1", "alice", question)
+        ask(second, ALICE, "a-2", "alice", question)
+        ask(second, MALLORY, "a-1", "alice", [{"role": "user", "content": "hi"}])
         history = [*alice_history(), {"role": "user", "content": "And my next step?"}]
-        after = client(second, ALICE, "a-1", "alice").chat.completions.with_raw_response.create(
-            model="m", messages=history
-        )
+        after = ask(second, ALICE, "a-1", "alice", history)
     invalidated = rows(
         db,
         "SELECT count(*) FROM compactions WHERE session_id = ? AND status = 'invalidated'",
@@ -170,9 +167,7 @@ def test_no_credential_is_a_401_unless_anonymous_is_allowed(
     config = write_config(tmp_path, "keyed", secret_env="RAGENT_TEST_SCOPE_SECRET")
     with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as keyed:
         with pytest.raises(openai.AuthenticationError) as caught:
-            client(keyed, "unused", "s", None).chat.completions.create(
-                model="m", messages=question, extra_headers=keyless
-            )
+            ask(keyed, "unused", "s", None, question, extra_headers=keyless)
         assert [] == upstream.requests
         by_header = httpx2.post(
             keyed.base_url + "/chat/completions",
@@ -189,9 +184,7 @@ def test_no_credential_is_a_401_unless_anonymous_is_allowed(
 
     config = write_config(tmp_path, "open", allow_anonymous=True)
     with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as anonymous:
-        reply = client(anonymous, "unused", "s", None).chat.completions.create(
-            model="m", messages=question, extra_headers=keyless
-        )
+        reply = ask(anonymous, "unused", "s", None, question, extra_headers=keyless).parse()
         anonymous.stop()
     assert "Noted." == reply.choices[0].message.content
     scoped = rows(tmp_path / "open.db", "SELECT DISTINCT session_id FROM recall_messages")
@@ -223,6 +216,20 @@ STEPS = st.lists(
 )
 
 
+def searching_model(body: Any) -> Answer:
+    """Searches the memory whenever the proxy offers it; otherwise (and after) says Noted."""
+    offered = [tool["function"]["name"] for tool in body.get("tools") or ()]
+    if body["messages"][-1]["role"] == "tool" or "search_memory" not in offered:
+        return Answer.reply("Noted.")
+    arguments = '{"query": "vault code word"}'
+    call = {
+        "id": "s",
+        "type": "function",
+        "function": {"name": "search_memory", "arguments": arguments},
+    }
+    return Answer.reply(None, "tool_calls", tool_calls=[call])
+
+
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -231,19 +238,20 @@ def test_each_keys_upstream_requests_hold_only_its_own_text(
     shared_proxy: ProxyProcess, upstream_server: FakeOpenAI, steps: list[tuple[str, str, Any]]
 ) -> None:
     """Three keys claiming the same user and session ids, in any order, on one store: every
-    request the upstream gets under a key holds none of the other keys' words (recall,
-    search and summaries included), whatever ids they claimed."""
+    request the upstream gets under a key holds none of the other keys' words (the recall
+    block, and ``search_memory`` answered by the proxy), whatever ids they claimed."""
     upstream_server.reset()
-    upstream_server.default = lambda body: "Noted."
+    upstream_server.default = searching_model
     histories: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for n, (key, session, user) in enumerate(steps):
         history = histories.setdefault((key, session), [SYSTEM])
         said = f"The vault code word is {WORDS[key]}{n}. What is the vault code word?"
         history.append({"role": "user", "content": said})
-        chat = client(shared_proxy, key, session, user)
-        reply = chat.chat.completions.create(model="m", messages=history)
+        reply = ask(shared_proxy, key, session, user, history).parse()
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
     assert len(steps) <= len(upstream_server.requests)
+    searched = [r for r in upstream_server.requests if r.body["messages"][-1]["role"] == "tool"]
+    assert searched or not any(user for _, _, user in steps)
     for request in upstream_server.requests:
         key = request.headers["authorization"].removeprefix("Bearer ")
         text = json.dumps(request.body)
@@ -383,8 +391,6 @@ def test_a_transcript_replayed_into_a_scope_is_that_keys_memory(
     question = [SYSTEM, {"role": "user", "content": QUESTION}]
     with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as proxy:
         for key in (ALICE, MALLORY):
-            client(proxy, key, "later", "alice").chat.completions.create(
-                model="m", messages=question
-            )
+            ask(proxy, key, "later", "alice", question)
     assert "4417" in sent(upstream, ALICE)
     assert "4417" not in sent(upstream, MALLORY)
