@@ -7,6 +7,7 @@ properties so they can never drift from B. Every validation failure is a ``Confi
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ NON_TEXT_PART_CHARS = 2_000
 
 LANGUAGES = ("en", "zh")
 DEFAULT_LEASE_S = 600.0  # a host's hold on a session's compaction (store.lease_s)
+IDENTITIES = ("credential", "headers")  # serve.identity
+MIN_SECRET_CHARS = 16  # serve.secret_env's value
 
 
 def _clamp(value: float, low: int, high: int) -> int:
@@ -184,6 +187,14 @@ def _http_url(value: Any) -> bool:
     return scheme in ("http", "https") and bool(rest.strip("/"))
 
 
+def _networks(value: Any) -> bool:
+    try:
+        ok = (isinstance(v, str) and ipaddress.ip_network(v, strict=False) for v in value)
+        return isinstance(value, tuple) and all(ok)
+    except (TypeError, ValueError):
+        return False
+
+
 @attrs.frozen
 class ServeSettings:
     """``ragent-memory serve`` (DESIGN §14b): the OpenAI-compatible proxy and its bounds."""
@@ -206,6 +217,42 @@ class ServeSettings:
     max_tool_rounds: int = _field(
         "serve.max_tool_rounds", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10"
     )
+    # Who a request speaks for (serve/identity.py): its credential, or trusted headers.
+    identity: str = _field(
+        "serve.identity", "credential", IDENTITIES.__contains__, "credential or headers"
+    )
+    secret_env: str | None = _field("serve.secret_env", None, _env_name, "a variable name")
+    allow_anonymous: bool = _flag("serve.allow_anonymous", default=False)
+    trusted_proxies: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_to_tuple,
+        validator=_check("serve.trusted_proxies", _networks, "a list of addresses or CIDRs"),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = False
+        if self.identity == "headers" and not (self.trusted_proxies or loopback):
+            raise ConfigError(
+                "serve.trusted_proxies", f"required for identity: headers on host {self.host}"
+            )
+
+    def secret(self) -> bytes | None:
+        """The scope secret from ``secret_env`` (None when no variable is named)."""
+        value = env_value("serve.secret_env", self.secret_env) if self.secret_env else ""
+        if value and len(value) < MIN_SECRET_CHARS:
+            raise ConfigError("serve.secret_env", f"under {MIN_SECRET_CHARS} characters")
+        return value.encode() or None
+
+
+def env_value(key_path: str, name: str) -> str:
+    """The value of the environment variable ``name``, which ``key_path`` names."""
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(key_path, f"environment variable {name} is not set")
+    return value
 
 
 def _tool_names(value: Any) -> bool:

@@ -35,7 +35,8 @@ def write_config(
     directory: Path, name: str, engine: dict[str, Any] | None = None, **serve: Any
 ) -> Path:
     config = directory / f"{name}.yaml"
-    section = {"max_body_bytes": 1_048_576, "timeout_s": 30, **serve}
+    # identity: headers, the ids as sent (test_tenancy.py covers the default, by credential)
+    section = {"max_body_bytes": 1_048_576, "timeout_s": 30, "identity": "headers", **serve}
     config.write_text(
         json.dumps(
             {

@@ -72,6 +72,15 @@ def test_shipped_config_loads_with_defaults() -> None:
         ({"store": {"url": "postgresql://db/a", "path": "x.db"}}, "store"),
         ({"store": {"url": "postgresql://db/a", "pool_size": 0}}, "store.pool_size"),
         ({"store": {"url": "postgresql://db/a", "lease_s": 0}}, "store.lease_s"),
+        ({"serve": {"identity": "token"}}, "serve.identity"),
+        ({"serve": {"secret_env": "NOT A NAME"}}, "serve.secret_env"),
+        ({"serve": {"allow_anonymous": "yes"}}, "serve.allow_anonymous"),
+        ({"serve": {"trusted_proxies": "10.0.0.0/8"}}, "serve.trusted_proxies"),
+        ({"serve": {"trusted_proxies": ["10.0.0.300"]}}, "serve.trusted_proxies"),
+        ({"serve": {"trusted_proxies": [10]}}, "serve.trusted_proxies"),
+        ({"serve": {"trusted_proxies": 5}}, "serve.trusted_proxies"),
+        ({"serve": {"identity": "headers", "host": "0.0.0.0"}}, "serve.trusted_proxies"),
+        ({"serve": {"identity": "headers", "host": "gateway.internal"}}, "serve.trusted_proxies"),
         ({"compaction_workers": 0}, "compaction_workers"),
         ({"compaction_timeout_s": -1}, "compaction_timeout_s"),
         ({"llm": {"model": "m"}}, "llm.base_url"),
@@ -153,3 +162,39 @@ def test_settings_in_code_accept_sections_as_mappings() -> None:
     assert StoreSettings(path="m.db") == Settings(store="m.db").store  # type: ignore[arg-type]
     llm = Settings(llm={"base_url": "http://x/v1", "model": "m"}).llm  # type: ignore[arg-type]
     assert LLMSettings(base_url="http://x/v1", model="m") == llm
+
+
+@pytest.mark.parametrize(
+    "serve",
+    [
+        {"identity": "headers"},
+        {"identity": "headers", "host": "localhost"},
+        {"identity": "headers", "host": "::1"},
+        {"identity": "headers", "host": "0.0.0.0", "trusted_proxies": ("10.0.0.0/8", "::1")},
+        {"identity": "credential", "host": "0.0.0.0", "allow_anonymous": True},
+    ],
+)
+def test_serve_identity_keys_accept_what_they_document(serve: dict[str, object]) -> None:
+    """Headers on loopback, or anywhere with trusted_proxies; proxies as addresses or CIDRs."""
+    yaml_like = {k: list(v) if isinstance(v, tuple) else v for k, v in serve.items()}
+    loaded = settings_from_dict({"serve": yaml_like}).serve
+    assert serve == {key: getattr(loaded, key) for key in serve}
+
+
+def test_serve_secret_is_read_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve.secret_env`` names a variable; unset or short is a ConfigError naming the key."""
+    from ragent_memory.settings import ServeSettings
+
+    assert ServeSettings().secret() is None
+    section = ServeSettings(secret_env="RAGENT_TEST_SCOPE_SECRET")
+    for value in (None, "short"):
+        if value is None:
+            monkeypatch.delenv("RAGENT_TEST_SCOPE_SECRET", raising=False)
+        else:
+            monkeypatch.setenv("RAGENT_TEST_SCOPE_SECRET", value)
+        with pytest.raises(ConfigError) as info:
+            section.secret()
+        assert "serve.secret_env" == info.value.key_path
+        assert value is None or value not in str(info.value)
+    monkeypatch.setenv("RAGENT_TEST_SCOPE_SECRET", "k" * 16)
+    assert b"k" * 16 == section.secret()

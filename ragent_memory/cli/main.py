@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,7 +20,7 @@ import structlog
 
 from ragent_memory.core.logs import EVENT_ATTR, ROOT
 from ragent_memory.errors import ConfigError, RagentMemoryError, StoreError
-from ragent_memory.settings import Settings, StoreSettings, load_settings
+from ragent_memory.settings import Settings, StoreSettings, env_value, load_settings
 
 if TYPE_CHECKING:
     from ragent_memory.store import Backend
@@ -158,6 +159,7 @@ def inspect(config: str | None, as_json: bool) -> None:
 @click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
 @click.option("--config", type=click.Path(), help="YAML config.")
 @click.option("--session", "session_id", help="Only this session.")
+@click.option("--scope", help="Only this proxy scope (`ragent-memory scope` prints a key's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON array.")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per line.")
 @click.option("--summaries", is_flag=True, help="Print each applied summary too.")
@@ -165,13 +167,17 @@ def audit(
     db: str | None,
     config: str | None,
     session_id: str | None,
+    scope: str | None,
     as_json: bool,
     as_jsonl: bool,
     summaries: bool,
 ) -> None:
     """Print the compaction log (the compactions table)."""
-    with user_errors(), _existing_store(config, db) as store:
-        rows = store.compactions(session_id)
+    with user_errors():
+        if scope is not None and not _identity().is_scope(scope):
+            raise click.ClickException(f"--scope {scope!r}: not a scope (`ragent-memory scope`)")
+        with _existing_store(config, db) as store:
+            rows = store.compactions(session_id, scope=scope)
     if _json_wanted(as_json):
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -281,6 +287,32 @@ def _existing_store(config: str | None, db: str | None) -> Backend:
     if settings.url is None and (settings.path == ":memory:" or not Path(settings.path).is_file()):
         raise StoreError(f"no store at {settings.path}")
     return open_store(settings)
+
+
+def _identity() -> ModuleType:
+    try:
+        from ragent_memory.serve import identity
+    except ImportError as err:
+        raise click.ClickException(
+            f"needs the 'serve' extra ({err.name} is missing): pip install 'ragent-memory[serve]'"
+        ) from err
+    return identity
+
+
+@cli.command()
+@click.option("--key-env", required=True, help="Environment variable holding the API key.")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--config", type=click.Path(), help="YAML config.")
+def scope(key_env: str, db: str | None, config: str | None) -> None:
+    """Print the proxy's scope of the API key in variable KEY_ENV (for `audit --scope`)."""
+    with user_errors():
+        identity = _identity()
+        key = env_value("--key-env", key_env)
+        secret = _settings(config, db).serve.secret()
+        if secret is None:
+            with _existing_store(config, db) as store:
+                secret = store.scope_secret()
+    click.echo(identity.scope_of(secret, key))
 
 
 @cli.command()

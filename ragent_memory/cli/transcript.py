@@ -69,7 +69,8 @@ _REPORTED = tuple(_REPORTED_FIELDS.split())
 def replay(
     engine: MemoryEngine, messages: list[dict[str, Any]], *, session_id: str, user_id: str | None
 ) -> dict[str, Any]:
-    """Prepare the context at every user message, as an agent would before each model call."""
+    """Prepare the context at every user message, as an agent would before each model call,
+    then record the transcript as its ``after_turn`` would (facts, the recall index)."""
     turns = []
     prepared = None
     for index, message in enumerate(messages):
@@ -82,4 +83,5 @@ def replay(
         duration_ms = round(report.duration_ms, 3)
         turns.append({"message_index": index, **fields, "duration_ms": duration_ms})
     view = prepared.messages if prepared else []
+    engine.after_turn(messages, session_id=session_id, user_id=user_id)
     return {"session_id": session_id, "messages": view, "turns": turns}

@@ -2,7 +2,7 @@
 
 An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
 
-    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``)
+    app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``, scoped per key)
                        │   + recall_tool_result / search_memory when the view needs them
                        ▼
                      upstream {upstream}/chat/completions  (the caller's own Authorization)
@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -42,6 +43,7 @@ from ragent_memory.serve.http import (
     response_headers,
     whole_response,
 )
+from ragent_memory.serve.identity import TrustedPeers
 from ragent_memory.serve.stream import Relay
 from ragent_memory.serve.turn import Proxy
 from ragent_memory.settings import Settings
@@ -132,7 +134,9 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
         Route("/v1/models/{model:path}", models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    peers = proxy.settings.trusted_proxies
+    guard = [Middleware(TrustedPeers, networks=peers)] if peers else []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=guard)
 
 
 def serve(

@@ -26,6 +26,7 @@ from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
 from ragent_memory.serve.http import Reject, response_headers, whole_response
+from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.stream import Relay, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
 from ragent_memory.settings import ServeSettings
@@ -76,6 +77,7 @@ class Proxy:
             raise ConfigError("serve.upstream", "required: the upstream base URL")
         self.engine = engine
         self.settings = settings
+        self.identity = Identity(settings, engine.store)
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
         )
@@ -108,7 +110,7 @@ class Proxy:
         started: float,
     ) -> Turn:
         """The turn of a parsed request, its session identified and its history prepared."""
-        session_id, user_id = chat.identify(headers, body)
+        session_id, user_id = self.identity.identify(headers, body)
         history = body["messages"]
         try:
             on_loop = not self._may_wait(history, session_id)

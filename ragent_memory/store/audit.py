@@ -34,11 +34,17 @@ class AuditTable(StoreBase):
         with self._locked("audit write"), self.db.atomic():
             return insert_audit(self.db, record)
 
-    def compactions(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions"
+    def compactions(
+        self, session_id: str | None = None, *, scope: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The rows, oldest first; of one session and/or one proxy scope (``SCOPE:id``)."""
+        sql = f"SELECT {', '.join(COMPACTION_COLUMNS)} FROM compactions WHERE 1 = 1"
         params: list[Any] = []
         if session_id is not None:
-            sql += " WHERE session_id = ?"
+            sql += " AND session_id = ?"
             params.append(session_id)
+        if scope is not None:
+            sql += " AND substr(session_id, 1, ?) = ?"
+            params += [len(scope) + 1, f"{scope}:"]
         rows = self._fetch(sql + " ORDER BY id", params)
         return [dict(zip(COMPACTION_COLUMNS, r, strict=True)) for r in rows]

@@ -91,14 +91,19 @@ class StoreBase(abc.ABC):
                     [version, name, iso(self.clock())],
                 )
 
-    def _load_secret(self) -> bytes:
-        """The store's secret (recall refs are HMACs under it), made by its first opener."""
+    def _load_secret(self, key: str = "secret") -> bytes:
+        """A secret made by the store's first opener: for recall refs, or ``scope_secret``."""
         self.db.execute(
-            "INSERT INTO meta (key, value) VALUES ('secret', ?) ON CONFLICT DO NOTHING",
-            [secrets.token_hex(32)],
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            [key, secrets.token_hex(32)],
         )
-        ((value,),) = self.db.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()
+        ((value,),) = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
         return bytes.fromhex(value)
+
+    def scope_secret(self) -> bytes:
+        """The key of the proxy's scopes when ``serve.secret_env`` names none."""
+        with self._locked("secret read"):
+            return self._load_secret("scope_secret")
 
     def migrations(self) -> list[str]:
         """The names of the schema migrations applied, oldest first."""
