@@ -75,7 +75,9 @@ class ChatCompletions:
         reply: chat.Message | None = None
         try:
             request = Request(scope, receive)
-            body = chat.parse(await read_body(request, self.proxy.settings.max_body_bytes))
+            raw = await read_body(request, self.proxy.settings.max_body_bytes)
+            key = (request.headers.get("authorization"), request.headers.get("x-session-id"))
+            body = self.proxy.bodies.parse(key, raw)
             forward = forward_headers(scope["headers"])
             turn = await self.proxy.turn(body, request.headers, forward, started)
             if turn.body.get("stream") is True:

@@ -25,6 +25,7 @@ from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
+from ragent_memory.serve.bodies import BodyCache
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.stream import Relay, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
@@ -76,6 +77,7 @@ class Proxy:
             raise ConfigError("serve.upstream", "required: the upstream base URL")
         self.engine = engine
         self.settings = settings
+        self.bodies = BodyCache()  # keyed by the caller's credentials and X-Session-Id
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
         )
