@@ -41,7 +41,7 @@ class BodyCache:
     ``max_bytes`` of raw bodies. ``parse`` returns a fresh top-level dict and ``messages``
     list; everything inside may be the last call's objects, which nothing may mutate."""
 
-    def __init__(self, max_sessions: int = 256, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         self.tail_parses = 0  # bodies parsed by their tail only
