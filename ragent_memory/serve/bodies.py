@@ -27,9 +27,7 @@ _CANDIDATES = 128  # "]"s tried from the end for the one that closes ``messages`
 
 @attrs.define
 class _Last:
-    """A session's last body, where its last message ends and where its suffix starts."""
-
-    raw: bytes
+    raw: bytes  # a session's last body
     body: dict[str, Any]
     end: int  # just past the last message (just past "[" when there is none)
     stop: int  # the "]" that closes ``messages``
@@ -42,8 +40,7 @@ class BodyCache:
     list; everything inside may be the last call's objects, which nothing may mutate."""
 
     def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
-        self.max_sessions = max_sessions
-        self.max_bytes = max_bytes
+        self.max_sessions, self.max_bytes = max_sessions, max_bytes
         self.tail_parses = 0  # bodies parsed by their tail only
         self._last: collections.OrderedDict[Hashable, _Last] = collections.OrderedDict()
         self._bytes = 0
@@ -55,13 +52,10 @@ class BodyCache:
             last = self._last.pop(key, None)
             self._bytes -= len(last.raw) if last else 0
             known = _extended(last, raw) if last else None
-            if known is None:
-                body = chat.parse(raw)
-                known = _located(raw, body)
-            else:
+            if known is not None:
                 self.tail_parses += 1
-            if known is None:
-                return body
+            elif (known := _located(raw, body := chat.parse(raw))) is None:
+                return body  # not kept: its messages' end cannot be found
             if len(raw) <= self.max_bytes:
                 self._last[key] = known
                 self._bytes += len(raw)
@@ -72,9 +66,8 @@ class BodyCache:
 
 def _extended(last: _Last, raw: bytes) -> _Last | None:
     """``last`` moved on to ``raw`` when ``raw`` is its head, a tail of messages, its suffix."""
-    suffix = memoryview(last.raw)[last.stop :]
+    head, suffix = memoryview(last.raw)[: last.end], memoryview(last.raw)[last.stop :]
     stop = len(raw) - len(suffix)
-    head = memoryview(last.raw)[: last.end]
     if stop < last.end or not raw.endswith(suffix) or not raw.startswith(head):
         return None
     if not last.proved and not _proves(last):
@@ -89,8 +82,8 @@ def _extended(last: _Last, raw: bytes) -> _Last | None:
 
 
 def _items(tail: bytes, *, after: bool) -> list[Any] | None:
-    """The values of a tail of ``messages`` (``, a, b`` after an item, ``a, b`` in an empty
-    list, or nothing), None when it is not such a run; parsed at the depth it has in a body."""
+    """The values of a tail (``, a, b`` after an item, ``a, b`` in an empty list, or nothing),
+    None when it is not such a run; parsed at the depth it has in a body."""
     if not tail:
         return []
     if after and not tail.startswith(b","):
