@@ -30,7 +30,9 @@ whose turns are a model call apart.
 The machine is shared, so the load average before and after is printed and stored, and the
 event-loop thread's CPU time per request (schedstat, nanoseconds) is reported for the relay
 and every proxy: it moves far less with the load than wall times do.
-Run: ``python -m benchmarks.proxy [--turns N]``; results go to ``benchmarks/results/proxy.json``.
+Run: ``python -m benchmarks.proxy [--turns N] [--against CHECKOUT]``; results go to
+``benchmarks/results/proxy.json``. ``--against`` runs every proxy arm again from the package in
+another checkout (say the last release's), so before and after share one run's load.
 The issue's target: added p50 ≤ 2 ms.
 """
 
