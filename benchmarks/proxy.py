@@ -30,7 +30,9 @@ whose turns are a model call apart.
 The machine is shared, so the load average before and after is printed and stored, and the
 event-loop thread's CPU time per request (schedstat, nanoseconds) is reported for the relay
 and every proxy: it moves far less with the load than wall times do.
-Run: ``python -m benchmarks.proxy [--turns N]``; results go to ``benchmarks/results/proxy.json``.
+Run: ``python -m benchmarks.proxy [--turns N] [--against CHECKOUT]``; results go to
+``benchmarks/results/proxy.json``. ``--against`` runs every proxy arm again from the package in
+another checkout (say the last release's), so before and after share one run's load.
 The issue's target: added p50 ≤ 2 ms.
 """
 
@@ -151,11 +153,14 @@ def serve_relay(port: int) -> None:
 # ---------------------------------------------------------------------- processes
 
 
-def start(args: list[str], ready: re.Pattern[str] | None, cwd: Path) -> tuple[Any, str]:
+def start(
+    args: list[str], ready: re.Pattern[str] | None, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[Any, str]:
     """A subprocess and the first match of ``ready`` on stderr (or its first stdout line)."""
     process = subprocess.Popen(
         args,
         cwd=cwd,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -226,7 +231,7 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(turns: int, cwd: Path) -> dict[str, Any]:
+def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     upstream, port = start([sys.executable, "-m", "benchmarks.proxy", "--upstream"], None, root)
     upstream_url = f"http://127.0.0.1:{port}/v1"
@@ -249,12 +254,13 @@ def measure(turns: int, cwd: Path) -> dict[str, Any]:
     sizes: list[int] = []
     clients: dict[str, httpx2.Client] = {}
     try:
-        for number, (name, extra) in enumerate(ARMS.items()):
+        for number, (name, (extra, env)) in enumerate(arms.items()):
             config = cwd / f"proxy{number}.yaml"
             store = {"path": str(cwd / f"proxy{number}.db")}
             config.write_text(json.dumps({**extra, "context_window_chars": BUDGET, "store": store}))
             args = [sys.executable, "-m", "ragent_memory", "serve", "--config", str(config)]
-            proxies[name] = start([*args, "--upstream", upstream_url, "--port", "0"], READY, cwd)
+            args += ["--upstream", upstream_url, "--port", "0"]
+            proxies[name] = start(args, READY, cwd, env)
             for kind in ("total", "added", "inside", "prepare", "own", "loop cpu"):
                 rows[f"{name}: {kind}"] = []
         urls = {"direct": upstream_url, "bare TCP relay": f"http://127.0.0.1:{relay_port}/v1"}
@@ -375,9 +381,32 @@ LABELS = {
 }
 
 
+def arms_for(against: Path | None) -> dict[str, tuple[dict[str, Any], Any]]:
+    """The proxy arms (config, environment); with ``against``, each again as run from the
+    package in that checkout, named with its commit: before and after in one run."""
+    arms: dict[str, tuple[dict[str, Any], Any]] = {
+        name: (extra, None) for name, extra in ARMS.items()
+    }
+    if against is not None:
+        commit = subprocess.run(
+            ["git", "-C", str(against), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        env = {**os.environ, "PYTHONPATH": str(against.resolve())}
+        arms |= {f"{name} [{commit}]": (extra, env) for name, extra in ARMS.items()}
+    return arms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="also run every proxy arm from the package in this checkout (before/after in one run)",
+    )
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -387,9 +416,10 @@ def main() -> None:
     if args.relay:
         serve_relay(args.relay)
         return
+    arms = arms_for(args.against)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        measured = measure(args.turns, Path(tmp))
+        measured = measure(args.turns, Path(tmp), arms)
     load_after = os.getloadavg()
     stats = summarize(measured["rows"])
     sizes = measured["body_bytes"]
@@ -427,7 +457,11 @@ def main() -> None:
                 "context_window_chars": BUDGET,
                 "cores": os.cpu_count(),
                 "load_average": {"before": load_before[0], "after": load_after[0]},
-                "arms": {"direct": {}, "bare TCP relay": {}, **ARMS},
+                "arms": {
+                    "direct": {},
+                    "bare TCP relay": {},
+                    **{n: extra for n, (extra, _) in arms.items()},
+                },
                 "body_bytes": {"min": min(sizes), "max": max(sizes)},
                 "stats": stats,
                 "cpu_ms_per_request": measured["cpu_ms_per_request"],

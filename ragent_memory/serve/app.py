@@ -10,11 +10,10 @@ An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
                        ▼
     app ◀──reply unchanged (SSE chunk by chunk)──   then after_turn(history + reply), off the path
 
-The API is stateless: every request carries the app's whole history, so the proxy keeps
-nothing but the engine's store. The caller's headers are forwarded to the upstream and never
-logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
-
-This module is the Starlette app: its routes, a request's bounds, and running it under uvicorn.
+Every request carries the app's whole history; the proxy keeps the engine's store and, in
+memory, each session's last body (``bodies``). The caller's headers reach the upstream and are
+never logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
+This module: the Starlette app, its routes, a request's bounds, running it under uvicorn.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from ragent_memory.serve.http import (
     response_headers,
     whole_response,
 )
-from ragent_memory.serve.identity import TrustedPeers
+from ragent_memory.serve.identity import TrustedPeers, credential_of
 from ragent_memory.serve.stream import Relay
 from ragent_memory.serve.turn import Proxy
 from ragent_memory.settings import Settings
@@ -77,7 +76,9 @@ class ChatCompletions:
         reply: chat.Message | None = None
         try:
             request = Request(scope, receive)
-            body = chat.parse(await read_body(request, self.proxy.settings.max_body_bytes))
+            raw = await read_body(request, self.proxy.settings.max_body_bytes)
+            key = (credential_of(request.headers), request.headers.get("x-session-id"))
+            body = self.proxy.bodies.parse(key, raw)
             forward = forward_headers(scope["headers"])
             turn = await self.proxy.turn(body, request.headers, forward, started)
             if turn.body.get("stream") is True:

@@ -1,8 +1,6 @@
 """One chat-completions turn through the proxy: ``prepare`` the app's history, forward the
-view to the upstream, answer the calls of the proxy's own tools there and ask again, hand the
-reply to the app, then ``after_turn`` off the request path.
-
-How a stream meets the proxy's tools: see ``stream``.
+view to the upstream, answer the calls of the proxy's own tools there and ask again (for a
+stream, see ``stream``), hand the reply to the app, then ``after_turn`` off the request path.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
+from ragent_memory.serve.bodies import BodyCache
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.stream import Relay, StreamReader
@@ -78,17 +77,15 @@ class Proxy:
         self.engine = engine
         self.settings = settings
         self.identity = Identity(settings, engine.store)
+        self.bodies = BodyCache()  # keyed by the caller's credential and X-Session-Id
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
         )
-        # prepare runs on the event loop when it provably never waits (the engine's
-        # prepare_may_wait) and the store is local; otherwise it may wait on a compaction for up
-        # to compaction_timeout_s, which on the loop would stall every other request meanwhile.
+        # prepare runs on the loop only when it never waits (see _may_wait) and the store is local
         self._local = engine.settings.store.url is None
         # sessions with a prepare in a worker: their next one goes there too (the session lock)
         self._waiting: collections.Counter[str] = collections.Counter()
-        # after_turn in order, off the request path.
-        self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-after-turn")
+        self._after = ThreadPoolExecutor(1, thread_name_prefix="ragent-after-turn")  # in order
         self._workers = ThreadPoolExecutor(
             max_workers=min(settings.max_concurrency, _WORKERS), thread_name_prefix="ragent-serve"
         )
@@ -133,7 +130,8 @@ class Proxy:
         )
 
     def _may_wait(self, history: list[Message], session_id: str) -> bool:
-        """Whether this turn's ``prepare`` must leave the event loop (see ``__init__``)."""
+        """Whether this turn's ``prepare`` must leave the event loop: it may wait on a
+        compaction up to ``compaction_timeout_s``, which would stall every other request."""
         if not self._local or session_id in self._waiting:
             return True
         return self.engine.prepare_may_wait(history, session_id=session_id)

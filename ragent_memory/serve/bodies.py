@@ -1,0 +1,121 @@
+"""A session's request body parsed by what is new since its last one (``BodyCache``).
+
+An app resends its whole history each call: the next body is usually the last one's head
+(up to the end of its last message), a tail of new messages, and the last one's suffix (from
+the ``]`` closing ``messages``). Then only the tail is parsed, at its depth in the body, and
+the last body's message objects are handed out again (so the engine knows them by identity);
+anything else is parsed whole. Where the head ends is proved once: the last body with a
+sentinel inserted there must parse to itself with the sentinel appended to ``messages``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+import attrs
+import orjson
+
+from ragent_memory.serve import chat
+
+_WHITESPACE = b" \t\n\r"
+_SENTINEL = "ragent-memory: split check"
+_CANDIDATES = 128  # "]"s tried from the end for the one that closes ``messages``
+
+
+@attrs.define
+class _Last:
+    raw: bytes  # a session's last body
+    body: dict[str, Any]
+    end: int  # just past the last message (just past "[" when there is none)
+    stop: int  # the "]" that closes ``messages``
+    proved: bool = False
+
+
+class BodyCache:
+    """The last body per key (a session), least recently used out past ``max_sessions`` or
+    ``max_bytes`` of raw bodies. ``parse`` returns a fresh top-level dict and ``messages``
+    list; everything inside may be the last call's objects, which nothing may mutate."""
+
+    def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
+        self.max_sessions, self.max_bytes = max_sessions, max_bytes
+        self.tail_parses = 0  # bodies parsed by their tail only
+        self._last: collections.OrderedDict[Hashable, _Last] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def parse(self, key: Hashable, raw: bytes) -> dict[str, Any]:
+        """``chat.parse(raw)``, by its tail when it extends ``key``'s last body."""
+        with self._lock:
+            last = self._last.pop(key, None)
+            self._bytes -= len(last.raw) if last else 0
+            known = _extended(last, raw) if last else None
+            if known is not None:
+                self.tail_parses += 1
+            elif (known := _located(raw, body := chat.parse(raw))) is None:
+                return body  # not kept: its messages' end cannot be found
+            if len(raw) <= self.max_bytes:
+                self._last[key] = known
+                self._bytes += len(raw)
+            while len(self._last) > self.max_sessions or self._bytes > self.max_bytes:
+                self._bytes -= len(self._last.popitem(last=False)[1].raw)
+            return {**known.body, "messages": list(known.body["messages"])}
+
+
+def _extended(last: _Last, raw: bytes) -> _Last | None:
+    """``last`` moved on to ``raw`` when ``raw`` is its head, a tail of messages, its suffix."""
+    head, suffix = memoryview(last.raw)[: last.end], memoryview(last.raw)[last.stop :]
+    stop = len(raw) - len(suffix)
+    if stop < last.end or not raw.endswith(suffix) or not raw.startswith(head):
+        return None
+    if not last.proved and not _proves(last):
+        return None
+    tail = raw[last.end : stop].rstrip(_WHITESPACE)
+    messages = last.body["messages"]
+    added = _items(tail.lstrip(_WHITESPACE), after=bool(messages))
+    if added is None:
+        return None
+    body = {**last.body, "messages": [*messages, *added]} if added else last.body
+    return _Last(raw, body, last.end + len(tail), stop, proved=True)
+
+
+def _items(tail: bytes, *, after: bool) -> list[Any] | None:
+    """The values of a tail (``, a, b`` after an item, ``a, b`` in an empty list, or nothing),
+    None when it is not such a run; parsed at the depth it has in a body."""
+    if not tail:
+        return []
+    if after and not tail.startswith(b","):
+        return None
+    parsed = chat.json_or_none(b'{"m":[' + (tail[1:] if after else tail) + b"]}")
+    return (parsed["m"] or None) if parsed else None
+
+
+def _located(raw: bytes, body: dict[str, Any]) -> _Last | None:
+    """``body`` and where its ``messages`` end in ``raw`` (the last "]" after which the rest
+    parses as ``messages`` closed and the keys after it), unproved; None if not found."""
+    messages = body["messages"]
+    if messages and not isinstance(messages[-1], dict):
+        return None  # the proof needs a last message the sentinel cannot equal
+    keys = list(body)
+    expected = {"messages": [], **{key: body[key] for key in keys[keys.index("messages") + 1 :]}}
+    stop = len(raw)
+    for _ in range(_CANDIDATES):
+        stop = raw.rfind(b"]", 0, max(stop, 0))
+        if stop > 0 and chat.json_or_none(b'{"messages":[' + raw[stop:]) == expected:
+            end = stop
+            while raw[end - 1] in _WHITESPACE:
+                end -= 1
+            return _Last(raw, body, end, stop)
+    return None
+
+
+def _proves(last: _Last) -> bool:
+    """True when ``last.end`` is just past the last item of the body's ``messages``."""
+    sentinel = (b"," if last.body["messages"] else b"") + orjson.dumps(_SENTINEL)
+    marked = chat.json_or_none(last.raw[: last.end] + sentinel + last.raw[last.end :])
+    got = marked.get("messages") if isinstance(marked, dict) else None
+    if not isinstance(got, list) or got[-1:] != [_SENTINEL]:
+        return False
+    return bool({**marked, "messages": got[:-1]} == last.body)
