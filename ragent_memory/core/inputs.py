@@ -12,11 +12,12 @@ from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.core.chars import Message
+from ragent_memory.core.watched import WatchedDict
 from ragent_memory.errors import InvalidMessagesError
 
 ALIASES = MappingProxyType({"developer": "system"})
 # Chat dicts as they come: the app's own, or copies ``prepare`` handed out that it kept.
-PLAIN_TYPES = frozenset({dict})
+PLAIN_TYPES = frozenset({dict, WatchedDict})
 
 
 def to_message(item: Any) -> Any:

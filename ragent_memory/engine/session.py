@@ -35,6 +35,7 @@ copy handed out, strict alternation) after ``report``.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -262,14 +263,16 @@ class Session:
         return view
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
-        """Take the caller's history: every dict by identity, what the view shows (and the
-        copies handed out that no longer equal it) down to their parts; summarized dicts in
-        place only before a compaction builds on them, so a turn costs what the view holds
-        (DESIGN §5, §17); with ``verify``, everything by digest."""
+        """Take the caller's history: every dict by identity, what the view shows down to its
+        parts (``_looks``); summarized dicts in place only before a compaction builds on them,
+        so a turn costs what the view holds (DESIGN §5, §17); with ``verify``, everything by
+        digest."""
         raw, state = self.raw, self.state
         covered = state.covered if state.generation else 0
-        suspects = () if last is None else _suspects(last)
-        raw.sync(messages, suspects=suspects, check_from=covered)
+        if last is None:
+            raw.sync(messages, check=range(covered, len(messages)))
+        else:
+            raw.sync(messages, **_looks(last, covered, len(messages)))
         if last is None and covered:  # a session loaded from the store: look at all once
             raw.recheck(raw.system_count, covered)
         if verify:
@@ -448,13 +451,27 @@ def report_fields(
     )
 
 
-def _suspects(last: View) -> list[int]:
-    """Raw positions of the caller's messages last turn's view showed as written whose
-    copy handed out no longer equals them (``View.untouched``), and of those it showed
-    but never handed out."""
-    handed_end = len(last.handed) + last.offset
-    return [
-        index + last.offset
-        for index in last.untouched()
-        if index >= last.head and index not in last.kinds
-    ] + list(range(max(handed_end, last.head + last.offset), last.end))
+def _looks(last: View, covered: int, length: int) -> dict[str, Sequence[int]]:
+    """What ``RawCache.sync`` looks at of last turn's view, by raw position. One deep
+    comparison of the copies handed out with the view (``View.untouched``) covers what it
+    showed as written: while no copy was changed (its ``flag`` down) a difference is the
+    caller's own edit (``edited``), and the content and tool_calls objects are compared
+    (``check``) only where the copies do not show the caller's dict: substituted, left out or
+    never handed out. Once the app changed a copy, a difference may be either side's
+    (``suspects``) and every position from ``covered`` on is checked in place."""
+    offset, handed_end = last.offset, len(last.handed) + last.offset
+    head = min(last.head + offset, length)
+    differed = [
+        i + offset for i in last.untouched() if i >= last.head and i not in last.kinds
+    ]
+    unhanded = range(max(handed_end, head), min(last.end, length))
+    if last.flag.raised:
+        last.flag.raised = False  # the changed copies were just copied again
+        return {"check": range(covered, length), "suspects": [*differed, *unhanded]}
+    shown = sorted(map(offset.__add__, last.kinds))  # substituted: all in the tail
+    shown = shown[: bisect.bisect_left(shown, min(handed_end, length))]  # the rest: unhanded
+    return {
+        "check": [*range(covered, head), *shown, *unhanded],
+        "suspects": unhanded,
+        "edited": differed,
+    }

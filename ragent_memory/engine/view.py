@@ -10,19 +10,9 @@ from typing import Any
 import attrs
 
 from ragent_memory.core.chars import Message
+from ragent_memory.core.watched import Flag, watched_copy
 from ragent_memory.engine.raw import unequal
 from ragent_memory.gates.trim import TrimState
-
-
-def _copy(value: Any) -> Any:
-    """A copy of a JSON-like value down to its last dict and list (strings and other leaves
-    are shared): an app that decorates what it sends changes neither its history nor what
-    later turns send."""
-    if isinstance(value, dict):
-        return {key: _copy(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_copy(item) for item in value]
-    return value
 
 
 @attrs.frozen
@@ -49,8 +39,10 @@ class View:
     ``show`` replaces a message by its substitution and remembers the caller's original.
     ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
 
-    ``handed`` holds the copies last handed out, parallel to ``messages[:len(handed)]``;
-    ``stale`` the indexes among them the view has replaced since (see ``hand_out``).
+    ``handed`` holds the copies last handed out (``core/watched.py``: an app that decorates
+    what it sends changes neither its history nor later turns), parallel to
+    ``messages[:len(handed)]``; ``stale`` the indexes among them the view has replaced since;
+    ``flag`` is raised by an app's change to any of them.
     """
 
     messages: list[Message]
@@ -69,6 +61,7 @@ class View:
     counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
+    flag: Flag = attrs.field(factory=Flag)  # shared with this view's copies (``copy``)
     left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
     @property
@@ -120,22 +113,23 @@ class View:
 
     def untouched(self) -> list[int]:
         """Compare the copies handed out with the view and copy again those that differ;
-        returns their indexes (the caller edited the copy, or its own message in place:
-        ``RawCache.sync`` tells which)."""
+        returns their indexes. With ``flag`` down a copy is as handed out, so a difference
+        is the caller's edit of its own message (or the view's replacement); with it raised,
+        either side may have changed (``RawCache.sync`` tells)."""
         handed, messages = self.handed, self.messages
         differed = unequal(handed, messages[: len(handed)])
         for index in differed:
-            handed[index] = _copy(messages[index])
+            handed[index] = watched_copy(messages[index], self.flag)
         return differed
 
     def hand_out(self) -> list[Message]:
         """The copies to hand out: last turn's where the view is unchanged, new copies for
         messages replaced or added since (``untouched`` found the caller's own edits)."""
-        handed, messages = self.handed, self.messages
+        handed, messages, flag = self.handed, self.messages, self.flag
         for index in self.stale:
-            handed[index] = _copy(messages[index])
+            handed[index] = watched_copy(messages[index], flag)
         self.stale.clear()
-        handed.extend([_copy(m) for m in messages[len(handed) :]])
+        handed.extend([watched_copy(m, flag) for m in messages[len(handed) :]])
         return list(handed)
 
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
