@@ -1,9 +1,5 @@
-"""Input normalisation: what SDKs hand out, accepted as chat dicts (DESIGN §14b).
-
-SDK pydantic objects (anything with ``model_dump``) and the ``developer`` role (OpenAI's newer
-``system``) become plain chat dicts; plain dicts pass through, the caller's own list when
-nothing needs converting, so an appending app's identity checks keep holding.
-"""
+"""Input normalisation (DESIGN §14b): SDK pydantic objects (``model_dump``) and the
+``developer`` role become chat dicts; the caller's own list passes when nothing needs it."""
 
 from __future__ import annotations
 

@@ -58,15 +58,11 @@ def _pick(values: list[Any], where: Sequence[int]) -> list[Any]:
 class RawCache:
     """The caller's history as last seen: each message, its content and tool_calls objects
     (to notice an edit in place), its size and (computed when first needed) its digest.
-
-    Each turn ``sync`` compares every position by dict identity (one list comparison; an
-    equal dict the caller rebuilt passes), the content and tool_calls objects of the
-    leading system messages, the first message and the ``check`` positions (the session's:
-    what the view shows that its hand-out check does not cover), the ``suspects`` by size and
-    digest too, and takes the ``edited`` positions again; new messages are validated and
-    measured. ``recheck`` looks for edits in place in a range (the session asks before a
-    compaction may read the history), ``compare_digests`` compares every position by digest
-    and size (``verify``)."""
+    ``sync`` compares every position by identity (one list comparison), the content and
+    tool_calls objects of the system messages, the first message and the ``check``
+    positions, the ``suspects`` by size and digest too, and takes ``edited`` again.
+    ``recheck`` looks in place in a range (before a compaction reads it), ``compare_digests``
+    everywhere by digest (``verify``)."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -110,10 +106,7 @@ class RawCache:
         tool_calls replaced); such positions are taken again, as ``sync`` would."""
         stop = min(stop, len(self.messages))
         edited = sorted(self._in_place(self.messages, range(start, stop), set()))
-        if edited:
-            found_before = self.changed
-            self._take(self.messages, edited, len(self.messages))
-            self.changed = sorted({*found_before, *edited})
+        self._retake(self.messages, edited)
         return bool(edited)
 
     def _in_place(self, given: list[Any], where: Sequence[int], known: set[int]) -> set[int]:
@@ -150,10 +143,16 @@ class RawCache:
         ``sync`` found as well)."""
         limit = min(len(messages), len(self.messages))
         changed = self._edited(messages, range(limit), limit)
-        found_before = self.changed
-        self._take(messages, changed, limit, count=len(self.messages))
-        self.changed = sorted({*found_before, *changed})
+        self._retake(messages, changed)
         return changed
+
+    def _retake(self, messages: Sequence[Any], changed: list[int]) -> None:
+        """Take ``changed`` again after ``sync``; ``changed`` keeps what it found too."""
+        if not changed:
+            return
+        found_before = self.changed
+        self._take(messages, changed, len(self.messages), count=len(self.messages))
+        self.changed = sorted({*found_before, *changed})
 
     def _take(
         self, messages: Sequence[Any], changed: list[int], limit: int, count: int | None = None

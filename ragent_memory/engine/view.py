@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 
@@ -29,21 +28,13 @@ class LeftOut:
 
 @attrs.define
 class View:
-    """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
-    The session keeps one per turn and the next turn extends it in place (``grow``) while the
-    history before its end is unchanged.
-
-    Positions from ``head`` on map one to one onto the raw history (``index + offset``);
-    ``left`` says what the ceiling left out between the prefix/summary and ``head``'s raw
-    message (``start`` is the raw index after the prefix/summary, left out or not).
-    ``show`` replaces a message by its substitution and remembers the caller's original.
-    ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
-
-    ``handed`` holds the copies last handed out (``core/watched.py``: an app that decorates
-    what it sends changes neither its history nor later turns), parallel to
-    ``messages[:len(handed)]``; ``stale`` the indexes among them the view has replaced since;
-    ``flag`` is raised by an app's change to any of them.
-    """
+    """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes;
+    the next turn extends it in place (``grow``) while the history before its end is unchanged.
+    From ``head`` on, view index + ``offset`` = raw index; ``left``: what the ceiling left out
+    before ``head``. ``show`` replaces a message by its substitution (the caller's kept in
+    ``originals``). ``handed``: the copies last handed out (``core/watched.py``), parallel to
+    ``messages[:len(handed)]``; ``stale``: those replaced since; ``flag``: raised by the app's
+    change to any of them."""
 
     messages: list[Message]
     sizes: list[int]
@@ -112,10 +103,8 @@ class View:
             self.stale.add(index)
 
     def untouched(self) -> list[int]:
-        """Compare the copies handed out with the view and copy again those that differ;
-        returns their indexes. With ``flag`` down a copy is as handed out, so a difference
-        is the caller's edit of its own message (or the view's replacement); with it raised,
-        either side may have changed (``RawCache.sync`` tells)."""
+        """Copy again the copies handed out that differ from the view; returns their indexes
+        (with ``flag`` down: the caller's edits of its own messages, or the view's)."""
         handed, messages = self.handed, self.messages
         differed = unequal(handed, messages[: len(handed)])
         for index in differed:
