@@ -1,7 +1,11 @@
-"""Strict role alternation (``strict_alternation: true``, DESIGN §12, §14b): the engine's
-``user`` messages (memory block, summary) before a tail that starts with one are refused by
-Mistral- or Gemma-style templates; :func:`alternate` merges each into its same-role neighbour,
-so two in a row remain only where the caller's own history had them."""
+"""Strict role alternation, for chat templates that reject two user turns in a row
+(``strict_alternation: true``, DESIGN §12, §14b).
+
+The engine's own messages after the leading system ones (memory block, summary) are ``user``
+messages, as is the start of the raw tail, which a Mistral- or Gemma-style template refuses.
+:func:`alternate` merges each inserted message into its neighbour of the same role, so two in
+a row of one role remain only where the caller's own history had them.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
-"""The character metric (DESIGN §2: content text, tool call names and arguments, 2,000 per
-non-text part; the engine's only unit of size) and message validation (DESIGN §3)."""
+"""The character metric (DESIGN §2) and message validation (DESIGN §3).
+
+``chars(message)`` is the engine's only unit of size: the text of the content, plus the name and
+arguments of each tool call, plus a fixed 2,000 per non-text part. Role and field names do not
+count. Characters are a proxy for tokens.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ragent_memory.errors import InvalidMessagesError
@@ -42,6 +46,10 @@ def chars(message: Mapping[str, Any]) -> int:
         function = call.get("function") or {}
         total += len(function.get("name") or "") + len(function.get("arguments") or "")
     return total
+
+
+def total_chars(messages: Iterable[Mapping[str, Any]]) -> int:
+    return sum(chars(m) for m in messages)
 
 
 def clip(text: str, max_chars: int) -> str:

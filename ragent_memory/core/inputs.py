@@ -1,5 +1,9 @@
-"""Input normalisation (DESIGN §14b): SDK pydantic objects (``model_dump``) and the
-``developer`` role become chat dicts; the caller's own list passes when nothing needs it."""
+"""Input normalisation: what SDKs hand out, accepted as chat dicts (DESIGN §14b).
+
+SDK pydantic objects (anything with ``model_dump``) and the ``developer`` role (OpenAI's newer
+``system``) become plain chat dicts; plain dicts pass through, the caller's own list when
+nothing needs converting, so an appending app's identity checks keep holding.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,11 @@ from types import MappingProxyType
 from typing import Any
 
 from ragent_memory.core.chars import Message
-from ragent_memory.core.watched import WatchedDict
 from ragent_memory.errors import InvalidMessagesError
 
 ALIASES = MappingProxyType({"developer": "system"})
 # Chat dicts as they come: the app's own, or copies ``prepare`` handed out that it kept.
-PLAIN_TYPES = frozenset({dict, WatchedDict})
+PLAIN_TYPES = frozenset({dict})
 
 
 def to_message(item: Any) -> Any:

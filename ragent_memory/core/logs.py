@@ -1,6 +1,9 @@
-"""Logging, silent until the app asks (DESIGN §13): events go to the ``logging`` logger
-``ragent_memory.<module>``, through the app's structlog processors when it configured them,
-else as one ``event key=value …`` line (fields on the record as ``ragent_event``)."""
+"""Logging: a library is silent until its app asks (DESIGN §13).
+
+Events go to the ``logging`` logger ``ragent_memory.<module>``, shaped by the app's structlog
+processors when it configured structlog, else as one ``event key=value …`` line with the fields
+on the ``LogRecord`` as ``ragent_event``. The library never calls ``structlog.configure()``.
+"""
 
 from __future__ import annotations
 

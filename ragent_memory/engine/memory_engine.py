@@ -60,9 +60,11 @@ def _check_ids(session_id: Any, user_id: Any = None) -> None:
 
 
 def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
-    """What the caller gets: the view's copies (``View.hand_out``), the memory block after the
-    system messages, the recall block on the user message (§9b); with ``strict``, the
-    engine's inserted run (memory block, summary) merged into its neighbours."""
+    """What the caller gets: a copy of the view (down to every content part and tool call, so
+    an app decorating what it sends changes neither its history nor later turns) with the
+    memory block after the leading system messages and the turn's recall block on its user
+    message (§9b: the view never holds it); with ``strict``, the engine's inserted run
+    (memory block, summary) merged into its neighbours for strict role alternation."""
     out = view.hand_out()
     if block:
         out.insert(leading_system_count(out), memory_message(block))
@@ -162,8 +164,12 @@ class MemoryEngine:
 
     def flush(self, timeout_s: float | None = None, *, extract_pending: bool = False) -> bool:
         """Wait for every compaction and fact extraction in flight, at most ``timeout_s`` in
-        all (None: no limit); False on timeout (the work goes on). ``extract_pending``: also
-        learn from every user's messages still pending (fewer than the 3 that start one)."""
+        all (None: until they finish). True when all finished; False on timeout (the work goes
+        on, a later ``prepare`` applies a late summary; background work logs its failures).
+
+        ``extract_pending``: then also learn from the messages still pending (fewer than the
+        3 that start an extraction) for every user this engine recorded, so a last "I moved
+        to Porto" is applied before shutdown."""
         started = time.monotonic()
         finished = self._background.wait(timeout_s)
         if finished and extract_pending:
@@ -194,9 +200,12 @@ class MemoryEngine:
         user_id: str | None = None,
         verify: bool = False,
     ) -> PreparedContext:
-        """Fit ``messages`` into the budget; never mutates them, never loses raw history.
-        ``verify=True`` also compares every earlier message by digest (an edit inside a part
-        of a summarized message; without it, caught when the next compaction is due)."""
+        """Fit ``messages`` into the budget. Never mutates them; raw history is never lost.
+
+        The usual app appends to one list: only what is new is read, plus an identity check
+        of what the view shows. ``verify=True`` also compares every earlier message by digest
+        (an edit inside a content part of a message the summary covers, say); without it such
+        an edit is caught when the next compaction is due."""
         started = time.perf_counter()
         self._check_open()
         _check_ids(session_id, user_id)
@@ -225,11 +234,18 @@ class MemoryEngine:
         )
 
     def prepare_may_wait(self, messages: Sequence[Message], *, session_id: str) -> bool:
-        """Whether ``prepare(messages, session_id=…)`` called now could wait on a compaction
-        (at most ``compaction_timeout_s``). False only when it provably cannot (so an event
-        loop may call ``prepare`` inline, as ``serve`` does): summaries off, a timeout of 0, or
-        the session in memory, idle, not moved on by another host and ``Session.may_wait``
-        false. Costs one comparison per message (at C speed) and measures what is new."""
+        """Whether ``prepare(messages, session_id=…)`` called now could wait on a
+        compaction (at most ``compaction_timeout_s``). False only when it provably cannot, so
+        an event loop may call ``prepare`` inline (``serve`` does): summaries are off,
+        ``compaction_timeout_s`` is 0, or the session is in memory, idle (no call holds it,
+        no compaction in flight, no other host moved it on) and ``messages`` are the dicts
+        of its last ``prepare`` (or equal ones) plus new ones too small to bring its view
+        past the compaction trigger (the view then only grows by what is appended, as in
+        ``Session.may_wait``; a view under the trigger is under B as well, so the
+        ceiling's mid-turn compaction cannot start either). A caller that edits message
+        dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
+        Costs one comparison per message (at C speed, the same dict is equal at once) and
+        measures what is new."""
         settings = self.settings
         if not settings.summary_enabled or settings.compaction_timeout_s == 0:
             return False

@@ -48,21 +48,19 @@ def unequal(given: list[Any], known: list[Any]) -> list[int]:
     return [i for i, same in enumerate(map(operator.eq, given, known)) if not same]
 
 
-def _pick(values: list[Any], where: Sequence[int]) -> list[Any]:
-    """``values`` at positions ``where`` (a range is a slice)."""
-    if isinstance(where, range):
-        return values[where.start : where.stop]
-    return list(map(values.__getitem__, where))
-
-
 class RawCache:
     """The caller's history as last seen: each message, its content and tool_calls objects
     (to notice an edit in place), its size and (computed when first needed) its digest.
-    ``sync`` compares every position by identity (one list comparison), the content and
-    tool_calls objects of the system messages, the first message and the ``check``
-    positions, the ``suspects`` by size and digest too, and takes ``edited`` again.
-    ``recheck`` looks in place in a range (before a compaction reads it), ``compare_digests``
-    everywhere by digest (``verify``)."""
+
+    Each turn ``sync`` compares every position by dict identity (one list comparison; an
+    equal dict the caller rebuilt passes), the content and tool_calls objects of the
+    leading system messages, the first message and the positions from ``check_from`` on
+    (what the view shows: an edit in place of a dict), and
+    the ``suspects`` the session's hand-out check points at by size and digest too (an edit
+    inside a content part of a message in view); new messages are validated and measured.
+    ``recheck`` looks for edits in place before ``check_from`` (the session asks before a
+    compaction may read the history), ``compare_digests`` compares every position by digest
+    and size (``verify``)."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -75,29 +73,21 @@ class RawCache:
         self.changed: list[int] = []  # positions found new or changed this turn, ascending
 
     def sync(
-        self,
-        messages: Sequence[Any],
-        *,
-        check: Sequence[int] = (),
-        suspects: Sequence[int] = (),
-        edited: Sequence[int] = (),
+        self, messages: Sequence[Any], *, suspects: Sequence[int] = (), check_from: int = 0
     ) -> None:
-        """Take ``messages`` as the new history (``check``: a range, or positions below
-        ``len(messages)``). On an invalid message the cache is left as it was and
-        InvalidMessagesError propagates."""
+        """Take ``messages`` as the new history. On an invalid message the cache is left as
+        it was and InvalidMessagesError propagates."""
         limit = min(len(messages), len(self.messages))
         given = messages[:limit] if isinstance(messages, list) else list(messages[:limit])
         known = self.messages if limit == len(self.messages) else self.messages[:limit]
         changed = set(unequal(given, known))
-        changed.update(i for i in edited if i < limit)
         for index in changed:  # before reading their fields
             validate_message(messages[index], index)
         # The system prompt and the first message (the original task, quoted verbatim in
         # every summary, DESIGN §6) are looked at in place every turn, as the view is.
-        changed |= self._in_place(given, range(min(self.system_count + 1, limit)), changed)
-        if isinstance(check, range):
-            check = range(check.start, min(check.stop, limit))
-        changed |= self._in_place(given, check, changed)
+        head = min(self.system_count + 1, limit)
+        changed |= self._in_place(given, range(head), changed)
+        changed |= self._in_place(given, range(max(head, min(check_from, limit)), limit), changed)
         changed.update(self._edited(messages, suspects, limit))
         self._take(messages, sorted(changed), limit)
 
@@ -106,20 +96,23 @@ class RawCache:
         tool_calls replaced); such positions are taken again, as ``sync`` would."""
         stop = min(stop, len(self.messages))
         edited = sorted(self._in_place(self.messages, range(start, stop), set()))
-        self._retake(self.messages, edited)
+        if edited:
+            found_before = self.changed
+            self._take(self.messages, edited, len(self.messages))
+            self.changed = sorted({*found_before, *edited})
         return bool(edited)
 
-    def _in_place(self, given: list[Any], where: Sequence[int], known: set[int]) -> set[int]:
-        """Positions in ``where`` (ascending, below ``len(given)``) whose content or
-        tool_calls object is not the one kept; each is validated (those in ``known`` already
-        were)."""
+    def _in_place(self, given: Sequence[Any], where: range, known: set[int]) -> set[int]:
+        """Positions in ``where`` whose content or tool_calls object is not the one kept;
+        each is validated (those in ``known`` already were)."""
         if not where:
             return set()
-        part = _pick(given, where)
+        lo, hi = where.start, where.stop
+        part = given[lo:hi]
         edited: set[int] = set()
         for name, kept in (("content", self.contents), ("tool_calls", self.calls)):
             now = list(map(_get, part, repeat(name)))
-            edited.update(where[i] for i in unequal(now, _pick(kept, where)))
+            edited.update(lo + i for i in unequal(now, kept[lo:hi]))
         for index in edited - known:
             validate_message(given[index], index)
         return edited
@@ -143,16 +136,10 @@ class RawCache:
         ``sync`` found as well)."""
         limit = min(len(messages), len(self.messages))
         changed = self._edited(messages, range(limit), limit)
-        self._retake(messages, changed)
-        return changed
-
-    def _retake(self, messages: Sequence[Any], changed: list[int]) -> None:
-        """Take ``changed`` again after ``sync``; ``changed`` keeps what it found too."""
-        if not changed:
-            return
         found_before = self.changed
-        self._take(messages, changed, len(self.messages), count=len(self.messages))
+        self._take(messages, changed, limit, count=len(self.messages))
         self.changed = sorted({*found_before, *changed})
+        return changed
 
     def _take(
         self, messages: Sequence[Any], changed: list[int], limit: int, count: int | None = None

@@ -1,21 +1,40 @@
 """One session's state and the per-turn pipeline (DESIGN §1, §4, §4b, §5, §8, §9b).
 
 ``Session.run`` takes the caller's whole history and returns the view to send plus a
-``TurnReport``'s fields. Its steps, in order, each a method and the one place its concern
-lives: **sync** the history into ``RawCache`` (by identity; only new or changed messages are
-validated and measured); apply a compaction that **finished** late; **verify** the summary
-still matches what it covers; **build** the view (leading system messages + [summary] +
-raw[covered:], sticky substitutions shown; last turn's tail reused while the history before
-its end is unchanged); **reduce** oversized results to previews (§8); **trim** (gate 1, §4);
-**record** new substitutions (originals offloaded); **compact** (gate 2, §5, waited at most
-``compaction_timeout_s``); the **ceiling** (§4b, ``Ladder``); **recall** (§9b,
-``TurnRecall``); the **report**. Raw messages leaving the view reach ``Services.on_leave``
-(indexed off the caller's thread). The engine wraps the pipeline: input normalisation
-before, the long-term memory block and the copy handed out after."""
+``TurnReport``. Its steps run in this order, each a method below and the one place its concern
+lives:
+
+=========  ==================================================================================
+sync       the caller's history into ``RawCache`` (by identity; only new or changed
+           messages are validated and measured)
+finished   a compaction that finished after its caller stopped waiting is applied
+verify     the summary is dropped when the history no longer matches what it covers
+build      view = leading system msgs + [summary msg] + raw[covered:] with the sticky
+           substitutions shown; last turn's tail is reused while the history before its end
+           is unchanged
+reduce     oversized single tool results / call inputs → head+tail previews (§8)
+trim       gate 1 (§4); returns the substitutions plus its ``TrimState`` for later turns
+record     new substitutions persisted (originals offloaded), then shown; the state is kept
+compact    gate 2 (§5) on the engine's pool, waited at most ``compaction_timeout_s``
+ceiling    §4b, while the view is over B (``Ladder``): may add sticky substitutions,
+           compact mid-turn, leave the oldest whole turns out (``over_budget``,
+           ``dropped_turns``)
+recall     §9b (``TurnRecall``), for the current turn's user message: a leading text part on it
+           (``recalled``, ``recalled_chars``), searched when the last message is the user's and
+           shown again (cut to fit) on the turn's tool-loop calls; ``hidden`` says what is out
+           of view
+report     the ``TurnReport``
+=========  ==================================================================================
+
+Whenever raw messages leave the view (covered by an applied compaction, trimmed or truncated
+originals, left out by the ceiling) ``Services.on_leave`` receives them, so they can be indexed
+off the caller's thread. The engine wraps the pipeline: input normalisation before ``sync``,
+then the long-term memory block after the system messages and output post-processing (the
+copy handed out, strict alternation) after ``report``.
+"""
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -168,9 +187,11 @@ class Session:
 
     def may_wait(self, messages: Sequence[Message]) -> bool:
         """Whether ``run(messages)`` called now could wait on a compaction: False only when
-        the session is idle and ``messages`` are the dicts of its last ``run`` (or equal ones)
-        plus new ones too small to bring the view past the compaction trigger (the view then
-        only grows by them; under the trigger it is under B, so no mid-turn compaction)."""
+        it provably cannot. The session must be idle (no call holds it, no compaction in
+        flight) and ``messages`` the dicts of its last ``run`` (or equal ones) plus new ones
+        too small to bring the view past the compaction trigger (the view then only grows
+        by what is appended; a view under the trigger is under B as well, so the ceiling's
+        mid-turn compaction cannot start either)."""
         if self.callers or self.lock.locked() or self.compactions.running:
             return True
         last, raw = self.view, self.raw
@@ -194,9 +215,10 @@ class Session:
     def run(
         self, messages: Sequence[Message], user_id: str | None, *, verify: bool = False
     ) -> tuple[View, dict[str, Any]]:
-        """One turn: the module docstring's steps (the caller holds ``lock``). Returns the
-        session's own view (copy what you hand out) and the ``TurnReport`` fields but
-        memory_chars and duration_ms; ``verify`` compares the whole history by digest."""
+        """One turn: every step of the module docstring, in order. The caller holds ``lock``.
+        The view returned is the session's own (the next turn extends it): copy what you hand
+        out; with it, the ``TurnReport`` fields but memory_chars and duration_ms. ``verify``
+        compares the whole history by digest, not only by identity."""
         last, self.view = self.view, None  # a failure mid-turn leaves no half-updated view
         self._sync(messages, last, verify=verify)
         finished = self.compactions.finished()
@@ -240,13 +262,14 @@ class Session:
         return view
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
-        """Take the caller's history: every dict by identity, what the view shows down to its
-        parts (``_looks``), summarized dicts in place only before a compaction builds on them
+        """Take the caller's history: every dict by identity, what the view shows (and the
+        copies handed out that no longer equal it) down to their parts; summarized dicts in
+        place only before a compaction builds on them, so a turn costs what the view holds
         (DESIGN §5, §17); with ``verify``, everything by digest."""
         raw, state = self.raw, self.state
         covered = state.covered if state.generation else 0
-        everything = {"check": range(covered, len(messages))}
-        raw.sync(messages, **(everything if last is None else _looks(last, covered, len(messages))))
+        suspects = () if last is None else _suspects(last)
+        raw.sync(messages, suspects=suspects, check_from=covered)
         if last is None and covered:  # a session loaded from the store: look at all once
             raw.recheck(raw.system_count, covered)
         if verify:
@@ -297,9 +320,10 @@ class Session:
         self.returned_generation = 0
 
     def _build(self, last: View | None) -> tuple[View, int]:
-        """The view before the gates, sticky substitutions shown, and ``chars_in``. Last
-        turn's view is extended in place while the history before its end is unchanged (rebuilt
-        system messages replaced), so the gates look only at what is new."""
+        """The view before the gates with sticky substitutions shown, and its total before
+        any substitution (``chars_in``). Last turn's view is extended in place when the
+        history before its end is unchanged (only rebuilt leading system messages replaced):
+        the gates then look only at what is new, and gate 1 keeps its state."""
         raw, state = self.raw, self.state
         prefix_len = raw.system_count
         start = state.covered if state.generation else prefix_len
@@ -424,21 +448,13 @@ def report_fields(
     )
 
 
-def _looks(last: View, covered: int, length: int) -> dict[str, Sequence[int]]:
-    """What ``RawCache.sync`` looks at of last turn's view. With no copy changed (``flag``
-    down) one deep comparison covers what it showed as written (a difference is the caller's
-    edit), the rest in place; else every position from ``covered`` on, in place."""
-    offset, handed_end = last.offset, len(last.handed) + last.offset
-    head = min(last.head + offset, length)
-    differed = [i + offset for i in last.untouched() if i >= last.head and i not in last.kinds]
-    unhanded = range(max(handed_end, head), min(last.end, length))
-    if last.flag.raised:
-        last.flag.raised = False  # the changed copies were just copied again
-        return {"check": range(covered, length), "suspects": [*differed, *unhanded]}
-    shown = sorted(map(offset.__add__, last.kinds))  # substituted: all in the tail
-    shown = shown[: bisect.bisect_left(shown, min(handed_end, length))]  # the rest: unhanded
-    return {
-        "check": [*range(covered, head), *shown, *unhanded],
-        "suspects": unhanded,
-        "edited": differed,
-    }
+def _suspects(last: View) -> list[int]:
+    """Raw positions of the caller's messages last turn's view showed as written whose
+    copy handed out no longer equals them (``View.untouched``), and of those it showed
+    but never handed out."""
+    handed_end = len(last.handed) + last.offset
+    return [
+        index + last.offset
+        for index in last.untouched()
+        if index >= last.head and index not in last.kinds
+    ] + list(range(max(handed_end, last.head + last.offset), last.end))

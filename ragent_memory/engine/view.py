@@ -5,13 +5,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from ragent_memory.core.chars import Message
-from ragent_memory.core.watched import Flag, watched_copy
 from ragent_memory.engine.raw import unequal
 from ragent_memory.gates.trim import TrimState
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a JSON-like value down to its last dict and list (strings and other leaves
+    are shared): an app that decorates what it sends changes neither its history nor what
+    later turns send."""
+    if isinstance(value, dict):
+        return {key: _copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy(item) for item in value]
+    return value
 
 
 @attrs.frozen
@@ -28,13 +39,19 @@ class LeftOut:
 
 @attrs.define
 class View:
-    """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes;
-    the next turn extends it in place (``grow``) while the history before its end is unchanged.
-    From ``head`` on, view index + ``offset`` = raw index; ``left``: what the ceiling left out
-    before ``head``. ``show`` replaces a message by its substitution (the caller's kept in
-    ``originals``). ``handed``: the copies last handed out (``core/watched.py``), parallel to
-    ``messages[:len(handed)]``; ``stale``: those replaced since; ``flag``: raised by the app's
-    change to any of them."""
+    """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes.
+    The session keeps one per turn and the next turn extends it in place (``grow``) while the
+    history before its end is unchanged.
+
+    Positions from ``head`` on map one to one onto the raw history (``index + offset``);
+    ``left`` says what the ceiling left out between the prefix/summary and ``head``'s raw
+    message (``start`` is the raw index after the prefix/summary, left out or not).
+    ``show`` replaces a message by its substitution and remembers the caller's original.
+    ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
+
+    ``handed`` holds the copies last handed out, parallel to ``messages[:len(handed)]``;
+    ``stale`` the indexes among them the view has replaced since (see ``hand_out``).
+    """
 
     messages: list[Message]
     sizes: list[int]
@@ -52,7 +69,6 @@ class View:
     counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
-    flag: Flag = attrs.field(factory=Flag)  # shared with this view's copies (``copy``)
     left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
     @property
@@ -103,22 +119,23 @@ class View:
             self.stale.add(index)
 
     def untouched(self) -> list[int]:
-        """Copy again the copies handed out that differ from the view; returns their indexes
-        (with ``flag`` down: the caller's edits of its own messages, or the view's)."""
+        """Compare the copies handed out with the view and copy again those that differ;
+        returns their indexes (the caller edited the copy, or its own message in place:
+        ``RawCache.sync`` tells which)."""
         handed, messages = self.handed, self.messages
         differed = unequal(handed, messages[: len(handed)])
         for index in differed:
-            handed[index] = watched_copy(messages[index], self.flag)
+            handed[index] = _copy(messages[index])
         return differed
 
     def hand_out(self) -> list[Message]:
         """The copies to hand out: last turn's where the view is unchanged, new copies for
         messages replaced or added since (``untouched`` found the caller's own edits)."""
-        handed, messages, flag = self.handed, self.messages, self.flag
+        handed, messages = self.handed, self.messages
         for index in self.stale:
-            handed[index] = watched_copy(messages[index], flag)
+            handed[index] = _copy(messages[index])
         self.stale.clear()
-        handed.extend([watched_copy(m, flag) for m in messages[len(handed) :]])
+        handed.extend([_copy(m) for m in messages[len(handed) :]])
         return list(handed)
 
     def without(self, start: int, count: int, *, raw_chars: int) -> View:
