@@ -246,6 +246,30 @@ def test_a_change_deep_inside_an_old_copy_is_never_sent_again(
     assert first[199] is second[199]  # what was not changed is handed out again
 
 
+@pytest.mark.parametrize("edit", ["content", "tool_calls"])
+def test_the_same_edit_to_a_copy_and_to_the_history_is_measured(
+    make_engine: Callable[..., MemoryEngine], edit: str
+) -> None:
+    """The app makes the same edit to a copy it was handed and to its own message, far back
+    in the view: the copy still equals the history, so comparing copies alone would miss it;
+    the next prepare measures the edit (what the view shows is looked at in place)."""
+    engine = make_engine()
+    history = [{"role": "system", "content": "persona"}, *_chat(301)]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history[200] = {"role": "assistant", "content": "calling", "tool_calls": [call]}
+    history[201:201] = [{"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    first = engine.prepare(history, session_id="s").messages
+    if edit == "content":
+        first[200]["content"] = history[200]["content"] = "calling " + "x" * 500
+    else:
+        longer = [{**call, "function": {"name": "f", "arguments": "{" + " " * 500 + "}"}}]
+        first[200]["tool_calls"] = history[200]["tool_calls"] = longer
+    history += _chat(2, start=301)
+    second = engine.prepare(history, session_id="s")
+    assert sum(map(chars, history)) == second.report.chars_raw
+    assert history == second.messages
+
+
 def _container_types(value: Any) -> set[type]:
     """The types of every dict and list in ``value``, itself included."""
     if isinstance(value, dict):
