@@ -102,6 +102,11 @@ class Ask:
 # ---------------------------------------------------------------------------- lines
 
 
+def fold(text: str) -> str:
+    """``text`` with each run of whitespace one space, none at its ends."""
+    return " ".join(text.split())
+
+
 def split_sentences(folded: str) -> tuple[str, ...]:
     """Whitespace-folded text cut after each sentence end (``.!?`` and the CJK ones)."""
     return tuple(_BREAK.split(folded))
@@ -237,16 +242,17 @@ def find_block(
     ref_for: RefFor | None = None,
     split: Splitter = Sentences.of,
     cut: Cutter | None = None,
+    fold: Callable[[str], str] = fold,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
     ``mirror`` the search runs in process, the store answering only what it cannot;
-    ``split`` cuts a long text into sentences and ``cut`` picks those a query wants (``Memo``s
-    keep them)."""
+    ``split`` cuts a long text into sentences, ``cut`` picks those a query wants and ``fold``
+    folds ``ask.known_text`` (``Memo``s keep them)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
-    hits, around = _search(store, mirror, ask, terms)
+    hits, around = _search(store, mirror, ask, terms, fold(ask.known_text))
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
@@ -255,14 +261,13 @@ def find_block(
 
 
 def _search(
-    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str]
+    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str], known: str
 ) -> Found:
-    """The best hits but those ``ask.known_text`` holds verbatim, and their neighbours, from
-    the mirror when it can answer."""
-    folded = " ".join(ask.known_text.split())
+    """The best hits but those ``known`` (``ask.known_text`` folded) holds verbatim, and their
+    neighbours, from the mirror when it can answer."""
 
     def keep(text: str) -> bool:
-        return not ask.known_text or not _within(text, folded)
+        return not known or not _within(text, known)
 
     where: dict[str, Any] = {
         "session_id": ask.session_id,

@@ -28,6 +28,7 @@ from ragent_memory.recall.excerpts import (
     Recalled,
     Sentences,
     find_block,
+    fold,
 )
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
@@ -44,6 +45,7 @@ OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recentl
 OFFLOADS_REMEMBERED: Final = 65_536  # (session, text) pairs remembered for that
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by their length
 CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
+KNOWN_CHARS: Final = 4_000_000  # summaries kept folded (one a turn would fold it again)
 EMPTY_SEARCH: Final = MappingProxyType(
     {
         "en": "[search_memory: nothing found for this query]",
@@ -138,6 +140,7 @@ class Recaller:
         # once for the query words it holds
         self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS, len)
         self.cuts = Memo(self._cut, CUT_CHARS, lambda key: len(key[0]) + key[1])
+        self.folded = Memo(fold, KNOWN_CHARS, len)
 
     def _cut(self, key: tuple[str, int, frozenset[str]]) -> str | None:
         text, limit, stems = key
@@ -174,6 +177,7 @@ class Recaller:
             ref_for=lambda message: self.offloads.ref(ask.session_id, message),
             split=self.sentences,
             cut=self.cuts,
+            fold=self.folded,
         )
         self.offloads.write(ask.session_id, found.referred)
         return found

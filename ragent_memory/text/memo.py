@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+_MISSING: Any = object()  # a key not held (None may be an answer)
 
 
 class Memo(Generic[K, V]):
@@ -26,16 +27,24 @@ class Memo(Generic[K, V]):
         self._chars = 0
 
     def __call__(self, key: K) -> V:
+        return self.many((key,))[0]
+
+    def many(self, keys: Sequence[K]) -> list[V]:
+        """``fn`` of each key, in order, taking the lock twice at most, not twice a key."""
+        entries = self._entries
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-        value = self.fn(key)
-        with self._lock:
-            if key not in self._entries:
-                self._entries[key] = value
-                self._chars += self.size(key)
-            while self._chars > self.max_chars and len(self._entries) > 1:
-                old, _ = self._entries.popitem(last=False)
-                self._chars -= self.size(old)
-        return value
+            found = [entries.get(key, _MISSING) for key in keys]
+            for key, value in zip(keys, found, strict=True):
+                if value is not _MISSING:
+                    entries.move_to_end(key)
+        new = {k: self.fn(k) for k, v in zip(keys, found, strict=True) if v is _MISSING}
+        if new:
+            with self._lock:
+                for key, value in new.items():
+                    if key not in entries:
+                        entries[key] = value
+                        self._chars += self.size(key)
+                while self._chars > self.max_chars and len(entries) > 1:
+                    old, _ = entries.popitem(last=False)
+                    self._chars -= self.size(old)
+        return [new[k] if v is _MISSING else v for k, v in zip(keys, found, strict=True)]
