@@ -32,7 +32,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.store.contract import RecallIndex
 from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import CJK_RUN, index_terms, is_cjk
+from ragent_memory.text.terms import index_terms, is_cjk
 
 K1: Final = 1.2
 B: Final = 0.75
@@ -56,7 +56,8 @@ def text_terms(
     of the spaced text (``index_terms``), each stemmed (``stems``: a list's stems; a number
     is its own stem: Porter's rules all end on a letter), and each pair of adjacent single
     CJK characters as a bigram (what a two-character query phrase matches)."""
-    found = tokens(index_terms(text))
+    spaced = index_terms(text)
+    found = tokens(spaced)
     counts: dict[str, int] = {}
     each = Counter(found)
     words = [token for token in each if token[-1] not in "0123456789"]
@@ -66,7 +67,7 @@ def text_terms(
     for token, count in each.items():
         counts[token] = counts.get(token, 0) + count
     previous = ""
-    for token in found if CJK_RUN.search(text) else ():  # bigrams: a text with CJK only
+    for token in found if len(spaced) > len(text) else ():  # bigrams: a text with CJK only
         single = len(token) == 1 and is_cjk(token)
         if single and previous:
             counts[previous + token] = counts.get(previous + token, 0) + 1

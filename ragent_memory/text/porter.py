@@ -32,11 +32,13 @@ def tokens(text: str) -> list[str]:
     pieces = spaced.decode("utf-8", "surrogatepass").split()
     if low.isascii():
         return pieces
-    return [fold(t) if not t.isascii() else t for p in pieces for t in _ascii_or_words(p)]
-
-
-def _ascii_or_words(piece: str) -> list[str] | tuple[str]:
-    return (piece,) if piece.isascii() else WORD.findall(piece)
+    out: list[str] = []
+    at = 0
+    for i in [i for i, piece in enumerate(pieces) if not piece.isascii()]:
+        out += pieces[at:i]
+        out += [t if t.isascii() else fold(t) for t in WORD.findall(pieces[i])]
+        at = i + 1
+    return out + pieces[at:]
 
 
 _SAME_AS: Final = MappingProxyType(
