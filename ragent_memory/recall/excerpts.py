@@ -242,17 +242,17 @@ def find_block(
     ref_for: RefFor | None = None,
     split: Splitter = Sentences.of,
     cut: Cutter | None = None,
-    fold: Callable[[str], str] = fold,
+    known: Callable[[str], bool] | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
-    matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
-    ``mirror`` the search runs in process, the store answering only what it cannot;
-    ``split`` cuts a long text into sentences, ``cut`` picks those a query wants and ``fold``
-    folds ``ask.known_text`` (``Memo``s keep them)."""
+    matches). A hit ``known`` holds (default ``held_by(ask.known_text)``) is not recalled
+    again. With a ``mirror`` the search runs in process, the store answering only what it
+    cannot; ``split`` cuts a long text into sentences and ``cut`` picks those a query wants
+    (``Memo``s keep them, and what ``known`` finds)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
-    hits, around = _search(store, mirror, ask, terms, fold(ask.known_text))
+    hits, around = _search(store, mirror, ask, terms, known or held_by(ask.known_text))
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
@@ -261,13 +261,17 @@ def find_block(
 
 
 def _search(
-    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str], known: str
+    store: RecallIndex,
+    mirror: RecallMirror | None,
+    ask: Ask,
+    terms: Sequence[str],
+    known: Callable[[str], bool],
 ) -> Found:
-    """The best hits but those ``known`` (``ask.known_text`` folded) holds verbatim, and their
-    neighbours, from the mirror when it can answer."""
+    """The best hits but those ``known`` holds, and their neighbours, from the mirror when it
+    can answer."""
 
     def keep(text: str) -> bool:
-        return not known or not _within(text, known)
+        return not known(text)
 
     where: dict[str, Any] = {
         "session_id": ask.session_id,
@@ -297,7 +301,13 @@ def _around(
     return around
 
 
-def _within(text: str, folded: str) -> bool:
+def held_by(known_text: str) -> Callable[[str], bool]:
+    """Whether ``known_text`` holds a text verbatim (whitespace folded)."""
+    folded = fold(known_text)
+    return lambda text: bool(folded) and within(text, folded)
+
+
+def within(text: str, folded: str) -> bool:
     """``text``, its whitespace folded, is in ``folded``: its folded head is checked first (a
     prefix of the whole folded text), so a long text that is not there is never folded whole."""
     head = " ".join(text[:200].split())

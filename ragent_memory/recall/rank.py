@@ -355,7 +355,9 @@ class RecallMirror:
     def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
         """The store's rows past id ``last`` for a unit, with their terms counted."""
         rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
-        return [(m, owned, *text_terms(m.content, self.stem.many)) for m, owned in rows if m.id > last]
+        return [
+            (m, owned, *text_terms(m.content, self.stem.many)) for m, owned in rows if m.id > last
+        ]
 
     def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
         """Rows into the unit (those it lacks), then the units kept within their bound

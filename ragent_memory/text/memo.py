@@ -27,6 +27,11 @@ class Memo(Generic[K, V]):
         self._chars = 0
 
     def __call__(self, key: K) -> V:
+        with self._lock:
+            value = self._entries.get(key, _MISSING)
+            if value is not _MISSING:
+                self._entries.move_to_end(key)
+                return value  # type: ignore[no-any-return]
         return self.many((key,))[0]
 
     def many(self, keys: Sequence[K]) -> list[V]:
@@ -37,7 +42,10 @@ class Memo(Generic[K, V]):
             for key, value in zip(keys, found, strict=True):
                 if value is not _MISSING:
                     entries.move_to_end(key)
-        new = {k: self.fn(k) for k, v in zip(keys, found, strict=True) if v is _MISSING}
+        new: dict[K, V] = {}
+        for key, value in zip(keys, found, strict=True):
+            if value is _MISSING and key not in new:
+                new[key] = self.fn(key)
         if new:
             with self._lock:
                 for key, value in new.items():
