@@ -46,6 +46,7 @@ HEADERS: Final = MappingProxyType(
 # An excerpt's message → a recall ref for its full text readable from the caller's session,
 # or "" when none can be made.
 RefFor = Callable[[IndexedMessage], str]
+Known = Callable[[str], bool]  # whether the prompt holds a text already
 
 
 class Excerpt(NamedTuple):
@@ -242,7 +243,7 @@ def find_block(
     ref_for: RefFor | None = None,
     split: Splitter = Sentences.of,
     cut: Cutter | None = None,
-    known: Callable[[str], bool] | None = None,
+    known: Known | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``known`` holds (default ``held_by(ask.known_text)``) is not recalled
@@ -261,18 +262,10 @@ def find_block(
 
 
 def _search(
-    store: RecallIndex,
-    mirror: RecallMirror | None,
-    ask: Ask,
-    terms: Sequence[str],
-    known: Callable[[str], bool],
+    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str], known: Known
 ) -> Found:
     """The best hits but those ``known`` holds, and their neighbours, from the mirror when it
     can answer."""
-
-    def keep(text: str) -> bool:
-        return not known(text)
-
     where: dict[str, Any] = {
         "session_id": ask.session_id,
         "user_id": ask.user_id,
@@ -280,10 +273,10 @@ def _search(
         "shown": sorted(ask.shown),
         "limit": CANDIDATES,
     }
-    found = None if mirror is None else mirror.search(terms, keep=keep, **where)
+    found = None if mirror is None else mirror.search(terms, keep=lambda t: not known(t), **where)
     if found is not None:
         return found
-    hits = [hit for hit in store.search_index(fts_query(terms), **where) if keep(hit.content)]
+    hits = [hit for hit in store.search_index(fts_query(terms), **where) if not known(hit.content)]
     return hits, _around(store, hits)
 
 
@@ -301,7 +294,7 @@ def _around(
     return around
 
 
-def held_by(known_text: str) -> Callable[[str], bool]:
+def held_by(known_text: str) -> Known:
     """Whether ``known_text`` holds a text verbatim (whitespace folded)."""
     folded = fold(known_text)
     return lambda text: bool(folded) and within(text, folded)

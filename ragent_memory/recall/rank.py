@@ -56,16 +56,13 @@ def text_terms(
     of the spaced text (``index_terms``), each stemmed (``stems``: a list's stems; a number
     is its own stem: Porter's rules all end on a letter), and each pair of adjacent single
     CJK characters as a bigram (what a two-character query phrase matches)."""
-    spaced = index_terms(text)
-    found = tokens(spaced)
+    found = tokens(spaced := index_terms(text))
     counts: dict[str, int] = {}
     each = Counter(found)
     words = [token for token in each if token[-1] not in "0123456789"]
-    for token, key in zip(words, stems(words), strict=True):
-        if token != key:
-            counts[key] = counts.get(key, 0) + each.pop(token)
+    keys = dict(zip(words, stems(words), strict=True))
     for token, count in each.items():
-        counts[token] = counts.get(token, 0) + count
+        counts[keys.get(token, token)] = counts.get(keys.get(token, token), 0) + count
     previous = ""
     for token in found if len(spaced) > len(text) else ():  # bigrams: a text with CJK only
         single = len(token) == 1 and is_cjk(token)
@@ -292,8 +289,8 @@ class RecallMirror:
         self, unit: _Unit, ranked: Sequence[tuple[int, float]], keep: Callable[[str], bool]
     ) -> Found:
         """The ranked rows ``keep`` keeps as hits, with their neighbours (the newest row at
-        each position beside a hit, once), their texts read; a row another
-        process deleted since the mark is left out (its epoch is seen next search)."""
+        each position beside a hit), their texts read; a row another process deleted since
+        the mark is left out (its epoch is seen next search)."""
         texts = self._read([unit.ids[row] for row, _ in ranked])
         made: dict[int, IndexedMessage] = {}  # row → its hit, best first
         for row, score in ranked:
@@ -302,7 +299,7 @@ class RecallMirror:
                 made[row] = unit.message(row, text, score)
         hits = list(made.values())
         beside: dict[tuple[int, int], int] = {}  # (session number, position) → the row there
-        for row in list(made):
+        for row in made:
             code, position = unit.rows[row][0], unit.positions[row]
             for offset in self.neighbours:
                 near = unit.at.get((code, position + offset))
@@ -355,9 +352,8 @@ class RecallMirror:
     def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
         """The store's rows past id ``last`` for a unit, with their terms counted."""
         rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
-        return [
-            (m, owned, *text_terms(m.content, self.stem.many)) for m, owned in rows if m.id > last
-        ]
+        terms = self.stem.many
+        return [(m, owned, *text_terms(m.content, terms)) for m, owned in rows if m.id > last]
 
     def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
         """Rows into the unit (those it lacks), then the units kept within their bound

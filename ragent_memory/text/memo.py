@@ -35,24 +35,22 @@ class Memo(Generic[K, V]):
         return self.many((key,))[0]
 
     def many(self, keys: Sequence[K]) -> list[V]:
-        """``fn`` of each key, in order, taking the lock twice at most, not twice a key."""
-        entries = self._entries
+        """``fn`` of each key, in order, the lock taken twice (not twice a key)."""
         with self._lock:
-            found = [entries.get(key, _MISSING) for key in keys]
+            found = [self._entries.get(key, _MISSING) for key in keys]
             for key, value in zip(keys, found, strict=True):
                 if value is not _MISSING:
-                    entries.move_to_end(key)
+                    self._entries.move_to_end(key)
         new: dict[K, V] = {}
         for key, value in zip(keys, found, strict=True):
             if value is _MISSING and key not in new:
                 new[key] = self.fn(key)
-        if new:
-            with self._lock:
-                for key, value in new.items():
-                    if key not in entries:
-                        entries[key] = value
-                        self._chars += self.size(key)
-                while self._chars > self.max_chars and len(entries) > 1:
-                    old, _ = entries.popitem(last=False)
-                    self._chars -= self.size(old)
+        with self._lock:
+            for key, value in new.items():
+                if key not in self._entries:
+                    self._entries[key] = value
+                    self._chars += self.size(key)
+            while self._chars > self.max_chars and len(self._entries) > 1:
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= self.size(old)
         return [new[k] if v is _MISSING else v for k, v in zip(keys, found, strict=True)]
