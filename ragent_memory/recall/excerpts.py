@@ -264,8 +264,7 @@ def find_block(
 def _search(
     store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str], known: Known
 ) -> Found:
-    """The best hits but those ``known`` holds, and their neighbours, from the mirror when it
-    can answer."""
+    """The best hits ``known`` does not hold, and their neighbours (the mirror's if it can)."""
     where: dict[str, Any] = {
         "session_id": ask.session_id,
         "user_id": ask.user_id,

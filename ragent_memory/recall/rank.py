@@ -297,7 +297,6 @@ class RecallMirror:
             text = texts.get(unit.ids[row])
             if text is not None and keep(text):
                 made[row] = unit.message(row, text, score)
-        hits = list(made.values())
         beside: dict[tuple[int, int], int] = {}  # (session number, position) → the row there
         for row in made:
             code, position = unit.rows[row][0], unit.positions[row]
@@ -311,7 +310,7 @@ class RecallMirror:
             text = texts.get(unit.ids[near])
             if text is not None:
                 around[(unit.names[code], position)] = unit.message(near, text)
-        return hits, around
+        return list(made.values()), around
 
     @contextlib.contextmanager
     def writing(self, user_id: str | None, session_id: str) -> Iterator[None]:
@@ -352,8 +351,7 @@ class RecallMirror:
     def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
         """The store's rows past id ``last`` for a unit, with their terms counted."""
         rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
-        terms = self.stem.many
-        return [(m, owned, *text_terms(m.content, terms)) for m, owned in rows if m.id > last]
+        return [(m, o, *text_terms(m.content, self.stem.many)) for m, o in rows if m.id > last]
 
     def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
         """Rows into the unit (those it lacks), then the units kept within their bound

@@ -142,7 +142,6 @@ class Recaller:
         # once for the query words it holds
         self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS, len)
         self.cuts = Memo(self._cut, CUT_CHARS, lambda key: len(key[0]) + key[1])
-        # the same hits come back under the same summary turn after turn: each looked for once
         self.folded = Memo(fold, KNOWN_CHARS, len)
         self.held: Memo[tuple[str, str], bool] = Memo(
             lambda key: within(*key), HELD_CHARS, lambda key: len(key[0]) + len(key[1])

@@ -24,16 +24,14 @@ _BREAKS: Final = bytes(b if chr(b).isalnum() or b > 127 else 32 for b in range(2
 
 
 def tokens(text: str) -> list[str]:
-    """unicode61's tokens of ``text``, before stemming. Split in C (ASCII separators to spaces
-    on the UTF-8 bytes, then whitespace) rather than one regex match per token; a piece with
-    non-ASCII chars is then split by ``WORD`` and folded."""
+    """unicode61's tokens of ``text``, before stemming, split in C (ASCII separators to spaces,
+    then whitespace); only a piece with non-ASCII chars is split by ``WORD`` and folded."""
     low = text.lower()
     spaced = low.encode("utf-8", "surrogatepass").translate(_BREAKS)
     pieces = spaced.decode("utf-8", "surrogatepass").split()
     if low.isascii():
         return pieces
-    out: list[str] = []
-    at = 0
+    out, at = list[str](), 0
     for i in [i for i, piece in enumerate(pieces) if not piece.isascii()]:
         out += pieces[at:i]
         out += [t if t.isascii() else fold(t) for t in WORD.findall(pieces[i])]
