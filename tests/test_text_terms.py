@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from ragent_memory.cli.demo import simulate_session
 from ragent_memory.recall.rank import text_terms
-from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import index_terms, is_cjk, search_terms, term_set
+from ragent_memory.text.memo import Memo
+from ragent_memory.text.porter import fold, stem, tokens
+from ragent_memory.text.terms import WORD, index_terms, is_cjk, search_terms, term_set
 
 
 def token_by_token(text: str) -> tuple[dict[str, int], int]:
@@ -100,3 +101,23 @@ def test_index_terms_spaces_each_cjk_character() -> None:
 def test_term_set_is_search_terms_without_order_or_limit(text: str) -> None:
     """``term_set`` (a sentence's terms, as a set) holds exactly ``search_terms``' terms."""
     assert set(search_terms(text, limit=10_000)) == term_set(text)
+
+
+@given(st.text(alphabet="ab Z_9.,;'\t\n·éÉßİµſ中文の\u3000\xa0\u0301ﬁ²٣😀-", max_size=30))
+def test_tokens_are_unicode61s_runs_of_letters_and_digits(text: str) -> None:
+    """``tokens`` splits in C but reads what one regex match a token reads: each run of
+    letters and digits, lower-cased, folded where it has non-ASCII chars."""
+    reading = [t if t.isascii() else fold(t) for t in WORD.findall(text.lower())]
+    assert tokens(text) == reading
+
+
+def test_memo_answers_many_keys_in_order_computing_each_missing_once() -> None:
+    asked: list[str] = []
+    memo = Memo(lambda key: asked.append(key) or (None if key == "none" else key.upper()), 6, len)
+    assert memo.many(["ab", "none", "ab"]) == ["AB", None, "AB"]
+    assert memo("none") is None and memo.many(["ab"]) == ["AB"]
+    assert asked == ["ab", "none"]  # None is an answer kept like any other
+    # 2 + 4 + 2 + 2 chars > 6: the least recently used ("none") goes
+    assert memo.many(["cd", "ef"]) == ["CD", "EF"]
+    assert memo("ab") == "AB" and memo("none") is None
+    assert asked == ["ab", "none", "cd", "ef", "none"]

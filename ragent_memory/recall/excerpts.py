@@ -46,6 +46,7 @@ HEADERS: Final = MappingProxyType(
 # An excerpt's message → a recall ref for its full text readable from the caller's session,
 # or "" when none can be made.
 RefFor = Callable[[IndexedMessage], str]
+Known = Callable[[str], bool]  # whether the prompt holds a text already
 
 
 class Excerpt(NamedTuple):
@@ -100,6 +101,11 @@ class Ask:
 
 
 # ---------------------------------------------------------------------------- lines
+
+
+def fold(text: str) -> str:
+    """``text`` with each run of whitespace one space, none at its ends."""
+    return " ".join(text.split())
 
 
 def split_sentences(folded: str) -> tuple[str, ...]:
@@ -237,16 +243,17 @@ def find_block(
     ref_for: RefFor | None = None,
     split: Splitter = Sentences.of,
     cut: Cutter | None = None,
+    known: Known | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
-    matches). A hit ``ask.known_text`` holds verbatim is not recalled again. With a
-    ``mirror`` the search runs in process, the store answering only what it cannot;
-    ``split`` cuts a long text into sentences and ``cut`` picks those a query wants (``Memo``s
-    keep them)."""
+    matches). A hit ``known`` holds (default ``held_by(ask.known_text)``) is not recalled
+    again. With a ``mirror`` the search runs in process, the store answering only what it
+    cannot; ``split`` cuts a long text into sentences and ``cut`` picks those a query wants
+    (``Memo``s keep them, and what ``known`` finds)."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
-    hits, around = _search(store, mirror, ask, terms)
+    hits, around = _search(store, mirror, ask, terms, known or held_by(ask.known_text))
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
@@ -255,15 +262,9 @@ def find_block(
 
 
 def _search(
-    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str]
+    store: RecallIndex, mirror: RecallMirror | None, ask: Ask, terms: Sequence[str], known: Known
 ) -> Found:
-    """The best hits but those ``ask.known_text`` holds verbatim, and their neighbours, from
-    the mirror when it can answer."""
-    folded = " ".join(ask.known_text.split())
-
-    def keep(text: str) -> bool:
-        return not ask.known_text or not _within(text, folded)
-
+    """The best hits ``known`` does not hold, and their neighbours (the mirror's if it can)."""
     where: dict[str, Any] = {
         "session_id": ask.session_id,
         "user_id": ask.user_id,
@@ -271,10 +272,10 @@ def _search(
         "shown": sorted(ask.shown),
         "limit": CANDIDATES,
     }
-    found = None if mirror is None else mirror.search(terms, keep=keep, **where)
+    found = None if mirror is None else mirror.search(terms, keep=lambda t: not known(t), **where)
     if found is not None:
         return found
-    hits = [hit for hit in store.search_index(fts_query(terms), **where) if keep(hit.content)]
+    hits = [hit for hit in store.search_index(fts_query(terms), **where) if not known(hit.content)]
     return hits, _around(store, hits)
 
 
@@ -292,7 +293,13 @@ def _around(
     return around
 
 
-def _within(text: str, folded: str) -> bool:
+def held_by(known_text: str) -> Known:
+    """Whether ``known_text`` holds a text verbatim (whitespace folded)."""
+    folded = fold(known_text)
+    return lambda text: bool(folded) and within(text, folded)
+
+
+def within(text: str, folded: str) -> bool:
     """``text``, its whitespace folded, is in ``folded``: its folded head is checked first (a
     prefix of the whole folded text), so a long text that is not there is never folded whole."""
     head = " ".join(text[:200].split())

@@ -32,7 +32,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.store.contract import RecallIndex
 from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import CJK_RUN, index_terms, is_cjk
+from ragent_memory.text.terms import index_terms, is_cjk
 
 K1: Final = 1.2
 B: Final = 0.75
@@ -49,18 +49,22 @@ Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
 _Row = tuple[IndexedMessage, bool, dict[str, int], int]  # a row, owned, its terms, its length
 
 
-def text_terms(text: str, stem: Callable[[str], str] = stem) -> tuple[dict[str, int], int]:
+def text_terms(
+    text: str, stems: Callable[[Sequence[str]], list[str]] = lambda words: list(map(stem, words))
+) -> tuple[dict[str, int], int]:
     """A text's terms as the index counts them and its length in tokens: unicode61's tokens
-    of the spaced text (``index_terms``), each stemmed (a number is its own stem: Porter's
-    rules all end on a letter), and each pair of adjacent single CJK characters as a bigram
-    (what a two-character query phrase matches)."""
-    found = tokens(index_terms(text))
+    of the spaced text (``index_terms``), each stemmed (``stems``: a list's stems; a number
+    is its own stem: Porter's rules all end on a letter), and each pair of adjacent single
+    CJK characters as a bigram (what a two-character query phrase matches)."""
+    found = tokens(spaced := index_terms(text))
     counts: dict[str, int] = {}
-    for token, count in Counter(found).items():
-        key = token if token[-1] in "0123456789" else stem(token)
-        counts[key] = counts.get(key, 0) + count
+    each = Counter(found)
+    words = [token for token in each if token[-1] not in "0123456789"]
+    keys = dict(zip(words, stems(words), strict=True))
+    for token, count in each.items():
+        counts[keys.get(token, token)] = counts.get(keys.get(token, token), 0) + count
     previous = ""
-    for token in found if CJK_RUN.search(text) else ():  # bigrams: a text with CJK only
+    for token in found if len(spaced) > len(text) else ():  # bigrams: a text with CJK only
         single = len(token) == 1 and is_cjk(token)
         if single and previous:
             counts[previous + token] = counts.get(previous + token, 0) + 1
@@ -288,27 +292,25 @@ class RecallMirror:
         each position beside a hit), their texts read; a row another process deleted since
         the mark is left out (its epoch is seen next search)."""
         texts = self._read([unit.ids[row] for row, _ in ranked])
-        kept = [(row, texts[unit.ids[row]]) for row, _ in ranked if unit.ids[row] in texts]
-        kept = [(row, text) for row, text in kept if keep(text)]
-        beside: dict[tuple[int, int], int] = {}  # (row, offset) → the neighbour's row
-        for row, _ in kept:
+        made: dict[int, IndexedMessage] = {}  # row → its hit, best first
+        for row, score in ranked:
+            text = texts.get(unit.ids[row])
+            if text is not None and keep(text):
+                made[row] = unit.message(row, text, score)
+        beside: dict[tuple[int, int], int] = {}  # (session number, position) → the row there
+        for row in made:
             code, position = unit.rows[row][0], unit.positions[row]
             for offset in self.neighbours:
                 near = unit.at.get((code, position + offset))
                 if near is not None:
-                    beside[(row, offset)] = near
+                    beside[(code, position + offset)] = near
         texts.update(self._read([unit.ids[near] for near in beside.values()]))
-        scores = dict(ranked)
-        hits, around = [], {}
-        for row, text in kept:
-            hits.append(unit.message(row, text, scores[row]))
-            name, position = unit.names[unit.rows[row][0]], unit.positions[row]
-            for offset in self.neighbours:
-                near = beside.get((row, offset), -1)
-                near_text = texts.get(unit.ids[near]) if near >= 0 else None
-                if near_text is not None:
-                    around[(name, position + offset)] = unit.message(near, near_text)
-        return hits, around
+        around = {}
+        for (code, position), near in beside.items():
+            text = texts.get(unit.ids[near])
+            if text is not None:
+                around[(unit.names[code], position)] = unit.message(near, text)
+        return list(made.values()), around
 
     @contextlib.contextmanager
     def writing(self, user_id: str | None, session_id: str) -> Iterator[None]:
@@ -349,7 +351,7 @@ class RecallMirror:
     def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
         """The store's rows past id ``last`` for a unit, with their terms counted."""
         rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
-        return [(m, owned, *text_terms(m.content, self.stem)) for m, owned in rows if m.id > last]
+        return [(m, o, *text_terms(m.content, self.stem.many)) for m, o in rows if m.id > last]
 
     def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
         """Rows into the unit (those it lacks), then the units kept within their bound

@@ -28,6 +28,8 @@ from ragent_memory.recall.excerpts import (
     Recalled,
     Sentences,
     find_block,
+    fold,
+    within,
 )
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
@@ -44,6 +46,8 @@ OFFLOAD_REFRESH_S: Final = 3_600.0  # an excerpt's full text stored this recentl
 OFFLOADS_REMEMBERED: Final = 65_536  # (session, text) pairs remembered for that
 SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by their length
 CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
+KNOWN_CHARS: Final = 4_000_000  # summaries kept folded (a turn would fold its own again)
+HELD_CHARS: Final = 16_000_000  # whether a summary holds a hit, by the chars of both
 EMPTY_SEARCH: Final = MappingProxyType(
     {
         "en": "[search_memory: nothing found for this query]",
@@ -138,6 +142,10 @@ class Recaller:
         # once for the query words it holds
         self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS, len)
         self.cuts = Memo(self._cut, CUT_CHARS, lambda key: len(key[0]) + key[1])
+        self.folded = Memo(fold, KNOWN_CHARS, len)
+        self.held: Memo[tuple[str, str], bool] = Memo(
+            lambda key: within(*key), HELD_CHARS, lambda key: len(key[0]) + len(key[1])
+        )
 
     def _cut(self, key: tuple[str, int, frozenset[str]]) -> str | None:
         text, limit, stems = key
@@ -167,6 +175,7 @@ class Recaller:
 
     def _find(self, ask: Ask) -> Recalled:
         """The block for ``ask``, its refs readable (raises ``StoreError``)."""
+        known = self.folded(ask.known_text)
         found = find_block(
             self.store,
             ask,
@@ -174,6 +183,7 @@ class Recaller:
             ref_for=lambda message: self.offloads.ref(ask.session_id, message),
             split=self.sentences,
             cut=self.cuts,
+            known=lambda text: bool(known) and self.held((text, known)),
         )
         self.offloads.write(ask.session_id, found.referred)
         return found

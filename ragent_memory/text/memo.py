@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+_MISSING: Any = object()  # a key not held (None may be an answer)
 
 
 class Memo(Generic[K, V]):
@@ -27,15 +28,29 @@ class Memo(Generic[K, V]):
 
     def __call__(self, key: K) -> V:
         with self._lock:
-            if key in self._entries:
+            value = self._entries.get(key, _MISSING)
+            if value is not _MISSING:
                 self._entries.move_to_end(key)
-                return self._entries[key]
-        value = self.fn(key)
+                return value  # type: ignore[no-any-return]
+        return self.many((key,))[0]
+
+    def many(self, keys: Sequence[K]) -> list[V]:
+        """``fn`` of each key, in order, the lock taken twice (not twice a key)."""
         with self._lock:
-            if key not in self._entries:
-                self._entries[key] = value
-                self._chars += self.size(key)
+            found = [self._entries.get(key, _MISSING) for key in keys]
+            for key, value in zip(keys, found, strict=True):
+                if value is not _MISSING:
+                    self._entries.move_to_end(key)
+        new: dict[K, V] = {}
+        for key, value in zip(keys, found, strict=True):
+            if value is _MISSING and key not in new:
+                new[key] = self.fn(key)
+        with self._lock:
+            for key, value in new.items():
+                if key not in self._entries:
+                    self._entries[key] = value
+                    self._chars += self.size(key)
             while self._chars > self.max_chars and len(self._entries) > 1:
                 old, _ = self._entries.popitem(last=False)
                 self._chars -= self.size(old)
-        return value
+        return [new[k] if v is _MISSING else v for k, v in zip(keys, found, strict=True)]

@@ -19,12 +19,24 @@ from ragent_memory.text.terms import WORD
 MAX_TOKEN_BYTES: Final = 64
 
 
+# ASCII bytes that are not letters or digits → a space; UTF-8's multi-byte chars kept.
+_BREAKS: Final = bytes(b if chr(b).isalnum() or b > 127 else 32 for b in range(256))
+
+
 def tokens(text: str) -> list[str]:
-    """unicode61's tokens of ``text``, before stemming."""
-    found = WORD.findall(text.lower())
-    if text.isascii():
-        return found
-    return [t if t.isascii() else fold(t) for t in found]
+    """unicode61's tokens of ``text``, before stemming, split in C (ASCII separators to spaces,
+    then whitespace); only a piece with non-ASCII chars is split by ``WORD`` and folded."""
+    low = text.lower()
+    spaced = low.encode("utf-8", "surrogatepass").translate(_BREAKS)
+    pieces = spaced.decode("utf-8", "surrogatepass").split()
+    if low.isascii():
+        return pieces
+    out, at = list[str](), 0
+    for i in [i for i, piece in enumerate(pieces) if not piece.isascii()]:
+        out += pieces[at:i]
+        out += [t if t.isascii() else fold(t) for t in WORD.findall(pieces[i])]
+        at = i + 1
+    return out + pieces[at:]
 
 
 _SAME_AS: Final = MappingProxyType(

@@ -41,7 +41,7 @@ def is_cjk(char: str) -> bool:
 def index_terms(text: str) -> str:
     """``text`` as indexed: CJK characters spaced apart (one token each): each becomes
     `` c `` (a run replaced at once, not one callback per character)."""
-    return CJK_RUN.sub(_spaced, text)
+    return text if text.isascii() else CJK_RUN.sub(_spaced, text)
 
 
 def _spaced(match: re.Match[str]) -> str:
