@@ -4,8 +4,7 @@ While the view is over B after the gates, the session climbs a ladder and stops 
 rung that fits. These are the rungs that only look at the view, as pure functions returning what
 to change; the session applies them. Rung 1 is ``trim_all``, rung 2 a mid-turn compaction
 (``plan_cut(..., mid_turn=True)``), rungs 3-5 are ``fit``: the session also calls it, before a
-mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10).
-"""
+mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10)."""
 
 from __future__ import annotations
 
@@ -184,13 +183,9 @@ def fit(
     turn_start = current_turn_start(view, head)
     made: list[Truncation] = []
     if limit_chars is not None:
+        excess = total - budget
         made = preview_turn(
-            view,
-            shown,
-            turn_start=turn_start,
-            excess=total - budget,
-            limit_chars=limit_chars,
-            forms=forms,
+            view, shown, turn_start=turn_start, excess=excess, limit_chars=limit_chars, forms=forms
         )
         for truncation in made:
             shown[truncation.index] = chars(truncation.replacement)

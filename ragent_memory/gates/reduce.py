@@ -1,12 +1,8 @@
-"""Reduction (DESIGN §8; Eino reduction): one oversized tool result or tool-call input.
-
-A tool result longer than the oversized limit is shown as its head (20% of the limit), a notice
-with its size, its recall ref and the recall tool's name, and its tail (10%). Oversized
-tool-call arguments get the same treatment, wrapped as a JSON object so the call stays
-parseable; the call id and name stay, so the loop stays valid. Results of the recall tool itself
-are never reduced: reading an original back must not offload it again (no offload → read →
-offload loop).
-"""
+"""Reduction (DESIGN §8; Eino reduction): a tool result or tool-call input over the oversized
+limit is shown as its head (20% of the limit), a notice with its size, recall ref and the recall
+tool's name, and its tail (10%); arguments are wrapped as a JSON object so the call stays
+parseable. Recall results are never reduced: reading an original back must not offload it
+again (no offload → read → offload loop)."""
 
 from __future__ import annotations
 

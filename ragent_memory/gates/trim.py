@@ -1,10 +1,7 @@
-"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``).
-
-Above the trim trigger, old results of evictable tools become short placeholders that keep the
-original length, a clipped copy of the call's input and a recall ref. Only tool-result content
-changes: the message count, roles, ids and every tool call stay as they are, so no orphan can
-appear. All replacements are computed before any is applied.
-"""
+"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``): above the trim trigger, old results
+of evictable tools become placeholders holding the original length, a clipped copy of the call's
+input and a recall ref. Only tool-result content changes (never a count, role, id or call), so
+no orphan can appear. All replacements are computed before any is applied."""
 
 from __future__ import annotations
 
@@ -128,8 +125,7 @@ class TrimState:
     ``tail`` holds the loops the window has not left yet. Valid only while nothing but
     appending changed the view: the session drops it on anything else (a compaction, an edit,
     a substitution not made by gate 1, turns left out); a call id appended twice raises
-    :class:`Rebuild`.
-    """
+    :class:`Rebuild`."""
 
     evictable_tools: Collection[str]
     language: str
