@@ -122,9 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 @cli.command()
-@click.option(
-    "--config", "config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG})."
-)
+@click.option("--config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def inspect(config: str | None, as_json: bool) -> None:
     """Print the gates derived from context_window_chars."""
