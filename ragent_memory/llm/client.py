@@ -332,13 +332,8 @@ class LLMClient:
         if failure is None:
             log.info("summarizer.attempt", **fields)
         else:
-            log.warning(
-                "summarizer.attempt",
-                **fields,
-                status_code=failure.status_code,
-                detail=failure.detail,
-                retry_in_s=retry_in_s,
-            )
+            extra = {"status_code": failure.status_code, "detail": failure.detail}
+            log.warning("summarizer.attempt", **fields, **extra, retry_in_s=retry_in_s)
         self._emit("summary_attempt", fields)
 
     def _log_skip(self, endpoint: EndpointSettings, purpose: str, reason: str) -> None:
