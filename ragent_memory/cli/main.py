@@ -431,11 +431,7 @@ def demo(config: str | None, turns: int, out_dir: str, db: str | None, chart: st
 @click.option("--port", type=int, help="Port (default: serve.port, 8089; 0 picks a free one).")
 @click.pass_context
 def serve(
-    ctx: click.Context,
-    config: str | None,
-    upstream: str | None,
-    host: str | None,
-    port: int | None,
+    ctx: click.Context, config: str | None, upstream: str | None, host: str | None, port: int | None
 ) -> None:
     """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
     with user_errors():
