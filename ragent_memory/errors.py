@@ -11,8 +11,7 @@
     ├── EngineClosedError                           a call after ``MemoryEngine.close()``
     └── StoreError                                  the SQLite store failed
 
-Only ``cli.py`` turns these into exit codes.
-"""
+Only ``cli.py`` turns these into exit codes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Settings: one knob, ``context_window_chars`` (B), and everything derived from it.
-
 Defaults live on the fields (the YAML file only documents them). Derived values are read-only
 properties so they can never drift from B. Every validation failure is a ``ConfigError`` whose
-``key_path`` names the offending key, e.g. ``llm.fallbacks[1].model``.
-"""
+``key_path`` names the offending key, e.g. ``llm.fallbacks[1].model``."""
 
 from __future__ import annotations
 
@@ -30,13 +28,12 @@ MIN_TRIM_RECLAIM_RATIO = 0.2
 EXTRACTION_MIN_PENDING = 3
 MEMORY_ITEM_MAX_CHARS = 500
 TRANSCRIPT_CLIP_OVER_CHARS = 1_200
-TRANSCRIPT_CLIP_HEAD_CHARS = 800
-TRANSCRIPT_CLIP_TAIL_CHARS = 400
 NON_TEXT_PART_CHARS = 2_000
 
 LANGUAGES = ("en", "zh")
 DEFAULT_LEASE_S = 600.0  # a host's hold on a session's compaction (store.lease_s)
 IDENTITIES = ("credential", "headers")  # serve.identity
+_ENV_NAME = "an environment variable name"
 MIN_SECRET_CHARS = 16  # serve.secret_env's value
 
 
@@ -95,7 +92,7 @@ class EndpointSettings:
 
     base_url: str = attrs.field(validator=_check("base_url", _non_empty_str, "a URL string"))
     model: str = attrs.field(validator=_check("model", _non_empty_str, "a model name"))
-    api_key_env: str | None = _field("api_key_env", None, _env_name, "an environment variable name")
+    api_key_env: str | None = _field("api_key_env", None, _env_name, _ENV_NAME)
 
 
 @attrs.frozen
@@ -104,9 +101,7 @@ class LLMSettings:
 
     base_url: str = attrs.field(validator=_check("llm.base_url", _non_empty_str, "a URL string"))
     model: str = attrs.field(validator=_check("llm.model", _non_empty_str, "a model name"))
-    api_key_env: str | None = _field(
-        "llm.api_key_env", None, _env_name, "an environment variable name"
-    )
+    api_key_env: str | None = _field("llm.api_key_env", None, _env_name, _ENV_NAME)
     timeout_s: float = _field("llm.timeout_s", 60.0, _positive, "a number > 0")
     max_retries: int = _field("llm.max_retries", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10")
     max_input_chars: int = _field(
@@ -136,9 +131,7 @@ class StoreSettings:
 
     path: str = _field("store.path", "ragent-memory.db", _non_empty_str, "a file path")
     url: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_pg_url(v))
-    password_env: str | None = _field(
-        "store.password_env", None, _env_name, "an environment variable name"
-    )
+    password_env: str | None = _field("store.password_env", None, _env_name, _ENV_NAME)
     pool_size: int = _field("store.pool_size", 8, lambda v: is_int(v) and v >= 1, "≥ 1")
     lease_s: float = _field("store.lease_s", DEFAULT_LEASE_S, _positive, "a number > 0")
 
@@ -388,9 +381,6 @@ class Settings:
     def derived(self) -> dict[str, int]:
         """The derived gates, by name, for display (``ragent-memory inspect``)."""
         return {name: getattr(self, name) for name in _DERIVED.split()}
-
-
-# ---------------------------------------------------------------------------- loading
 
 
 def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:

@@ -1,9 +1,6 @@
 """``ragent-memory demo``: a long simulated RAG-agent session, offline, through every gate.
-
-The agent answers from a small bundled knowledge base with ``search_knowledge``, sometimes
-pulls an oversized export, and once reads a placeholder or preview back with the recall tool,
-as a model would. Deterministic (seeded); no network, no API key.
-"""
+The agent answers from a bundled knowledge base with ``search_knowledge``, sometimes pulls an
+oversized export, and once reads a ref back with the recall tool. Seeded; no network, no key."""
 
 from __future__ import annotations
 
@@ -260,10 +257,8 @@ def _chart(reports: list[TurnReport], settings: Settings, path: Path) -> None:
     turns = [n for n, r in enumerate(reports) if r.compacted]
     ax.scatter(turns, [reports[n].chars_out for n in turns], marker="v", color="#9467bd",
                zorder=3, label=f"compaction ({len(turns)})")  # fmt: skip
-    ax.set_yscale("log")
-    ax.set_title(f"ragent_memory demo: context per turn, B = {budget:,} chars")
-    ax.set_xlabel("turn")
-    ax.set_ylabel("chars")
+    title = f"ragent_memory demo: context per turn, B = {budget:,} chars"
+    ax.set(yscale="log", title=title, xlabel="turn", ylabel="chars")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

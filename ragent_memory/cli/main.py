@@ -122,9 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 @cli.command()
-@click.option(
-    "--config", "config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG})."
-)
+@click.option("--config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def inspect(config: str | None, as_json: bool) -> None:
     """Print the gates derived from context_window_chars."""
@@ -433,11 +431,7 @@ def demo(config: str | None, turns: int, out_dir: str, db: str | None, chart: st
 @click.option("--port", type=int, help="Port (default: serve.port, 8089; 0 picks a free one).")
 @click.pass_context
 def serve(
-    ctx: click.Context,
-    config: str | None,
-    upstream: str | None,
-    host: str | None,
-    port: int | None,
+    ctx: click.Context, config: str | None, upstream: str | None, host: str | None, port: int | None
 ) -> None:
     """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
     with user_errors():

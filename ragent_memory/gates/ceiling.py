@@ -1,23 +1,10 @@
 """The ceiling (DESIGN §4b): B is a promise, not a hope.
 
-After the gates, while the view is over B, the session climbs a ladder and stops on the first
-rung that fits. This module holds the rungs that only look at the view, as pure functions
-returning what to change; the session applies them (sticky substitutions are recorded in the
-store, the mid-turn compaction runs on its pool):
-
-1. ``trim_all``: every tool result before the current turn becomes its placeholder, oldest
-   first, whatever its tool, ignoring the 20% rule and the 2-loop protection.
-2. (a mid-turn compaction, ``plan_cut(..., mid_turn=True)``)
-
-Rungs 3-5 are one pure function, ``fit``: the session calls it to fit its view and, before a
-mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10):
-
-3. ``preview_turn``: the current turn's tool results and tool-call inputs become head/tail
-   previews, with the limit lowered just enough to fit, never below ``MIN_PREVIEW_CHARS``.
-4. ``turns_to_leave_out``: the oldest whole turns after the prefix/summary are left out of the
-   view (never the current turn; cuts only at user messages, so no tool loop is split).
-5. What is left is sent as is and the report says ``over_budget``.
-"""
+While the view is over B after the gates, the session climbs a ladder and stops on the first
+rung that fits. These are the rungs that only look at the view, as pure functions returning what
+to change; the session applies them. Rung 1 is ``trim_all``, rung 2 a mid-turn compaction
+(``plan_cut(..., mid_turn=True)``), rungs 3-5 are ``fit``: the session also calls it, before a
+mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10)."""
 
 from __future__ import annotations
 
@@ -50,8 +37,7 @@ class Forms:
 
 
 def current_turn_start(view: Sequence[Message], head: int) -> int:
-    """View index where the current turn starts: the last user message after ``head``, or
-    ``head`` when there is none (then everything after the prefix is the current turn)."""
+    """Where the current turn starts: the last user message after ``head``, else ``head``."""
     return max(last_user_index(view), head)
 
 
@@ -64,14 +50,10 @@ def trim_all(
     excess: int,
     forms: Forms,
 ) -> tuple[list[Eviction], int]:
-    """Step 1: placeholders for tool results in ``[head, turn_start)``, oldest first, until
-    they free ``excess`` chars (all of them when that is not enough). Orphan results and
-    irregular loops (duplicate ids, unanswered calls) are left alone (DESIGN §3: never
-    evicted). ``head`` may be any loop boundary before which nothing is left to evict.
-
-    Returns the evictions and the loop boundary before which, once they are shown, nothing
-    is left to evict (``turn_start`` when all of them were planned): the next call may start
-    there."""
+    """Step 1: placeholders for tool results in ``[head, turn_start)`` of any tool, oldest
+    first, until they free ``excess`` chars; irregular loops are left alone (DESIGN §3).
+    Returns them and the loop boundary before which nothing is left to evict once they are
+    shown (``turn_start`` when all were planned): the next call may start there."""
     loops = map_loops(view[head:turn_start])
     evicted, originals = forms.evicted, forms.originals
     planned: list[Eviction] = []
@@ -112,12 +94,9 @@ def preview_turn(
     limit_chars: int,
     forms: Forms,
 ) -> list[Truncation]:
-    """Step 3: previews of the current turn's tool results and tool-call inputs.
-
-    The limit starts at ``limit_chars`` (the oversized limit) and is lowered, by bisection,
-    to the highest value whose previews free ``excess`` chars; never below
-    ``MIN_PREVIEW_CHARS``. Previews are built from the caller's originals, and only those
-    smaller than what is shown now are returned."""
+    """Step 3: previews of the current turn's tool results and tool-call inputs (from the
+    originals), the limit bisected down from ``limit_chars`` to the highest that frees
+    ``excess``, never below ``MIN_PREVIEW_CHARS``; only previews smaller than shown now."""
     items = [
         i
         for i in range(turn_start, len(view))
@@ -158,10 +137,8 @@ def preview_turn(
 def turns_to_leave_out(
     view: Sequence[Message], sizes: Sequence[int], *, head: int, turn_start: int, excess: int
 ) -> tuple[int, int]:
-    """Step 4: how many messages from ``head`` on to leave out, and how many whole turns that
-    is, to free ``excess`` chars; cuts fall only on user messages (a turn's start), so a tool
-    loop is never split, and never inside the current turn. Reads only the turns it leaves
-    out (the view may hold many more)."""
+    """Step 4: how many messages from ``head`` on, and whole turns, to leave out to free
+    ``excess``; cuts fall only on user messages before the current turn (no loop is split)."""
     freed = 0
     turns = 0
     at = head
@@ -206,13 +183,9 @@ def fit(
     turn_start = current_turn_start(view, head)
     made: list[Truncation] = []
     if limit_chars is not None:
+        excess = total - budget
         made = preview_turn(
-            view,
-            shown,
-            turn_start=turn_start,
-            excess=total - budget,
-            limit_chars=limit_chars,
-            forms=forms,
+            view, shown, turn_start=turn_start, excess=excess, limit_chars=limit_chars, forms=forms
         )
         for truncation in made:
             shown[truncation.index] = chars(truncation.replacement)

@@ -31,17 +31,11 @@ def plan_cut(
     mid_turn: bool = False,
     left_chars: int = 0,
 ) -> CutPlan | str:
-    """Where to cut, or why not (a skip reason). ``head`` is the first message after the
-    prefix and any current summary.
-
-    ``left_chars``: the chars of whole turns the ceiling left out of the view just before
-    ``head`` (DESIGN §4b step 4). They count in the total and are material whatever the cut;
-    mid-turn, ``head`` itself (a turn's start) may then be the cut: the summary covers them
-    and the view keeps the rest (the ceiling's later rungs fit it).
-
-    ``mid_turn`` is the ceiling's compaction (DESIGN §4b step 2, the view is over B): the last
-    message may be a tool result, the cut may be the current turn's user message, and any
-    material is worth summarizing."""
+    """Where to cut, or why not (a skip reason). ``head``: the first message after the prefix
+    and any summary. ``left_chars``: whole turns the ceiling left out just before ``head``
+    (§4b step 4); they count in the total and are material, so mid-turn ``head`` itself may
+    be the cut. ``mid_turn`` (§4b step 2, the view over B): the last message may be a tool
+    result, the cut may be the current turn's user message, and any material is worth it."""
     total = sum(sizes) + left_chars
     if total <= settings.compact_trigger_chars:
         return "below_trigger"

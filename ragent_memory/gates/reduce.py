@@ -1,12 +1,8 @@
-"""Reduction (DESIGN §8; Eino reduction): one oversized tool result or tool-call input.
-
-A tool result longer than the oversized limit is shown as its head (20% of the limit), a notice
-with its size, its recall ref and the recall tool's name, and its tail (10%). Oversized
-tool-call arguments get the same treatment, wrapped as a JSON object so the call stays
-parseable; the call id and name stay, so the loop stays valid. Results of the recall tool itself
-are never reduced: reading an original back must not offload it again (no offload → read →
-offload loop).
-"""
+"""Reduction (DESIGN §8; Eino reduction): a tool result or tool-call input over the oversized
+limit is shown as its head (20% of the limit), a notice with its size, recall ref and the recall
+tool's name, and its tail (10%); arguments are wrapped as a JSON object so the call stays
+parseable. Recall results are never reduced: reading an original back must not offload it
+again (no offload → read → offload loop)."""
 
 from __future__ import annotations
 
@@ -62,10 +58,8 @@ class ReduceResult:
 
 
 def _call_name(view: Sequence[Message], index: int, call_id: Any) -> str | None:
-    """The name of the call the tool result at ``index`` answers: the nearest assistant
-    message before it carrying a call of that id (after it, in a history out of order);
-    None when none does. Usually the message just before: a look at each message of the
-    view on a turn with an oversized result took a millisecond in a long view."""
+    """The name of the call the tool result at ``index`` answers, searching outward from it
+    (usually the message just before; after it in a history out of order); None if none."""
     for position in (*range(index - 1, -1, -1), *range(index + 1, len(view))):
         message = view[position]
         if message.get("role") != "assistant":
@@ -93,11 +87,8 @@ def reduce(
     ref_for: Callable[[str], str],
     candidates: Collection[int] | None = None,
 ) -> ReduceResult:
-    """Truncate oversized tool results and tool-call arguments in ``view``.
-
-    ``candidates``: if given, only these indexes are examined (the engine passes the messages
-    that are new since the last turn).
-    """
+    """Truncate oversized tool results and tool-call arguments in ``view`` (only at the
+    indexes ``candidates`` when given: the engine passes the messages new since the last turn)."""
     indexes = range(len(view)) if candidates is None else sorted(candidates)
     out = list(view)
     done: list[Truncation] = []

@@ -1,10 +1,7 @@
-"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``).
-
-Above the trim trigger, old results of evictable tools become short placeholders that keep the
-original length, a clipped copy of the call's input and a recall ref. Only tool-result content
-changes: the message count, roles, ids and every tool call stay as they are, so no orphan can
-appear. All replacements are computed before any is applied.
-"""
+"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``): above the trim trigger, old results
+of evictable tools become placeholders holding the original length, a clipped copy of the call's
+input and a recall ref. Only tool-result content changes (never a count, role, id or call), so
+no orphan can appear. All replacements are computed before any is applied."""
 
 from __future__ import annotations
 
@@ -120,21 +117,15 @@ class Rebuild(Exception):
 @attrs.define(eq=False)
 class TrimState:
     """Gate 1's knowledge of one view, kept from turn to turn while the view only grows at its
-    end (DESIGN §4), so a turn over the trigger looks only at what is new: O(new) per turn,
-    not O(view).
+    end (DESIGN §4), so a turn over the trigger looks only at what is new: O(new), not O(view).
 
-    The view is split into tool loops as :func:`~.toolloops.map_loops` does. A loop before the
-    protection window (the last ``KEEP_RECENT_TOOL_LOOPS`` completed loops before the last user
-    message) stays outside it while the view only grows, so its candidates are found once,
-    when the window leaves it, with their placeholders and the chars they free, and kept
-    until a trim applies them. ``tail`` holds the loops the window has not left yet; each
-    ``extend`` parses only the messages appended since (and the last loop again if its
-    results may continue) and slides the window.
-
-    Valid only for the view it was built on while nothing but appending changed it: the
-    session drops it on anything else (a compaction, an edit, a substitution not made by
-    gate 1, turns left out). A call id appended twice raises :class:`Rebuild`.
-    """
+    A loop the protection window (the last ``KEEP_RECENT_TOOL_LOOPS`` completed loops before
+    the last user message) has left stays outside it while the view only grows, so its
+    candidates are found once, when the window leaves it, and kept until a trim applies them.
+    ``tail`` holds the loops the window has not left yet. Valid only while nothing but
+    appending changed the view: the session drops it on anything else (a compaction, an edit,
+    a substitution not made by gate 1, turns left out); a call id appended twice raises
+    :class:`Rebuild`."""
 
     evictable_tools: Collection[str]
     language: str
@@ -180,17 +171,15 @@ class TrimState:
         self._slide_window(view)
 
     def replaced(self, indexes: Collection[int]) -> None:
-        """Follow the view showing other forms at ``indexes`` (the ceiling's placeholders and
-        previews, §4b rungs 1 and 3): candidates there are gone, and loops the window has not
-        left yet read the view when it does."""
+        """Follow the view showing other forms at ``indexes`` (§4b rungs 1 and 3): candidates
+        there are gone; loops still in the window read the view when they leave it."""
         gone = set(indexes)
         self.candidates = [c for c in self.candidates if c[0].index not in gone]
 
     def shift(self, start: int, count: int) -> bool:
-        """Follow the view losing messages ``[start, start + count)`` (§4b rung 4 leaving the
-        oldest turns out): every position kept moves back by ``count``. Returns False, and
-        the state must be dropped, when anything it holds lies in that range or after a
-        position it has not looked at (only a whole rebuild knows what those held)."""
+        """Follow the view losing messages ``[start, start + count)`` (§4b rung 4): positions
+        after move back by ``count``. False (drop the state) when anything it holds lies in that
+        range or after a position it has not looked at (only a rebuild knows what those held)."""
         stop = start + count
         if count <= 0 or stop > self.end or self.unanswered or self.last_user < stop:
             return count == 0
@@ -265,8 +254,7 @@ class TrimState:
             i = j
 
     def _slide_window(self, view: Shown) -> None:
-        """Slide the protection window to the last user message; take the candidates of the
-        loops it left."""
+        """Slide the protection window to the last user message; take the loops it left."""
         last_user, tail = self.last_user, self.tail
         if last_user < 0:
             return  # no user message: every loop is protected
@@ -285,8 +273,7 @@ class TrimState:
                 self.unanswered, self.odd = self.unanswered + 1, self.odd - 1
 
     def _candidates(self, view: Shown, loop: ToolLoop) -> None:
-        """Old results of evictable tools in ``loop`` (outside every protected loop), with
-        their placeholders."""
+        """Old results of evictable tools in ``loop`` (one the window left), as evictions."""
         at, kinds, pending = view.reader(), view.kinds, view.pending
         calls = {c["id"]: c for c in at(loop.call_index).get("tool_calls") or ()}
         for index in loop.result_indexes:
@@ -318,10 +305,8 @@ def trim(
     evicted: Collection[int] = (),
 ) -> TrimResult:
     """Replace old evictable tool results by placeholders when the view exceeds the trigger.
-
-    ``originals`` maps view indexes already shown in another form (a truncation preview) to
-    the caller's message; ``evicted`` lists view indexes that already are placeholders.
-    """
+    ``originals``: the caller's message at indexes shown as a preview; ``evicted``: indexes
+    that already are placeholders."""
     sizes = [chars(m) for m in view]
     current = sum(sizes)
     if current <= trigger_chars:

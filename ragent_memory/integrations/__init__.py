@@ -5,5 +5,4 @@
 - ``openai_agents`` — ``RagentSession`` for the OpenAI Agents SDK (extra ``openai-agents``)
 
 Each runs ``prepare`` before the model call, registers the engine's tools and feeds
-``after_turn``; the framework's own history is never changed, only what the model sees.
-"""
+``after_turn``; the framework's own history is never changed, only what the model sees."""

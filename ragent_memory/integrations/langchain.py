@@ -7,8 +7,7 @@
 
 Every model call sees ``engine.prepare`` of the agent's messages (session = the run config's
 ``configurable.thread_id``, user = ``configurable.user_id``); the agent's state keeps the raw
-history, and after each model call the history and the reply go to ``after_turn``.
-"""
+history, and after each model call the history and the reply go to ``after_turn``."""
 
 from __future__ import annotations
 
@@ -63,10 +62,7 @@ def _tool(engine: MemoryEngine, schema: dict[str, Any]) -> BaseTool:
         return call_tool(engine, name, arguments, session_id=session_id, user_id=user_id)
 
     return StructuredTool.from_function(
-        func=run,
-        name=name,
-        description=function["description"],
-        args_schema=function["parameters"],
+        func=run, name=name, description=function["description"], args_schema=function["parameters"]
     )
 
 

@@ -9,8 +9,7 @@
 The session keeps the raw items (``session.items``); ``get_items()`` and the
 ``call_model_input_filter`` of ``run_config()`` give the SDK ``engine.prepare``'s view, for every
 model call of a run. ``add_items`` feeds ``after_turn``. Items the chat format has no place for
-(reasoning, hosted tool calls) stay in the raw history but are not shown to the model.
-"""
+(reasoning, hosted tool calls) stay in the raw history but are not shown to the model."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
 pydantic-ai replaces the run's history with what a history processor returns, so the processor
 keeps the raw history itself (``processor.raw_history``): each call it appends what is new since
 the view it last returned, and returns ``prepare``'s view of the whole. ``memory_toolset``
-registers the engine's tools.
-"""
+registers the engine's tools."""
 
 from __future__ import annotations
 
@@ -120,12 +119,9 @@ def _response(message: dict[str, Any], names: dict[str, str]) -> ModelResponse:
     for call in message.get("tool_calls") or []:
         function = call["function"]
         names[call["id"]] = function["name"]
+        arguments = function.get("arguments") or "{}"
         reply.append(
-            ToolCallPart(
-                tool_name=function["name"],
-                args=function.get("arguments") or "{}",
-                tool_call_id=call["id"],
-            )
+            ToolCallPart(tool_name=function["name"], args=arguments, tool_call_id=call["id"])
         )
     return ModelResponse(parts=reply)
 

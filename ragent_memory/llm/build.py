@@ -1,7 +1,5 @@
-"""A model-backed summarizer or extractor when ``llm`` is configured, else the offline one.
-
-``openai`` is imported only when a model is configured.
-"""
+"""A model-backed summarizer or extractor when ``llm`` is configured, else the offline one
+(``openai`` is imported only then)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The one retry layer between this library and OpenAI-compatible chat endpoints (DESIGN §7).
-
-The ``openai`` client is built with ``max_retries=0``, so stacked retries cannot multiply the
-wait. Timeouts, connection errors, HTTP 408/409/429/5xx and bad replies (not ``stop``, tool
-calls, empty, not a chat completion, ``validate`` raising ``SummaryError``) are retried on the
-same endpoint; any other 4xx or an unset API-key variable moves on to the next endpoint;
-``LLMError`` when every one failed. API keys are read from the environment at call time, sent
-per request, and scrubbed from every error text this module logs or raises.
-"""
+The ``openai`` client has ``max_retries=0``, so stacked retries cannot multiply the wait.
+Timeouts, connection errors, HTTP 408/409/429/5xx and bad replies (``_reply_text``, or
+``validate`` raising ``SummaryError``) are retried on the same endpoint; any other 4xx or an
+unset API-key variable moves on to the next; ``LLMError`` when every one failed. API keys are
+read from the environment at call time, sent per request, and scrubbed from all error text."""
 
 from __future__ import annotations
 
@@ -297,14 +294,10 @@ class LLMClient:
                 extra_headers={"Authorization": f"Bearer {api_key}"},
             )
         except openai.APIStatusError as err:
-            status = err.status_code
-            return _Failure(
-                error=type(err).__name__,
-                detail=_detail(str(err), request.secrets),
-                is_retryable=status in _RETRYABLE_STATUS or status >= 500,
-                status_code=status,
-                retry_after=err.response.headers.get("retry-after"),
-            )
+            status, retry_after = err.status_code, err.response.headers.get("retry-after")
+            is_retryable = status in _RETRYABLE_STATUS or status >= 500
+            detail = _detail(str(err), request.secrets)
+            return _Failure(type(err).__name__, detail, is_retryable, status, retry_after)
         except openai.OpenAIError as err:  # timeouts, connection errors, anything else
             return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
@@ -339,13 +332,8 @@ class LLMClient:
         if failure is None:
             log.info("summarizer.attempt", **fields)
         else:
-            log.warning(
-                "summarizer.attempt",
-                **fields,
-                status_code=failure.status_code,
-                detail=failure.detail,
-                retry_in_s=retry_in_s,
-            )
+            extra = {"status_code": failure.status_code, "detail": failure.detail}
+            log.warning("summarizer.attempt", **fields, **extra, retry_in_s=retry_in_s)
         self._emit("summary_attempt", fields)
 
     def _log_skip(self, endpoint: EndpointSettings, purpose: str, reason: str) -> None:

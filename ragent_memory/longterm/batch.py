@@ -1,7 +1,6 @@
 """One extraction batch (DESIGN §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
 a user learnt in the background from their pending messages, fitted under the block's cap
-(``plan_batch``) and committed atomically.
-"""
+(``plan_batch``) and committed atomically."""
 
 from __future__ import annotations
 

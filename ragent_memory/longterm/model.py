@@ -1,6 +1,5 @@
 """The model extractor (DESIGN §9): a nonce-fenced prompt (DESIGN §6) through ``llm.LLMClient``
-asking for operations on the facts, or for merges when the block is too large.
-"""
+asking for operations on the facts, or for merges when the block is too large."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The offline extractor: deterministic first-person patterns, no network (the embedded default).
-
-A clause of a user message (questions skipped) that starts with a first-person pattern — "my
-name is", "I live in", 我住在 … — becomes a short third-person fact in its language. A
-single-valued slot (name, home, employer …) supersedes the stored fact of that slot; "I like X"
-and "I don't like X" supersede each other; "I no longer …" / 我不再… retracts. Same input,
-same output.
-"""
+A clause of a user message (not a question) starting "my name is", "I live in", 我住在 … becomes
+a short third-person fact in its language. A single-valued slot (name, home, employer …)
+supersedes that slot's stored fact; "I like X" and "I don't like X" supersede each other;
+"I no longer …" / 我不再… retracts."""
 
 from __future__ import annotations
 
@@ -170,7 +167,6 @@ PATTERNS: Final = (
     _zh("lives", r"我(?:已经)?不再住在(?P<x>.+)", is_retraction=True),
     _zh("employer", r"我(?:已经)?不再在(?P<x>.+?)(?:工作|上班)", is_retraction=True),
     _zh("likes", r"我(?:已经)?不再喜欢(?P<x>.+)", is_retraction=True),
-    # Facts.
     _en(
         "name",
         r"(?:my name is|my name's|i'm called|i am called) (?P<x>.+)",

@@ -1,6 +1,5 @@
 """Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply and
-applied to the active facts as drafts.
-"""
+applied to the active facts as drafts."""
 
 from __future__ import annotations
 
@@ -104,11 +103,9 @@ def _operation(item: Any, where: str, facts: Sequence[Fact], known: set[str]) ->
 
 
 def parse_operations(text: str, facts: Sequence[Fact], *, nonce: str | None = None) -> Parsed:
-    """Operations from a model reply, strictly (``id``: the fact's 1-based prompt number).
-
-    A malformed reply raises ``ExtractionError``; an item over 500 chars, with no word, or
-    about a number not shown is rejected alone, logged; a known wording is a ``NOOP``.
-    """
+    """Operations from a model reply, strictly (``id``: the fact's 1-based prompt number). A
+    malformed reply raises ``ExtractionError``; an item over 500 chars, with no word, or about a
+    number not shown is rejected alone, logged; a known wording is a ``NOOP``."""
     known = {normalised(f.content) for f in facts}
     items = _items(text, nonce, "operations")
     read = [_operation(item, f"operations[{i}]", facts, known) for i, item in enumerate(items)]
@@ -186,13 +183,9 @@ def merge_drafts(drafts: Sequence[Draft], merges: Sequence[Merge]) -> tuple[list
         if len(parts) == 1 and parts[0].content == content:
             by_key[parts[0].key] = parts[0]
             continue
-        by_key[next_key] = Draft(
-            next_key,
-            content,
-            max(p.order for p in parts),
-            any(p.is_touched for p in parts),
-            frozenset().union(*(p.sources for p in parts)),
-        )
+        order, is_touched = max(p.order for p in parts), any(p.is_touched for p in parts)
+        sources = frozenset().union(*(p.sources for p in parts))
+        by_key[next_key] = Draft(next_key, content, order, is_touched, sources)
         next_key -= 1
         merged += len(parts)
     return sorted(by_key.values(), key=lambda d: (d.order, d.key)), merged

@@ -1,10 +1,7 @@
 """What every part of the store shares: the clock, timestamps, text as SQLite stores it, and
-the lock around the connection.
-
-The concern mixins write SQL both backends run (``?`` placeholders, ``ON CONFLICT`` upserts,
+the lock around the connection. The concern mixins write SQL both backends run (``?`` placeholders, ``ON CONFLICT`` upserts,
 ``RETURNING``), in SQLite's dialect where they must choose; the PostgreSQL backend overrides the
-few that differ (the two searches, how offloads are stored and measured).
-"""
+few that differ (the two searches, how offloads are stored and measured)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The store contract: what the engine, compaction and long-term memory ask of a store.
-
-``Backend`` is the whole of it, grouped by concern (each group names the module implementing
-it); the SQLite :class:`~ragent_memory.store.Store` and the PostgreSQL ``PostgresStore``
-implement it. ``RecallIndex`` is the part the recall room needs. The value types it speaks in
-live in :mod:`ragent_memory.core.records`.
-"""
+``Backend`` is the whole of it, grouped by concern (each naming its module), implemented by the
+SQLite :class:`~ragent_memory.store.Store` and ``PostgresStore``; ``RecallIndex`` is the part
+the recall room needs. Its value types live in :mod:`ragent_memory.core.records`."""
 
 from __future__ import annotations
 
@@ -123,10 +120,7 @@ class Backend(RecallIndex, Protocol):
     def last_write(self, session_id: str) -> tuple[str, int] | None: ...
 
     def scope_secret(self) -> bytes: ...  # the proxy's scope key (serve/identity.py)
-    def migrations(self) -> list[str]:
-        """The names of the schema migrations applied, oldest first."""
-        ...
-
+    def migrations(self) -> list[str]: ...  # names of those applied, oldest first
     def close(self) -> None: ...
     def __enter__(self) -> Backend: ...
     def __exit__(self, *exc_info: object) -> None: ...

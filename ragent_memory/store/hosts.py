@@ -1,11 +1,8 @@
 """Many hosts on one store (DESIGN §10): each store instance is a host with its own id.
-
-- ``compaction_leases``: one compaction per session at a time across hosts. A host claims the
-  session's lease before it calls the summarizer and releases it after the commit; a lease
-  whose host died expires after ``lease_s`` and another host may claim it.
-- ``session_writes``: which host wrote a session last (and a counter), so a host that cached a
-  session notices when another host has moved it on and reloads it from the store.
-"""
+``compaction_leases``: one compaction per session at a time across hosts, claimed before the
+summarizer call and released after the commit; a dead host's lease expires after ``lease_s``.
+``session_writes``: which host wrote a session last (and a counter), so a host that cached a
+session notices when another host has moved it on and reloads it."""
 
 from __future__ import annotations
 

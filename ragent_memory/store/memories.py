@@ -86,8 +86,8 @@ class MemoryTables(StoreBase):
         return [PendingMessage(*row) for row in rows]
 
     def fail_pending(self, user_id: str, ids: Sequence[int], *, max_attempts: int) -> int:
-        """Count one more failed attempt for these pending messages; delete those that reached
-        ``max_attempts`` and return how many were."""
+        """One more failed attempt for these pending messages; deletes (and counts) those that
+        reached ``max_attempts``."""
         marks = ", ".join("?" * len(ids))
         with self._locked("write"), self.db.atomic():
             self.db.execute(
@@ -140,13 +140,9 @@ class MemoryTables(StoreBase):
     def commit_memories(
         self, user_id: str, pending_ids: Sequence[int], plan: Plan, *, session_id: str
     ) -> None:
-        """Write one extraction batch in one transaction: the new facts, the status of the
-        facts it ends, and the removal of its pending messages.
-
-        Raises ``StoreError`` (and writes nothing) when the batch went stale meanwhile: its
-        pending messages are gone (forgotten, or taken by another engine) or a fact it ends
-        is no longer active.
-        """
+        """Write one extraction batch in one transaction: new facts, the facts it ends, its
+        pending messages removed. ``StoreError`` (nothing written) when it went stale meanwhile:
+        its pending messages are gone (forgotten, taken by another engine) or a fact it ends is."""
         now = iso(self.clock())
         marks = ", ".join("?" * len(pending_ids))
         with self._locked("memory write"), self.db.atomic():
@@ -166,10 +162,9 @@ class MemoryTables(StoreBase):
                 new_id = int(cursor.fetchall()[0][0])
                 for replaced in sorted(draft.replaces):
                     self._end_memory(user_id, replaced, "superseded", now, new_id)
-            for memory_id in sorted(plan.retracted):
-                self._end_memory(user_id, memory_id, "retracted", now, None)
-            for memory_id in sorted(plan.evicted):
-                self._end_memory(user_id, memory_id, "evicted", now, None)
+            for status, ended in (("retracted", plan.retracted), ("evicted", plan.evicted)):
+                for memory_id in sorted(ended):
+                    self._end_memory(user_id, memory_id, status, now, None)
             if plan.is_change:
                 self._bump_memory_version(user_id)
 
@@ -215,8 +210,7 @@ class MemoryTables(StoreBase):
     def search_summaries(
         self, user_id: str, query: str, *, exclude_session: str, limit: int
     ) -> list[str]:
-        """The user's summary excerpts from other sessions that best match the FTS5
-        ``query``, best first (BM25)."""
+        """The user's summary excerpts from other sessions best matching FTS5 ``query`` (BM25)."""
         rows = self._fetch(
             "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
             " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
@@ -226,12 +220,9 @@ class MemoryTables(StoreBase):
         return [str(r[0]) for r in rows]
 
     def forget(self, user_id: str) -> Forgotten:
-        """Erase the user's memories (facts and summaries, whatever their status), their
-        search index and pending messages, in one transaction.
-
-        The per-session cursors and message digests stay (they hold no text): the app still
-        holds those histories, and what was said before the forget must not be learnt again.
-        """
+        """Erase the user's memories (any kind and status), their index and pending messages, in
+        one transaction. Cursors and digests stay (no text): the app still holds those histories,
+        and what was said before the forget must not be learnt again."""
         with self._locked("forget"), self.db.atomic():
             memories = self.db.execute("DELETE FROM memories WHERE user_id = ?", [user_id])
             self.db.execute("DELETE FROM memory_fts WHERE user_id = ?", [user_id])

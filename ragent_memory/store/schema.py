@@ -4,27 +4,10 @@ from __future__ import annotations
 
 import re
 
-COMPACTION_COLUMNS = (
-    "id",
-    "session_id",
-    "user_id",
-    "generation",
-    "status",
-    "reason",
-    "model",
-    "attempts",
-    "material_messages",
-    "material_chars",
-    "summary_chars",
-    "chars_before",
-    "chars_after",
-    "duration_ms",
-    "summary",
-    "error",
-    "created_at",
-    "identifiers_kept",
-    "identifiers_lost",
-)
+_COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason model attempts
+    material_messages material_chars summary_chars chars_before chars_after duration_ms summary
+    error created_at identifiers_kept identifiers_lost"""
+COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (

@@ -66,10 +66,9 @@ class SessionTables(OffloadTables, HostTables):
         return SessionState(**fields)
 
     def new_session(self, session_id: str) -> SessionState:
-        """The state a session without a stored one starts from. A dropped id used again
-        numbers its generations on from the audit's highest: numbers never repeat there (a
-        unique index on applied generations), so a new life restarting at 1 could never
-        commit a compaction."""
+        """The state a session without a stored one starts from. A dropped id used again numbers
+        its generations on from the audit's highest: a unique index on applied generations would
+        refuse every compaction of a new life restarting at 1."""
         with self._locked("read"):
             return SessionState(session_id, last_generation=self._last_applied(session_id))
 
@@ -88,12 +87,9 @@ class SessionTables(OffloadTables, HostTables):
     def commit_generation(
         self, state: SessionState, previous: SessionState, audit: dict[str, Any] | None = None
     ) -> bool:
-        """Write ``state`` only if the stored session is still ``previous`` (same generation
-        numbers) and was not dropped meanwhile; False when a late compaction lost the race to
-        an invalidation, another compaction or a drop.
-
-        ``audit``, the generation's ``applied`` row, commits in the same transaction: a crash
-        leaves both or neither (DESIGN §10)."""
+        """Write ``state`` only if the stored session is still ``previous`` (same generations) and
+        not dropped: False when a late compaction lost the race. ``audit``, the ``applied`` row,
+        commits in the same transaction: a crash leaves both or neither (DESIGN §10)."""
         record = audit_record(audit, iso(self.clock())) if audit is not None else None
         with self._locked("write"), self.db.atomic():
             dropped = self.db.execute(

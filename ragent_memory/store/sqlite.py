@@ -1,8 +1,7 @@
 """The SQLite store (DESIGN §10): one file, WAL, migrations recorded in the database.
 
 One connection shared by every thread, guarded by a lock (sqlite3 objects are not thread-safe),
-and a second one, under its own lock, for the small reads made on every turn (``_read_now``).
-"""
+and a second one, under its own lock, for the small reads made on every turn (``_read_now``)."""
 
 from __future__ import annotations
 
@@ -59,12 +58,8 @@ def _connect(path: str) -> sqlite3.Connection:
 
 class Store(IndexedTables, AuditTable):
     """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`.
-
-    Opening checks the store can do what every turn needs: its directory exists or can be
-    created, the file opens, migrates and can be written, and every table is there. Anything
-    else is a :class:`StoreError` naming the path and the reason, raised here rather than
-    logged on every later turn.
-    """
+    Opening checks what every turn needs (directory, file, migrations, writable, every table)
+    and raises a :class:`StoreError` naming the path and reason, not logged on every turn."""
 
     def __init__(
         self, path: str | Path, *, clock: Clock = utc_now, lease_s: float = DEFAULT_LEASE_S
@@ -174,9 +169,8 @@ class Store(IndexedTables, AuditTable):
         return total
 
     def _shrink(self, *, vacuum: bool) -> None:
-        """Stores created by this version free pages incrementally; an older file (created
-        without ``auto_vacuum``) needs ``vacuum=True`` once, which rewrites the whole file and
-        switches it to incremental vacuum for later runs."""
+        """Free pages incrementally; a file created without ``auto_vacuum`` needs ``vacuum=True``
+        once, which rewrites it and switches it to incremental vacuum."""
         with self._locked("vacuum"):
             if vacuum:
                 self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")

@@ -1,7 +1,6 @@
 """The nonce fence (DESIGN §6): what the model reads as material is fenced with a random nonce,
 and every fence-like tag (any case, full-width or with invisible characters) and the nonce
-itself are neutralised in the text first, so the material cannot close or forge a fence.
-"""
+itself are neutralised in the text first, so the material cannot close or forge a fence."""
 
 from __future__ import annotations
 

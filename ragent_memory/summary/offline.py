@@ -1,8 +1,6 @@
-"""The offline summarizer: deterministic, extractive, no network (the embedded default).
-
-It writes the same seven sections as a model would, merged with the previous summary (new
-wins), and shortens Done → Dead ends first. Same input, same output: no clocks, no randomness.
-"""
+"""The offline summarizer: deterministic, extractive, no network (the embedded default). It
+writes the seven sections a model would, merged with the previous summary (new wins), and
+shortens Done → Dead ends first. Same input, same output: no clocks, no randomness."""
 
 from __future__ import annotations
 

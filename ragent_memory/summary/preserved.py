@@ -1,7 +1,6 @@
 """Preserved tool outputs (DESIGN §6, Eino's PreserveSkills): results of ``preserved_tools``
 are instructions, never summarized; the latest of each is carried verbatim as session state and
-shown after the summary, within ``preserved_max_chars``.
-"""
+shown after the summary, within ``preserved_max_chars``."""
 
 from __future__ import annotations
 

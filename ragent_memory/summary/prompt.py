@@ -1,7 +1,6 @@
 """The summarizer's prompt (DESIGN §6): the seven sections asked for, the instructions, the
 fenced previous summary and transcript, the retry's note naming what was lost, and the
-validation of a reply (finish reason, sections, no echoed nonce, clamped at a section boundary).
-"""
+validation of a reply (finish reason, sections, no echoed nonce, clamped at a section boundary)."""
 
 from __future__ import annotations
 

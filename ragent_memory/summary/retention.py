@@ -1,6 +1,5 @@
 """The retention check (DESIGN §6): validation proves a summary's form, this checks its content
-— the identifiers it lost, a repeat of the previous summary, and the restoring of what is lost.
-"""
+— the identifiers it lost, a repeat of the previous summary, and the restoring of what is lost."""
 
 from __future__ import annotations
 

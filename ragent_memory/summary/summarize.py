@@ -1,6 +1,5 @@
 """The summarizer contract (DESIGN §6; Ragent ``AgentConversationSummarizer``) and the model
-summarizer, folding long material in chunks through ``llm.LLMClient``.
-"""
+summarizer, folding long material in chunks through ``llm.LLMClient``."""
 
 from __future__ import annotations
 
@@ -127,12 +126,9 @@ class ModelSummarizer:
         def check(text: str) -> str:
             return validate_summary(text, max_chars=request.max_chars, nonce=nonce)
 
+        max_tokens = max(256, request.max_chars // 2)
         completion = self.client.complete(
-            messages,
-            temperature=0.3,
-            max_tokens=max(256, request.max_chars // 2),
-            validate=check,
-            purpose="summary",
+            messages, temperature=0.3, max_tokens=max_tokens, validate=check, purpose="summary"
         )
         sent = len(neutralise(transcript, nonce))
         return completion.text, completion.model, completion.attempts, sent

@@ -1,6 +1,5 @@
 """The transcript the summarizer reads (DESIGN §6): ``[user] …`` lines, one per message or
-tool call, long texts clipped (``Clip``) so the material fits what a pass may send.
-"""
+tool call, long texts clipped (``Clip``) so the material fits what a pass may send."""
 
 from __future__ import annotations
 
@@ -30,10 +29,8 @@ def _entry(text: str) -> str:
 
 @attrs.frozen
 class Clip:
-    """The cap on each kind of text (``tool`` results and arguments, ``assistant``, ``user``):
-    longer becomes head (2/3) + marker + tail (1/3), ``None`` leaves it whole (default: DESIGN
-    §1's). ``omitted``: the oldest messages left out, shown as one line (``Transcript.fit``).
-    """
+    """The cap on each kind of text (default DESIGN §1's; ``None``: whole), longer becomes head
+    (2/3) + marker + tail (1/3); ``omitted``: the oldest messages left out, shown as one line."""
 
     tool: int | None = TRANSCRIPT_CLIP_OVER_CHARS
     assistant: int | None = TRANSCRIPT_CLIP_OVER_CHARS
@@ -123,9 +120,8 @@ class Transcript:
         return "\n".join(lines + [entry for entry in self._entries(clip) if entry])
 
     def fit(self, max_chars: int, *, start: Clip = DEFAULT_CLIP) -> Clip:
-        """The gentlest clip from ``start`` whose rendering fits ``max_chars``: kinds in
-        ``CLIP_ORDER``, each to the largest cap that fits, then the fewest oldest messages left
-        out."""
+        """The gentlest clip from ``start`` that fits ``max_chars``: kinds in ``CLIP_ORDER``, each
+        to the largest cap that fits, then the fewest oldest messages left out."""
 
         def fits(clip: Clip) -> bool:
             return len(self.render(clip)) <= max_chars
