@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_openai import FakeOpenAI
 from hypothesis import HealthCheck, settings
 from pg_server import PASSWORD, PostgresUnavailable, postgres_server
 
@@ -144,3 +145,17 @@ def closed_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[FakeOpenAI]:
+    """A scripted OpenAI-compatible upstream on 127.0.0.1, one per test module."""
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def upstream(upstream_server: FakeOpenAI) -> FakeOpenAI:
+    """The module's upstream with nothing recorded and nothing scripted yet."""
+    upstream_server.reset()
+    return upstream_server

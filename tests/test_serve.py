@@ -56,18 +56,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def upstream_server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-def upstream(upstream_server: FakeOpenAI) -> FakeOpenAI:
-    upstream_server.reset()
-    return upstream_server
-
-
-@pytest.fixture(scope="module")
 def proxy(workdir: Path, upstream_server: FakeOpenAI) -> Iterator[ProxyProcess]:
     config = write_config(workdir, "main")
     with ProxyProcess(config, upstream_server.base_url, cwd=workdir) as process:

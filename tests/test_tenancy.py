@@ -68,17 +68,11 @@ def store_scope(db: Path, key: str) -> str:
     return scope_of(bytes.fromhex(secret), key)
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 @pytest.fixture
-def upstream(upstream_server: FakeOpenAI) -> FakeOpenAI:
-    upstream_server.reset()
-    upstream_server.default = lambda body: "Noted."
-    return upstream_server
+def upstream(upstream: FakeOpenAI) -> FakeOpenAI:
+    """conftest's upstream, answering "Noted." to whatever it is not scripted for."""
+    upstream.default = lambda body: "Noted."
+    return upstream
 
 
 def alice_history(turns: int = 30) -> list[dict[str, Any]]:
