@@ -165,6 +165,25 @@ def test_the_split_is_proved_not_guessed() -> None:
     assert orjson.loads(forged) == cache.parse("s", forged)
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b', {"role": "user", "content": "x"}], "messages": [{"role": "user", "content": "y"}',
+        b', {"role": "user", "content": "x"}], "m": [1',
+    ],
+)
+def test_a_tail_that_closes_the_messages_is_parsed_whole(tail: bytes) -> None:
+    """A tail that closes ``messages`` and opens another key (a duplicate ``messages`` even)
+    is no run of values: the body is what ``orjson.loads`` makes of it."""
+    cache = BodyCache()
+    raw = b'{"messages": [{"role": "user", "content": "a"}], "model": "m"}'
+    cache.parse("s", raw)
+    cache.parse("s", raw)  # proves where the messages end
+    at = raw.index(b"]")
+    smuggled = raw[:at] + tail + raw[at:]
+    assert orjson.loads(smuggled) == cache.parse("s", smuggled)
+
+
 def test_bounded_by_sessions_and_bytes() -> None:
     """The least recently used session goes first past either bound; a body over the byte
     bound is not kept."""

@@ -88,8 +88,12 @@ def _items(tail: bytes, *, after: bool) -> list[Any] | None:
         return []
     if after and not tail.startswith(b","):
         return None
-    parsed = chat.json_or_none(b'{"m":[' + (tail[1:] if after else tail) + b"]}")
-    return (parsed["m"] or None) if parsed else None
+    values = tail[1:] if after else tail
+    parsed = chat.json_or_none(b'{"m":[' + values + b"]}")
+    # Alone in a list too: a tail that closes the list and opens another key is no run.
+    if not parsed or chat.json_or_none(b"[" + values + b"]") is None:
+        return None
+    return parsed["m"] or None
 
 
 def _located(raw: bytes, body: dict[str, Any]) -> _Last | None:
