@@ -180,6 +180,20 @@ def _http_url(value: Any) -> bool:
     return scheme in ("http", "https") and bool(rest.strip("/"))
 
 
+PROVIDERS = frozenset({"anthropic", "openai"})
+
+
+def _to_pairs(value: Any) -> Any:
+    return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
+
+
+def _provider_urls(value: Any) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(pair, tuple) and pair[0] in PROVIDERS and pair[1] and _http_url(pair[1])
+        for pair in value
+    )
+
+
 def _networks(value: Any) -> bool:
     try:
         ok = (isinstance(v, str) and ipaddress.ip_network(v, strict=False) for v in value)
@@ -221,6 +235,13 @@ class ServeSettings:
         converter=_to_tuple,
         validator=_check("serve.trusted_proxies", _networks, "a list of addresses or CIDRs"),
     )
+    # Per provider, a base URL that replaces ``upstream`` for its wire formats (anthropic:
+    # /v1/messages; openai: /v1/chat/completions and /v1/responses).
+    upstreams: tuple[tuple[str, str], ...] = attrs.field(
+        default=(),
+        converter=_to_pairs,
+        validator=_check("serve.upstreams", _provider_urls, "{anthropic: URL, openai: URL}"),
+    )
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -231,6 +252,10 @@ class ServeSettings:
             raise ConfigError(
                 "serve.trusted_proxies", f"required for identity: headers on host {self.host}"
             )
+
+    def upstream_for(self, provider: str) -> str | None:
+        """The base URL of ``provider``'s formats: its ``upstreams`` entry, else ``upstream``."""
+        return dict(self.upstreams).get(provider) or self.upstream
 
     def secret(self) -> bytes | None:
         """The scope secret from ``secret_env`` (None when no variable is named)."""

@@ -1,6 +1,8 @@
-"""``ragent-memory serve``: the engine in front of any OpenAI-compatible model (DESIGN §14b).
+"""``ragent-memory serve``: the engine in front of any model (DESIGN §14b), in three wire
+formats on one port: ``POST /v1/chat/completions`` (``chat``), ``POST /v1/messages``
+(``anthropic``) and ``POST /v1/responses`` (``responses``).
 
-An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
+An app changes only its base URL. Per request (chat completions drawn)::
 
     app ──history──▶ proxy: prepare(history)  (session: X-Session-Id or ``user``, scoped per key)
                        │   + recall_tool_result / search_memory when the view needs them
@@ -13,6 +15,8 @@ An app changes only its ``base_url``. Per ``POST /v1/chat/completions``::
 Every request carries the app's whole history; the proxy keeps the engine's store and, in
 memory, each session's last body (``bodies``). The caller's headers reach the upstream and are
 never logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
+A request the engine cannot manage (a Responses chain kept by the provider) and
+``/v1/messages/count_tokens`` are forwarded untouched (``X-Ragent-Managed: false``).
 This module: the Starlette app, its routes, a request's bounds, running it under uvicorn.
 """
 
@@ -25,16 +29,17 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ragent_memory.serve import chat
+from ragent_memory.serve.anthropic import AnthropicWire
 from ragent_memory.serve.http import (
     Reject,
     forward_headers,
@@ -43,44 +48,53 @@ from ragent_memory.serve.http import (
     whole_response,
 )
 from ragent_memory.serve.identity import TrustedPeers, credential_of
+from ragent_memory.serve.responses import ResponsesWire
 from ragent_memory.serve.stream import Relay
 from ragent_memory.serve.turn import Proxy
+from ragent_memory.serve.wire import Wire
 from ragent_memory.settings import Settings
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import MemoryEngine
 
 
-class ChatCompletions:
-    """``POST /v1/chat/completions``: at most ``serve.max_concurrency`` requests in flight
-    (a 503 with ``Retry-After`` past it), each body within ``serve.max_body_bytes``."""
+UNMANAGED = (b"x-ragent-managed", b"false")
 
-    def __init__(self, proxy: Proxy) -> None:
+
+class Endpoint:
+    """``POST`` of one wire format: at most ``serve.max_concurrency`` requests in flight (a
+    503 with ``Retry-After`` past it, shared by every format), each body within
+    ``serve.max_body_bytes``."""
+
+    def __init__(self, proxy: Proxy, wire: Wire) -> None:
         self.proxy = proxy
-        self.in_flight = 0
+        self.wire = wire
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        if self.in_flight >= self.proxy.settings.max_concurrency:
-            busy = f"busy: {self.in_flight} requests in flight (serve.max_concurrency); retry"
+        if self.proxy.in_flight >= self.proxy.settings.max_concurrency:
+            busy = f"busy: {self.proxy.in_flight} requests in flight (serve.max_concurrency); retry"
             retry = [(b"retry-after", b"1")]
-            await chat.error_response(503, busy, "server_busy", retry)(scope, receive, send)
+            await self.wire.error(503, busy, "server_busy", retry)(scope, receive, send)
             return
-        self.in_flight += 1
+        self.proxy.in_flight += 1
         try:
             await self._serve(scope, receive, send, started)
         finally:
-            self.in_flight -= 1
+            self.proxy.in_flight -= 1
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, started: float) -> None:
         reply: chat.Message | None = None
         try:
             request = Request(scope, receive)
             raw = await read_body(request, self.proxy.settings.max_body_bytes)
-            key = (credential_of(request.headers), request.headers.get("x-session-id"))
-            body = self.proxy.bodies.parse(key, raw)
             forward = forward_headers(scope["headers"])
-            turn = await self.proxy.turn(body, request.headers, forward, started)
+            body = self._parse(request, raw)
+            if not self.wire.managed(body):
+                passed = await forward_untouched(self.proxy, self.wire, forward, raw)
+                await passed(scope, receive, send)
+                return
+            turn = await self.proxy.turn(self.wire, body, request.headers, forward, started)
             if turn.body.get("stream") is True:
                 answer = await self.proxy.stream(turn)
                 if isinstance(answer, Relay):  # it tells the proxy when it is done
@@ -89,7 +103,7 @@ class ChatCompletions:
             else:
                 answer, reply = await self.proxy.complete(turn)
         except Reject as err:
-            await chat.error_response(err.status, err.message, err.kind)(scope, receive, send)
+            await self.wire.error(err.status, err.message, err.kind)(scope, receive, send)
             return
         except ClientDisconnect:
             return
@@ -97,6 +111,34 @@ class ChatCompletions:
             await answer(scope, receive, send)
         finally:  # after the response: after_turn's thread must not hold it up
             self.proxy.done(turn, reply, answer.status_code)
+
+    def _parse(self, request: Request, raw: bytes) -> dict[str, Any]:
+        """The body; a ``messages`` one by what is new since the session's last (``bodies``)."""
+        if self.wire.name == "responses":
+            return self.wire.parse(raw)
+        key = (self.wire.name, credential_of(request.headers), request.headers.get("x-session-id"))
+        return self.proxy.bodies.parse(key, raw)
+
+
+async def forward_untouched(
+    proxy: Proxy, wire: Wire, forward: list[tuple[str, str]], raw: bytes
+) -> Response:
+    """The request as it came to the upstream and its answer back as it arrives, the engine
+    not involved (``X-Ragent-Managed: false``)."""
+    base = proxy.settings.upstream_for(wire.provider)
+    upstream = await proxy.upstream.open("POST", wire.path, forward, raw, base=base)
+    headers = response_headers(upstream.raw_headers, [UNMANAGED])
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for data in upstream.content.iter_any():
+                yield data
+        finally:
+            upstream.release()
+
+    response = StreamingResponse(body(), status_code=upstream.status)
+    response.raw_headers = headers
+    return response
 
 
 async def healthz(request: Request) -> Response:
@@ -120,6 +162,21 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
             if owned:
                 await asyncio.to_thread(proxy.engine.close)
 
+    anthropic = AnthropicWire()
+
+    async def count_tokens(request: Request) -> Response:
+        """``POST /v1/messages/count_tokens`` passed through (the app's body, as sent)."""
+        try:
+            raw = await read_body(request, proxy.settings.max_body_bytes)
+            base = proxy.settings.upstream_for(anthropic.provider)
+            forward = forward_headers(request.headers.raw)
+            path = anthropic.path + "/count_tokens"
+            reply, _ = await proxy.upstream.call("POST", path, forward, raw, base=base)
+        except Reject as err:
+            return anthropic.error(err.status, err.message, err.kind)
+        headers = response_headers(reply.headers, [UNMANAGED])
+        return whole_response(reply.status_code, headers, reply.content)
+
     async def models(request: Request) -> Response:
         """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
         path = request.url.path.removeprefix("/v1")
@@ -130,7 +187,10 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
         return whole_response(reply.status_code, response_headers(reply.headers), reply.content)
 
     routes = [
-        Route("/v1/chat/completions", ChatCompletions(proxy), methods=["POST"]),
+        Route("/v1/chat/completions", Endpoint(proxy, chat.ChatWire()), methods=["POST"]),
+        Route("/v1/messages", Endpoint(proxy, anthropic), methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", Endpoint(proxy, ResponsesWire()), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

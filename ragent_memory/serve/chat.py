@@ -262,3 +262,69 @@ class CallCutter:
         elif name:
             self._app_calls = True
         return call["index"] in self._own_indices
+
+
+class ChatWire:
+    """``POST /v1/chat/completions``: the engine's own format, translated by nothing."""
+
+    name = "chat"
+    path = "/chat/completions"
+    provider = "openai"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        return parse(raw)
+
+    def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+        return identify(headers, body)
+
+    def managed(self, body: Mapping[str, Any]) -> bool:
+        return True
+
+    def history(self, body: Mapping[str, Any]) -> list[Message]:
+        return list(body["messages"])
+
+    def payload(
+        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+    ) -> bytes:
+        out = {**body, "messages": messages}
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *tools]
+        return orjson.dumps(out)
+
+    def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
+        return declared_tools(body)
+
+    def pins_tools(self, body: Mapping[str, Any]) -> bool:
+        return pins_tools(body)
+
+    def reply(self, data: Any) -> Message | None:
+        return only_message(data)
+
+    def record(self, data: Any) -> Message | None:
+        return first_message(data)
+
+    def strip(self, data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+        return strip_own_calls(data, own)
+
+    def builder(self) -> ReplyBuilder:
+        return ReplyBuilder()
+
+    def cutter(self, own: Mapping[str, Any]) -> CallCutter:
+        return CallCutter(own)
+
+    def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+        return verdict(chunk, own)
+
+    def has_substance(self, chunk: Mapping[str, Any]) -> bool:
+        return has_substance(chunk)
+
+    def encode(self, chunk: Mapping[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def stream_error(self, message: str) -> bytes:
+        return self.encode({"error": {"message": message}})
+
+    def error(
+        self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> Response:
+        return error_response(status, message, kind, headers)

@@ -23,6 +23,7 @@ from ragent_memory.settings import ServeSettings
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
+    from ragent_memory.serve.wire import Wire
     from ragent_memory.store import Backend
 
 log = get_logger(__name__)
@@ -64,16 +65,17 @@ class Identity:
             log.warning("serve.identity_from_headers", trusted=list(settings.trusted_proxies))
 
     def identify(
-        self, headers: Mapping[str, str], body: Mapping[str, Any]
+        self, headers: Mapping[str, str], body: Mapping[str, Any], wire: Wire
     ) -> tuple[str, str | None]:
-        """``(session_id, user_id)`` as the engine gets them; a 401 without a credential."""
+        """``(session_id, user_id)`` as the engine gets them (as the request's ``wire`` names
+        them, then scoped); a 401 without a credential."""
         if self.settings.identity == "headers":
-            return chat.identify(headers, body)
+            return wire.ids(headers, body)
         credential = credential_of(headers)
         if credential is None and not self.settings.allow_anonymous:
             raise Reject(401, NO_CREDENTIAL, "authentication_error")
         scope = ANONYMOUS if credential is None else scope_of(self._secret, credential)
-        session_id, user_id = chat.identify(headers, body)
+        session_id, user_id = wire.ids(headers, body)
         return f"{scope}:{session_id}", None if user_id is None else f"{scope}:{user_id}"
 
 

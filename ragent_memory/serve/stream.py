@@ -1,7 +1,7 @@
-"""A streamed chat completion relayed as it arrives: server-sent events split, read along
-(the JSON chunk each carries) and forwarded byte for byte.
+"""A streamed reply relayed as it arrives, in any wire format (``wire``): server-sent events
+split, read along (the JSON chunk each carries) and forwarded byte for byte.
 
-Only events that say nothing yet (the role chunk) are held back. A reply that starts with a
+Only events that say nothing yet (the role chunk, a message start, thinking) are held back. A reply that starts with a
 call of a proxy tool is read to its end and, when every call is the proxy's, answered and
 followed by the next round: the app sees one ordinary reply. Otherwise it streams through, any
 later proxy-tool call cut out: the app never sees a tool it did not declare.
@@ -22,6 +22,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.serve import chat
 from ragent_memory.serve.http import RawHeaders
 from ragent_memory.serve.upstream import STREAM_ERRORS
+from ragent_memory.serve.wire import Wire
 
 log = get_logger(__name__)
 DONE = "[DONE]"
@@ -69,22 +70,20 @@ def chunk_of(event: bytes) -> dict[str, Any] | None:
     return chunk if isinstance(chunk, dict) else None
 
 
-def encode(chunk: dict[str, Any]) -> bytes:
-    """One event carrying ``chunk``, as OpenAI-compatible servers write it."""
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
 class StreamReader:
     """Reads one upstream SSE stream: holds back the events that say nothing yet, decides
     whose reply it is, then yields the events as they come with proxy-tool calls cut out."""
 
-    def __init__(self, upstream: aiohttp.ClientResponse, own: Mapping[str, Any]) -> None:
+    def __init__(
+        self, upstream: aiohttp.ClientResponse, own: Mapping[str, Any], wire: Wire
+    ) -> None:
         self.upstream = upstream
         self.own = own
-        self.reply = chat.ReplyBuilder()  # what the client received
+        self.wire = wire
+        self.reply = wire.builder()  # what the client received
         self._events = self._split()
         self._held: list[bytes] = []
-        self._cutter = chat.CallCutter(own)
+        self._cutter = wire.cutter(own)
 
     async def _split(self) -> AsyncIterator[bytes]:
         splitter = EventSplitter()
@@ -101,7 +100,7 @@ class StreamReader:
         while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
             chunk = chunk_of(event)
-            if chunk is not None and (verdict := chat.verdict(chunk, self.own)) is not None:
+            if chunk is not None and (verdict := self.wire.verdict(chunk, self.own)) is not None:
                 return verdict
         return "pass"
 
@@ -109,7 +108,7 @@ class StreamReader:
         """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
         while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
-        builder = chat.ReplyBuilder()
+        builder = self.wire.builder()
         for event in self._held:
             if (chunk := chunk_of(event)) is not None:
                 builder.add(chunk)
@@ -133,7 +132,7 @@ class StreamReader:
         self.reply.add(chunk)
         if not cut:
             return event
-        return encode(chunk) if chat.has_substance(chunk) else b""
+        return self.wire.encode(chunk) if self.wire.has_substance(chunk) else b""
 
     def close(self) -> None:
         self.upstream.release()  # back to the pool when read whole; closed otherwise
@@ -157,8 +156,10 @@ class Relay:
                     await send({"type": "http.response.body", "body": event, "more_body": True})
             except STREAM_ERRORS as err:
                 log.warning("serve.stream_broken", error=type(err).__name__)
-                error = {"error": {"message": f"upstream stream broke: {type(err).__name__}"}}
-                await send({"type": "http.response.body", "body": encode(error), "more_body": True})
+                error = self.reader.wire.stream_error(
+                    f"upstream stream broke: {type(err).__name__}"
+                )
+                await send({"type": "http.response.body", "body": error, "more_body": True})
             else:
                 reply = self.reader.reply.message()
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,6 +1,7 @@
-"""One chat-completions turn through the proxy: ``prepare`` the app's history, forward the
-view to the upstream, answer the calls of the proxy's own tools there and ask again (for a
-stream, see ``stream``), hand the reply to the app, then ``after_turn`` off the request path.
+"""One turn through the proxy, whatever its wire format (``wire``): ``prepare`` the app's
+history, forward the view to the upstream, answer the calls of the proxy's own tools there and
+ask again (for a stream, see ``stream``), hand the reply to the app, then ``after_turn`` off
+the request path.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import attrs
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import text_of
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
@@ -28,6 +30,7 @@ from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.stream import Relay, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
+from ragent_memory.serve.wire import Wire
 from ragent_memory.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -37,14 +40,16 @@ log = get_logger(__name__)
 
 Message = chat.Message
 _WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
-COMPLETIONS = "/chat/completions"
 
 
 @attrs.define
 class Turn:
-    """One chat-completions request on its way through the proxy."""
+    """One request on its way through the proxy."""
 
+    wire: Wire
+    base: str | None  # the upstream base URL of the wire's provider
     body: dict[str, Any]
+    history: list[Message]  # the request's conversation as the engine's messages
     session_id: str
     user_id: str | None
     headers: list[tuple[str, str]]  # the caller's, as the upstream gets them
@@ -62,10 +67,8 @@ class Turn:
 
     def payload(self, *, with_tools: bool) -> bytes:
         """The body for the upstream: the app's, with the prepared messages (and tools)."""
-        body = {**self.body, "messages": self.messages}
-        if with_tools and self.own:
-            body["tools"] = [*(self.body.get("tools") or ()), *self.own.values()]
-        return orjson.dumps(body)
+        tools = list(self.own.values()) if with_tools else []
+        return self.wire.payload(self.body, self.messages, tools)
 
 
 class Proxy:
@@ -78,6 +81,7 @@ class Proxy:
         self.settings = settings
         self.identity = Identity(settings, engine.store)
         self.bodies = BodyCache()  # keyed by the caller's credential and X-Session-Id
+        self.in_flight = 0  # requests of every format (serve.max_concurrency)
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
         )
@@ -101,14 +105,18 @@ class Proxy:
 
     async def turn(
         self,
+        wire: Wire,
         body: dict[str, Any],
         headers: Mapping[str, str],
         forward: list[tuple[str, str]],
         started: float,
     ) -> Turn:
         """The turn of a parsed request, its session identified and its history prepared."""
-        session_id, user_id = self.identity.identify(headers, body)
-        history = body["messages"]
+        session_id, user_id = self.identity.identify(headers, body, wire)
+        try:
+            history = wire.history(body)
+        except (KeyError, TypeError, ValueError) as err:
+            raise Reject(400, f"malformed body: {err}") from err
         try:
             on_loop = not self._may_wait(history, session_id)
             if on_loop:
@@ -118,13 +126,16 @@ class Proxy:
         except InvalidMessagesError as err:
             raise Reject(400, str(err)) from err
         return Turn(
+            wire=wire,
+            base=self.settings.upstream_for(wire.provider),
             body=body,
+            history=history,
             session_id=session_id,
             user_id=user_id,
             headers=forward,
             report=prepared.report,
             messages=list(prepared.messages),
-            own=self._offer(body, prepared.report, user_id),
+            own=self._offer(wire, body, prepared.report, user_id),
             started=started,
             on_loop=on_loop,
         )
@@ -159,12 +170,12 @@ class Proxy:
         return await asyncio.wrap_future(future)
 
     def _offer(
-        self, body: Mapping[str, Any], report: TurnReport, user_id: str | None
+        self, wire: Wire, body: Mapping[str, Any], report: TurnReport, user_id: str | None
     ) -> dict[str, dict[str, Any]]:
         """The proxy's own tools for this request: recall when the view shows a ref to read
         back, search when there is earlier conversation it no longer shows. None when the app
         pins its tools, and never one the app declares."""
-        if chat.pins_tools(body):
+        if wire.pins_tools(body):
             return {}
         own: dict[str, dict[str, Any]] = {}
         if report.trimmed or report.truncated or report.recalled:  # the view names refs
@@ -173,7 +184,7 @@ class Proxy:
         if self.engine.settings.recall_enabled and earlier:
             search = self.engine.search_tool()
             own[search["function"]["name"]] = search
-        for name in chat.declared_tools(body) & own.keys():
+        for name in wire.declared_tools(body) & own.keys():
             del own[name]
         return own
 
@@ -204,10 +215,12 @@ class Proxy:
         last_round = self.settings.max_tool_rounds
         while True:
             payload = turn.payload(with_tools=turn.rounds < last_round)
-            upstream, waited = await self.upstream.call("POST", COMPLETIONS, turn.headers, payload)
+            upstream, waited = await self.upstream.call(
+                "POST", turn.wire.path, turn.headers, payload, base=turn.base
+            )
             turn.upstream_s += waited
             data = chat.json_or_none(upstream.content) if upstream.status_code == 200 else None
-            message = chat.only_message(data)
+            message = turn.wire.reply(data)
             if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
                 if not isinstance(data, dict):
                     return _relayed(upstream, turn), None
@@ -217,10 +230,10 @@ class Proxy:
                 break
             await self._continue(turn, message, mine)
         content = upstream.content
-        if isinstance(data, dict) and chat.strip_own_calls(data, turn.own):
+        if isinstance(data, dict) and turn.own and turn.wire.strip(data, turn.own):
             content = orjson.dumps(data)
         ms = (b"x-ragent-proxy-ms", b"%.3f" % turn.overhead_ms())
-        return _relayed(upstream, turn, ms, content=content), chat.first_message(data)
+        return _relayed(upstream, turn, ms, content=content), turn.wire.record(data)
 
     async def stream(self, turn: Turn) -> Response | Relay:
         """A streamed completion: the relay, or the upstream's error (see ``stream``)."""
@@ -228,11 +241,13 @@ class Proxy:
         while True:
             sent = time.perf_counter()
             payload = turn.payload(with_tools=turn.rounds < last_round)
-            upstream = await self.upstream.open("POST", COMPLETIONS, turn.headers, payload)
+            upstream = await self.upstream.open(
+                "POST", turn.wire.path, turn.headers, payload, base=turn.base
+            )
             turn.upstream_s += time.perf_counter() - sent
             if upstream.status != 200:
                 return _relayed(await self.upstream.read(upstream), turn)
-            reader = StreamReader(upstream, turn.own)
+            reader = StreamReader(upstream, turn.own, turn.wire)
             if not await self._own_round(reader, turn, last_round):
                 break
         headers = response_headers(upstream.raw_headers, chat.report_raw(turn.report, turn.rounds))
@@ -244,7 +259,7 @@ class Proxy:
             if await reader.decide() == "own" and turn.rounds < last_round:
                 assistant = await reader.drain()
                 mine, theirs = chat.split_calls(assistant, turn.own)
-                if mine and not theirs and not assistant.get("content"):
+                if mine and not theirs and not text_of(assistant):
                     reader.close()
                     await self._continue(turn, assistant, mine)
                     return True
@@ -258,6 +273,7 @@ class Proxy:
         """Log the request; hand history + reply to ``after_turn``, off the request path."""
         log.info(
             "serve.request",
+            wire=turn.wire.name,
             session_id=turn.session_id,
             status=status,
             chars_in=turn.report.chars_in,
@@ -270,7 +286,7 @@ class Proxy:
         )
         if reply is None:
             return
-        history = [*turn.body["messages"], reply]
+        history = [*turn.history, reply]
         try:
             self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
         except RuntimeError:  # shutting down: the next request records these messages

@@ -59,15 +59,21 @@ class Upstream:
         return Reject(504, f"upstream timed out after {self.timeout_s:g} s", "upstream_error")
 
     async def open(
-        self, method: str, path: str, headers: Headers, body: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        headers: Headers,
+        body: bytes | None = None,
+        *,
+        base: str | None = None,
     ) -> aiohttp.ClientResponse:
-        """The response to one request, its headers read; the caller releases it."""
+        """The response to one request (to ``base`` instead of the default one when given),
+        its headers read; the caller releases it."""
         if self._session is None:
             raise RuntimeError("the proxy is not started")
+        url = (base.rstrip("/") if base else self.base) + path
         try:
-            return await self._session.request(
-                method, self.base + path, data=body, headers=list(headers)
-            )
+            return await self._session.request(method, url, data=body, headers=list(headers))
         except TimeoutError as err:
             raise self._timed_out() from err
         except aiohttp.ClientError as err:
@@ -88,9 +94,15 @@ class Upstream:
         return Reply(response.status, list(response.raw_headers), content)
 
     async def call(
-        self, method: str, path: str, headers: Headers, body: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        headers: Headers,
+        body: bytes | None = None,
+        *,
+        base: str | None = None,
     ) -> tuple[Reply, float]:
         """One whole exchange, and the seconds it took."""
         sent = time.perf_counter()
-        reply = await self.read(await self.open(method, path, headers, body))
+        reply = await self.read(await self.open(method, path, headers, body, base=base))
         return reply, time.perf_counter() - sent

@@ -1,0 +1,450 @@
+"""The Anthropic Messages wire format (``POST /v1/messages``, DESIGN §14b): what Claude Code
+and the ``anthropic`` SDK send, translated to the engine's chat messages and back.
+
+To the engine: the top-level ``system`` becomes the leading system message; a user turn's
+``tool_result`` blocks become ``tool`` messages (their other keys, ``is_error`` and
+``cache_control``, kept as ``x_block``) and its other blocks a user message whose parts are the
+blocks as sent; an assistant turn's ``tool_use`` blocks become ``tool_calls`` and every other
+block (text, ``thinking`` and ``redacted_thinking`` with their signatures, server tool blocks)
+a part as sent, so the engine never reads a thinking block as text and hands it back as it
+came. Back: the leading system messages are ``system`` again, consecutive user and tool
+messages one user turn (tool results first), every ``tool_use`` answered by a ``tool_result``
+in the next turn, and never more than 4 ``cache_control`` breakpoints. The engine's own
+messages (memory block, summary) are user text after ``system`` and the recall block leads
+the latest user turn, so the app's ``tools`` and ``system`` breakpoints keep their prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from ragent_memory.serve.chat import call_name
+from ragent_memory.serve.http import Reject, whole_response
+from ragent_memory.serve.wire import (
+    Message,
+    arguments_object,
+    derived_session,
+    load_object,
+    named_event,
+    text_parts,
+)
+
+Block = dict[str, Any]
+MAX_BREAKPOINTS = 4  # cache_control blocks Anthropic accepts in one request
+NOT_IN_VIEW = "[ragent-memory: this tool's result is not in the current view]"
+_KINDS = {"server_busy": "overloaded_error", "upstream_error": "api_error"}
+_HELD = frozenset({"thinking", "redacted_thinking"})  # say nothing about whose reply it is
+
+
+def _extras(block: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in block.items() if k not in known}
+
+
+def _tool_message(block: Mapping[str, Any]) -> Message:
+    message: Message = {
+        "role": "tool",
+        "tool_call_id": block.get("tool_use_id"),
+        "content": block.get("content", ""),
+    }
+    if extras := _extras(block, ("type", "tool_use_id", "content")):
+        message["x_block"] = extras
+    return message
+
+
+def _call(block: Mapping[str, Any]) -> Message:
+    arguments = orjson.dumps(block.get("input", {})).decode()
+    call: Message = {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
+    if extras := _extras(block, ("type", "id", "name", "input")):
+        call["x_block"] = extras
+    return call
+
+
+def _user(content: Any) -> list[Message]:
+    if not isinstance(content, list):
+        return [{"role": "user", "content": content}]
+    out: list[Message] = []
+    parts: list[Any] = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            if parts:
+                out.append({"role": "user", "content": parts})
+                parts = []
+            out.append(_tool_message(block))
+        else:
+            parts.append(block)
+    if parts or not out:
+        out.append({"role": "user", "content": parts})
+    return out
+
+
+def assistant_message(content: Any) -> Message:
+    """An assistant turn's content as one engine message (tool_use blocks as tool_calls)."""
+    if not isinstance(content, list):
+        return {"role": "assistant", "content": content}
+    tool_uses = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+    parts = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_use")]
+    message: Message = {"role": "assistant", "content": parts if parts or not tool_uses else None}
+    if tool_uses:
+        message["tool_calls"] = [_call(b) for b in tool_uses]
+    return message
+
+
+def to_engine(body: Mapping[str, Any]) -> list[Message]:
+    """The request's ``system`` and ``messages`` as the engine's messages."""
+    out: list[Message] = []
+    system = body.get("system")
+    if system:
+        out.append({"role": "system", "content": system})
+    for index, message in enumerate(body["messages"]):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "user":
+            out += _user(message.get("content"))
+        elif role == "assistant":
+            out.append(assistant_message(message.get("content")))
+        else:
+            raise Reject(400, f"messages[{index}]: expected a user or assistant turn")
+    return out
+
+
+# ---------------------------------------------------------------------- back to the wire
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Block]:
+    """A user, tool or stray system engine message as the blocks of a user turn."""
+    if message.get("role") == "tool":
+        block: Block = {
+            "type": "tool_result",
+            "tool_use_id": message.get("tool_call_id"),
+            "content": message.get("content") or "",
+            **(message.get("x_block") or {}),
+        }
+        return [block]
+    return text_parts(message.get("content"))
+
+
+def _tool_uses(message: Mapping[str, Any]) -> list[Block]:
+    uses = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        uses.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "input": arguments_object(function.get("arguments")),
+                **(call.get("x_block") or {}),
+            }
+        )
+    return uses
+
+
+def _assistant(message: Mapping[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    uses = _tool_uses(message)
+    if isinstance(content, str) and not uses:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": [*text_parts(content), *uses]}
+
+
+def _system(leading: Sequence[Message]) -> Any:
+    if len(leading) == 1 and isinstance(leading[0].get("content"), str):
+        return leading[0]["content"]
+    return [block for message in leading for block in text_parts(message.get("content"))]
+
+
+def from_engine(messages: Sequence[Message]) -> tuple[Any, list[dict[str, Any]]]:
+    """``(system, messages)`` of the upstream request (system None when there is none)."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    turns: list[dict[str, Any]] = []
+    run: list[Message] = []  # consecutive user/tool messages: one user turn
+    for message in messages[lead:]:
+        if message.get("role") == "assistant":
+            if run:
+                turns.append(_user_turn(run))
+                run = []
+            turns.append(_assistant(message))
+        else:
+            run.append(message)
+    if run:
+        turns.append(_user_turn(run))
+    _pair(turns)
+    return (_system(messages[:lead]) if lead else None), turns
+
+
+def _user_turn(run: Sequence[Message]) -> dict[str, Any]:
+    if len(run) == 1 and run[0].get("role") == "user" and isinstance(run[0].get("content"), str):
+        return {"role": "user", "content": run[0]["content"]}
+    blocks = [block for message in run for block in _blocks(message)]
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    others = [b for b in blocks if b.get("type") != "tool_result"]
+    return {"role": "user", "content": [*results, *others]}
+
+
+def _pair(turns: list[dict[str, Any]]) -> None:
+    """Every tool_use answered in the next turn, every tool_result answering the turn before:
+    an orphan result becomes text, a missing one says its result is not in view."""
+    for index, turn in enumerate(turns):
+        if turn["role"] != "user" or not isinstance(turn["content"], list):
+            continue
+        before = turns[index - 1] if index else None
+        asked = {b.get("id") for b in _content_blocks(before) if b.get("type") == "tool_use"}
+        blocks = []
+        for block in turn["content"]:
+            if block.get("type") == "tool_result" and block.get("tool_use_id") not in asked:
+                text = "\n".join(p.get("text", "") for p in text_parts(block.get("content")))
+                block = {
+                    "type": "text",
+                    "text": f"[tool result {block.get('tool_use_id')}]\n{text}",
+                }
+            blocks.append(block)
+        turn["content"] = blocks
+    for index, turn in enumerate(turns[:-1]):
+        if turn["role"] != "assistant":
+            continue
+        calls = [b.get("id") for b in _content_blocks(turn) if b.get("type") == "tool_use"]
+        after = turns[index + 1]
+        if after["role"] != "user" or not calls:
+            continue
+        if isinstance(after["content"], str):
+            after["content"] = text_parts(after["content"])
+        answered = {
+            b.get("tool_use_id") for b in after["content"] if b.get("type") == "tool_result"
+        }
+        missing = [
+            {"type": "tool_result", "tool_use_id": call_id, "content": NOT_IN_VIEW}
+            for call_id in calls
+            if call_id not in answered
+        ]
+        after["content"][:0] = missing
+
+
+def _content_blocks(turn: Mapping[str, Any] | None) -> list[Block]:
+    content = turn.get("content") if turn else None
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def limit_breakpoints(body: dict[str, Any]) -> None:
+    """At most ``MAX_BREAKPOINTS`` ``cache_control`` marks: past that, the earliest ones in
+    ``messages`` lose theirs (the app's ``tools`` and ``system`` ones are its stable prefix)."""
+    marked: list[tuple[list[Any], int]] = []
+    count = sum(1 for tool in body.get("tools") or () if _marked(tool))
+    system = body.get("system")
+    count += sum(1 for block in system if _marked(block)) if isinstance(system, list) else 0
+    for turn in body["messages"]:
+        for position, block in enumerate(_content_blocks(turn)):
+            if _marked(block):
+                marked.append((turn["content"], position))
+            nested = block.get("content")
+            if block.get("type") == "tool_result" and isinstance(nested, list):
+                marked += [(nested, i) for i, part in enumerate(nested) if _marked(part)]
+    excess = count + len(marked) - MAX_BREAKPOINTS
+    for blocks, position in marked[: max(excess, 0)]:
+        blocks[position] = {k: v for k, v in blocks[position].items() if k != "cache_control"}
+
+
+def _marked(block: Any) -> bool:
+    return isinstance(block, dict) and "cache_control" in block
+
+
+# ---------------------------------------------------------------------- streams
+
+
+class Builder:
+    """Accumulates a Messages stream's events into the engine message they spell."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, Block] = {}
+        self._json: dict[int, list[str]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        kind, index = chunk.get("type"), chunk.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start" and isinstance(chunk.get("content_block"), dict):
+            self._blocks[index] = dict(chunk["content_block"])
+            if self._blocks[index].get("type") == "tool_use":
+                self._json[index] = []
+        elif kind == "content_block_delta" and index in self._blocks:
+            _apply(self._blocks[index], chunk.get("delta") or {}, self._json.get(index))
+        elif kind == "content_block_stop" and index in self._json:
+            self._blocks[index]["input"] = arguments_object("".join(self._json.pop(index)))
+
+    def message(self) -> Message:
+        return assistant_message([self._blocks[i] for i in sorted(self._blocks)])
+
+
+def _apply(block: Block, delta: Mapping[str, Any], json_parts: list[str] | None) -> None:
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + delta.get("text", "")
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+    elif kind == "signature_delta":
+        block["signature"] = delta.get("signature", "")
+    elif kind == "input_json_delta" and json_parts is not None:
+        json_parts.append(delta.get("partial_json", ""))
+    elif kind == "citations_delta":
+        block["citations"] = [*(block.get("citations") or ()), delta.get("citation")]
+
+
+class Cutter:
+    """Cuts the content blocks of the proxy's tool calls out of a stream, renumbering the
+    blocks after them so the app sees a gapless ``index``."""
+
+    def __init__(self, own: Mapping[str, Any]) -> None:
+        self.own = own
+        self._cut: set[int] = set()
+        self._app_calls = False
+
+    def cut(self, chunk: dict[str, Any]) -> bool:
+        kind, index = chunk.get("type"), chunk.get("index")
+        if kind == "content_block_start" and isinstance(index, int):
+            block = chunk.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                if block.get("name") in self.own:
+                    self._cut.add(index)
+                else:
+                    self._app_calls = True
+        if isinstance(index, int) and self._cut:
+            if index in self._cut:
+                chunk.clear()  # nothing of it reaches the app
+                return True
+            shifted = index - sum(1 for cut in self._cut if cut < index)
+            if shifted != index:
+                chunk["index"] = shifted
+                return True
+        delta = chunk.get("delta") if kind == "message_delta" else None
+        cut_all = self._cut and not self._app_calls
+        if cut_all and isinstance(delta, dict) and delta.get("stop_reason") == "tool_use":
+            delta["stop_reason"] = "end_turn"  # every call of this reply was cut
+            return True
+        return False
+
+
+# ---------------------------------------------------------------------- the wire
+
+
+class AnthropicWire:
+    """``POST /v1/messages`` (see the module docstring)."""
+
+    name = "messages"
+    path = "/messages"
+    provider = "anthropic"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = load_object(raw, "messages", "a list of turns")
+        if not isinstance(body["messages"], list):
+            raise Reject(400, "malformed body: 'messages' must be a list of turns")
+        return body
+
+    def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """X-Session-Id / X-User-Id; else ``metadata.user_id`` (Claude Code's names its
+        session); else the session derived from ``system`` and the first turn."""
+        metadata = body.get("metadata")
+        field = metadata.get("user_id") if isinstance(metadata, dict) else None
+        field = field if isinstance(field, str) and field else None
+        session = headers.get("x-session-id") or field
+        if not session:
+            first = body["messages"][:1]
+            session = derived_session("messages", [body.get("system"), *first])
+        return session, headers.get("x-user-id") or field
+
+    def managed(self, body: Mapping[str, Any]) -> bool:
+        return True
+
+    def history(self, body: Mapping[str, Any]) -> list[Message]:
+        return to_engine(body)
+
+    def payload(
+        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+    ) -> bytes:
+        system, turns = from_engine(messages)
+        out = {**body, "messages": turns}
+        if system is None:
+            out.pop("system", None)
+        else:
+            out["system"] = system
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *map(_tool, tools)]
+        limit_breakpoints(out)
+        return orjson.dumps(out)
+
+    def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
+        tools = body.get("tools") or ()
+        return {t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+    def pins_tools(self, body: Mapping[str, Any]) -> bool:
+        choice = body.get("tool_choice")
+        return isinstance(choice, dict) and choice.get("type") in ("any", "tool", "none")
+
+    def reply(self, data: Any) -> Message | None:
+        content = data.get("content") if isinstance(data, dict) else None
+        return assistant_message(content) if isinstance(content, list) else None
+
+    record = reply
+
+    def strip(self, data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+        content = data.get("content") or []
+        kept = [b for b in content if not (b.get("type") == "tool_use" and b.get("name") in own)]
+        if len(kept) == len(content):
+            return False
+        data["content"] = kept
+        if data.get("stop_reason") == "tool_use" and not any(
+            b.get("type") == "tool_use" for b in kept
+        ):
+            data["stop_reason"] = "end_turn"
+        return True
+
+    def builder(self) -> Builder:
+        return Builder()
+
+    def cutter(self, own: Mapping[str, Any]) -> Cutter:
+        return Cutter(own)
+
+    def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+        kind = chunk.get("type")
+        if kind in ("message_start", "ping", "content_block_delta", "content_block_stop"):
+            return None  # deltas and stops of a held (thinking) block
+        if kind != "content_block_start":
+            return "pass"
+        block = chunk.get("content_block") or {}
+        if block.get("type") == "tool_use":
+            return "own" if block.get("name") in own else "pass"
+        return None if block.get("type") in _HELD else "pass"
+
+    def has_substance(self, chunk: Mapping[str, Any]) -> bool:
+        return bool(chunk)
+
+    def encode(self, chunk: Mapping[str, Any]) -> bytes:
+        return named_event(chunk)
+
+    def stream_error(self, message: str) -> bytes:
+        return named_event({"type": "error", "error": {"type": "api_error", "message": message}})
+
+    def error(
+        self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> Response:
+        """An Anthropic-shaped error: the anthropic client shows ``message``."""
+        error = {"type": _KINDS.get(kind, kind), "message": message}
+        body = orjson.dumps({"type": "error", "error": error}) + b"\n"
+        return whole_response(status, [(b"content-type", b"application/json"), *headers], body)
+
+
+def _tool(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat-completions tool schema (the proxy's own) as an Anthropic tool."""
+    function = schema.get("function") or {}
+    return {
+        "name": call_name(schema),
+        "description": function.get("description", ""),
+        "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+    }

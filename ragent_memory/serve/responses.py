@@ -1,0 +1,474 @@
+"""The OpenAI Responses wire format (``POST /v1/responses``, stateless: an ``input`` list and
+``instructions``; DESIGN §14b): what Codex CLI and the Agents SDK's default model send,
+translated to the engine's chat messages and back.
+
+To the engine: ``instructions`` is the leading system message; a user, system or developer
+``message`` item a message of its role (its ``input_text`` parts text parts); a run of
+assistant-side items (an assistant ``message``, ``reasoning``, ``function_call`` and the
+other ``…_call`` items) one assistant message: calls that carry a ``call_id`` as tool calls,
+everything else as an opaque part (``{"type": "x_item", "item": …}``) the engine never reads
+as text; a ``…_call_output`` a tool message; any other item (``compaction``, references) an
+opaque part of a system message while only system messages came before it (so the engine
+keeps it in the prefix), of a user message after. Every item's keys the engine does not use
+ride along (``x_item``), so reasoning items with ``encrypted_content`` and compaction items
+go back byte for byte. A request chained on the provider's side (``previous_response_id``,
+``conversation``) is not the engine's to manage: it is forwarded untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from ragent_memory.serve.chat import call_name, error_response
+from ragent_memory.serve.http import Reject
+from ragent_memory.serve.wire import Message, derived_session, load_object, named_event
+
+Item = dict[str, Any]
+OPAQUE = "x_item"  # a part that is a whole item, carried as it came
+NOT_IN_VIEW = "[ragent-memory: this call's output is not in the current view]"
+_TEXT_TYPES = frozenset({"input_text", "output_text"})
+_ASSISTANT_SIDE = frozenset(
+    {
+        "reasoning",
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "mcp_call",
+        "mcp_list_tools",
+        "mcp_approval_request",
+    }
+)
+_ARGUMENT_KEYS = {"function_call": "arguments", "custom_tool_call": "input"}
+_STARTING = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+def _kind(item: Mapping[str, Any]) -> str:
+    kind = item.get("type")
+    return kind if isinstance(kind, str) else ("message" if "role" in item else "")
+
+
+def _without(item: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in keys}
+
+
+def _parts_in(content: Any, item: Mapping[str, Any] | None = None) -> Any:
+    """A message's or output's content for the engine: text parts as ``text`` (their type
+    kept as ``x_type``), other parts as they came; ``item``: the message's own keys."""
+    if isinstance(content, str):
+        if item is None:
+            return content
+        return [{"type": "text", "text": content, "x_item": item, "x_type": "str"}]
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in _TEXT_TYPES:
+            part = {**part, "type": "text", "x_type": part["type"]}
+            if item is not None:
+                part["x_item"] = item
+        parts.append(part)
+    return parts
+
+
+def _call(item: Mapping[str, Any]) -> Message:
+    kind = _kind(item)
+    arguments = item.get(_ARGUMENT_KEYS.get(kind, "arguments"))
+    if not isinstance(arguments, str):
+        arguments = orjson.dumps(item.get("action") or {}).decode()
+    return {
+        "id": item.get("call_id"),
+        "type": "function",
+        "function": {"name": item.get("name") or kind, "arguments": arguments},
+        "x_item": dict(item),
+    }
+
+
+def _is_call(item: Mapping[str, Any]) -> bool:
+    return _kind(item).endswith("_call") and "call_id" in item
+
+
+def _is_output(item: Mapping[str, Any]) -> bool:
+    return _kind(item).endswith("_call_output") and "call_id" in item
+
+
+def _is_assistant_side(item: Mapping[str, Any]) -> bool:
+    kind = _kind(item)
+    if kind == "message":
+        return item.get("role") == "assistant"
+    return _is_call(item) or kind in _ASSISTANT_SIDE
+
+
+def assistant_message(items: Sequence[Item]) -> Message:
+    """A run of assistant-side items as one engine message."""
+    parts: list[Any] = []
+    calls: list[Message] = []
+    for item in items:
+        if _kind(item) == "message":
+            parts += _parts_in(item.get("content"), _without(item, "content"))
+        elif _is_call(item):
+            calls.append(_call(item))
+        else:
+            parts.append({"type": OPAQUE, "item": item})
+    message: Message = {"role": "assistant", "content": parts if parts or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _other(item: Item, index: int, leading: bool) -> Message:
+    kind = _kind(item)
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "system", "developer"):
+            raise Reject(400, f"input[{index}]: unknown message role {role!r}")
+        engine_role = "user" if role == "user" else "system"
+        keys = _without(item, "content")
+        return {"role": engine_role, "content": _parts_in(item.get("content")), "x_item": keys}
+    if _is_output(item):
+        output = item.get("output")
+        return {
+            "role": "tool",
+            "tool_call_id": item.get("call_id"),
+            "content": _parts_in(output) if output is not None else "",
+            "x_item": _without(item, "output"),
+        }
+    return {"role": "system" if leading else "user", "content": [{"type": OPAQUE, "item": item}]}
+
+
+def to_engine(body: Mapping[str, Any]) -> list[Message]:
+    """``instructions`` and ``input`` as the engine's messages."""
+    out: list[Message] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        out.append({"role": "system", "content": instructions, "x_instructions": True})
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise Reject(400, "malformed body: 'input' must be a string or a list of items")
+    run: list[Item] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise Reject(400, f"input[{index}]: expected an item object")
+        if _is_assistant_side(item):
+            run.append(item)
+            continue
+        if run:
+            out.append(assistant_message(run))
+            run = []
+        leading = all(m["role"] == "system" for m in out)
+        out.append(_other(item, index, leading))
+    if run:
+        out.append(assistant_message(run))
+    return out
+
+
+# ---------------------------------------------------------------------- back to the wire
+
+
+def _parts_out(content: Any, role: str) -> Any:
+    if not isinstance(content, list):
+        return content
+    default = "output_text" if role == "assistant" else "input_text"
+    out = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "text":
+            kind = part.get("x_type")
+            kind = kind if kind in _TEXT_TYPES else default
+            part = {**_without(part, "x_type", "x_item"), "type": kind}
+        out.append(part)
+    return out
+
+
+def _message_items(message: Mapping[str, Any]) -> list[Item]:
+    """A user/system engine message as items: opaque parts as the items they are, the rest
+    as message items (their own keys restored)."""
+    role = message.get("role", "user")
+    content = message.get("content")
+    keys = message.get("x_item") or {"role": role}
+    if not isinstance(content, list):
+        return [{**keys, "content": content if content is not None else ""}]
+    items: list[Item] = []
+    pending: list[Any] = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == OPAQUE:
+            if pending:
+                items.append({**keys, "content": _parts_out(pending, role)})
+                pending = []
+            items.append(part["item"])
+        else:
+            pending.append(part)
+    if pending or not items:
+        items.append({**keys, "content": _parts_out(pending, role)})
+    return items
+
+
+def _assistant_items(message: Mapping[str, Any]) -> list[Item]:
+    content = message.get("content")
+    items: list[Item] = []
+    if isinstance(content, str):
+        items.append({"role": "assistant", "content": content})
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, dict) and part.get("type") == OPAQUE:
+            items.append(part["item"])
+            continue
+        keys = part.get("x_item") if isinstance(part, dict) else None
+        keys = keys if isinstance(keys, dict) else {"type": "message", "role": "assistant"}
+        if isinstance(part, dict) and part.get("x_type") == "str":
+            items.append({**keys, "content": part.get("text", "")})
+            continue
+        [restored] = _parts_out([part], "assistant")
+        last = items[-1] if items else None
+        if last is not None and last.get("x_keys") == keys:
+            last["content"].append(restored)
+        else:
+            items.append({**keys, "content": [restored], "x_keys": keys})
+    for item in items:
+        item.pop("x_keys", None)
+    for call in message.get("tool_calls") or ():
+        items.append(_call_item(call))
+    return items
+
+
+def _call_item(call: Mapping[str, Any]) -> Item:
+    function = call.get("function") or {}
+    item = dict(call.get("x_item") or {"type": "function_call"})
+    item["call_id"] = call.get("id")
+    key = _ARGUMENT_KEYS.get(_kind(item))
+    if key is not None:
+        item["name"] = function.get("name")
+        item[key] = function.get("arguments")
+    return item
+
+
+def _output_item(message: Mapping[str, Any]) -> Item:
+    keys = message.get("x_item") or {"type": "function_call_output"}
+    item = {**keys, "call_id": message.get("tool_call_id")}
+    item["output"] = _parts_out(message.get("content"), "user") or ""
+    return item
+
+
+def from_engine(messages: Sequence[Message]) -> tuple[str | None, list[Item]]:
+    """``(instructions, input)`` of the upstream request."""
+    instructions: str | None = None
+    items: list[Item] = []
+    for message in messages:
+        role = message.get("role")
+        if message.get("x_instructions") and isinstance(message.get("content"), str):
+            instructions = message["content"]
+        elif role == "assistant":
+            items += _assistant_items(message)
+        elif role == "tool":
+            items.append(_output_item(message))
+        else:
+            items += _message_items(message)
+    _pair(items)
+    return instructions, items
+
+
+def _pair(items: list[Item]) -> None:
+    """Every output answering a call before it (an orphan becomes a user message), every
+    function call answered (an output saying it is not in view)."""
+    calls = {i.get("call_id") for i in items if _is_call(i)}
+    outputs = {i.get("call_id") for i in items if _is_output(i)}
+    for index, item in enumerate(items):
+        if _is_output(item) and item.get("call_id") not in calls:
+            text = item.get("output") if isinstance(item.get("output"), str) else ""
+            note = f"[output of call {item.get('call_id')}]\n{text}"
+            items[index] = {"role": "user", "content": note}
+    missing = [i for i in items if _kind(i) in _ARGUMENT_KEYS and i.get("call_id") not in outputs]
+    for call in missing:
+        at = next(n for n, i in enumerate(items) if i is call) + 1
+        while at < len(items) and _is_assistant_side(items[at]):
+            at += 1
+        if at < len(items):  # a call the input ends with is the model's latest: no output yet
+            kind = "custom_tool_call_output" if _kind(call) == "custom_tool_call" else None
+            output = {"type": kind or "function_call_output", "call_id": call.get("call_id")}
+            items.insert(at, {**output, "output": NOT_IN_VIEW})
+
+
+# ---------------------------------------------------------------------- streams
+
+
+class Builder:
+    """The output items a Responses stream announces, as the engine message they spell."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, Item] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        kind = chunk.get("type")
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            index, item = chunk.get("output_index"), chunk.get("item")
+            if isinstance(index, int) and isinstance(item, dict):
+                self._items[index] = item
+        elif kind == "response.completed":
+            output = (chunk.get("response") or {}).get("output")
+            if isinstance(output, list):
+                self._items = dict(enumerate(i for i in output if isinstance(i, dict)))
+
+    def message(self) -> Message:
+        return assistant_message([self._items[i] for i in sorted(self._items)])
+
+
+class Cutter:
+    """Cuts the proxy's function calls out of a Responses stream: their events dropped, the
+    later ``output_index`` and ``sequence_number`` renumbered, the final output without them."""
+
+    def __init__(self, own: Mapping[str, Any]) -> None:
+        self.own = own
+        self._cut: set[int] = set()
+        self._dropped = 0
+
+    def cut(self, chunk: dict[str, Any]) -> bool:
+        index = chunk.get("output_index")
+        item = chunk.get("item")
+        added = chunk.get("type") == "response.output_item.added"
+        if added and isinstance(index, int) and _is_own(item, self.own):
+            self._cut.add(index)
+        if index in self._cut:
+            chunk.clear()
+            self._dropped += 1
+            return True
+        changed = False
+        if isinstance(index, int) and self._cut:
+            chunk["output_index"] = index - sum(1 for cut in self._cut if cut < index)
+            changed = True
+        response = chunk.get("response")
+        if isinstance(response, dict) and isinstance(response.get("output"), list):
+            kept = [i for i in response["output"] if not _is_own(i, self.own)]
+            if len(kept) != len(response["output"]):
+                response["output"] = kept
+                changed = True
+        if self._dropped and isinstance(chunk.get("sequence_number"), int):
+            chunk["sequence_number"] -= self._dropped
+            changed = True
+        return changed
+
+
+def _is_own(item: Any, own: Mapping[str, Any]) -> bool:
+    return isinstance(item, dict) and _kind(item) == "function_call" and item.get("name") in own
+
+
+# ---------------------------------------------------------------------- the wire
+
+
+class ResponsesWire:
+    """``POST /v1/responses`` (see the module docstring)."""
+
+    name = "responses"
+    path = "/responses"
+    provider = "openai"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        return load_object(raw, "input", "a string or a list of items")
+
+    def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """X-Session-Id / X-User-Id; else ``user`` or ``safety_identifier``; else
+        ``prompt_cache_key`` (Codex CLI's conversation id); else the session derived from
+        ``instructions`` and the first input item."""
+        field = next(
+            (v for k in ("user", "safety_identifier") if isinstance(v := body.get(k), str) and v),
+            None,
+        )
+        session = headers.get("x-session-id") or field
+        if not session and isinstance(body.get("prompt_cache_key"), str):
+            session = body["prompt_cache_key"]
+        if not session:
+            items = body["input"]
+            first = items[:1] if isinstance(items, list) else [items]
+            session = derived_session("responses", [body.get("instructions"), *first])
+        return session, headers.get("x-user-id") or field
+
+    def managed(self, body: Mapping[str, Any]) -> bool:
+        return not (body.get("previous_response_id") or body.get("conversation"))
+
+    def history(self, body: Mapping[str, Any]) -> list[Message]:
+        return to_engine(body)
+
+    def payload(
+        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+    ) -> bytes:
+        instructions, items = from_engine(messages)
+        out = {**body, "input": items}
+        if instructions is None:
+            out.pop("instructions", None)
+        else:
+            out["instructions"] = instructions
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *map(_tool, tools)]
+        return orjson.dumps(out)
+
+    def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
+        tools = body.get("tools") or ()
+        return {t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+    def pins_tools(self, body: Mapping[str, Any]) -> bool:
+        choice = body.get("tool_choice")
+        return choice in ("none", "required") or isinstance(choice, dict)
+
+    def reply(self, data: Any) -> Message | None:
+        output = data.get("output") if isinstance(data, dict) else None
+        if not isinstance(output, list):
+            return None
+        return assistant_message([i for i in output if isinstance(i, dict)])
+
+    record = reply
+
+    def strip(self, data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+        output = data.get("output") or []
+        kept = [i for i in output if not _is_own(i, own)]
+        if len(kept) == len(output):
+            return False
+        data["output"] = kept
+        return True
+
+    def builder(self) -> Builder:
+        return Builder()
+
+    def cutter(self, own: Mapping[str, Any]) -> Cutter:
+        return Cutter(own)
+
+    def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+        kind = chunk.get("type")
+        if not isinstance(kind, str) or kind in _STARTING or kind.startswith("response.reasoning"):
+            return None
+        item = chunk.get("item")
+        if kind.startswith("response.output_item.") and isinstance(item, dict):
+            if _kind(item) == "reasoning":
+                return None  # held: it says nothing about whose reply this is
+            if kind.endswith(".added") and _kind(item) == "function_call":
+                return "own" if item.get("name") in own else "pass"
+        return "pass"
+
+    def has_substance(self, chunk: Mapping[str, Any]) -> bool:
+        return bool(chunk)
+
+    def encode(self, chunk: Mapping[str, Any]) -> bytes:
+        return named_event(chunk)
+
+    def stream_error(self, message: str) -> bytes:
+        error = {"type": "error", "code": "upstream_error", "message": message, "param": None}
+        return named_event({**error, "sequence_number": 0})
+
+    def error(
+        self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> Response:
+        return error_response(status, message, kind, headers)
+
+
+def _tool(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat-completions tool schema (the proxy's own) as a Responses function tool."""
+    function = schema.get("function") or {}
+    return {
+        "type": "function",
+        "name": call_name(schema),
+        "description": function.get("description", ""),
+        "parameters": function.get("parameters") or {"type": "object", "properties": {}},
+        "strict": False,
+    }

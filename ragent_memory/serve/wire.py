@@ -1,0 +1,148 @@
+"""What a wire format gives the proxy's one turn pipeline (``turn.Proxy``): one module per
+format (``chat``, ``anthropic``, ``responses``) implements ``Wire``, translating its request
+to the engine's chat messages and the prepared view back, and reading its replies and streams.
+
+The engine only ever sees chat dicts. What it must neither read nor change rides along in
+them untouched: a content part it does not know (``type`` other than ``text``) is counted at
+a fixed size and never read as text, and keys it does not know (``x_…`` here) are kept on the
+messages, parts and tool calls it hands back, so a translation back restores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import orjson
+from starlette.responses import Response
+
+from ragent_memory.serve.http import Reject
+
+Message = dict[str, Any]
+
+
+class Builder(Protocol):
+    """Accumulates a stream's chunks into the engine message they spell."""
+
+    def add(self, chunk: dict[str, Any]) -> None: ...
+
+    def message(self) -> Message: ...
+
+
+class Cutter(Protocol):
+    """Cuts the proxy's own tool calls out of a stream's chunks, in place."""
+
+    def cut(self, chunk: dict[str, Any]) -> bool: ...
+
+
+class Wire(Protocol):
+    """One wire format (see the module docstring)."""
+
+    name: str  # for logs: chat, messages, responses
+    path: str  # the upstream path after the base URL
+    provider: str  # which ``serve.upstreams`` entry replaces ``serve.upstream``
+
+    def parse(self, raw: bytes) -> dict[str, Any]: ...
+
+    def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """``(session_id, user_id)`` as the request names them (before scoping)."""
+        ...
+
+    def managed(self, body: Mapping[str, Any]) -> bool:
+        """False for a request the engine cannot manage: it is forwarded untouched."""
+        ...
+
+    def history(self, body: Mapping[str, Any]) -> list[Message]:
+        """The request's conversation as the engine's chat messages."""
+        ...
+
+    def payload(
+        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+    ) -> bytes:
+        """The upstream body: the app's, with ``messages`` translated back and the proxy's
+        ``tools`` (chat-completions schemas) added in this format's shape."""
+        ...
+
+    def declared_tools(self, body: Mapping[str, Any]) -> set[str]: ...
+
+    def pins_tools(self, body: Mapping[str, Any]) -> bool: ...
+
+    def reply(self, data: Any) -> Message | None:
+        """The engine message of a whole reply (None when it is none the proxy follows)."""
+        ...
+
+    def record(self, data: Any) -> Message | None:
+        """The engine message of a whole reply that the app keeps (after_turn records it)."""
+        ...
+
+    def strip(self, data: dict[str, Any], own: Mapping[str, Any]) -> bool:
+        """Remove the proxy's own calls from a whole reply; True if any was."""
+        ...
+
+    def builder(self) -> Builder: ...
+
+    def cutter(self, own: Mapping[str, Any]) -> Cutter: ...
+
+    def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
+        """``"own"`` / ``"pass"`` from a stream's first substantive chunk; None before it."""
+        ...
+
+    def has_substance(self, chunk: Mapping[str, Any]) -> bool: ...
+
+    def encode(self, chunk: Mapping[str, Any]) -> bytes: ...
+
+    def stream_error(self, message: str) -> bytes: ...
+
+    def error(
+        self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> Response: ...
+
+
+def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
+    """A JSON object body whose ``key`` is present (``want`` says what it must be), or a 400."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise Reject(400, f"malformed body: not JSON ({err})") from err
+    if not isinstance(body, dict):
+        raise Reject(400, "malformed body: expected a JSON object")
+    if key not in body:
+        raise Reject(400, f"malformed body: '{key}' is required ({want})")
+    return body
+
+
+def named_event(chunk: Mapping[str, Any]) -> bytes:
+    """One SSE event named after the chunk's ``type`` (Anthropic's and Responses' framing)."""
+    kind = chunk.get("type")
+    head = b"event: " + kind.encode() + b"\n" if isinstance(kind, str) else b""
+    return head + b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def arguments_object(arguments: Any) -> Any:
+    """A tool call's JSON arguments as the object they spell; a shortened (no longer JSON)
+    argument text as ``{"_preview": text}``, so a call the engine truncated stays an object."""
+    if not isinstance(arguments, str):
+        return {}
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"_preview": arguments}
+    return value if isinstance(value, dict) else {"_preview": arguments}
+
+
+def text_parts(content: Any) -> list[dict[str, Any]]:
+    """A chat content as a list of parts (a string as one text part)."""
+    if isinstance(content, list):
+        return [p for p in content if isinstance(p, dict)]
+    if isinstance(content, str) and content:
+        return [{"type": "text", "text": content}]
+    return []
+
+
+def derived_session(prefix: str, opening: Sequence[Any]) -> str:
+    """A session id derived from a conversation's opening (its system and first user
+    message): the same on every turn of it, different for another opening."""
+    import hashlib
+
+    digest = hashlib.sha256(orjson.dumps(list(opening), option=orjson.OPT_SORT_KEYS))
+    return f"{prefix}-{digest.hexdigest()[:24]}"
