@@ -32,6 +32,9 @@ from typing import Any
 import pytest
 
 CHAT_PATH = "/v1/chat/completions"
+# Answered from the script too (issue 33): the Anthropic Messages and OpenAI Responses routes.
+# Their answers are sent as scripted (only a chat completion gets id/object/model filled in).
+PATHS = frozenset({CHAT_PATH, "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"})
 MAX_STALL_S = 10.0
 
 DEFAULT_TEXT = "\n".join(
@@ -210,19 +213,21 @@ class FakeOpenAI:
         headers = {name.lower(): value for name, value in handler.headers.items()}
         with self._lock:
             self.requests.append(RecordedRequest(handler.path, headers, body))
-        answer = self._next_answer(body) if handler.path == CHAT_PATH else Answer.error(404)
+        answer = self._next_answer(body) if handler.path in PATHS else Answer.error(404)
         if answer.stall_s:
             if self._closing.wait(answer.stall_s):
                 return  # shutting down: drop the connection unanswered
             answer = answer.then or self._default_answer(body)
-        self._send(handler, answer, body)
+        self._send(handler, answer, body, chat=handler.path == CHAT_PATH)
 
-    def _send(self, handler: BaseHTTPRequestHandler, answer: Answer, body: Any) -> None:
+    def _send(
+        self, handler: BaseHTTPRequestHandler, answer: Answer, body: Any, *, chat: bool = True
+    ) -> None:
         if answer.events:
             self._send_stream(handler, answer)
             return
         payload = answer.payload
-        if answer.raw is None and answer.status == 200 and isinstance(payload, dict):
+        if chat and answer.raw is None and answer.status == 200 and isinstance(payload, dict):
             model = body.get("model") if isinstance(body, dict) else None
             payload = {
                 "id": f"chatcmpl-fake-{next(self._ids)}",

@@ -1,0 +1,448 @@
+"""``POST /v1/messages`` (issue 33): ``ragent-memory serve`` as a subprocess behind the real
+``anthropic`` client (what Claude Code speaks), a scripted Messages upstream on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from fake_openai import Answer, FakeOpenAI
+from serve_process import ProxyProcess
+from wire_script import (
+    anthropic_events,
+    anthropic_reply,
+    message,
+    thinking,
+    tool_use,
+)
+
+from ragent_memory.core.chars import chars
+from ragent_memory.recall.refs import REF_PATTERN
+from ragent_memory.serve.anthropic import AnthropicWire, limit_breakpoints, to_engine
+
+B = 20_000
+KEY = "sk-ant-caller-secret-51c2e9"
+SYSTEM = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+ARCHIVE = "".join(f"line {i}: the archived figure is {i * 7}.\n" for i in range(400))
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def write_config(directory: Path, name: str, **serve: Any) -> Path:
+    config = directory / f"{name}.yaml"
+    section = {"max_body_bytes": 4_194_304, "timeout_s": 30, "identity": "headers", **serve}
+    store = {"path": str(directory / f"{name}.db")}
+    config.write_text(json.dumps({"context_window_chars": B, "store": store, "serve": section}))
+    return config
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    tmp_path_factory: pytest.TempPathFactory, upstream_server: FakeOpenAI
+) -> Iterator[ProxyProcess]:
+    workdir = tmp_path_factory.mktemp("messages")
+    with ProxyProcess(write_config(workdir, "main"), upstream_server.base_url, cwd=workdir) as p:
+        yield p
+
+
+def client_for(
+    proxy: ProxyProcess, session: str | None = "s", **headers: str
+) -> anthropic.Anthropic:
+    if session:
+        headers["X-Session-Id"] = session
+    return anthropic.Anthropic(
+        base_url=proxy.root_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+    )
+
+
+def bodies(upstream: FakeOpenAI) -> list[dict[str, Any]]:
+    return [r.body for r in upstream.requests if r.path == "/v1/messages"]
+
+
+def engine_chars(body: dict[str, Any]) -> int:
+    """An upstream request's size in the engine's own metric (DESIGN §2)."""
+    return sum(chars(m) for m in to_engine(body))
+
+
+def breakpoints(body: dict[str, Any]) -> int:
+    return json.dumps(body).count('"cache_control"')
+
+
+# ---------------------------------------------------------------------- plain requests
+
+
+def test_create_passes_system_blocks_headers_and_fields(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """A short conversation goes upstream as sent: system blocks (cache_control kept),
+    metadata and every field; x-api-key, anthropic-version and anthropic-beta reach the
+    upstream; the key is never in the proxy's log; the SDK reads the reply."""
+    upstream.enqueue(anthropic_reply([{"type": "text", "text": "Hi there."}]))
+    history = [{"role": "user", "content": "hello"}]
+    client = client_for(proxy, "plain", **{"anthropic-beta": "context-1m-2025-08-07"})
+    raw = client.messages.with_raw_response.create(
+        model="claude-fake",
+        max_tokens=64,
+        system=SYSTEM,
+        messages=history,
+        metadata={"user_id": "u-1"},
+        stop_sequences=["END"],
+    )
+
+    assert "Hi there." == raw.parse().content[0].text
+    [request] = upstream.requests
+    # this SDK sends the key as a bearer token; Claude Code as x-api-key (see the stream test)
+    assert f"Bearer {KEY}" == request.headers["authorization"]
+    assert "anthropic-version" in request.headers
+    assert "context-1m-2025-08-07" == request.headers["anthropic-beta"]
+    sent = request.body
+    assert (SYSTEM, history, 64, ["END"]) == (
+        sent["system"],
+        sent["messages"],
+        sent["max_tokens"],
+        sent["stop_sequences"],
+    )
+    assert {"user_id": "u-1"} == sent["metadata"]
+    assert "0" == raw.headers["x-ragent-generation"]
+    assert KEY not in proxy.log
+
+
+def test_tool_loop_with_thinking_goes_upstream_byte_for_byte(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """tool_use / tool_result (block content, is_error), thinking and redacted_thinking
+    with their signatures, images and cache_control: the upstream gets the turns as sent."""
+    upstream.enqueue(anthropic_reply([{"type": "text", "text": "Done."}]))
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "Look at this."}, image]},
+        {
+            "role": "assistant",
+            "content": [
+                thinking("I should list the files first.", "EqQBCkYIARgCIkD+sig/==" * 3),
+                {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a" * 2},
+                {"type": "text", "text": "Listing."},
+                tool_use("toolu_1", "ls", {"path": ".", "depth": 2}),
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "permission denied"}],
+                    "cache_control": EPHEMERAL,
+                },
+                {"type": "text", "text": "Try again."},
+            ],
+        },
+    ]
+    reply = client_for(proxy, "loop").messages.create(
+        model="claude-fake",
+        max_tokens=64,
+        messages=copy.deepcopy(history),
+        tools=[{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+    )
+
+    assert "Done." == reply.content[0].text
+    [request] = upstream.requests
+    assert history == request.body["messages"]
+    assert "system" not in request.body
+
+
+def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """``messages.stream``: the events arrive as the upstream wrote them (byte for byte),
+    the text equals the upstream's and the final message keeps the thinking signature and
+    the app's tool call."""
+    blocks = [
+        thinking("Plan the answer.", "sig-stream-1=="),
+        {"type": "text", "text": "Hello from the stream, in pieces."},
+        tool_use("toolu_s", "ls", {"path": "src"}),
+    ]
+    events = anthropic_events(blocks)
+    upstream.enqueue(Answer.stream(events))
+    with client_for(proxy, "stream").messages.stream(
+        model="claude-fake", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+
+    assert "Hello from the stream, in pieces." == text
+    assert blocks == [block.model_dump(exclude_none=True) for block in final.content]
+    assert "tool_use" == final.stop_reason
+
+    upstream.enqueue(Answer.stream(events))
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with httpx2.stream(
+        "POST",
+        proxy.root_url + "/v1/messages",
+        json=body,
+        headers={"x-api-key": KEY, "X-Session-Id": "stream-bytes"},
+        timeout=60,
+    ) as raw:
+        assert b"".join(events) == b"".join(raw.iter_bytes())
+    assert KEY == upstream.requests[-1].headers["x-api-key"]
+
+
+def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    upstream.enqueue(Answer(payload={"input_tokens": 42}))
+    counted = client_for(proxy, None).messages.count_tokens(
+        model="claude-fake", messages=[{"role": "user", "content": "count me"}]
+    )
+    assert 42 == counted.input_tokens
+    [request] = upstream.requests
+    assert "/v1/messages/count_tokens" == request.path
+    assert [{"role": "user", "content": "count me"}] == request.body["messages"]
+
+
+def test_errors_are_anthropic_shaped(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """A bad turn is a one-line 400 the anthropic client reads; an upstream error keeps its
+    status and body."""
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]"):
+        client_for(proxy).messages.create(
+            model="m",
+            max_tokens=8,
+            messages=[{"role": "system", "content": "x"}],  # type: ignore[list-item]
+        )
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy upstream"}}
+    upstream.enqueue(Answer(status=529, payload=error))
+    with pytest.raises(anthropic.APIStatusError, match="busy upstream") as caught:
+        client_for(proxy).messages.create(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert 529 == caught.value.status_code
+
+
+def test_sessions_without_headers() -> None:
+    """X-Session-Id first; else metadata.user_id (session and user); else a session derived
+    from system and the first turn: the same for every turn of one conversation."""
+    wire = AnthropicWire()
+    first = {"role": "user", "content": "start"}
+    body = {"system": "s", "messages": [first]}
+    assert ("h", "u") == wire.ids({"x-session-id": "h", "x-user-id": "u"}, body)
+    assert ("meta", "meta") == wire.ids({}, {**body, "metadata": {"user_id": "meta"}})
+    derived, user = wire.ids({}, body)
+    later = {"system": "s", "messages": [first, {"role": "assistant", "content": "ok"}, first]}
+    assert (derived, None) == wire.ids({}, later)
+    assert derived.startswith("messages-")
+    assert derived != wire.ids({}, {"system": "other", "messages": [first]})[0]
+
+
+def test_breakpoints_past_four_lose_the_earliest_in_messages() -> None:
+    """Never more than 4 cache_control marks: tools and system keep theirs."""
+    turns = [
+        {"role": "user", "content": [{"type": "text", "text": f"t{i}", "cache_control": EPHEMERAL}]}
+        for i in range(4)
+    ]
+    body = {
+        "tools": [{"name": "ls", "input_schema": {}, "cache_control": EPHEMERAL}],
+        "system": SYSTEM,
+        "messages": turns,
+    }
+    limit_breakpoints(body)
+    assert 4 == breakpoints(body)
+    kept = ["cache_control" in t["content"][0] for t in body["messages"]]
+    assert [False, False, True, True] == kept
+
+
+# ---------------------------------------------------------------------- recall inside the proxy
+
+RECALL_ID = "toolu_recall"
+SIGNATURE = "sig-of-the-recall-round=="
+
+
+def recall_history() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "Fetch the archive."},
+        {"role": "assistant", "content": [tool_use("toolu_a", "fetch", {})]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": ARCHIVE}],
+        },
+        {"role": "assistant", "content": "Fetched it."},
+        {"role": "user", "content": "What does line 3 say exactly?"},
+    ]
+
+
+def recalling_model(body: Any) -> Answer:
+    """Calls recall_tool_result (after thinking) on the first ref it sees; answers once it
+    has the text."""
+    stream = body.get("stream") is True
+    last = body["messages"][-1]["content"]
+    answered = [b for b in last if isinstance(b, dict) and b.get("tool_use_id") == RECALL_ID]
+    if answered:
+        found = re.search(r"line 3: [^\n]*", str(answered[0]["content"]))
+        blocks = [{"type": "text", "text": found.group(0) if found else "not found"}]
+    else:
+        offered = [t["name"] for t in body.get("tools") or ()]
+        ref = REF_PATTERN.search(json.dumps(body["messages"]))
+        if "recall_tool_result" not in offered or ref is None:
+            blocks = [{"type": "text", "text": "no recall offered"}]
+        else:
+            arguments = {"ref": ref.group(0), "limit": 300}
+            blocks = [
+                thinking("I need the raw text.", SIGNATURE),
+                tool_use(RECALL_ID, "recall_tool_result", arguments),
+            ]
+    return Answer.stream(anthropic_events(blocks)) if stream else Answer(payload=message(blocks))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_recall_round_trip_happens_inside_the_proxy(
+    proxy: ProxyProcess, upstream: FakeOpenAI, stream: bool
+) -> None:
+    """The big result is shown as a preview; the proxy offers recall in Anthropic's tool
+    shape, answers the model's tool_use itself (its thinking kept on that assistant turn)
+    and asks again: the app gets the answer, never the proxy's call."""
+    upstream.default = recalling_model
+    client = client_for(proxy, f"recall-{stream}")
+    history = recall_history()
+    if stream:
+        with client.messages.stream(model="m", max_tokens=64, messages=history) as events:
+            text = "".join(events.text_stream)
+            reply = events.get_final_message()
+    else:
+        reply = client.messages.create(model="m", max_tokens=64, messages=history)
+        text = reply.content[0].text
+
+    assert "line 3: the archived figure is 21." == text
+    assert [] == [b for b in reply.content if b.type == "tool_use"]
+    assert "end_turn" == reply.stop_reason
+    first, second = bodies(upstream)
+    assert ["recall_tool_result"] == [t["name"] for t in first["tools"]]
+    assert ARCHIVE not in json.dumps(first["messages"])
+    asked, answer = second["messages"][-2:]
+    assert thinking("I need the raw text.", SIGNATURE) == asked["content"][0]
+    assert RECALL_ID == asked["content"][1]["id"]
+    [result] = answer["content"]
+    assert ("tool_result", RECALL_ID) == (result["type"], result["tool_use_id"])
+    assert result["content"].startswith(ARCHIVE[:300])
+
+
+# ---------------------------------------------------------------------- a long tool loop
+
+RESULT = "".join(f"row {k}: value {k * 3} of the listing.\n" for k in range(60))  # ~2,000 chars
+
+
+def looping_model(body: Any) -> Answer:
+    """Each user question: thinking + a tool call; each tool result: thinking + text."""
+    turn = len(body["messages"])
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        blocks = [
+            thinking(f"Summarise result {turn}.", f"sig-{turn}-b=="),
+            {"type": "text", "text": f"Result {turn} read."},
+        ]
+    else:
+        blocks = [
+            thinking(f"Look it up {turn}.", f"sig-{turn}-a=="),
+            tool_use(f"toolu_{turn}", "ls", {"n": turn}),
+        ]
+    return Answer(payload=message(blocks))
+
+
+def paired(turns: list[dict[str, Any]]) -> bool:
+    """Every tool_use answered by a tool_result in the next turn, and no other result."""
+    for index, turn in enumerate(turns):
+        content = turn["content"] if isinstance(turn["content"], list) else []
+        results = {b["tool_use_id"] for b in content if b.get("type") == "tool_result"}
+        before = turns[index - 1]["content"] if index else []
+        asked = (
+            {b["id"] for b in before if isinstance(b, dict) and b.get("type") == "tool_use"}
+            if isinstance(before, list)
+            else set()
+        )
+        if turn["role"] == "user" and results != asked:
+            return False
+    return True
+
+
+@pytest.mark.slow
+def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """200 requests of a Claude-Code-like tool loop (system and the latest turns marked for
+    the cache): every upstream request is within B in the engine's metric, every tool_use is
+    answered in the next turn, every thinking block is the one the model wrote (signature
+    byte for byte), at most 4 cache_control marks, and the session compacts."""
+    upstream.default = looping_model
+    client = client_for(proxy, "long-loop")
+    history: list[dict[str, Any]] = []
+    signed: dict[str, dict[str, Any]] = {}
+    for turn in range(200):
+        if turn % 2 == 0:
+            history.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": f"Question {turn}: list the rows again."}],
+                }
+            )
+        else:
+            call = history[-1]["content"][-1]
+            result = {"type": "tool_result", "tool_use_id": call["id"], "content": RESULT}
+            history.append({"role": "user", "content": [result]})
+        sent = copy.deepcopy(history)
+        for user_turn in [t for t in sent if t["role"] == "user"][-2:]:
+            user_turn["content"][-1]["cache_control"] = EPHEMERAL
+        raw = client.post(
+            "/v1/messages",
+            body={"model": "m", "max_tokens": 64, "system": SYSTEM, "messages": sent},
+            cast_to=httpx2.Response,
+        )
+        reply = raw.json()
+        signed.update({b["signature"]: b for b in reply["content"] if b["type"] == "thinking"})
+        history.append({"role": "assistant", "content": reply["content"]})
+
+    received = bodies(upstream)
+    assert 200 == len(received)
+    assert max(engine_chars(body) for body in received) <= B
+    assert all(paired(body["messages"]) for body in received)
+    assert all(breakpoints(body) <= 4 for body in received)
+    shown = [
+        block
+        for body in received
+        for turn in body["messages"]
+        if isinstance(turn["content"], list)
+        for block in turn["content"]
+        if block.get("type") == "thinking"
+    ]
+    assert shown and all(signed[block["signature"]] == block for block in shown)
+    for body in received[1::2]:  # a tool result's request: its call's turn keeps its thinking
+        asked = body["messages"][-2]
+        assert "thinking" == asked["content"][0]["type"]
+    assert int(raw.headers["x-ragent-generation"]) >= 1
+
+
+def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """A reply that speaks first streams through; the proxy's later tool_use block is cut,
+    the blocks after it renumbered and the stop reason the app's: the SDK reads it whole."""
+    call = tool_use("toolu_late", "recall_tool_result", {"ref": "rm-x"})
+    blocks = [{"type": "text", "text": "Let me look."}, call, {"type": "text", "text": " Done."}]
+    upstream.enqueue(Answer.stream(anthropic_events(blocks)))
+    with client_for(proxy, "late-call").messages.stream(
+        model="m", max_tokens=64, messages=recall_history()
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert "Let me look. Done." == text
+    assert ["text", "text"] == [block.type for block in final.content]
+    assert "end_turn" == final.stop_reason
+    assert ["recall_tool_result"] == [t["name"] for t in bodies(upstream)[0]["tools"]]
