@@ -237,7 +237,8 @@ def test_sessions_without_headers() -> None:
     body = {"system": "s", "messages": [first]}
     assert ("h", "u") == wire.ids({"x-session-id": "h", "x-user-id": "u"}, body)
     assert ("meta", "meta") == wire.ids({}, {**body, "metadata": {"user_id": "meta"}})
-    derived, user = wire.ids({}, body)
+    derived, no_user = wire.ids({}, body)
+    assert no_user is None
     later = {"system": "s", "messages": [first, {"role": "assistant", "content": "ok"}, first]}
     assert (derived, None) == wire.ids({}, later)
     assert derived.startswith("messages-")
