@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -338,12 +339,14 @@ def test_recall_round_trip_happens_inside_the_proxy(
 
 # ---------------------------------------------------------------------- a long tool loop
 
+REQUESTS = itertools.count()
 RESULT = "".join(f"row {k}: value {k * 3} of the listing.\n" for k in range(60))  # ~2,000 chars
 
 
 def looping_model(body: Any) -> Answer:
-    """Each user question: thinking + a tool call; each tool result: thinking + text."""
-    turn = len(body["messages"])
+    """Each user question: thinking + a tool call; each tool result: thinking + text (ids
+    and signatures numbered by the upstream request)."""
+    turn = next(REQUESTS)
     last = body["messages"][-1]["content"]
     if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
         blocks = [
