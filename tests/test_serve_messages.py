@@ -450,3 +450,32 @@ def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
     assert ["text", "text"] == [block.type for block in final.content]
     assert "end_turn" == final.stop_reason
     assert ["recall_tool_result"] == [t["name"] for t in bodies(upstream)[0]["tools"]]
+
+
+def test_upstreams_send_each_provider_to_its_own_url(tmp_path: Path, upstream: FakeOpenAI) -> None:
+    """serve.upstreams: /v1/messages goes to the anthropic URL, chat completions and
+    responses to serve.upstream; one port serves all three formats."""
+    with FakeOpenAI() as claude:
+        config = write_config(tmp_path, "two", upstreams={"anthropic": claude.base_url})
+        claude.enqueue(anthropic_reply([{"type": "text", "text": "from claude"}]))
+        upstream.enqueue(Answer(payload={"output": [], "status": "completed"}))
+        with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as two:
+            said = client_for(two, "two").messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+            httpx2.post(
+                two.base_url + "/responses",
+                json={"model": "m", "input": "hi"},
+                headers={"authorization": f"Bearer {KEY}", "X-Session-Id": "two"},
+                timeout=60,
+            )
+            chat = httpx2.post(
+                two.base_url + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": f"Bearer {KEY}", "X-Session-Id": "two"},
+                timeout=60,
+            )
+        assert "from claude" == said.content[0].text
+        assert ["/v1/messages"] == [r.path for r in claude.requests]
+        assert ["/v1/responses", "/v1/chat/completions"] == [r.path for r in upstream.requests]
+        assert 200 == chat.status_code

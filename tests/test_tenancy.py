@@ -388,3 +388,81 @@ def test_a_transcript_replayed_into_a_scope_is_that_keys_memory(
             ask(proxy, key, "later", "alice", question)
     assert "4417" in sent(upstream, ALICE)
     assert "4417" not in sent(upstream, MALLORY)
+
+
+# ---------------------------------------------------------------- every wire format (issue 33)
+
+
+def any_format_noted(body: Any) -> Answer:
+    """ "Noted." in the format the request came in."""
+    from wire_script import anthropic_reply, responses_reply, text_item
+
+    if "input" in body:
+        return responses_reply([text_item("Noted.")])
+    if "max_tokens" in body:
+        return anthropic_reply([{"type": "text", "text": "Noted."}])
+    return Answer.reply("Noted.")
+
+
+def ask_in(
+    wire: str, proxy: ProxyProcess, key: str, history: list[dict[str, Any]], **ids: str
+) -> None:
+    """One request in ``wire``'s format through its real SDK; ``ids``: ``field`` (the body's
+    user field: Anthropic ``metadata.user_id``, Responses ``user``) or ``session``/``user``
+    headers."""
+    import anthropic
+
+    headers = {"X-Session-Id": ids["session"], "X-User-Id": ids["user"]} if "session" in ids else {}
+    turns = history[1:]  # the system message goes top-level
+    if wire == "messages":
+        metadata = {"user_id": ids["field"]} if "field" in ids else {}
+        with anthropic.Anthropic(
+            base_url=proxy.root_url, api_key=key, default_headers=headers, max_retries=0
+        ) as client:
+            client.messages.create(
+                model="m",
+                max_tokens=64,
+                system=SYSTEM["content"],
+                messages=turns,
+                metadata=metadata,  # type: ignore[arg-type]
+            )
+        return
+    field = {"user": ids["field"]} if "field" in ids else {}
+    with openai.OpenAI(
+        base_url=proxy.base_url, api_key=key, default_headers=headers, max_retries=0
+    ) as client:
+        client.responses.create(model="m", instructions=SYSTEM["content"], input=turns, **field)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("wire", ["messages", "responses"])
+def test_every_format_is_scoped_by_the_callers_key(
+    tmp_path: Path, upstream: FakeOpenAI, wire: str
+) -> None:
+    """Messages and Responses go through the same scoping as chat completions: Alice's
+    session named only by her request's user field is stored under her key's scope, and
+    Mallory's key claiming the same field (session and user) sends nothing of Alice's
+    upstream, while Alice's own new session still gets the PIN back."""
+    upstream.default = any_format_noted
+    config = write_config(tmp_path, wire)
+    db = tmp_path / f"{wire}.db"
+    history = alice_history()
+    with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as first:
+        for end in range(2, len(history) + 1, 2):
+            ask_in(wire, first, ALICE, history[:end], field="alice")
+        first.stop()
+    scoped = rows(db, "SELECT DISTINCT session_id FROM recall_messages")
+    assert [(f"{store_scope(db, ALICE)}:alice",)] == scoped
+
+    upstream.reset()
+    upstream.default = any_format_noted
+    question = [SYSTEM, {"role": "user", "content": QUESTION}]
+    with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as second:
+        ask_in(wire, second, MALLORY, question, field="alice")
+        ask_in(wire, second, MALLORY, question, session="m-1", user="alice")
+        ask_in(wire, second, ALICE, question, session="a-2", user="alice")
+    by_key = {
+        key: json.dumps([r.body for r in upstream.requests if key in json.dumps(r.headers)])
+        for key in (ALICE, MALLORY)
+    }
+    assert "4417" in by_key[ALICE]
+    assert "4417" not in by_key[MALLORY]
