@@ -17,6 +17,7 @@ the latest user turn, so the app's ``tools`` and ``system`` breakpoints keep the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -36,7 +37,7 @@ from ragent_memory.serve.wire import (
 Block = dict[str, Any]
 MAX_BREAKPOINTS = 4  # cache_control blocks Anthropic accepts in one request
 NOT_IN_VIEW = "[ragent-memory: this tool's result is not in the current view]"
-_KINDS = {"server_busy": "overloaded_error", "upstream_error": "api_error"}
+_KINDS = MappingProxyType({"server_busy": "overloaded_error", "upstream_error": "api_error"})
 _HELD = frozenset({"thinking", "redacted_thinking"})  # say nothing about whose reply it is
 
 

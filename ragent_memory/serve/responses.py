@@ -18,6 +18,7 @@ go back byte for byte. A request chained on the provider's side (``previous_resp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -43,7 +44,7 @@ _ASSISTANT_SIDE = frozenset(
         "mcp_approval_request",
     }
 )
-_ARGUMENT_KEYS = {"function_call": "arguments", "custom_tool_call": "input"}
+_ARGUMENT_KEYS = MappingProxyType({"function_call": "arguments", "custom_tool_call": "input"})
 _STARTING = frozenset({"response.created", "response.in_progress", "response.queued"})
 
 
