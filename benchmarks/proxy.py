@@ -30,10 +30,19 @@ whose turns are a model call apart.
 The machine is shared, so the load average before and after is printed and stored, and the
 event-loop thread's CPU time per request (schedstat, nanoseconds) is reported for the relay
 and every proxy: it moves far less with the load than wall times do.
-Run: ``python -m benchmarks.proxy [--turns N] [--against CHECKOUT]``; results go to
-``benchmarks/results/proxy.json``. ``--against`` runs every proxy arm again from the package in
-another checkout (say the last release's), so before and after share one run's load.
-The issue's target: added p50 ≤ 2 ms.
+**The other wire formats** (issue 33): the same session, at every turn, as an Anthropic
+Messages body (``/v1/messages``: system top-level, tool_use / tool_result blocks) and as a
+stateless OpenAI Responses body (``/v1/responses``: function_call / function_call_output items),
+each sent direct, through the bare relay (the same bytes) and through the default proxy arm
+(its own session per format); the upstream answers each in its own format.
+
+Run: ``python -m benchmarks.proxy [--turns N] [--against CHECKOUT] [--formats LIST]``; results
+go to ``benchmarks/results/proxy.json``. ``--against`` runs every proxy arm again from the
+package in another checkout (say the last release's), so before and after share one run's load.
+``--formats messages,responses`` runs only those formats' rows (the default proxy arm alone) and
+keeps the chat-completions results already in the file.
+The target (DESIGN §17 measures ratios, not absolute times): added p50 ≤ 2 × the bare relay's,
+for every format.
 """
 
 from __future__ import annotations
@@ -58,7 +67,9 @@ import uvloop
 from ragent_memory.cli.demo import simulate_session
 
 BUDGET = 200_000
-TARGET_P50_MS = 2.0
+TARGET_RELAY_RATIO = 2.0  # added p50 ≤ this × the bare relay's added p50
+FORMATS = ("chat", "messages", "responses")
+ANSWER = "Noted; here is the answer."
 RESULTS = Path(__file__).resolve().parent / "results" / "proxy.json"
 READY = re.compile(r"ragent-memory serve: (http://\S+/v1) ")
 REPLY = json.dumps(
@@ -70,8 +81,38 @@ REPLY = json.dumps(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "Noted; here is the answer."},
+                "message": {"role": "assistant", "content": ANSWER},
                 "finish_reason": "stop",
+            }
+        ],
+    }
+).encode()
+MESSAGES_REPLY = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "bench",
+        "content": [{"type": "text", "text": ANSWER}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+).encode()
+RESPONSES_REPLY = json.dumps(
+    {
+        "id": "resp_bench",
+        "object": "response",
+        "created_at": 0,
+        "status": "completed",
+        "model": "bench",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_bench",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": ANSWER, "annotations": []}],
             }
         ],
     }
@@ -90,6 +131,7 @@ class _Upstream(asyncio.Protocol):
         self.buffer = bytearray()  # appended in place: a 2 MB body costs its size, once
         self.need = 0  # bytes of the request being read (head + body); 0: head not seen yet
         self.post = False
+        self.reply = REPLY  # the one in the format of the request being read
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -102,17 +144,27 @@ class _Upstream(asyncio.Protocol):
                 found = re.search(r"content-length:\s*(\d+)", head)
                 self.need = end + 4 + (int(found.group(1)) if found else 0)
                 self.post = head.startswith("post")
+                self.reply = _reply_for(head)
             if len(self.buffer) < self.need:
                 return
             del self.buffer[: self.need]
             self.need = 0
-            body = REPLY if self.post else b'{"object":"list","data":[]}'
+            body = self.reply if self.post else b'{"object":"list","data":[]}'
             self.transport.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                 + str(len(body)).encode()
                 + b"\r\n\r\n"
                 + body
             )
+
+
+def _reply_for(head: str) -> bytes:
+    """The reply in the format of the request whose (lower-cased) head is ``head``."""
+    if head.startswith("post /v1/messages"):
+        return MESSAGES_REPLY
+    if head.startswith("post /v1/responses"):
+        return RESPONSES_REPLY
+    return REPLY
 
 
 def serve_upstream() -> None:
@@ -200,6 +252,7 @@ def stop(process: Any) -> None:
 
 
 def post(client: httpx2.Client, url: str, body: bytes, headers: dict[str, str]) -> Any:
+    """``(ms, headers, reply JSON)`` of one timed POST."""
     started = time.perf_counter()
     try:
         response = client.post(url, content=body, headers=headers)
@@ -210,7 +263,116 @@ def post(client: httpx2.Client, url: str, body: bytes, headers: dict[str, str]) 
         response = client.post(url, content=body, headers=headers)
     elapsed = (time.perf_counter() - started) * 1000
     response.raise_for_status()
-    return elapsed, response.headers, response.json()["choices"][0]["message"]
+    return elapsed, response.headers, response.json()
+
+
+# ---------------------------------------------------------------------- the other formats
+
+
+def as_messages(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The app's chat history as an Anthropic Messages body (what Claude Code would send)."""
+    turns: list[dict[str, Any]] = []
+    for message in history[1:]:
+        if message["role"] == "user":
+            turns.append({"role": "user", "content": message["content"]})
+        elif message["role"] == "assistant":
+            blocks = (
+                [{"type": "text", "text": message["content"]}] if message.get("content") else []
+            )
+            for call in message.get("tool_calls") or ():
+                function = call["function"]
+                arguments = json.loads(function["arguments"] or "{}")
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": function["name"],
+                        "input": arguments,
+                    }
+                )
+            turns.append({"role": "assistant", "content": blocks})
+        else:
+            result = {
+                "type": "tool_result",
+                "tool_use_id": message["tool_call_id"],
+                "content": message["content"],
+            }
+            if turns[-1]["role"] == "user" and isinstance(turns[-1]["content"], list):
+                turns[-1]["content"].append(result)
+            else:
+                turns.append({"role": "user", "content": [result]})
+    return {
+        "model": "bench",
+        "max_tokens": 1024,
+        "system": history[0]["content"],
+        "messages": turns,
+    }
+
+
+def as_responses(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The app's chat history as a stateless Responses body (what Codex CLI would send)."""
+    items: list[dict[str, Any]] = []
+    for message in history[1:]:
+        if message["role"] == "user":
+            items.append({"role": "user", "content": message["content"]})
+        elif message["role"] == "assistant":
+            if message.get("content"):
+                text = {"type": "output_text", "text": message["content"], "annotations": []}
+                items.append({"type": "message", "role": "assistant", "content": [text]})
+            for call in message.get("tool_calls") or ():
+                function = call["function"]
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": function["name"],
+                        "arguments": function["arguments"],
+                    }
+                )
+        else:
+            output = {"call_id": message["tool_call_id"], "output": message["content"]}
+            items.append({"type": "function_call_output", **output})
+    body = {"model": "bench", "instructions": history[0]["content"], "input": items}
+    return {**body, "store": False}
+
+
+CONVERT = {"messages": as_messages, "responses": as_responses}
+
+
+def time_format(
+    fmt: str,
+    number: int,
+    history: list[dict[str, Any]],
+    targets: dict[str, tuple[httpx2.Client, str]],
+    processes: Any,
+    rows: dict[str, list[float]],
+) -> int:
+    """One turn of ``fmt``: the same body direct, through the relay and through the proxy,
+    in rotating order; the rows it adds to; the body's size."""
+    body = json.dumps(CONVERT[fmt](history)).encode()
+    headers = {
+        "Authorization": "Bearer sk-bench",
+        "Content-Type": "application/json",
+        "X-Session-Id": f"bench-{fmt}",
+        "X-User-Id": "bench-user",
+    }
+    order = list(targets)
+    shift = number % len(order)
+    timed = {}
+    for name in order[shift:] + order[:shift]:
+        settle(processes)
+        client, base = targets[name]
+        timed[name] = post(client, f"{base}/{fmt}", body, headers)
+    direct = timed["direct"][0]
+    rows[f"{fmt}: direct"].append(direct)
+    rows[f"{fmt}: bare TCP relay: added"].append(timed["bare TCP relay"][0] - direct)
+    elapsed, got, _ = timed["proxy"]
+    prepare = float(got["x-ragent-duration-ms"])
+    rows[f"{fmt}: proxy: added"].append(elapsed - direct)
+    rows[f"{fmt}: proxy: inside"].append(float(got["x-ragent-proxy-ms"]))
+    rows[f"{fmt}: proxy: prepare"].append(prepare)
+    rows[f"{fmt}: proxy: own"].append(elapsed - direct - prepare)
+    return len(body)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -231,7 +393,9 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) -> dict[str, Any]:
+def measure(
+    turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]], formats: tuple[str, ...]
+) -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     upstream, port = start([sys.executable, "-m", "benchmarks.proxy", "--upstream"], None, root)
     upstream_url = f"http://127.0.0.1:{port}/v1"
@@ -251,7 +415,13 @@ def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) 
         "X-Session-Id": "bench",
         "X-User-Id": "bench-user",
     }
+    others = [fmt for fmt in formats if fmt != "chat"]
+    for fmt in others:
+        for kind in ("direct", "bare TCP relay: added", "proxy: added", "proxy: inside"):
+            rows[f"{fmt}: {kind}"] = []
+        rows[f"{fmt}: proxy: prepare"], rows[f"{fmt}: proxy: own"] = [], []
     sizes: list[int] = []
+    format_sizes: dict[str, list[int]] = {fmt: [] for fmt in others}
     clients: dict[str, httpx2.Client] = {}
     try:
         for number, (name, (extra, env)) in enumerate(arms.items()):
@@ -272,8 +442,17 @@ def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) 
         history: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a support agent for ACME."}
         ]
+        targets = {
+            name: (clients[name], urls[name]) for name in ("direct", "bare TCP relay", "proxy")
+        }
         for number, messages in enumerate(simulate_session(turns)):
             history.append(messages[0])
+            for fmt in others:
+                size = time_format(fmt, number, history, targets, processes.values(), rows)
+                format_sizes[fmt].append(size)
+            if "chat" not in formats:
+                history += [{"role": "assistant", "content": ANSWER}, *messages[1:]]
+                continue
             body = json.dumps({"model": "bench", "messages": history}).encode()
             order = list(urls)
             shift = number % len(order)  # each arm goes first in turn
@@ -300,9 +479,13 @@ def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) 
                 rows[f"{name}: own"].append(elapsed - direct - prepare)
             sizes.append(len(body))
             # The app keeps the reply it got, then its tool loop goes on (the demo's).
-            history.append(timed["proxy"][2])
+            history.append(timed["proxy"][2]["choices"][0]["message"])
             history.extend(messages[1:])
-        served = {name: turns for name in processes} | {"upstream": turns * (len(urls) - 1)}
+        chat = turns if "chat" in formats else 0
+        served = {name: chat for name in processes}
+        for name in ("bare TCP relay", "proxy"):
+            served[name] += turns * len(others)
+        served["upstream"] = chat * (len(urls) - 1) + 3 * turns * len(others)
         cpu = {
             name: round((cpu_ms(process.pid) - cpu_before[name]) / max(served[name], 1), 3)
             for name, process in processes.items()
@@ -314,7 +497,12 @@ def measure(turns: int, cwd: Path, arms: dict[str, tuple[dict[str, Any], Any]]) 
             stop(process)
         stop(relay)
         stop(upstream)
-    return {"rows": rows, "body_bytes": sizes, "cpu_ms_per_request": cpu}
+    return {
+        "rows": rows,
+        "body_bytes": sizes,
+        "format_bytes": format_sizes,
+        "cpu_ms_per_request": cpu,
+    }
 
 
 def busy_ms(pid: int) -> float:
@@ -399,6 +587,65 @@ def arms_for(against: Path | None) -> dict[str, tuple[dict[str, Any], Any]]:
     return arms
 
 
+def print_chat(stats: dict[str, dict[str, float]], cpu: dict[str, float]) -> dict[str, bool]:
+    """The chat-completions arms' table; each arm's verdict against the relay."""
+    print(f"{'':<52} {'p50 ms':>8} {'p99 ms':>8} {'last-100 p50':>13}")
+    for name, row in stats.items():
+        arm, _, kind = name.rpartition(": ")
+        if arm.split(": ")[0] in CONVERT:
+            continue
+        if kind == "total":
+            print(f"\n{arm}")
+        label = f"  {LABELS[kind]}" if arm else "direct call (app → upstream)"
+        print(
+            f"{label:<52} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['late_p50_ms']:>13.3f}"
+        )
+    print(
+        "\nCPU time per request (every thread of the process, background work included; "
+        "10 ms ticks, so a mean over the run; less load-dependent than wall time):"
+    )
+    for name, value in cpu.items():
+        print(f"  {name:<50} {value:>8.3f} ms")
+    relay = stats["bare TCP relay: added"]["p50_ms"]
+    return {
+        f"{arm}: added": stats[f"{arm}: added"]["p50_ms"] <= TARGET_RELAY_RATIO * relay
+        for arm in ARMS
+    }
+
+
+def print_formats(stats: dict[str, dict[str, float]], formats: list[str]) -> dict[str, bool]:
+    """Each other format's rows (direct, relay, the default proxy); its verdict."""
+    verdicts = {}
+    for fmt in formats:
+        relay = stats[f"{fmt}: bare TCP relay: added"]["p50_ms"]
+        added = stats[f"{fmt}: proxy: added"]["p50_ms"]
+        print(f"\n/v1/{fmt}: the same session in that format, default proxy")
+        for kind in (
+            "direct",
+            "bare TCP relay: added",
+            "proxy: added",
+            "proxy: prepare",
+            "proxy: own",
+        ):
+            row = stats[f"{fmt}: {kind}"]
+            print(
+                f"  {kind:<50} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['late_p50_ms']:>13.3f}"
+            )
+        print(f"  {'added p50 ÷ relay added p50':<50} {added / relay:>8.2f}")
+        verdicts[f"{fmt}: proxy: added"] = added <= TARGET_RELAY_RATIO * relay
+    return verdicts
+
+
+def save(data: dict[str, Any], formats: tuple[str, ...]) -> None:
+    """``data`` to RESULTS; a run without chat keeps the chat rows already there."""
+    if "chat" not in formats and RESULTS.exists():
+        kept = json.loads(RESULTS.read_text())
+        kept["formats"] = {**kept.get("formats", {}), **data["formats"]}
+        data = kept
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=300)
@@ -406,6 +653,11 @@ def main() -> None:
         "--against",
         type=Path,
         help="also run every proxy arm from the package in this checkout (before/after in one run)",
+    )
+    parser.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help="wire formats to time, of chat,messages,responses (default: all three)",
     )
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--relay", type=int, help=argparse.SUPPRESS)
@@ -416,62 +668,63 @@ def main() -> None:
     if args.relay:
         serve_relay(args.relay)
         return
-    arms = arms_for(args.against)
+    formats = tuple(f for f in FORMATS if f in args.formats.split(","))
+    others = [f for f in formats if f != "chat"]
+    arms = arms_for(args.against) if "chat" in formats else {"proxy": ({}, None)}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        measured = measure(args.turns, Path(tmp), arms)
+        measured = measure(args.turns, Path(tmp), arms, formats)
     load_after = os.getloadavg()
     stats = summarize(measured["rows"])
-    sizes = measured["body_bytes"]
+    sizes = measured["body_bytes"] or measured["format_bytes"][others[0]]
     print(
         f"ragent-memory serve, {args.turns} turns of the demo RAG session, B = {BUDGET:,}; "
         f"request bodies {min(sizes):,}–{max(sizes):,} bytes; {os.cpu_count()} cores; "
         f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n"
     )
-    print(f"{'':<52} {'p50 ms':>8} {'p99 ms':>8} {'last-100 p50':>13}")
-    verdicts = {}
-    for name, s in stats.items():
-        arm, _, kind = name.rpartition(": ")
-        if kind == "total":
-            print(f"\n{arm}")
-        label = f"  {LABELS[kind]}" if arm else "direct call (app → upstream)"
-        print(f"{label:<52} {s['p50_ms']:>8.3f} {s['p99_ms']:>8.3f} {s['late_p50_ms']:>13.3f}")
-        if kind in ("added", "own") and arm in ARMS:
-            verdicts[name] = s["p50_ms"] <= TARGET_P50_MS
-    print(
-        "\nCPU time per request (every thread of the process, background work included; "
-        "10 ms ticks, so a mean over the run; less load-dependent than wall time):"
-    )
-    for name, value in measured["cpu_ms_per_request"].items():
-        print(f"  {name:<50} {value:>8.3f} ms")
-    print(f"\ntarget: added p50 ≤ {TARGET_P50_MS:g} ms")
+    verdicts = print_chat(stats, measured["cpu_ms_per_request"]) if "chat" in formats else {}
+    verdicts |= print_formats(stats, others)
+    print(f"\ntarget: added p50 ≤ {TARGET_RELAY_RATIO:g} × the bare relay's added p50")
     for name, met in verdicts.items():
         print(f"  {name}: p50 {stats[name]['p50_ms']:.3f} ms {'meets' if met else 'misses'} it")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "proxy",
-                "command": f"python -m benchmarks.proxy --turns {args.turns}",
-                "turns": args.turns,
-                "context_window_chars": BUDGET,
-                "cores": os.cpu_count(),
-                "load_average": {"before": load_before[0], "after": load_after[0]},
-                "arms": {
-                    "direct": {},
-                    "bare TCP relay": {},
-                    **{n: extra for n, (extra, _) in arms.items()},
-                },
-                "body_bytes": {"min": min(sizes), "max": max(sizes)},
-                "stats": stats,
-                "cpu_ms_per_request": measured["cpu_ms_per_request"],
-                "target_p50_ms": TARGET_P50_MS,
-                "meets_target": verdicts,
+    command = f"python -m benchmarks.proxy --turns {args.turns}"
+    format_data = {
+        fmt: {
+            "command": f"{command} --formats {fmt}" if "chat" not in formats else command,
+            "load_average": {"before": load_before[0], "after": load_after[0]},
+            "body_bytes": {
+                "min": min(measured["format_bytes"][fmt]),
+                "max": max(measured["format_bytes"][fmt]),
             },
-            indent=2,
-            ensure_ascii=False,
-        )
-        + "\n"
+            "stats": {
+                k.removeprefix(f"{fmt}: "): v for k, v in stats.items() if k.startswith(f"{fmt}: ")
+            },
+            "meets_target": verdicts[f"{fmt}: proxy: added"],
+        }
+        for fmt in others
+    }
+    chat_stats = {k: v for k, v in stats.items() if k.split(": ")[0] not in CONVERT}
+    save(
+        {
+            "benchmark": "proxy",
+            "command": command,
+            "turns": args.turns,
+            "context_window_chars": BUDGET,
+            "cores": os.cpu_count(),
+            "load_average": {"before": load_before[0], "after": load_after[0]},
+            "arms": {
+                "direct": {},
+                "bare TCP relay": {},
+                **{n: extra for n, (extra, _) in arms.items()},
+            },
+            "body_bytes": {"min": min(sizes), "max": max(sizes)},
+            "stats": chat_stats,
+            "cpu_ms_per_request": measured["cpu_ms_per_request"],
+            "target_relay_ratio": TARGET_RELAY_RATIO,
+            "meets_target": {k: v for k, v in verdicts.items() if k.split(": ")[0] not in CONVERT},
+            "formats": format_data,
+        },
+        formats,
     )
     print(f"→ {RESULTS.relative_to(Path.cwd()) if RESULTS.is_relative_to(Path.cwd()) else RESULTS}")
 
