@@ -479,3 +479,37 @@ def test_upstreams_send_each_provider_to_its_own_url(tmp_path: Path, upstream: F
         assert ["/v1/messages"] == [r.path for r in claude.requests]
         assert ["/v1/responses", "/v1/chat/completions"] == [r.path for r in upstream.requests]
         assert 200 == chat.status_code
+
+
+def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
+    """The body cache hands out the last body's turns again and the translation reuses what
+    it made of them: the engine gets the very message objects it saw before (the identity
+    its prefix checks rely on), only the new turns translated afresh."""
+    from ragent_memory.serve.bodies import BodyCache
+    from ragent_memory.serve.wire import Memo
+
+    wire, bodies_seen = AnthropicWire(), BodyCache()
+    turns = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": [tool_use("toolu_m", "ls", {})]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_m", "content": "x"}],
+        },
+    ]
+    first_body = {"model": "m", "system": "s", "messages": turns}
+    memo: Memo = {}
+    first, memo = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
+    more = {
+        **first_body,
+        "messages": [
+            *turns,
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "two"},
+        ],
+    }
+    second, _ = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo)
+    assert 1 == bodies_seen.tail_parses
+    assert len(first) + 2 == len(second)
+    assert all(a is b for a, b in zip(first, second, strict=False))
+    assert second == to_engine(more)

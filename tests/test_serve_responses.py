@@ -346,3 +346,26 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_reasoning_kept(
         reasoning, call, _ = body["input"][-3:]
         assert ("reasoning", "function_call") == (reasoning["type"], call["type"])
     assert int(raw.headers["x-ragent-generation"]) >= 1
+
+
+def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
+    """``input`` is parsed by its tail too, and a run of assistant items or an item seen in
+    the session's last body is not translated again: the engine gets the same objects."""
+    from ragent_memory.serve.bodies import BodyCache
+    from ragent_memory.serve.wire import Memo
+
+    wire, bodies_seen = ResponsesWire(), BodyCache()
+    items = tool_loop_input()
+    body = {"model": "m", "instructions": INSTRUCTIONS, "input": items, "store": False}
+    memo: Memo = {}
+    first, memo = wire.history(
+        bodies_seen.parse("k", json.dumps(body).encode(), "input", wire.parse), memo
+    )
+    more = {**body, "input": [*items, text_item("Opened."), {"role": "user", "content": "go"}]}
+    second, _ = wire.history(
+        bodies_seen.parse("k", json.dumps(more).encode(), "input", wire.parse), memo
+    )
+    assert 1 == bodies_seen.tail_parses
+    assert len(first) + 2 == len(second)
+    assert all(a is b for a, b in zip(first, second, strict=False))
+    assert second == to_engine(more)

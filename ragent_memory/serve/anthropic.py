@@ -26,11 +26,13 @@ from starlette.responses import Response
 from ragent_memory.serve.chat import call_name
 from ragent_memory.serve.http import Reject, whole_response
 from ragent_memory.serve.wire import (
+    Memo,
     Message,
     arguments_object,
     derived_session,
     load_object,
     named_event,
+    remembered,
     text_parts,
 )
 
@@ -98,21 +100,33 @@ def assistant_message(content: Any) -> Message:
     return message
 
 
-def to_engine(body: Mapping[str, Any]) -> list[Message]:
-    """The request's ``system`` and ``messages`` as the engine's messages."""
+def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
+    """The request's ``system`` and ``messages`` as the engine's messages (see ``Memo``)."""
     out: list[Message] = []
+    seen: Memo = {}
     system = body.get("system")
     if system:
-        out.append({"role": "system", "content": system})
+        out += remembered(memo, seen, "system", system, _system_message, system)
     for index, message in enumerate(body["messages"]):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role == "user":
-            out += _user(message.get("content"))
-        elif role == "assistant":
-            out.append(assistant_message(message.get("content")))
-        else:
-            raise Reject(400, f"messages[{index}]: expected a user or assistant turn")
-    return out
+        out += remembered(memo, seen, id(message), message, _turn, message, index)
+    return out, seen
+
+
+def to_engine(body: Mapping[str, Any]) -> list[Message]:
+    return translate(body, {})[0]
+
+
+def _system_message(system: Any) -> list[Message]:
+    return [{"role": "system", "content": system}]
+
+
+def _turn(message: Any, index: int) -> list[Message]:
+    role = message.get("role") if isinstance(message, dict) else None
+    if role == "user":
+        return _user(message.get("content"))
+    if role == "assistant":
+        return [assistant_message(message.get("content"))]
+    raise Reject(400, f"messages[{index}]: expected a user or assistant turn")
 
 
 # ---------------------------------------------------------------------- back to the wire
@@ -339,6 +353,7 @@ class AnthropicWire:
     """``POST /v1/messages`` (see the module docstring)."""
 
     name = "messages"
+    field = "messages"
     path = "/messages"
     provider = "anthropic"
 
@@ -363,8 +378,8 @@ class AnthropicWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any]) -> list[Message]:
-        return to_engine(body)
+    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
+        return translate(body, memo)
 
     def payload(
         self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -89,12 +89,18 @@ class Endpoint:
             request = Request(scope, receive)
             raw = await read_body(request, self.proxy.settings.max_body_bytes)
             forward = forward_headers(scope["headers"])
-            body = self._parse(request, raw)
+            key = (
+                self.wire.name,
+                credential_of(request.headers),
+                request.headers.get("x-session-id"),
+            )
+            body = self.proxy.bodies.parse(key, raw, self.wire.field, self.wire.parse)
             if not self.wire.managed(body):
                 passed = await forward_untouched(self.proxy, self.wire, forward, raw)
                 await passed(scope, receive, send)
                 return
-            turn = await self.proxy.turn(self.wire, body, request.headers, forward, started)
+            headers = request.headers
+            turn = await self.proxy.turn(self.wire, body, headers, forward, started, key, len(raw))
             if turn.body.get("stream") is True:
                 answer = await self.proxy.stream(turn)
                 if isinstance(answer, Relay):  # it tells the proxy when it is done
@@ -111,13 +117,6 @@ class Endpoint:
             await answer(scope, receive, send)
         finally:  # after the response: after_turn's thread must not hold it up
             self.proxy.done(turn, reply, answer.status_code)
-
-    def _parse(self, request: Request, raw: bytes) -> dict[str, Any]:
-        """The body; a ``messages`` one by what is new since the session's last (``bodies``)."""
-        if self.wire.name == "responses":
-            return self.wire.parse(raw)
-        key = (self.wire.name, credential_of(request.headers), request.headers.get("x-session-id"))
-        return self.proxy.bodies.parse(key, raw)
 
 
 async def forward_untouched(

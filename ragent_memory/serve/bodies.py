@@ -4,7 +4,8 @@ An app resends its whole history each call: the next body is usually the last on
 (up to the end of its last message), a tail of new messages, and the last one's suffix (from
 the ``]`` closing ``messages``). Then only the tail is parsed, at its depth in the body, and
 the last body's message objects are handed out again (so the engine knows them by identity);
-anything else is parsed whole. Where the head ends is proved once: the last body with a
+anything else is parsed whole. The list is ``messages`` for chat completions and Anthropic
+Messages, ``input`` for Responses (``field``). Where the head ends is proved once: the last body with a
 sentinel inserted there must parse to itself with the sentinel appended to ``messages``.
 """
 
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import attrs
 import orjson
 
 from ragent_memory.serve import chat
+from ragent_memory.serve.wire import Memo
 
 _WHITESPACE = b" \t\n\r"
 _SENTINEL = "ragent-memory: split check"
@@ -31,6 +33,7 @@ class _Last:
     body: dict[str, Any]
     end: int  # just past the last message (just past "[" when there is none)
     stop: int  # the "]" that closes ``messages``
+    field: str = "messages"  # the list's key
     proved: bool = False
 
 
@@ -46,22 +49,29 @@ class BodyCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def parse(self, key: Hashable, raw: bytes) -> dict[str, Any]:
-        """``chat.parse(raw)``, by its tail when it extends ``key``'s last body."""
+    def parse(
+        self,
+        key: Hashable,
+        raw: bytes,
+        field: str = "messages",
+        whole: Callable[[bytes], dict[str, Any]] = chat.parse,
+    ) -> dict[str, Any]:
+        """``whole(raw)`` (a body whose ``field`` is a list), by its tail when it extends
+        ``key``'s last body."""
         with self._lock:
             last = self._last.pop(key, None)
             self._bytes -= len(last.raw) if last else 0
-            known = _extended(last, raw) if last else None
+            known = _extended(last, raw) if last and last.field == field else None
             if known is not None:
                 self.tail_parses += 1
-            elif (known := _located(raw, body := chat.parse(raw))) is None:
+            elif (known := _located(raw, body := whole(raw), field)) is None:
                 return body  # not kept: its messages' end cannot be found
             if len(raw) <= self.max_bytes:
                 self._last[key] = known
                 self._bytes += len(raw)
             while len(self._last) > self.max_sessions or self._bytes > self.max_bytes:
                 self._bytes -= len(self._last.popitem(last=False)[1].raw)
-            return {**known.body, "messages": list(known.body["messages"])}
+            return {**known.body, field: list(known.body[field])}
 
 
 def _extended(last: _Last, raw: bytes) -> _Last | None:
@@ -73,12 +83,12 @@ def _extended(last: _Last, raw: bytes) -> _Last | None:
     if not last.proved and not _proves(last):
         return None
     tail = raw[last.end : stop].rstrip(_WHITESPACE)
-    messages = last.body["messages"]
+    messages = last.body[last.field]
     added = _items(tail.lstrip(_WHITESPACE), after=bool(messages))
     if added is None:
         return None
-    body = {**last.body, "messages": [*messages, *added]} if added else last.body
-    return _Last(raw, body, last.end + len(tail), stop, proved=True)
+    body = {**last.body, last.field: [*messages, *added]} if added else last.body
+    return _Last(raw, body, last.end + len(tail), stop, last.field, proved=True)
 
 
 def _items(tail: bytes, *, after: bool) -> list[Any] | None:
@@ -96,30 +106,57 @@ def _items(tail: bytes, *, after: bool) -> list[Any] | None:
     return parsed["m"] or None
 
 
-def _located(raw: bytes, body: dict[str, Any]) -> _Last | None:
-    """``body`` and where its ``messages`` end in ``raw`` (the last "]" after which the rest
-    parses as ``messages`` closed and the keys after it), unproved; None if not found."""
-    messages = body["messages"]
-    if messages and not isinstance(messages[-1], dict):
+def _located(raw: bytes, body: dict[str, Any], field: str) -> _Last | None:
+    """``body`` and where its ``field`` list ends in ``raw`` (the last "]" after which the rest
+    parses as the list closed and the keys after it), unproved; None if not found."""
+    messages = body[field]
+    if not isinstance(messages, list) or (messages and not isinstance(messages[-1], dict)):
         return None  # the proof needs a last message the sentinel cannot equal
     keys = list(body)
-    expected = {"messages": [], **{key: body[key] for key in keys[keys.index("messages") + 1 :]}}
+    expected = {field: [], **{key: body[key] for key in keys[keys.index(field) + 1 :]}}
+    opening = b"{" + orjson.dumps(field) + b":["
     stop = len(raw)
     for _ in range(_CANDIDATES):
         stop = raw.rfind(b"]", 0, max(stop, 0))
-        if stop > 0 and chat.json_or_none(b'{"messages":[' + raw[stop:]) == expected:
+        if stop > 0 and chat.json_or_none(opening + raw[stop:]) == expected:
             end = stop
             while raw[end - 1] in _WHITESPACE:
                 end -= 1
-            return _Last(raw, body, end, stop)
+            return _Last(raw, body, end, stop, field)
     return None
 
 
 def _proves(last: _Last) -> bool:
     """True when ``last.end`` is just past the last item of the body's ``messages``."""
-    sentinel = (b"," if last.body["messages"] else b"") + orjson.dumps(_SENTINEL)
+    sentinel = (b"," if last.body[last.field] else b"") + orjson.dumps(_SENTINEL)
     marked = chat.json_or_none(last.raw[: last.end] + sentinel + last.raw[last.end :])
-    got = marked.get("messages") if isinstance(marked, dict) else None
+    got = marked.get(last.field) if isinstance(marked, dict) else None
     if not isinstance(got, list) or got[-1:] != [_SENTINEL]:
         return False
-    return bool({**marked, "messages": got[:-1]} == last.body)
+    return bool({**marked, last.field: got[:-1]} == last.body)
+
+
+class Memos:
+    """The last translation per key (a session; see ``wire.Memo``), least recently used out
+    past ``max_sessions`` or ``max_bytes`` of the request bodies they were made from."""
+
+    def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
+        self.max_sessions, self.max_bytes = max_sessions, max_bytes
+        self._memos: collections.OrderedDict[Hashable, tuple[int, Memo]] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, key: Hashable) -> Memo:
+        with self._lock:
+            size, memo = self._memos.pop(key, (0, {}))
+            self._bytes -= size
+            return memo
+
+    def keep(self, key: Hashable, memo: Memo, size: int) -> None:
+        if not memo or size > self.max_bytes:
+            return
+        with self._lock:
+            self._memos[key] = (size, memo)
+            self._bytes += size
+            while len(self._memos) > self.max_sessions or self._bytes > self.max_bytes:
+                self._bytes -= self._memos.popitem(last=False)[1][0]

@@ -268,6 +268,7 @@ class ChatWire:
     """``POST /v1/chat/completions``: the engine's own format, translated by nothing."""
 
     name = "chat"
+    field = "messages"
     path = "/chat/completions"
     provider = "openai"
 
@@ -280,8 +281,8 @@ class ChatWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any]) -> list[Message]:
-        return list(body["messages"])
+    def history(self, body: Mapping[str, Any], memo: Any) -> tuple[list[Message], Any]:
+        return list(body["messages"]), {}  # the engine's own messages: nothing to translate
 
     def payload(
         self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]

@@ -26,7 +26,14 @@ from starlette.responses import Response
 
 from ragent_memory.serve.chat import call_name, error_response
 from ragent_memory.serve.http import Reject
-from ragent_memory.serve.wire import Message, derived_session, load_object, named_event
+from ragent_memory.serve.wire import (
+    Memo,
+    Message,
+    derived_session,
+    load_object,
+    named_event,
+    remembered,
+)
 
 Item = dict[str, Any]
 OPAQUE = "x_item"  # a part that is a whole item, carried as it came
@@ -121,7 +128,7 @@ def assistant_message(items: Sequence[Item]) -> Message:
     return message
 
 
-def _other(item: Item, index: int, leading: bool) -> Message:
+def _other(item: Item, index: int, leading: bool) -> list[Message]:
     kind = _kind(item)
     if kind == "message":
         role = item.get("role")
@@ -129,44 +136,63 @@ def _other(item: Item, index: int, leading: bool) -> Message:
             raise Reject(400, f"input[{index}]: unknown message role {role!r}")
         engine_role = "user" if role == "user" else "system"
         keys = _without(item, "content")
-        return {"role": engine_role, "content": _parts_in(item.get("content")), "x_item": keys}
+        return [{"role": engine_role, "content": _parts_in(item.get("content")), "x_item": keys}]
     if _is_output(item):
         output = item.get("output")
-        return {
-            "role": "tool",
-            "tool_call_id": item.get("call_id"),
-            "content": _parts_in(output) if output is not None else "",
-            "x_item": _without(item, "output"),
-        }
-    return {"role": "system" if leading else "user", "content": [{"type": OPAQUE, "item": item}]}
+        return [
+            {
+                "role": "tool",
+                "tool_call_id": item.get("call_id"),
+                "content": _parts_in(output) if output is not None else "",
+                "x_item": _without(item, "output"),
+            }
+        ]
+    return [{"role": "system" if leading else "user", "content": [{"type": OPAQUE, "item": item}]}]
 
 
-def to_engine(body: Mapping[str, Any]) -> list[Message]:
-    """``instructions`` and ``input`` as the engine's messages."""
+def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
+    """``instructions`` and ``input`` as the engine's messages (see ``Memo``)."""
     out: list[Message] = []
+    seen: Memo = {}
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
-        out.append({"role": "system", "content": instructions, "x_instructions": True})
+        system = {"role": "system", "content": instructions, "x_instructions": True}
+        out += remembered(memo, seen, "instructions", instructions, list, (system,))
     items = body["input"]
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise Reject(400, "malformed body: 'input' must be a string or a list of items")
     run: list[Item] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise Reject(400, f"input[{index}]: expected an item object")
-        if _is_assistant_side(item):
+    leading = True  # only system messages so far
+    for index, item in enumerate([*items, None]):
+        if isinstance(item, dict) and _is_assistant_side(item):
             run.append(item)
             continue
         if run:
-            out.append(assistant_message(run))
-            run = []
-        leading = all(m["role"] == "system" for m in out)
-        out.append(_other(item, index, leading))
-    if run:
-        out.append(assistant_message(run))
-    return out
+            ran = tuple(run)
+            out += remembered(memo, seen, ran_key(ran), ran, _assistant_list, ran)
+            run, leading = [], False
+        if item is None and index == len(items):
+            break
+        if not isinstance(item, dict):
+            raise Reject(400, f"input[{index}]: expected an item object")
+        made = remembered(memo, seen, (id(item), leading), item, _other, item, index, leading)
+        out += made
+        leading = leading and made[0]["role"] == "system"
+    return out, seen
+
+
+def _assistant_list(run: tuple[Item, ...]) -> list[Message]:
+    return [assistant_message(run)]
+
+
+def ran_key(run: tuple[Item, ...]) -> tuple[int, ...]:
+    return tuple(map(id, run))
+
+
+def to_engine(body: Mapping[str, Any]) -> list[Message]:
+    return translate(body, {})[0]
 
 
 # ---------------------------------------------------------------------- back to the wire
@@ -363,6 +389,7 @@ class ResponsesWire:
     """``POST /v1/responses`` (see the module docstring)."""
 
     name = "responses"
+    field = "input"
     path = "/responses"
     provider = "openai"
 
@@ -389,8 +416,8 @@ class ResponsesWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return not (body.get("previous_response_id") or body.get("conversation"))
 
-    def history(self, body: Mapping[str, Any]) -> list[Message]:
-        return to_engine(body)
+    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
+        return translate(body, memo)
 
     def payload(
         self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]

@@ -11,7 +11,7 @@ import collections
 import contextlib
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
-from ragent_memory.serve.bodies import BodyCache
+from ragent_memory.serve.bodies import BodyCache, Memos
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.stream import Relay, StreamReader
@@ -81,6 +81,7 @@ class Proxy:
         self.settings = settings
         self.identity = Identity(settings, engine.store)
         self.bodies = BodyCache()  # keyed by the caller's credential and X-Session-Id
+        self.memos = Memos()  # the same keys: each session's last translation to the engine
         self.in_flight = 0  # requests of every format (serve.max_concurrency)
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
@@ -110,13 +111,17 @@ class Proxy:
         headers: Mapping[str, str],
         forward: list[tuple[str, str]],
         started: float,
+        key: Hashable = None,
+        size: int = 0,
     ) -> Turn:
-        """The turn of a parsed request, its session identified and its history prepared."""
+        """The turn of a parsed request, its session identified and its history prepared
+        (translated to the engine's messages reusing ``key``'s last translation)."""
         session_id, user_id = self.identity.identify(headers, body, wire)
         try:
-            history = wire.history(body)
-        except (KeyError, TypeError, ValueError) as err:
-            raise Reject(400, f"malformed body: {err}") from err
+            history, memo = wire.history(body, self.memos.take(key))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise Reject(400, f"malformed body: {err!r}") from err
+        self.memos.keep(key, memo, size)
         try:
             on_loop = not self._may_wait(history, session_id)
             if on_loop:

@@ -10,7 +10,7 @@ messages, parts and tool calls it hands back, so a translation back restores the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -19,6 +19,10 @@ from starlette.responses import Response
 from ragent_memory.serve.http import Reject
 
 Message = dict[str, Any]
+# What one request's translation made of each turn, item or run of items (by the identity of
+# the source objects ``BodyCache`` hands out again): the next request of the session reuses it,
+# so the engine gets the very message objects it saw before.
+Memo = dict[Hashable, tuple[Any, list[Message]]]
 
 
 class Builder(Protocol):
@@ -39,6 +43,7 @@ class Wire(Protocol):
     """One wire format (see the module docstring)."""
 
     name: str  # for logs: chat, messages, responses
+    field: str  # the body's conversation list (``BodyCache`` parses it by its tail)
     path: str  # the upstream path after the base URL
     provider: str  # which ``serve.upstreams`` entry replaces ``serve.upstream``
 
@@ -52,8 +57,9 @@ class Wire(Protocol):
         """False for a request the engine cannot manage: it is forwarded untouched."""
         ...
 
-    def history(self, body: Mapping[str, Any]) -> list[Message]:
-        """The request's conversation as the engine's chat messages."""
+    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
+        """The request's conversation as the engine's chat messages (what ``memo``, the
+        session's last translation, already holds reused), and this translation's memo."""
         ...
 
     def payload(
@@ -96,6 +102,30 @@ class Wire(Protocol):
     def error(
         self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
     ) -> Response: ...
+
+
+def remembered(
+    memo: Memo,
+    seen: Memo,
+    key: Hashable,
+    source: Any,
+    make: Callable[..., list[Message]],
+    *args: Any,
+) -> list[Message]:
+    """The engine messages of ``source`` (a turn, an item, or a tuple of items): the last
+    request's when ``memo`` holds the very same object(s) under ``key``, else
+    ``make(*args)``; recorded in ``seen`` for the next request."""
+    hit = memo.get(key)
+    if hit is None or not _same(hit[0], source):
+        hit = (source, make(*args))
+    seen[key] = hit
+    return hit[1]
+
+
+def _same(known: Any, source: Any) -> bool:
+    if isinstance(source, tuple):
+        return len(known) == len(source) and all(a is b for a, b in zip(known, source, strict=True))
+    return known is source
 
 
 def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
