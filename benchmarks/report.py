@@ -353,6 +353,57 @@ def proxy_section(data: dict[str, Any]) -> list[str]:
         f"load average {data['load_average']['before']:.2f} before, "
         f"{data['load_average']['after']:.2f} after.",
         "",
+        *format_section(data.get("formats") or {}),
+    ]
+
+
+def format_section(formats: dict[str, Any]) -> list[str]:
+    """The other wire formats' rows (issue 33): the same session as an Anthropic Messages and
+    a Responses body, direct, through the bare relay and through the default proxy."""
+    if not formats:
+        return []
+    rows = []
+    for fmt, data in formats.items():
+        stats = data["stats"]
+        relay, added = stats["bare TCP relay: added"]["p50_ms"], stats["proxy: added"]["p50_ms"]
+        load = data["load_average"]
+        rows.append(
+            [
+                f"`/v1/{fmt}`",
+                f"{data['body_bytes']['min']:,}–{data['body_bytes']['max']:,}",
+                f"{stats['direct']['p50_ms']:.2f}",
+                f"{relay:.2f} / {stats['bare TCP relay: added']['p99_ms']:.1f}",
+                f"{added:.2f} / {stats['proxy: added']['p99_ms']:.1f}",
+                f"{stats['proxy: prepare']['p50_ms']:.2f} / {stats['proxy: prepare']['p99_ms']:.1f}",
+                f"{added / relay:.2f}",
+                f"{load['before']:.2f} → {load['after']:.2f}",
+            ]
+        )
+    commands = sorted({data["command"] for data in formats.values()})
+    return [
+        "### The other wire formats",
+        "",
+        "The same session sent as an Anthropic Messages body (system top-level, tool_use / "
+        "tool_result blocks) and as a stateless Responses body (function_call / "
+        "function_call_output items), each direct, through the bare relay (the same bytes) and "
+        "through the default proxy, back to back every turn; the upstream answers in the "
+        f"request's format. `{'`, `'.join(commands)}`. p50 / p99 in ms; the target is added "
+        "p50 ≤ 2 × the relay's.",
+        "",
+        table(
+            [
+                "format",
+                "body bytes",
+                "direct p50",
+                "relay added",
+                "proxy added",
+                "of which `prepare`",
+                "added p50 ÷ relay's",
+                "load average",
+            ],
+            rows,
+        ),
+        "",
     ]
 
 
