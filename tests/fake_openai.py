@@ -213,12 +213,13 @@ class FakeOpenAI:
         headers = {name.lower(): value for name, value in handler.headers.items()}
         with self._lock:
             self.requests.append(RecordedRequest(handler.path, headers, body))
-        answer = self._next_answer(body) if handler.path in PATHS else Answer.error(404)
+        route = handler.path.split("?", 1)[0]  # Claude Code's ?beta=true included
+        answer = self._next_answer(body) if route in PATHS else Answer.error(404)
         if answer.stall_s:
             if self._closing.wait(answer.stall_s):
                 return  # shutting down: drop the connection unanswered
             answer = answer.then or self._default_answer(body)
-        self._send(handler, answer, body, chat=handler.path == CHAT_PATH)
+        self._send(handler, answer, body, chat=route == CHAT_PATH)
 
     def _send(
         self, handler: BaseHTTPRequestHandler, answer: Answer, body: Any, *, chat: bool = True

@@ -201,6 +201,18 @@ def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOp
     assert KEY == upstream.requests[-1].headers["x-api-key"]
 
 
+def test_the_query_string_reaches_the_upstream(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+    """Claude Code posts to /v1/messages?beta=true: so does the proxy."""
+    upstream.enqueue(anthropic_reply([{"type": "text", "text": "beta"}]))
+    reply = client_for(proxy, "beta").post(
+        "/v1/messages?beta=true",
+        body={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        cast_to=httpx2.Response,
+    )
+    assert "beta" == reply.json()["content"][0]["text"]
+    assert ["/v1/messages?beta=true"] == [r.path for r in upstream.requests]
+
+
 def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
     upstream.enqueue(Answer(payload={"input_tokens": 42}))
     counted = client_for(proxy, None).messages.count_tokens(

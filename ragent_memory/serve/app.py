@@ -50,7 +50,7 @@ from ragent_memory.serve.http import (
 from ragent_memory.serve.identity import TrustedPeers, credential_of
 from ragent_memory.serve.responses import ResponsesWire
 from ragent_memory.serve.stream import Relay
-from ragent_memory.serve.turn import Proxy
+from ragent_memory.serve.turn import Origin, Proxy
 from ragent_memory.serve.wire import Wire
 from ragent_memory.settings import Settings
 
@@ -95,12 +95,15 @@ class Endpoint:
                 request.headers.get("x-session-id"),
             )
             body = self.proxy.bodies.parse(key, raw, self.wire.field, self.wire.parse)
+            query = scope.get("query_string", b"").decode("latin-1")
+            path = self.wire.path + (f"?{query}" if query else "")
             if not self.wire.managed(body):
-                passed = await forward_untouched(self.proxy, self.wire, forward, raw)
+                passed = await forward_untouched(self.proxy, self.wire, path, forward, raw)
                 await passed(scope, receive, send)
                 return
             headers = request.headers
-            turn = await self.proxy.turn(self.wire, body, headers, forward, started, key, len(raw))
+            origin = Origin(key, len(raw), query)
+            turn = await self.proxy.turn(self.wire, body, headers, forward, started, origin)
             if turn.body.get("stream") is True:
                 answer = await self.proxy.stream(turn)
                 if isinstance(answer, Relay):  # it tells the proxy when it is done
@@ -120,12 +123,12 @@ class Endpoint:
 
 
 async def forward_untouched(
-    proxy: Proxy, wire: Wire, forward: list[tuple[str, str]], raw: bytes
+    proxy: Proxy, wire: Wire, path: str, forward: list[tuple[str, str]], raw: bytes
 ) -> Response:
     """The request as it came to the upstream and its answer back as it arrives, the engine
     not involved (``X-Ragent-Managed: false``)."""
     base = proxy.settings.upstream_for(wire.provider)
-    upstream = await proxy.upstream.open("POST", wire.path, forward, raw, base=base)
+    upstream = await proxy.upstream.open("POST", path, forward, raw, base=base)
     headers = response_headers(upstream.raw_headers, [UNMANAGED])
 
     async def body() -> AsyncIterator[bytes]:
@@ -170,6 +173,8 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
             base = proxy.settings.upstream_for(anthropic.provider)
             forward = forward_headers(request.headers.raw)
             path = anthropic.path + "/count_tokens"
+            if request.url.query:
+                path += f"?{request.url.query}"
             reply, _ = await proxy.upstream.call("POST", path, forward, raw, base=base)
         except Reject as err:
             return anthropic.error(err.status, err.message, err.kind)

@@ -42,12 +42,23 @@ Message = chat.Message
 _WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
 
 
+@attrs.frozen
+class Origin:
+    """Where a request's body came from: its session's key (``BodyCache`` and ``Memos``), its
+    size in bytes and its query string (passed on to the upstream)."""
+
+    key: Hashable = None
+    size: int = 0
+    query: str = ""
+
+
 @attrs.define
 class Turn:
     """One request on its way through the proxy."""
 
     wire: Wire
     base: str | None  # the upstream base URL of the wire's provider
+    path: str  # the wire's upstream path and the request's query (Claude Code's ?beta=true)
     body: dict[str, Any]
     history: list[Message]  # the request's conversation as the engine's messages
     session_id: str
@@ -111,17 +122,17 @@ class Proxy:
         headers: Mapping[str, str],
         forward: list[tuple[str, str]],
         started: float,
-        key: Hashable = None,
-        size: int = 0,
+        origin: Origin | None = None,
     ) -> Turn:
         """The turn of a parsed request, its session identified and its history prepared
         (translated to the engine's messages reusing ``key``'s last translation)."""
         session_id, user_id = self.identity.identify(headers, body, wire)
         try:
-            history, memo = wire.history(body, self.memos.take(key))
+            origin = origin or Origin()
+            history, memo = wire.history(body, self.memos.take(origin.key))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise Reject(400, f"malformed body: {err!r}") from err
-        self.memos.keep(key, memo, size)
+        self.memos.keep(origin.key, memo, origin.size)
         try:
             on_loop = not self._may_wait(history, session_id)
             if on_loop:
@@ -133,6 +144,7 @@ class Proxy:
         return Turn(
             wire=wire,
             base=self.settings.upstream_for(wire.provider),
+            path=wire.path + (f"?{origin.query}" if origin.query else ""),
             body=body,
             history=history,
             session_id=session_id,
@@ -221,7 +233,7 @@ class Proxy:
         while True:
             payload = turn.payload(with_tools=turn.rounds < last_round)
             upstream, waited = await self.upstream.call(
-                "POST", turn.wire.path, turn.headers, payload, base=turn.base
+                "POST", turn.path, turn.headers, payload, base=turn.base
             )
             turn.upstream_s += waited
             data = chat.json_or_none(upstream.content) if upstream.status_code == 200 else None
@@ -247,7 +259,7 @@ class Proxy:
             sent = time.perf_counter()
             payload = turn.payload(with_tools=turn.rounds < last_round)
             upstream = await self.upstream.open(
-                "POST", turn.wire.path, turn.headers, payload, base=turn.base
+                "POST", turn.path, turn.headers, payload, base=turn.base
             )
             turn.upstream_s += time.perf_counter() - sent
             if upstream.status != 200:
