@@ -316,7 +316,9 @@ def as_responses(history: list[dict[str, Any]]) -> dict[str, Any]:
         if message["role"] == "user":
             items.append({"role": "user", "content": message["content"]})
         elif message["role"] == "assistant":
-            if message.get("content"):
+            if message.get("content") == ANSWER:  # the upstream's reply, kept as received
+                items += json.loads(RESPONSES_REPLY)["output"]
+            elif message.get("content"):
                 text = {"type": "output_text", "text": message["content"], "annotations": []}
                 items.append({"type": "message", "role": "assistant", "content": [text]})
             for call in message.get("tool_calls") or ():

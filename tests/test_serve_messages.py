@@ -525,3 +525,28 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     assert len(first) + 2 == len(second)
     assert all(a is b for a, b in zip(first, second, strict=False))
     assert second == to_engine(more)
+
+
+def test_what_goes_upstream_is_always_paired() -> None:
+    """A view that starts with a tool result whose call it no longer shows sends that result
+    as text; a call whose result it no longer shows gets a result saying so."""
+    from ragent_memory.serve.anthropic import NOT_IN_VIEW, from_engine
+
+    call = {"id": "toolu_k", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    view = [
+        {"role": "system", "content": "s"},
+        {"role": "tool", "tool_call_id": "toolu_gone", "content": "old rows"},
+        {"role": "user", "content": "next?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "and now?"},
+    ]
+    system, turns = from_engine(view)
+    assert "s" == system
+    assert [
+        {"type": "text", "text": "[tool result toolu_gone]\nold rows"},
+        {"type": "text", "text": "next?"},
+    ] == turns[0]["content"]
+    assert [tool_use("toolu_k", "ls", {})] == turns[1]["content"]
+    missing = {"type": "tool_result", "tool_use_id": "toolu_k", "content": NOT_IN_VIEW}
+    assert [missing, {"type": "text", "text": "and now?"}] == turns[2]["content"]
+    assert paired(turns)

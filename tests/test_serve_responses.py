@@ -369,3 +369,22 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     assert len(first) + 2 == len(second)
     assert all(a is b for a, b in zip(first, second, strict=False))
     assert second == to_engine(more)
+
+
+def test_what_goes_upstream_is_always_paired() -> None:
+    """An output whose call the view no longer shows goes as a user message; a call whose
+    output it no longer shows gets an output saying so; the latest call is left alone."""
+    from ragent_memory.serve.responses import NOT_IN_VIEW, from_engine
+
+    call = {"id": "call_k", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+    view = [
+        {"role": "tool", "tool_call_id": "call_gone", "content": "old rows"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": None, "tool_calls": [{**call, "id": "call_last"}]},
+    ]
+    _, items = from_engine(view)
+    assert {"role": "user", "content": "[output of call call_gone]\nold rows"} == items[0]
+    assert ("function_call", "call_k") == (items[1]["type"], items[1]["call_id"])
+    assert {"type": "function_call_output", "call_id": "call_k", "output": NOT_IN_VIEW} == items[2]
+    assert ("function_call", "call_last") == (items[-1]["type"], items[-1]["call_id"])

@@ -207,40 +207,33 @@ def _user_turn(run: Sequence[Message]) -> dict[str, Any]:
 
 def _pair(turns: list[dict[str, Any]]) -> None:
     """Every tool_use answered in the next turn, every tool_result answering the turn before:
-    an orphan result becomes text, a missing one says its result is not in view."""
-    for index, turn in enumerate(turns):
-        if turn["role"] != "user" or not isinstance(turn["content"], list):
+    an orphan result becomes text, a missing one says its result is not in view. One pass."""
+    asked: list[Any] = []  # the tool_use ids of the turn before
+    for turn in turns:
+        content = turn["content"]
+        if turn["role"] == "assistant":
+            asked = [b.get("id") for b in _content_blocks(turn) if b.get("type") == "tool_use"]
             continue
-        before = turns[index - 1] if index else None
-        asked = {b.get("id") for b in _content_blocks(before) if b.get("type") == "tool_use"}
-        blocks = []
-        for block in turn["content"]:
-            if block.get("type") == "tool_result" and block.get("tool_use_id") not in asked:
-                text = "\n".join(p.get("text", "") for p in text_parts(block.get("content")))
-                block = {
-                    "type": "text",
-                    "text": f"[tool result {block.get('tool_use_id')}]\n{text}",
-                }
-            blocks.append(block)
-        turn["content"] = blocks
-    for index, turn in enumerate(turns[:-1]):
-        if turn["role"] != "assistant":
-            continue
-        calls = [b.get("id") for b in _content_blocks(turn) if b.get("type") == "tool_use"]
-        after = turns[index + 1]
-        if after["role"] != "user" or not calls:
-            continue
-        if isinstance(after["content"], str):
-            after["content"] = text_parts(after["content"])
-        answered = {
-            b.get("tool_use_id") for b in after["content"] if b.get("type") == "tool_result"
-        }
-        missing = [
+        if isinstance(content, str):
+            if not asked:
+                continue
+            content = turn["content"] = text_parts(content)
+        answered = set()
+        for position, block in enumerate(content):
+            if block.get("type") != "tool_result":
+                continue
+            if block.get("tool_use_id") in asked:
+                answered.add(block.get("tool_use_id"))
+                continue
+            text = "\n".join(p.get("text", "") for p in text_parts(block.get("content")))
+            note = f"[tool result {block.get('tool_use_id')}]\n{text}"
+            content[position] = {"type": "text", "text": note}
+        content[:0] = [
             {"type": "tool_result", "tool_use_id": call_id, "content": NOT_IN_VIEW}
-            for call_id in calls
+            for call_id in asked
             if call_id not in answered
         ]
-        after["content"][:0] = missing
+        asked = []
 
 
 def _content_blocks(turn: Mapping[str, Any] | None) -> list[Block]:
