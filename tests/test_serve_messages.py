@@ -439,6 +439,14 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
         if block.get("type") == "thinking"
     ]
     assert shown and all(signed[block["signature"]] == block for block in shown)
+    said = [  # what user turns say (the engine's summary and memory included)
+        json.dumps(turn["content"])
+        for body in received
+        for turn in body["messages"]
+        if turn["role"] == "user"
+    ]
+    assert any("Summary of earlier turns" in text for text in said)
+    assert not any("Look it up" in text or "Summarise result" in text for text in said)
     for body in received[1::2]:  # a tool result's request: its call's turn keeps its thinking
         asked = body["messages"][-2]
         assert "thinking" == asked["content"][0]["type"]

@@ -342,6 +342,14 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_reasoning_kept(
     assert all(paired(body["input"]) for body in received)
     shown = [i for body in received for i in body["input"] if i.get("type") == "reasoning"]
     assert shown and all(written[i["id"]] == i for i in shown)
+    said = [  # what user and system messages say (the engine's summary included)
+        json.dumps(i)
+        for body in received
+        for i in body["input"]
+        if i.get("role") in ("user", "developer", "system")
+    ]
+    assert any("Summary of earlier turns" in text for text in said)
+    assert not any("enc-" in text for text in said)  # reasoning is never summarised as text
     for body in received[1::2]:  # an output's request: the call's reasoning right before it
         reasoning, call, _ = body["input"][-3:]
         assert ("reasoning", "function_call") == (reasoning["type"], call["type"])
