@@ -30,9 +30,11 @@ from ragent_memory.serve.wire import (
     Message,
     arguments_object,
     derived_session,
+    keep_prefix,
     load_object,
     named_event,
     remembered,
+    resume,
     text_parts,
 )
 
@@ -107,8 +109,13 @@ def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]
     system = body.get("system")
     if system:
         out += remembered(memo, seen, "system", system, _system_message, system)
-    for index, message in enumerate(body["messages"]):
+    turns = body["messages"]
+    start, _, marks = resume(memo, system, turns, out)
+    for index in range(start, len(turns)):
+        message = turns[index]
         out += remembered(memo, seen, id(message), message, _turn, message, index)
+        marks.append((index + 1, len(out), None))
+    keep_prefix(seen, system, turns, out, marks)
     return out, seen
 
 
@@ -385,8 +392,11 @@ class AnthropicWire:
             out["system"] = system
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *map(_tool, tools)]
-        limit_breakpoints(out)
-        return orjson.dumps(out)
+        payload = orjson.dumps(out)
+        if payload.count(b'"cache_control"') > MAX_BREAKPOINTS:  # only then walk the blocks
+            limit_breakpoints(out)
+            payload = orjson.dumps(out)
+        return payload
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

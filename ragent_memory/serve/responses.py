@@ -30,9 +30,11 @@ from ragent_memory.serve.wire import (
     Memo,
     Message,
     derived_session,
+    keep_prefix,
     load_object,
     named_event,
     remembered,
+    resume,
 )
 
 Item = dict[str, Any]
@@ -151,7 +153,9 @@ def _other(item: Item, index: int, leading: bool) -> list[Message]:
 
 
 def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-    """``instructions`` and ``input`` as the engine's messages (see ``Memo``)."""
+    """``instructions`` and ``input`` as the engine's messages (see ``Memo``). The items the
+    session's last body began with, as the same objects, are not even looked at again: what
+    they made up to the last item that closed a message is reused as a whole."""
     out: list[Message] = []
     seen: Memo = {}
     instructions = body.get("instructions")
@@ -163,9 +167,10 @@ def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise Reject(400, "malformed body: 'input' must be a string or a list of items")
+    start, state, marks = resume(memo, instructions, items, out)
+    leading = True if state is None else bool(state)  # only system messages so far
     run: list[Item] = []
-    leading = True  # only system messages so far
-    for index, item in enumerate([*items, None]):
+    for index, item in enumerate([*items[start:], None], start):
         if isinstance(item, dict) and _is_assistant_side(item):
             run.append(item)
             continue
@@ -180,6 +185,8 @@ def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]
         made = remembered(memo, seen, (id(item), leading), item, _other, item, index, leading)
         out += made
         leading = leading and made[0]["role"] == "system"
+        marks.append((index + 1, len(out), leading))
+    keep_prefix(seen, instructions, items, out, marks)
     return out, seen
 
 
@@ -303,6 +310,8 @@ def _pair(items: list[Item]) -> None:
     function call answered (an output saying it is not in view)."""
     calls = {i.get("call_id") for i in items if _is_call(i)}
     outputs = {i.get("call_id") for i in items if _is_output(i)}
+    if calls == outputs:
+        return  # the usual case: nothing to mend
     for index, item in enumerate(items):
         if _is_output(item) and item.get("call_id") not in calls:
             text = item.get("output") if isinstance(item.get("output"), str) else ""

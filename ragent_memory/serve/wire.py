@@ -128,6 +128,36 @@ def _same(known: Any, source: Any) -> bool:
     return known is source
 
 
+Marks = list[tuple[int, int, Any]]  # (items translated, messages made, the loop's state)
+
+
+def resume(memo: Memo, head: Any, items: list[Any], out: list[Message]) -> tuple[int, Any, Marks]:
+    """Where translating ``items`` starts: when the session's last body had the same ``head``
+    (system, instructions), its messages up to its last mark within the items both bodies
+    share (the same objects: ``BodyCache`` hands them out again) are put in ``out``, so those
+    items are not looked at again. ``(start, state at start or None, the marks kept)``."""
+    prior = memo.get("prefix")
+    if prior is None or prior[0][0] != head:
+        return 0, None, []
+    _, known, made, marks = prior[0]
+    shared, most = 0, min(len(known), len(items))
+    while shared < most and known[shared] is items[shared]:
+        shared += 1
+    last = len(marks) - 1
+    while last >= 0 and marks[last][0] > shared:
+        last -= 1
+    if last < 0:
+        return 0, None, []
+    start, count, state = marks[last]
+    out[:] = made[:count]
+    return start, state, marks[: last + 1]
+
+
+def keep_prefix(seen: Memo, head: Any, items: list[Any], out: list[Message], marks: Marks) -> None:
+    """Record this translation for ``resume`` on the session's next body."""
+    seen["prefix"] = ((head, items, list(out), marks), [])
+
+
 def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
     """A JSON object body whose ``key`` is present (``want`` says what it must be), or a 400."""
     try:
