@@ -354,3 +354,24 @@ def test_streamable_http(store: tuple[Path, dict[str, list[str]]]):
     log = "".join(lines)
     assert -signal.SIGTERM == process.returncode, log  # uvicorn's graceful stop re-raises it
     assert "Traceback" not in log
+
+
+def test_the_documented_config_block_runs(store: tuple[Path, dict[str, list[str]]], tmp_path):
+    """docs/mcp.md's Claude Desktop block, its example paths made real, starts a server the
+    SDK's client gets Alice's facts from."""
+    db, facts = store
+    page = (ROOT / "docs" / "mcp.md").read_text(encoding="utf-8")
+    block = re.search(r"## Claude Desktop.*?```json\n(.*?)```", page, re.S)
+    assert block, "docs/mcp.md has no Claude Desktop config block"
+    entry = json.loads(block.group(1))["mcpServers"]["ragent-memory"]
+    config = tmp_path / "ragent-memory.yaml"
+    config.write_text(json.dumps({"store": {"path": str(db)}}))
+    home = "/home/you/ragent-memory"
+    command = entry["command"].replace(f"{home}/.venv/bin", str(Path(sys.executable).parent))
+    args = [arg.replace(f"{home}/config/ragent-memory.yaml", str(config)) for arg in entry["args"]]
+    params = StdioServerParameters(command=command, args=args, env={"PYTHONPATH": str(ROOT)})
+
+    async def listed(client: Client) -> list[dict[str, Any]]:
+        return facts_of(await client.call_tool("list_facts", {}))
+
+    assert facts["alice"] == [fact["content"] for fact in session(params, listed)]
