@@ -23,6 +23,7 @@ from ragent_memory.errors import ConfigError, RagentMemoryError, StoreError
 from ragent_memory.settings import Settings, StoreSettings, env_value, load_settings
 
 if TYPE_CHECKING:
+    from ragent_memory.mcp import Speaker
     from ragent_memory.store import Backend
 
 DEFAULT_CONFIG = "config/ragent-memory.yaml"
@@ -282,9 +283,13 @@ def _existing_store(config: str | None, db: str | None) -> Backend:
     from ragent_memory.store import open_store
 
     settings = _settings(config, db).store
+    _require_store(settings)
+    return open_store(settings)
+
+
+def _require_store(settings: StoreSettings) -> None:
     if settings.url is None and (settings.path == ":memory:" or not Path(settings.path).is_file()):
         raise StoreError(f"no store at {settings.path}")
-    return open_store(settings)
 
 
 def _identity() -> ModuleType:
@@ -456,6 +461,78 @@ def serve(
             verbose=verbose,
             ready=lambda url: click.echo(f"ragent-memory serve: {url} → {target}", err=True),
         )
+
+
+MCP_SESSION = "ragent-memory-mcp/{user}"  # the MCP server's own session (its search refs)
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise click.ClickException(f"--http {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8090")
+    return host, int(port)
+
+
+def _mcp_speaker(store: Backend, settings: Settings, user: str, key_env: str | None) -> Speaker:
+    """Whom the MCP server answers for: ``user`` as given, or with ``key_env`` the ids the
+    proxy keeps for that API key (serve/identity.py decides them, as for a request)."""
+    from ragent_memory.mcp import Speaker
+
+    session = MCP_SESSION.format(user=user)
+    if key_env is None:
+        return Speaker(user_id=user, session_id=session)
+    identity = _identity()
+    if settings.serve.identity != "credential":
+        raise click.ClickException(
+            f"--key-env: serve.identity is {settings.serve.identity!r}, so the proxy keeps "
+            "ids as sent; pass --user alone"
+        )
+    headers = {"authorization": f"Bearer {env_value('--key-env', key_env)}"}
+    headers |= {"x-session-id": session, "x-user-id": user}
+    session_id, user_id = identity.Identity(settings.serve, store).identify(headers, {})
+    return Speaker(user_id=user_id, session_id=session_id)
+
+
+@cli.command("mcp")
+@click.option("--config", type=click.Path(), help=f"YAML config (default {DEFAULT_CONFIG}).")
+@click.option("--db", type=click.Path(), help="SQLite store (default: store.path of the config).")
+@click.option("--user", "user_id", help="The user's id, as the app or X-User-Id names it.")
+@click.option(
+    "--key-env",
+    help="Environment variable holding the API key the user's app sends the proxy "
+    "(serve.identity: credential): answer from the rows the proxy keeps for that key.",
+)
+@click.option(
+    "--http",
+    metavar="HOST:PORT",
+    help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (PORT 0: a free one).",
+)
+def mcp_command(
+    config: str | None, db: str | None, user_id: str | None, key_env: str | None, http: str | None
+) -> None:
+    """Serve one user's memory to MCP clients (Claude Desktop, Cursor): search, recall, facts."""
+    from ragent_memory.engine.memory_engine import MemoryEngine
+
+    with user_errors():
+        user = _user(user_id)
+        where = _host_port(http) if http else None
+        settings = _settings(config, db)
+        try:
+            from ragent_memory.mcp import run_server
+        except ImportError as err:
+            raise click.ClickException(
+                f"mcp needs the 'mcp' extra ({err.name} is missing): "
+                "pip install 'ragent-memory[mcp]'"
+            ) from err
+        _require_store(settings.store)  # a wrong path is an error, not a new empty store
+        with MemoryEngine(settings) as engine:
+            speaker = _mcp_speaker(engine.store, settings, user, key_env)
+            run_server(
+                engine,
+                speaker,
+                http=where,
+                ready=lambda at: click.echo(f"ragent-memory mcp: {at} · user {user}", err=True),
+            )
 
 
 @cli.command()

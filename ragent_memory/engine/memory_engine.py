@@ -38,7 +38,7 @@ from ragent_memory.longterm.vocabulary import Extractor, memory_message
 from ragent_memory.recall.excerpts import place
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
-from ragent_memory.settings import Settings, load_settings
+from ragent_memory.settings import Settings, is_int, load_settings
 from ragent_memory.store import Backend, GCReport, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.summarize import Summarizer
@@ -303,6 +303,18 @@ class MemoryEngine:
         _check_id("user_id", user_id)
         forgotten = self.store.forget(user_id)
         log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
+
+    def forget_fact(self, user_id: str, fact_id: int) -> bool:
+        """Erase one of the user's active facts (an id :meth:`memories` lists) and the earlier
+        versions it superseded; False when the user has no such active fact (another user's
+        id included). The next ``prepare`` shows a block without it."""
+        self._check_open()
+        _check_id("user_id", user_id)
+        if not is_int(fact_id):
+            raise ValueError(f"fact_id must be an integer, got {fact_id!r}")
+        erased = self.store.forget_fact(user_id, fact_id)
+        log.info("memory.fact_forgotten", user_id=user_id, fact_id=fact_id, rows=erased)
+        return erased > 0
 
     def recall_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema the model calls to read back an offloaded result."""

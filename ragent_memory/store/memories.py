@@ -219,6 +219,24 @@ class MemoryTables(StoreBase):
         )
         return [str(r[0]) for r in rows]
 
+    def forget_fact(self, user_id: str, fact_id: int) -> int:
+        """Delete one active fact of the user and the earlier versions it superseded, in one
+        transaction; how many rows went (0: the user has no such active fact)."""
+        with self._locked("forget"), self.db.atomic():
+            found = self.db.execute(
+                "WITH RECURSIVE chain (id) AS (SELECT id FROM memories WHERE id = ?"
+                " AND user_id = ? AND kind = 'fact' AND status = 'active' UNION SELECT m.id"
+                " FROM memories AS m JOIN chain ON m.superseded_by = chain.id"
+                " WHERE m.user_id = ?) SELECT id FROM chain",
+                [fact_id, user_id, user_id],
+            ).fetchall()
+            ids = [int(row[0]) for row in found]
+            if ids:
+                marks = ", ".join("?" * len(ids))
+                self.db.execute(f"DELETE FROM memories WHERE id IN ({marks})", ids)
+                self._bump_memory_version(user_id)
+        return len(ids)
+
     def forget(self, user_id: str) -> Forgotten:
         """Erase the user's memories (any kind and status), their index and pending messages, in
         one transaction. Cursors and digests stay (no text): the app still holds those histories,
