@@ -65,17 +65,18 @@ class Identity:
             log.warning("serve.identity_from_headers", trusted=list(settings.trusted_proxies))
 
     def identify(
-        self, headers: Mapping[str, str], body: Mapping[str, Any], wire: Wire
+        self, headers: Mapping[str, str], body: Mapping[str, Any], wire: Wire | None = None
     ) -> tuple[str, str | None]:
         """``(session_id, user_id)`` as the engine gets them (as the request's ``wire`` names
-        them, then scoped); a 401 without a credential."""
+        them, chat completions' way by default, then scoped); a 401 without a credential."""
+        ids = wire.ids if wire is not None else chat.identify
         if self.settings.identity == "headers":
-            return wire.ids(headers, body)
+            return ids(headers, body)
         credential = credential_of(headers)
         if credential is None and not self.settings.allow_anonymous:
             raise Reject(401, NO_CREDENTIAL, "authentication_error")
         scope = ANONYMOUS if credential is None else scope_of(self._secret, credential)
-        session_id, user_id = wire.ids(headers, body)
+        session_id, user_id = ids(headers, body)
         return f"{scope}:{session_id}", None if user_id is None else f"{scope}:{user_id}"
 
 
