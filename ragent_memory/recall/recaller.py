@@ -132,7 +132,9 @@ class Recaller:
     def __init__(self, store: RecallIndex, settings: Settings, *, engine_headers: Sequence[str]):
         self.store = store
         self.settings = settings
-        self.mirror = RecallMirror(store, neighbours=NEIGHBOURS)
+        self.mirror = RecallMirror(
+            store, neighbours=NEIGHBOURS, max_bytes=settings.recall_memory_mb * 1_000_000
+        )
         headers = (*engine_headers, *HEADERS.values())
         self.indexer = Indexer(
             store, engine_headers=headers, mirror=self.mirror, on_left=self._ready

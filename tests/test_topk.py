@@ -1,0 +1,111 @@
+"""Recall's bounded top-k (recall/topk.py, through the mirror's unit): the same rows and
+scores as BM25 over every posting, on random corpora large enough that terms keep block
+bounds and reading stops early."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.recall import topk
+from ragent_memory.recall.rank import _Unit, query_keys, text_terms
+
+# distinct stems, no digits at the end
+WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}x" for i in range(200)]
+
+
+def exhaustive(
+    docs: list[list[str]], lengths: list[int], query: list[str], hidden: set[int], limit: int
+) -> list[tuple[int, float]]:
+    """BM25 as FTS5 defines it (k1 1.2, b 0.75, its idf floor), every row scored; best
+    first, then newest; rows in ``hidden`` left out."""
+    n, total = len(docs), sum(lengths)
+    counts = [Counter(doc) for doc in docs]
+    scores: dict[int, float] = {}
+    for term, times in Counter(query).items():
+        df = sum(term in c for c in counts)
+        if not df:
+            continue
+        idf = math.log((n - df + 0.5) / (df + 0.5))
+        weight = times * (idf if idf > 0 else 1e-6) * 2.2
+        for row, c in enumerate(counts):
+            if term in c:
+                norm = 1.2 * (1 - 0.75 + 0.75 * lengths[row] * n / total)
+                scores[row] = scores.get(row, 0.0) + weight * c[term] / (c[term] + norm)
+    ranked = sorted(((s, r) for r, s in scores.items() if r not in hidden), reverse=True)
+    return [(r, s) for s, r in ranked[:limit]]
+
+
+def build(docs: list[list[str]]) -> tuple[_Unit, list[int]]:
+    unit, lengths = _Unit(), []
+    for row, doc in enumerate(docs):
+        counts, n = text_terms(" ".join(doc))
+        message = IndexedMessage("s", row, "user", "", "", f"d{row}", id=row + 1)
+        unit.add(message, False, counts, n)
+        lengths.append(n + 1)
+    return unit, lengths
+
+
+corpora = st.tuples(
+    st.integers(min_value=1, max_value=10_000),  # seed
+    st.integers(min_value=1, max_value=3_000),  # rows
+    st.integers(min_value=2, max_value=len(WORDS)),  # vocabulary
+    st.integers(min_value=1, max_value=400),  # distinct rows (ties: equal rows score equally)
+)
+
+
+def corpus(seed: int, rows: int, vocab: int, distinct: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(vocab)]
+    kinds = [
+        rng.choices(WORDS[:vocab], weights=weights, k=rng.randint(1, 12)) for _ in range(distinct)
+    ]
+    return [list(rng.choice(kinds)) for _ in range(rows)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    corpora,
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    st.integers(min_value=1, max_value=40),
+    st.integers(min_value=0, max_value=3_000),
+)
+def test_top_k_is_exhaustive_bm25(
+    spec: tuple[int, int, int, int], query: list[str], limit: int, visible_from: int
+) -> None:
+    docs = corpus(*spec)
+    unit, lengths = build(docs)
+    hidden = {row for row in range(len(docs)) if row >= visible_from}
+    ranked = unit.rank(
+        query_keys(query), session_id="s", visible_from=visible_from, shown=(), limit=limit
+    )
+    expected = exhaustive(docs, lengths, query, hidden, limit)
+    assert [row for row, _ in ranked] == [row for row, _ in expected]
+    assert [-score for _, score in ranked] == pytest.approx([s for _, s in expected], rel=1e-12)
+
+
+def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a rare term in the question and a common one, the common term's blocks that
+    cannot beat the k-th best are not read: reading stops early (rows read counted)."""
+    docs = [["wax", "wbx"] if row % 500 == 7 else ["wax", "wcx", "wdx"] for row in range(20_000)]
+    unit, _ = build(docs)
+    assert "wax" in unit.blocks
+    read: list[int] = []
+    original = topk._score
+
+    def counting(terms, rows, norm):  # type: ignore[no-untyped-def]
+        read.append(len(rows))
+        return original(terms, rows, norm)
+
+    monkeypatch.setattr(topk, "_score", counting)
+    ranked = unit.rank(
+        query_keys(["wax", "wbx"]), session_id="x", visible_from=0, shown=(), limit=5
+    )
+    assert [row for row, _ in ranked] == [19_507, 19_007, 18_507, 18_007, 17_507]
+    assert sum(read) <= 40 + 4 * topk.BLOCK_ROWS  # not 20,000
