@@ -209,8 +209,10 @@ def main() -> None:
             grown = growing(QUICK_SIZES if args.quick else SIZES, Path(tmp))
             payload["growing"] = grown
             payload["p50_last_over_first"] = grown[-1]["p50_ms"] / grown[0]["p50_ms"]
-            print(f"p50 at {grown[-1]['indexed']:,} ÷ at {grown[0]['indexed']:,}: "
-                  f"{payload['p50_last_over_first']:.2f}")
+            print(
+                f"p50 at {grown[-1]['indexed']:,} ÷ at {grown[0]['indexed']:,}: "
+                f"{payload['p50_last_over_first']:.2f}"
+            )
         if "sessions" in parts:
             print("\nlong RAG sessions, recall on: last-100 ÷ turns 100–200")
             payload["sessions"] = list(sessions(args.quick, Path(tmp)))

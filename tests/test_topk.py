@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ragent_memory.core.records import IndexedMessage
@@ -54,7 +54,7 @@ def build(docs: list[list[str]]) -> tuple[_Unit, list[int]]:
 
 corpora = st.tuples(
     st.integers(min_value=1, max_value=10_000),  # seed
-    st.integers(min_value=1, max_value=3_000),  # rows
+    st.integers(min_value=600, max_value=3_000),  # rows
     st.integers(min_value=2, max_value=len(WORDS)),  # vocabulary
     st.integers(min_value=1, max_value=400),  # distinct rows (ties: equal rows score equally)
 )
@@ -69,10 +69,14 @@ def corpus(seed: int, rows: int, vocab: int, distinct: int) -> list[list[str]]:
     return [list(rng.choice(kinds)) for _ in range(rows)]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Found by hypothesis against broken versions: a tie at the cut resolved for the older row,
+# and a block bound that was not an upper bound.
+@example((38, 600, 36, 348), ["wadx"], 1, 552)
+@example((34, 672, 47, 347), ["wakx", "wakx", "waox"], 15, 260)
 @given(
     corpora,
-    st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    st.lists(st.sampled_from(WORDS[:40]), min_size=1, max_size=6),
     st.integers(min_value=1, max_value=40),
     st.integers(min_value=0, max_value=3_000),
 )

@@ -143,8 +143,8 @@ def _bounds(terms: Sequence[Term], norm: Norm, blocks: int) -> Floats:
         assert held is not None
         counts = np.frombuffer(held.counts, dtype=np.int32).astype(np.float64)
         shortest = np.frombuffer(held.shortest, dtype=np.int32) * norm.scale + norm.base
-        bound[np.frombuffer(held.blocks, dtype=np.int32)] += term.weight * counts / (
-            counts + shortest
+        bound[np.frombuffer(held.blocks, dtype=np.int32)] += (
+            term.weight * counts / (counts + shortest)
         )
     return bound
 
