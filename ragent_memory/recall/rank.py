@@ -36,7 +36,18 @@ import numpy as np
 import numpy.typing as npt
 
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.recall.topk import B, COUNT_BITS, COUNT_MAX, K1, LONG, Blocks, Norm, Term, top_k
+from ragent_memory.recall.topk import (
+    B,
+    BUDGET_BLOCKS,
+    COUNT_BITS,
+    COUNT_MAX,
+    K1,
+    LONG,
+    Blocks,
+    Norm,
+    Term,
+    top_k,
+)
 from ragent_memory.store.contract import RecallIndex
 from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import stem, tokens
@@ -192,10 +203,11 @@ class _Unit:
         visible_from: int,
         shown: Sequence[int],
         limit: int,
+        budget: int = BUDGET_BLOCKS,
     ) -> list[tuple[int, float]]:
         """The best ``limit`` rows (row number, BM25 as FTS5 gives it: lower is better),
         ordered by score then newest first, without this session's rows the view shows:
-        block-max top-k (``topk.py``), exact."""
+        block-max top-k reading ``budget`` blocks at most (``topk.py``)."""
         n = len(self.ids)
         terms = []
         for key, times in Counter(keys).items():
@@ -215,7 +227,7 @@ class _Unit:
         lengths = np.frombuffer(self.lengths, dtype=np.float64)
         norm = Norm(lengths, K1 * B * n / self.total, K1 * (1.0 - B))
         visible = self._visible(session_id, visible_from, shown)
-        rows, scores = top_k(terms, norm, n, limit, visible)
+        rows, scores = top_k(terms, norm, n, limit, visible, budget)
         return [(row, -score) for row, score in zip(rows.tolist(), scores.tolist(), strict=True)]
 
     def _visible(

@@ -4,18 +4,26 @@ The technique is block-max (Ding & Suel, "Faster top-k document retrieval using 
 indexes", SIGIR 2011) over row-id ranges aligned across terms (Dimopoulos, Nepomnyachiy &
 Suel, "A candidate filtering mechanism for fast top-k query processing", WSDM 2013), with
 MaxScore's split of a query's terms (Turtle & Flood, "Query evaluation: strategies and
-optimizations", IP&M 1995): a term in few rows (``LONG`` at most) is read whole, since its
-postings are bounded; a term in more rows keeps, for each block of ``BLOCK_ROWS`` consecutive
-rows that holds it, where its postings for the block start, the largest count and the
-shortest row among them. A block's upper bound is the sum over the query's long terms of BM25
-at that count and length (BM25 rises with the count and falls with the length, so no row of
-the block scores more). Blocks are read best bound first, newest first among equal bounds, and
-reading stops at the first block whose bound cannot beat the k-th best found (an equal score
-wins only when newer: the ranking's tie order). The top-k is exact: the same rows and scores
-as scoring every posting.
+optimizations", IP&M 1995) and an anytime budget (Mackenzie, Petri & Moffat, "Anytime
+ranking on document-ordered indexes", TOIS 2022):
 
-What a query reads: the short terms' postings, one bound per long term and block (a vector of
-rows ÷ ``BLOCK_ROWS``), and the postings of the blocks whose bound reaches the k-th best.
+- the rare terms are read whole: every term in ``LONG`` rows or fewer, then the rarest long
+  ones while their postings fit ``WHOLE_POSTINGS``; each row they hold is scored exactly (the
+  other terms' counts found by binary search);
+- each other term keeps, per block of ``BLOCK_ROWS`` consecutive rows that holds it, where
+  its postings for the block start, the largest count and the shortest row among them. A
+  block's upper bound is the sum over those terms of BM25 at that count and length (BM25
+  rises with the count and falls with the length, so no row of the block scores more);
+- blocks are read best bound first, newest first among equal bounds, and reading stops at the
+  first block whose bound cannot beat the k-th best found (an equal score wins only when
+  newer: the ranking's tie order), or after ``BUDGET_BLOCKS`` blocks.
+
+Stopped by the bounds, the top-k is exact: the same rows and scores as scoring every posting.
+Stopped by the budget (a question made only of words in a large share of the history), it is
+the best of what was read: ``make bench`` (``benchmarks/scale.py``) measures how often and its
+recall@k against the exhaustive ranking. What a query reads is bounded by the query's length
+and these constants, not by the history: ``LONG`` postings per short term,
+``WHOLE_POSTINGS``, one bound per long term and block, and ``BUDGET_BLOCKS`` blocks.
 Scores are summed over the query's terms in one order everywhere (candidates, block rows and
 bounds), so equal rows score bit-identically and ties resolve as the exhaustive sum does.
 """
@@ -36,7 +44,9 @@ COUNT_BITS: Final = 20
 COUNT_MAX: Final = (1 << COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
 BLOCK_ROWS: Final = 128  # rows per block
 LONG: Final = 64  # a term in more rows than this keeps block bounds; fewer are read whole
-FIRST_BATCH: Final = 2  # blocks read in the first round (doubling each round)
+FIRST_BLOCKS: Final = 8  # blocks read in the first round (doubling each round)
+WHOLE_POSTINGS: Final = 8_192  # the rarest long terms are read whole while their postings fit
+BUDGET_BLOCKS: Final = 32  # blocks read at most (anytime ranking: the best found then)
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -178,24 +188,45 @@ def _without(rows: Ints, held: Ints) -> Ints:
     return kept
 
 
+def _split(terms: Sequence[Term], whole: int) -> tuple[list[Term], list[Term]]:
+    """The terms read whole (those without block bounds, then the rarest long ones while
+    their postings fit ``whole``) and the rest, each in the query's order (MaxScore's
+    essential terms are the rare ones: they carry the most weight)."""
+    total, read = 0, set()
+    for i in sorted(range(len(terms)), key=lambda i: len(terms[i].postings)):
+        size = len(terms[i].postings)
+        if terms[i].blocks is None or total + size <= whole:
+            read.add(i)
+            total += size
+    return [t for i, t in enumerate(terms) if i in read], [
+        t for i, t in enumerate(terms) if i not in read
+    ]
+
+
 def top_k(
-    terms: Sequence[Term], norm: Norm, rows: int, limit: int, visible: Visible
+    terms: Sequence[Term],
+    norm: Norm,
+    rows: int,
+    limit: int,
+    visible: Visible,
+    budget: int = BUDGET_BLOCKS,
 ) -> tuple[Ints, Floats]:
-    """The best ``limit`` visible rows (by BM25, then newest) and their scores, best first."""
+    """The best ``limit`` visible rows (by BM25, then newest) and their scores, best first:
+    exact when the bounds stop the reading within ``budget`` blocks, else the best of the
+    rows read (see the module)."""
     best = _Best(limit)
-    short = [t for t in terms if t.blocks is None]
-    long = [t for t in terms if t.blocks is not None]
+    read, rest = _split(terms, WHOLE_POSTINGS)
     seen: Ints = np.zeros(0, dtype=np.int64)
-    if short:
-        seen = _sorted_unique(np.concatenate([t.postings >> COUNT_BITS for t in short]))
+    if read:
+        seen = _sorted_unique(np.concatenate([t.postings >> COUNT_BITS for t in read]))
         shown = seen[visible(seen)]
         best.merge(shown, _score(terms, shown, norm))
-    if not long:
+    if not rest:
         return best.rows, best.scores
-    bound = _bounds(long, norm, rows // BLOCK_ROWS + 1)
+    bound = _bounds(rest, norm, rows // BLOCK_ROWS + 1)
     held = np.flatnonzero(bound > 0)
-    order = held[np.lexsort((held, bound[held]))[::-1]]  # best bound first, newest first
-    done, size = 0, FIRST_BATCH
+    order = held[np.lexsort((held, bound[held]))[::-1]][:budget]  # best bound, then newest
+    done, size = 0, FIRST_BLOCKS
     while done < len(order):
         batch = order[done : done + size]
         stop = next(
@@ -203,9 +234,9 @@ def top_k(
         )
         if stop is not None:
             batch = batch[:stop]
-        found = _without(_block_rows(long, np.sort(batch)), seen)
+        found = _without(_block_rows(rest, np.sort(batch)), seen)
         found = found[visible(found)]
-        best.merge(found, _score(long, found, norm))
+        best.merge(found, _score(rest, found, norm))
         if stop is not None:
             break
         done, size = done + len(batch), size * 2
