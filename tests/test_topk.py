@@ -69,7 +69,12 @@ def corpus(seed: int, rows: int, vocab: int, distinct: int) -> list[list[str]]:
     return [list(rng.choice(kinds)) for _ in range(rows)]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("whole", [0, 300])  # long terms read whole: none, the rarest
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 # Found by hypothesis against broken versions: a tie at the cut resolved for the older row,
 # and a block bound that was not an upper bound.
 @example((38, 600, 36, 348), ["wadx"], 1, 552)
@@ -81,8 +86,14 @@ def corpus(seed: int, rows: int, vocab: int, distinct: int) -> list[list[str]]:
     st.integers(min_value=0, max_value=3_000),
 )
 def test_top_k_is_exhaustive_bm25(
-    spec: tuple[int, int, int, int], query: list[str], limit: int, visible_from: int
+    monkeypatch: pytest.MonkeyPatch,
+    whole: int,
+    spec: tuple[int, int, int, int],
+    query: list[str],
+    limit: int,
+    visible_from: int,
 ) -> None:
+    monkeypatch.setattr(topk, "WHOLE_POSTINGS", whole)
     docs = corpus(*spec)
     unit, lengths = build(docs)
     hidden = {row for row in range(len(docs)) if row >= visible_from}

@@ -22,8 +22,9 @@ Stopped by the bounds, the top-k is exact: the same rows and scores as scoring e
 Stopped by the budget (a question made only of words in a large share of the history), it is
 the best of what was read: ``make bench`` (``benchmarks/scale.py``) measures how often and its
 recall@k against the exhaustive ranking. What a query reads is bounded by the query's length
-and these constants, not by the history: ``LONG`` postings per short term,
-``WHOLE_POSTINGS``, one bound per long term and block, and ``BUDGET_BLOCKS`` blocks.
+and these constants: ``LONG`` postings per short term,
+``WHOLE_POSTINGS``, ``BUDGET_BLOCKS`` blocks, and one bound per long term and block (a
+vector of rows ÷ ``BLOCK_ROWS``, the one part that grows with the history).
 Scores are summed over the query's terms in one order everywhere (candidates, block rows and
 bounds), so equal rows score bit-identically and ties resolve as the exhaustive sum does.
 """
