@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import math
 import random
+import tracemalloc
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ragent_memory import StoreSettings
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall import topk
-from ragent_memory.recall.rank import _Unit, query_keys, text_terms
+from ragent_memory.recall.rank import RecallMirror, _Unit, query_keys, text_terms
+from ragent_memory.store import open_store
+from ragent_memory.store.contract import Backend
+from ragent_memory.text.terms import fts_query, index_terms, search_terms
 
 # distinct stems, no digits at the end
 WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}x" for i in range(200)]
@@ -94,6 +100,7 @@ def test_top_k_is_exhaustive_bm25(
     visible_from: int,
 ) -> None:
     monkeypatch.setattr(topk, "WHOLE_POSTINGS", whole)
+    monkeypatch.setattr(topk, "FIRST_BLOCKS", 1)  # the bounds checked after every block
     docs = corpus(*spec)
     unit, lengths = build(docs)
     hidden = {row for row in range(len(docs)) if row >= visible_from}
@@ -124,3 +131,77 @@ def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     )
     assert [row for row, _ in ranked] == [19_507, 19_007, 18_507, 18_007, 17_507]
     assert sum(read) <= 40 + 4 * topk.BLOCK_ROWS  # not 20,000
+
+
+def _user_rows(store: Backend, user: str, count: int, start: int = 0) -> None:
+    texts = [f"{user} talked about painting number {start + i} at the lake" for i in range(count)]
+    rows = [
+        IndexedMessage(f"{user}-s", start + i, "user", t, "", f"{user}{start + i}")
+        for i, t in enumerate(texts)
+    ]
+    store.index_messages(user, rows, [index_terms(t) for t in texts])
+
+
+def _search(mirror: RecallMirror, user: str) -> list[IndexedMessage]:
+    found = mirror.search(
+        search_terms("painting lake"),
+        session_id="q",
+        user_id=user,
+        visible_from=1 << 62,
+        shown=(),
+        limit=5,
+    )
+    assert found is not None
+    return found[0]
+
+
+def test_a_units_memory_is_what_it_allocates() -> None:
+    """The bytes a unit counts as it grows are what tracemalloc sees it allocate, within a
+    quarter (what ``recall_memory_mb`` bounds is real memory)."""
+    rng = random.Random(5)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        unit = _Unit()
+        for row in range(1_000):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 20)))
+            counts, n = text_terms(f"{words} order {rng.randint(1, 10**6)}")
+            digest = f"{rng.getrandbits(96):024x}"
+            message = IndexedMessage(f"s{row // 100}", row, "user", "", "", digest, id=row + 1)
+            unit.add(message, True, counts, n)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.75 * used <= unit.nbytes() <= 1.25 * used, (unit.nbytes(), used)
+
+
+def test_the_mirror_keeps_the_recently_searched_users_within_its_cap(tmp_path: Path) -> None:
+    """Past the cap the least recently searched user goes, and is read back from the store
+    on its next search; a user larger than the cap alone is left to the store."""
+    store = open_store(StoreSettings(path=str(tmp_path / "m.db")))
+    try:
+        for user in ("ann", "bob", "cy"):
+            _user_rows(store, user, 400)
+        probe = RecallMirror(store)
+        _search(probe, "ann")
+        held = probe.memory()
+        assert held["rows"] == 400 and held["users"] == 1
+        # room for two users' units (three quarters of the cap), not three
+        mirror = RecallMirror(store, max_bytes=int(held["units_bytes"] * 2.5 * 4 / 3))
+        for user in ("ann", "bob"):
+            assert _search(mirror, user)
+        assert mirror.memory()["users"] == 2
+        _search(mirror, "ann")  # ann searched more recently than bob
+        _search(mirror, "cy")
+        memory = mirror.memory()
+        assert memory["users"] == 2 and memory["bytes"] <= memory["cap"]
+        assert memory["rows"] == 800  # bob went: ann and cy are held
+        assert [m.position for m in _search(mirror, "bob")] == [399, 398, 397, 396, 395]
+        _user_rows(store, "ann", 800, start=400)  # ann grows past the units' share alone
+        ask = {"session_id": "q", "user_id": "ann", "visible_from": 1 << 62, "shown": ()}
+        assert mirror.search(search_terms("painting lake"), limit=5, **ask) is None  # the store
+        stored = store.search_index(fts_query(search_terms("painting lake")), limit=1, **ask)
+        assert [m.position for m in stored] == [1_199]
+        assert mirror.memory()["rows"] == 800  # cy and bob (ann went when bob came back)
+    finally:
+        store.close()

@@ -37,12 +37,12 @@ import numpy.typing as npt
 
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.topk import (
-    B,
     BUDGET_BLOCKS,
     COUNT_BITS,
     COUNT_MAX,
     K1,
     LONG,
+    B,
     Blocks,
     Norm,
     Term,
