@@ -249,7 +249,8 @@ class _Unit:
             if len(held):
                 at = np.minimum(held.searchsorted(positions), len(held) - 1)
                 hidden &= held[at] != positions
-            return ~hidden
+            kept: npt.NDArray[np.bool_] = ~hidden
+            return kept
 
         return visible
 
