@@ -16,6 +16,7 @@ Results go to ``benchmarks/results/scale.json``. ``python -m benchmarks.scale [-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import random
@@ -30,6 +31,9 @@ import structlog
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.cli.demo import simulate_session
+from ragent_memory.recall.excerpts import CANDIDATES
+from ragent_memory.recall.rank import query_keys
+from ragent_memory.text.terms import search_terms
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 SIZES = (1_000, 3_000, 10_000, 30_000, 100_000)
@@ -109,13 +113,33 @@ def rss_mb() -> float:
     return pages * 4096 / 1e6
 
 
+def agreement(engine: MemoryEngine, question: str) -> tuple[bool, float] | None:
+    """Whether the mirror's top 40 for ``question`` matches the exhaustive BM25 ranking
+    (every block read) exactly, and its recall@40 against it. It reads the engine's
+    in-process index directly: the one place a benchmark looks inside."""
+    mirror = engine._recaller.mirror  # type: ignore[union-attr]
+    unit = mirror._units.get(("u", "u"))
+    if unit is None:
+        return None
+    keys = query_keys(search_terms(question), mirror.stem)
+    ask = {"session_id": "-", "visible_from": 0, "shown": (), "limit": CANDIDATES}
+    found = unit.rank(keys, **ask)
+    every = unit.rank(keys, budget=1 << 40, **ask)
+    if not every:
+        return None
+    same = {row for row, _ in found} & {row for row, _ in every}
+    return found == every, len(same) / len(every)
+
+
 def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
-    """``prepare`` of fresh questions, each in a new session of the user."""
-    timings, recalled = [], 0
+    """``prepare`` of fresh questions, each in a new session of the user; then how the
+    bounded ranking compares with the exhaustive one on them."""
+    timings, recalled, questions = [], 0, []
     for k in range(QUESTIONS):
+        questions.append(chat.question())
         messages = [
             {"role": "system", "content": "You are a friendly companion."},
-            {"role": "user", "content": chat.question()},
+            {"role": "user", "content": questions[-1]},
         ]
         started = time.process_time()
         prepared = engine.prepare(messages, session_id=f"q{size}-{k}", user_id="u")
@@ -123,6 +147,7 @@ def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
         recalled += prepared.report.recalled > 0
     timings.sort()
     memory = engine.recall_memory()
+    compared = [c for c in map(functools.partial(agreement, engine), questions) if c]
     return {
         "indexed": size,
         "p50_ms": statistics.median(timings),
@@ -132,6 +157,8 @@ def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
         "index_bytes": memory["bytes"],
         "index_bytes_per_message": memory["bytes"] / max(memory["rows"], 1),
         "index_cap_bytes": memory["cap"],
+        "exact_share": sum(exact for exact, _ in compared) / max(len(compared), 1),
+        "recall_at_k": statistics.mean(r for _, r in compared) if compared else 1.0,
     }
 
 
@@ -150,7 +177,8 @@ def growing(sizes: tuple[int, ...], tmp: Path) -> list[dict[str, Any]]:
             row = rows[-1]
             print(
                 f"{size:>8,} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['rss_mb']:>8.1f} "
-                f"{row['index_bytes_per_message']:>10.0f}",
+                f"{row['index_bytes_per_message']:>10.0f} {row['exact_share']:>6.2f} "
+                f"{row['recall_at_k']:>9.3f}",
                 flush=True,
             )
     return rows
@@ -205,7 +233,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if "grow" in parts:
             print("one user, growing: prepare of a fresh question, recall on (CPU ms)")
-            print(f"{'indexed':>8} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>8} {'bytes/msg':>10}")
+            print(
+                f"{'indexed':>8} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>8} {'bytes/msg':>10} "
+                f"{'exact':>6} {'recall@40':>9}"
+            )
             grown = growing(QUICK_SIZES if args.quick else SIZES, Path(tmp))
             payload["growing"] = grown
             payload["p50_last_over_first"] = grown[-1]["p50_ms"] / grown[0]["p50_ms"]
