@@ -116,6 +116,20 @@ def _score(terms: Sequence[Term], rows: Ints, norm: Norm) -> Floats:
     return total
 
 
+def _whole(terms: Sequence[Term], norm: Norm) -> tuple[Ints, Floats]:
+    """The rows holding any of ``terms`` (sorted) and their BM25 over them, each row's sum
+    in the terms' order (a stable sort keeps it)."""
+    postings = np.concatenate([t.postings for t in terms])
+    weights = np.repeat([t.weight for t in terms], [len(t.postings) for t in terms])
+    order = np.argsort(postings >> COUNT_BITS, kind="stable")
+    postings, weights = postings[order], weights[order]
+    rows = postings >> COUNT_BITS
+    freq = (postings & COUNT_MAX).astype(np.float64)
+    each = weights * freq / (freq + (norm.lengths[rows] * norm.scale + norm.base))
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    return rows[starts], np.add.reduceat(each, starts)
+
+
 def _sorted_unique(rows: Ints) -> Ints:
     rows = np.sort(rows)
     if len(rows) > 1:
@@ -134,6 +148,10 @@ class _Best:
     def merge(self, rows: Ints, scores: Floats) -> None:
         rows = np.concatenate((self.rows, rows))
         scores = np.concatenate((self.scores, scores))
+        if len(scores) > self.limit:  # only rows scoring at least the limit-th best can be in
+            cut = np.partition(scores, len(scores) - self.limit)[len(scores) - self.limit]
+            kept = scores >= cut
+            rows, scores = rows[kept], scores[kept]
         order = np.lexsort((rows, scores))[::-1][: self.limit]  # best first, newest first
         self.rows, self.scores = rows[order], scores[order]
 
@@ -219,9 +237,12 @@ def top_k(
     read, rest = _split(terms, WHOLE_POSTINGS)
     seen: Ints = np.zeros(0, dtype=np.int64)
     if read:
-        seen = _sorted_unique(np.concatenate([t.postings >> COUNT_BITS for t in read]))
-        shown = seen[visible(seen)]
-        best.merge(shown, _score(terms, shown, norm))
+        seen, scores = _whole(read, norm)
+        kept = visible(seen)
+        shown, scores = seen[kept], scores[kept]
+        if rest:  # the other terms' counts in these rows
+            scores += _score(rest, shown, norm)
+        best.merge(shown, scores)
     if not rest:
         return best.rows, best.scores
     bound = _bounds(rest, norm, rows // BLOCK_ROWS + 1)
