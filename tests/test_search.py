@@ -120,6 +120,20 @@ def test_date_stamp_carries_to_later_messages(store: Store) -> None:
     assert "2023年5月8日" == date_stamp("[2023年5月8日] 你好")
 
 
+def test_a_second_hop_finds_what_the_best_hits_name(store: Store) -> None:
+    """The best hit's own rare word (the dog's name) finds a message that shares no word
+    with the question, shown after the first hop's hits; the store's search has no hop."""
+    index(store, chat("Dana adopted a greyhound named Zorro last spring.", "Lovely!"), "s1", "u1")
+    index(store, chat(*FILLER[:6]), "s2", "u1")
+    index(store, chat("Zorro loves the beach at Vlieland every summer.", "Nice."), "s3", "u1")
+    index(store, chat("Zorro got a new red collar today.", "Cute."), "s4", "u1")
+    question = "What did Dana adopt?"
+    text = find(store, question, mirror=RecallMirror(store), session_id="q", user_id="u1")
+    assert text.index("greyhound") < text.index("Vlieland") and "red collar" in text
+    assert "greyhound" in find(store, question, session_id="q", user_id="u1")
+    assert "Vlieland" not in find(store, question, session_id="q", user_id="u1")
+
+
 def test_chinese_fact_from_another_session_matches_a_chinese_question(store: Store) -> None:
     """Session A in Chinese, a question in session B of the same user finds it."""
     index(store, chat("我对花生过敏，吃了会很严重。", "好的，记住了。"), "A", "u1")

@@ -2,8 +2,9 @@
 neighbouring messages, rendered as one block of excerpts within a char budget.
 
 - ``find_block``: one search (the mirror, ``rank.py``, or the store's FTS5) over what the
-  caller may see and the view does not show; excerpts in rank order while they fit, a long
-  text cut to the sentences sharing most words with the query, with a ref to its full text.
+  caller may see and the view does not show, and with the mirror a second hop (the best hits'
+  own rare terms) whose hits follow; excerpts in rank order while they fit, a long text cut
+  to the sentences sharing most words with the query, with a ref to its full text.
 - ``place``: the block as a leading text part of the final user message (what came before
   stays byte-identical: provider prompt caches keep hitting).
 """
@@ -25,6 +26,7 @@ from ragent_memory.text.terms import fts_query, search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
 CANDIDATES: Final = 40  # hits read per query, before budgeting
+HOP_HITS: Final = 10  # second-hop hits after them (the mirror's), shown when room is left
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
 NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
 NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
@@ -272,7 +274,9 @@ def _search(
         "shown": sorted(ask.shown),
         "limit": CANDIDATES,
     }
-    found = None if mirror is None else mirror.search(terms, keep=lambda t: not known(t), **where)
+    found = None
+    if mirror is not None:
+        found = mirror.search(terms, keep=lambda t: not known(t), hop=HOP_HITS, **where)
     if found is not None:
         return found
     hits = [hit for hit in store.search_index(fts_query(terms), **where) if not known(hit.content)]

@@ -58,6 +58,8 @@ MEMORY_BYTES: Final = 128 * 1_000_000  # the default bound: ``Settings.recall_me
 TEXT_SHARE: Final = 4  # row texts kept take 1/4 of it, the units the rest
 TEXT_ENTRY_BYTES: Final = 100  # an ordered dict's entry for a text: its key, links, slot
 STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
+HOP_FROM: Final = 3  # a second hop starts from the best hits' texts
+HOP_TERMS: Final = 4  # and searches their rarest terms
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
 
 # The best hits, and their neighbours by (session, position).
@@ -320,22 +322,38 @@ class RecallMirror:
         shown: Sequence[int],
         limit: int,
         keep: Callable[[str], bool] = lambda text: True,
+        hop: int = 0,
     ) -> Found | None:
         """The best hits as the store's ``search_index`` ranks them, those whose text
         ``keep`` keeps, and their neighbours by (session, position); None when the store
-        must answer (see the module)."""
+        must answer (see the module). With ``hop``, up to that many more hits after them: a
+        second search for the rarest terms of the best hits' own texts (those in two rows
+        or more, not asked already), for what the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
                 return None
-            ranked = unit.rank(
-                query_keys(terms, self.stem),
-                session_id=session_id,
-                visible_from=visible_from,
-                shown=shown,
-                limit=limit,
-            )
+            keys = query_keys(terms, self.stem)
+            where = {"session_id": session_id, "visible_from": visible_from, "shown": shown}
+            ranked = unit.rank(keys, limit=limit, **where)  # type: ignore[arg-type]
+            if hop and ranked:
+                texts = self._read([unit.ids[row] for row, _ in ranked[:HOP_FROM]])
+                rare = self._rarest(unit, texts.values(), set(keys))
+                held = {row for row, _ in ranked}
+                more = unit.rank(rare, limit=hop + len(held), **where)  # type: ignore[arg-type]
+                ranked += [(row, score) for row, score in more if row not in held][:hop]
             return self._found(unit, ranked, keep)
+
+    def _rarest(self, unit: _Unit, texts: Iterable[str], asked: set[str]) -> list[str]:
+        """The ``HOP_TERMS`` terms of ``texts`` in the fewest rows (two at least: one is the
+        text itself), none of ``asked``, rarest first."""
+        found: dict[str, int] = {}
+        for text in texts:
+            for key in text_terms(text, self.stem.many)[0]:
+                posting = unit.postings.get(key)
+                if key not in asked and not isinstance(posting, int) and posting is not None:
+                    found[key] = len(posting)
+        return sorted(found, key=lambda key: (found[key], key))[:HOP_TERMS]
 
     def _current(self, user_id: str | None, session_id: str) -> _Unit | None:
         """The unit searched, in step with the store's mark (lock held)."""
