@@ -120,6 +120,23 @@ def test_date_stamp_carries_to_later_messages(store: Store) -> None:
     assert "2023年5月8日" == date_stamp("[2023年5月8日] 你好")
 
 
+def test_a_when_question_prefers_the_hit_that_holds_the_event(store: Store) -> None:
+    """BM25 ranks a short reply first; asked *when*, the message stating the event comes
+    first, tagged with its session's date. Asked otherwise, rank order stands."""
+    index(store, chat("[2:10 pm on 3 March, 2023] Hi!", "Hey Mel."), "s0", "u1")
+    index(store, chat("Pottery!", "Ha."), "s1", "u1")
+    index(
+        store, chat("[9 May, 2023] Hi!", "Hello.", "Caroline went to a pottery class."), "s2", "u1"
+    )
+    ask = {"mirror": RecallMirror(store), "session_id": "q", "user_id": "u1"}  # BM25 on both
+    when = find(store, "When did Caroline go to pottery?", **ask)
+    assert when.index("pottery class") < when.index("Pottery!")
+    assert "9 May, 2023" in when.split("\n")[1]  # the first excerpt's tag
+    what = find(store, "What about pottery?", **ask)
+    assert what.index("Pottery!") < what.index("pottery class")
+    assert excerpts.asks_when("什么时候去的北京？") and not excerpts.asks_when("Whence?")
+
+
 def test_a_second_hop_finds_what_the_best_hits_name(store: Store) -> None:
     """The best hit's own rare word (the dog's name) finds a message that shares no word
     with the question, shown after the first hop's hits; the store's search has no hop."""
@@ -128,7 +145,8 @@ def test_a_second_hop_finds_what_the_best_hits_name(store: Store) -> None:
     index(store, chat("Zorro loves the beach at Vlieland every summer.", "Nice."), "s3", "u1")
     index(store, chat("Zorro got a new red collar today.", "Cute."), "s4", "u1")
     question = "What did Dana adopt?"
-    text = find(store, question, mirror=RecallMirror(store), session_id="q", user_id="u1")
+    mirror = RecallMirror(store, hop=excerpts.HOP_HITS)
+    text = find(store, question, mirror=mirror, session_id="q", user_id="u1")
     assert text.index("greyhound") < text.index("Vlieland") and "red collar" in text
     assert "greyhound" in find(store, question, session_id="q", user_id="u1")
     assert "Vlieland" not in find(store, question, session_id="q", user_id="u1")

@@ -26,13 +26,18 @@ from ragent_memory.text.terms import fts_query, search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
 CANDIDATES: Final = 40  # hits read per query, before budgeting
-HOP_HITS: Final = 10  # second-hop hits after them (the mirror's), shown when room is left
+HOP_HITS: Final = 10  # the mirror's second-hop hits after them, shown when room is left
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
 NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
 NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
 _BREAK = re.compile(r"(?<=[.!?。！？]) ")  # after a sentence end, in folded text
+_WHEN = re.compile(
+    r"\b(?:when|what (?:date|day|time|year|month)|which (?:date|day|year|month)|how long ago)\b"
+    r"|什么时候|哪天|哪一天|哪年|几月|几号|何时",
+    re.IGNORECASE,
+)
 
 HEADERS: Final = MappingProxyType(
     {
@@ -256,11 +261,29 @@ def find_block(
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
     hits, around = _search(store, mirror, ask, terms, known or held_by(ask.known_text))
+    stems = frozenset(t[:_STEM_CHARS] for t in terms)
+    if asks_when(ask.text):
+        hits = holding_the_event(hits, stems)
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
-    stems = frozenset(t[:_STEM_CHARS] for t in terms)
     return _fill(excerpts, ask, stems, ref_for, (split, cut))
+
+
+def asks_when(question: str) -> bool:
+    """Whether ``question`` asks when something happened (its answer is a date or time)."""
+    return _WHEN.search(question) is not None
+
+
+def holding_the_event(
+    hits: Sequence[IndexedMessage], stems: frozenset[str]
+) -> list[IndexedMessage]:
+    """For a "when" question: the hits whose own text holds most of the question's words
+    (the event, not a reply to it) first, a dated one before an undated one, rank order
+    among equals. The excerpt's tag carries its session's date."""
+    held = [len(stems & {t[:_STEM_CHARS] for t in term_set(hit.content)}) for hit in hits]
+    order = sorted(range(len(hits)), key=lambda i: (-held[i], not hits[i].dated))
+    return [hits[i] for i in order]
 
 
 def _search(
@@ -276,7 +299,7 @@ def _search(
     }
     found = None
     if mirror is not None:
-        found = mirror.search(terms, keep=lambda t: not known(t), hop=HOP_HITS, **where)
+        found = mirror.search(terms, keep=lambda t: not known(t), **where)
     if found is not None:
         return found
     hits = [hit for hit in store.search_index(fts_query(terms), **where) if not known(hit.content)]

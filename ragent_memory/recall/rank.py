@@ -278,10 +278,12 @@ class RecallMirror:
         *,
         neighbours: Sequence[int] = (-1, 1),
         max_bytes: int = MEMORY_BYTES,
+        hop: int = 0,
     ) -> None:
         self.store = store
         self.neighbours = tuple(neighbours)
         self.max_bytes = max_bytes
+        self.hop = hop  # second-hop hits after a search's own (``search``)
         self._lock = threading.Lock()
         self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
         self._unit_bytes = 0  # the units' ``nbytes`` summed
@@ -322,12 +324,11 @@ class RecallMirror:
         shown: Sequence[int],
         limit: int,
         keep: Callable[[str], bool] = lambda text: True,
-        hop: int = 0,
     ) -> Found | None:
         """The best hits as the store's ``search_index`` ranks them, those whose text
         ``keep`` keeps, and their neighbours by (session, position); None when the store
-        must answer (see the module). With ``hop``, up to that many more hits after them: a
-        second search for the rarest terms of the best hits' own texts (those in two rows
+        must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
+        after them: a second search for the rarest terms of the best hits' own texts (those in two rows
         or more, not asked already), for what the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
@@ -336,6 +337,7 @@ class RecallMirror:
             keys = query_keys(terms, self.stem)
             where = {"session_id": session_id, "visible_from": visible_from, "shown": shown}
             ranked = unit.rank(keys, limit=limit, **where)  # type: ignore[arg-type]
+            hop = self.hop
             if hop and ranked:
                 texts = self._read([unit.ids[row] for row, _ in ranked[:HOP_FROM]])
                 rare = self._rarest(unit, texts.values(), set(keys))
