@@ -328,8 +328,8 @@ class RecallMirror:
         """The best hits as the store's ``search_index`` ranks them, those whose text
         ``keep`` keeps, and their neighbours by (session, position); None when the store
         must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
-        after them: a second search for the rarest terms of the best hits' own texts (those in two rows
-        or more, not asked already), for what the question's words do not name."""
+        after them: a second search for the rarest terms of the best hits' own texts (those
+        in two rows or more, not asked already), for what the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
