@@ -121,19 +121,18 @@ def test_date_stamp_carries_to_later_messages(store: Store) -> None:
 
 
 def test_a_when_question_prefers_the_hit_that_holds_the_event(store: Store) -> None:
-    """BM25 ranks a short reply first; asked *when*, the message stating the event comes
-    first, tagged with its session's date. Asked otherwise, rank order stands."""
-    index(store, chat("[2:10 pm on 3 March, 2023] Hi!", "Hey Mel."), "s0", "u1")
-    index(store, chat("Pottery!", "Ha."), "s1", "u1")
-    index(
-        store, chat("[9 May, 2023] Hi!", "Hello.", "Caroline went to a pottery class."), "s2", "u1"
-    )
+    """BM25 ranks a short reply first; asked *when*, the message stating the whole event
+    comes first, tagged with its session's date. Asked otherwise, rank order stands."""
+    index(store, chat(*[f"Caroline said hi {i}." for i in range(6)]), "s0", "u1")
+    index(store, chat("Pottery class, pottery class!", "Ha."), "s1", "u1")
+    event = "Caroline went to a pottery class on Sunday with her sister and two friends."
+    index(store, chat("[9 May, 2023] Hi!", "Hello.", event), "s2", "u1")
     ask = {"mirror": RecallMirror(store), "session_id": "q", "user_id": "u1"}  # BM25 on both
-    when = find(store, "When did Caroline go to pottery?", **ask)
-    assert when.index("pottery class") < when.index("Pottery!")
+    what = find(store, "What about Caroline's pottery class?", **ask)
+    assert what.index("Pottery class, pottery") < what.index("pottery class on Sunday")
+    when = find(store, "When was Caroline at the pottery class?", **ask)
+    assert when.index("pottery class on Sunday") < when.index("Pottery class, pottery")
     assert "9 May, 2023" in when.split("\n")[1]  # the first excerpt's tag
-    what = find(store, "What about pottery?", **ask)
-    assert what.index("Pottery!") < what.index("pottery class")
     assert excerpts.asks_when("什么时候去的北京？") and not excerpts.asks_when("Whence?")
 
 

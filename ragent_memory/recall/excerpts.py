@@ -278,12 +278,12 @@ def asks_when(question: str) -> bool:
 def holding_the_event(
     hits: Sequence[IndexedMessage], stems: frozenset[str]
 ) -> list[IndexedMessage]:
-    """For a "when" question: the hits whose own text holds most of the question's words
-    (the event, not a reply to it) first, a dated one before an undated one, rank order
-    among equals. The excerpt's tag carries its session's date."""
-    held = [len(stems & {t[:_STEM_CHARS] for t in term_set(hit.content)}) for hit in hits]
-    order = sorted(range(len(hits)), key=lambda i: (-held[i], not hits[i].dated))
-    return [hits[i] for i in order]
+    """For a "when" question: the hits whose own text holds every word of the question (the
+    event stated, not a reply to it) first, rank order otherwise. Each excerpt's tag
+    carries its session's date. (Putting first the hits holding the most words instead
+    measured slightly worse on LoCoMo: BM25 weighs the words already.)"""
+    whole = [stems <= {t[:_STEM_CHARS] for t in term_set(hit.content)} for hit in hits]
+    return [hits[i] for i in sorted(range(len(hits)), key=lambda i: not whole[i])]
 
 
 def _search(
