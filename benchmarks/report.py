@@ -564,6 +564,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
             ms(row["early_p50_ms"]),
             ms(row["late_p50_ms"]),
             f"**{row['late_over_early']:.2f}**",
+            f"{row.get('early_recalled', 0):.1f} / {row.get('late_recalled', 0):.1f}",
         ]
         for row in data["sessions"]
     ]
@@ -601,7 +602,16 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "Long RAG sessions (`simulate_session`), recall on: `prepare` CPU ms, turns 100–200 "
         "against the last 100 (target ≤ 1.3).",
         "",
-        table(["session", "turns 100–200 p50", "last 100 p50", "late ÷ early"], sessions),
+        table(
+            [
+                "session",
+                "turns 100–200 p50",
+                "last 100 p50",
+                "late ÷ early",
+                "excerpts early / late",
+            ],
+            sessions,
+        ),
         "",
     ]
 

@@ -190,13 +190,14 @@ def long_session(turns: int, seed: int, budget: int, tmp: Path) -> dict[str, Any
         context_window_chars=budget, store=StoreSettings(path=str(tmp / f"long{turns}.db"))
     )
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
-    timings = []
+    timings, recalled = [], []
     with MemoryEngine(settings) as engine:
         for messages in simulate_session(turns, seed=seed):
             history.append(messages[0])
             started = time.process_time()
-            engine.prepare(history, session_id="long")
+            prepared = engine.prepare(history, session_id="long")
             timings.append((time.process_time() - started) * 1000)
+            recalled.append(prepared.report.recalled)
             history.extend(messages[1:])
             engine.after_turn(history, session_id="long")
     early, late = statistics.median(timings[100:200]), statistics.median(timings[-100:])
@@ -206,6 +207,8 @@ def long_session(turns: int, seed: int, budget: int, tmp: Path) -> dict[str, Any
         "early_p50_ms": early,
         "late_p50_ms": late,
         "late_over_early": late / early,
+        "early_recalled": statistics.mean(recalled[100:200]),
+        "late_recalled": statistics.mean(recalled[-100:]),
     }
 
 
@@ -215,7 +218,8 @@ def sessions(quick: bool, tmp: Path) -> Iterator[dict[str, Any]]:
         row = long_session(turns // scale, seed, budget, tmp)
         print(
             f"{row['turns']:>6,} turns, B = {budget:,}: early {row['early_p50_ms']:.3f} ms, "
-            f"late {row['late_p50_ms']:.3f} ms, late/early {row['late_over_early']:.2f}",
+            f"late {row['late_p50_ms']:.3f} ms, late/early {row['late_over_early']:.2f} "
+            f"(excerpts recalled: {row['early_recalled']:.1f} early, {row['late_recalled']:.1f} late)",
             flush=True,
         )
         yield row
@@ -248,7 +252,9 @@ def main() -> None:
             print("\nlong RAG sessions, recall on: last-100 ÷ turns 100–200")
             payload["sessions"] = list(sessions(args.quick, Path(tmp)))
     payload["seconds"] = round(time.perf_counter() - started, 1)
-    if not args.quick and len(parts) == 2:
+    if not args.quick:  # one part run: the other's results kept
+        if len(parts) == 1 and RESULTS.exists():
+            payload = {**json.loads(RESULTS.read_text(encoding="utf-8")), **payload}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         print(f"\nwritten: {RESULTS}")
