@@ -60,6 +60,7 @@ TEXT_ENTRY_BYTES: Final = 100  # an ordered dict's entry for a text: its key, li
 STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
 HOP_FROM: Final = 3  # a second hop starts from the best hits' texts
 HOP_TERMS: Final = 4  # and searches their rarest terms
+HOP_SOURCE_CHARS: Final = 2_000  # of what was said (a tool's dump names too much)
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
 
 # The best hits, and their neighbours by (session, position).
@@ -329,7 +330,8 @@ class RecallMirror:
         ``keep`` keeps, and their neighbours by (session, position); None when the store
         must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
         after them: a second search for the rarest terms of the best hits' own texts (those
-        in two rows or more, not asked already), for what the question's words do not name."""
+        in two rows or more, not asked already; texts up to ``HOP_SOURCE_CHARS``), for what
+        the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
@@ -338,9 +340,10 @@ class RecallMirror:
             where = {"session_id": session_id, "visible_from": visible_from, "shown": shown}
             ranked = unit.rank(keys, limit=limit, **where)  # type: ignore[arg-type]
             hop = self.hop
-            if hop and ranked:
+            if hop and ranked:  # (a bounded second ranking: rare terms, short postings)
                 texts = self._read([unit.ids[row] for row, _ in ranked[:HOP_FROM]])
-                rare = self._rarest(unit, texts.values(), set(keys))
+                said = [text for text in texts.values() if len(text) <= HOP_SOURCE_CHARS]
+                rare = self._rarest(unit, said, set(keys))
                 held = {row for row, _ in ranked}
                 more = unit.rank(rare, limit=hop + len(held), **where)  # type: ignore[arg-type]
                 ranked += [(row, score) for row, score in more if row not in held][:hop]
