@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks import report
 
-PARTS = ("run", "versus", "locomo", "proxy", "pg")
+PARTS = ("run", "scale", "versus", "locomo", "proxy", "pg")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

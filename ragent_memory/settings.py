@@ -340,6 +340,10 @@ class Settings:
     offload_ttl_days: float = _field("offload_ttl_days", 7, _positive, "a number > 0")
     strict_alternation: bool = _flag("strict_alternation", default=False)
     recall_enabled: bool = _flag("recall_enabled", default=True)
+    # the in-process recall index's memory (§9b, §17): least recently searched users out first
+    recall_memory_mb: int = _field(
+        "recall_memory_mb", 128, lambda v: is_int(v) and v >= 1, "an integer >= 1"
+    )
     preserved_tools: tuple[str, ...] = attrs.field(
         default=(),
         converter=_to_tuple,

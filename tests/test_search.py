@@ -120,6 +120,37 @@ def test_date_stamp_carries_to_later_messages(store: Store) -> None:
     assert "2023年5月8日" == date_stamp("[2023年5月8日] 你好")
 
 
+def test_a_when_question_prefers_the_hit_that_holds_the_event(store: Store) -> None:
+    """BM25 ranks a short reply first; asked *when*, the message stating the whole event
+    comes first, tagged with its session's date. Asked otherwise, rank order stands."""
+    index(store, chat(*[f"Caroline said hi {i}." for i in range(6)]), "s0", "u1")
+    index(store, chat("Pottery class, pottery class!", "Ha."), "s1", "u1")
+    event = "Caroline went to a pottery class on Sunday with her sister and two friends."
+    index(store, chat("[9 May, 2023] Hi!", "Hello.", event), "s2", "u1")
+    ask = {"mirror": RecallMirror(store), "session_id": "q", "user_id": "u1"}  # BM25 on both
+    what = find(store, "What about Caroline's pottery class?", **ask)
+    assert what.index("Pottery class, pottery") < what.index("pottery class on Sunday")
+    when = find(store, "When was Caroline at the pottery class?", **ask)
+    assert when.index("pottery class on Sunday") < when.index("Pottery class, pottery")
+    assert "9 May, 2023" in when.split("\n")[1]  # the first excerpt's tag
+    assert excerpts.asks_when("什么时候去的北京？") and not excerpts.asks_when("Whence?")
+
+
+def test_a_second_hop_finds_what_the_best_hits_name(store: Store) -> None:
+    """The best hit's own rare word (the dog's name) finds a message that shares no word
+    with the question, shown after the first hop's hits; the store's search has no hop."""
+    index(store, chat("Dana adopted a greyhound named Zorro last spring.", "Lovely!"), "s1", "u1")
+    index(store, chat(*FILLER[:6]), "s2", "u1")
+    index(store, chat("Zorro loves the beach at Vlieland every summer.", "Nice."), "s3", "u1")
+    index(store, chat("Zorro got a new red collar today.", "Cute."), "s4", "u1")
+    question = "What did Dana adopt?"
+    mirror = RecallMirror(store, hop=excerpts.HOP_HITS)
+    text = find(store, question, mirror=mirror, session_id="q", user_id="u1")
+    assert text.index("greyhound") < text.index("Vlieland") and "red collar" in text
+    assert "greyhound" in find(store, question, session_id="q", user_id="u1")
+    assert "Vlieland" not in find(store, question, session_id="q", user_id="u1")
+
+
 def test_chinese_fact_from_another_session_matches_a_chinese_question(store: Store) -> None:
     """Session A in Chinese, a question in session B of the same user finds it."""
     index(store, chat("我对花生过敏，吃了会很严重。", "好的，记住了。"), "A", "u1")

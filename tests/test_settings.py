@@ -85,6 +85,8 @@ def test_shipped_config_loads_with_defaults() -> None:
         ({"serve": {"identity": "headers", "host": "0.0.0.0"}}, "serve.trusted_proxies"),
         ({"serve": {"identity": "headers", "host": "gateway.internal"}}, "serve.trusted_proxies"),
         ({"compaction_workers": 0}, "compaction_workers"),
+        ({"recall_memory_mb": 0}, "recall_memory_mb"),
+        ({"recall_memory_mb": "lots"}, "recall_memory_mb"),
         ({"compaction_timeout_s": -1}, "compaction_timeout_s"),
         ({"llm": {"model": "m"}}, "llm.base_url"),
         ({"llm": "http://x/v1"}, "llm"),

@@ -364,6 +364,15 @@ class MemoryEngine:
             return "[search_memory: recall is switched off for this engine]"
         return self._recaller.search(session_id, query, user_id, as_int(limit))
 
+    def recall_memory(self) -> dict[str, int]:
+        """What the in-process recall index holds (DESIGN §17): ``bytes`` (within ``cap``,
+        ``recall_memory_mb``), ``units_bytes`` (the indexes, without the kept texts),
+        ``rows`` (indexed messages) and ``users``; zeros when recall is off."""
+        if self._recaller is None:
+            cap = self.settings.recall_memory_mb * 1_000_000
+            return {"bytes": 0, "units_bytes": 0, "rows": 0, "users": 0, "cap": cap}
+        return self._recaller.mirror.memory()
+
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop
         resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the

@@ -3,9 +3,15 @@
 The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
 match on each call, growing with the history. Here each user's rows (or, without a user, each
 session's) are an inverted index (term → rows and counts) ranked with the exact BM25 FTS5
-computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns), with
-numpy over the query terms' postings. Neighbours and texts (kept by row id: rows never
+computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns); the top
+k comes from block-max early termination (``topk.py``), so a query reads a bounded share of
+its terms' postings, not every match. Neighbours and texts (kept by row id: rows never
 change, only go) come from here too.
+
+Memory is counted as rows arrive (``sys.getsizeof`` of what a unit holds) and bounded by
+``recall_memory_mb``: three quarters for the units, least recently searched dropped first (a
+unit larger than that alone is not kept: its user's searches go to the store), a quarter for
+row texts, the oldest dropped first.
 
 The store stays the source of truth. Before each search one statement reads the highest row
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 from array import array
 from collections import Counter, OrderedDict
@@ -29,19 +36,31 @@ import numpy as np
 import numpy.typing as npt
 
 from ragent_memory.core.records import IndexedMessage
+from ragent_memory.recall.topk import (
+    BUDGET_BLOCKS,
+    COUNT_BITS,
+    COUNT_MAX,
+    K1,
+    LONG,
+    B,
+    Blocks,
+    Norm,
+    Term,
+    top_k,
+)
 from ragent_memory.store.contract import RecallIndex
 from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import stem, tokens
 from ragent_memory.text.terms import index_terms, is_cjk
 
-K1: Final = 1.2
-B: Final = 0.75
 IDF_FLOOR: Final = 1e-6  # FTS5: a term in more than half the rows still counts a little
-_COUNT_BITS: Final = 20
-_COUNT_MAX: Final = (1 << _COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
-MIRROR_BYTES: Final = 96_000_000  # units kept, least recently searched out first
-TEXT_CHARS: Final = 16_000_000  # row texts kept, the oldest kept out first
+MEMORY_BYTES: Final = 128 * 1_000_000  # the default bound: ``Settings.recall_memory_mb``
+TEXT_SHARE: Final = 4  # row texts kept take 1/4 of it, the units the rest
+TEXT_ENTRY_BYTES: Final = 100  # an ordered dict's entry for a text: its key, links, slot
 STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
+HOP_FROM: Final = 3  # a second hop starts from the best hits' texts
+HOP_TERMS: Final = 4  # and searches their rarest terms
+HOP_SOURCE_CHARS: Final = 2_000  # of what was said (a tool's dump names too much)
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
 
 # The best hits, and their neighbours by (session, position).
@@ -87,7 +106,8 @@ def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[
 
 
 class _Unit:
-    """One user's rows (or one session's): the inverted index and what rows carry."""
+    """One user's rows (or one session's): the inverted index and what rows carry, its
+    memory counted as it grows (``nbytes``)."""
 
     def __init__(self) -> None:
         self.last = 0  # highest row id held
@@ -95,43 +115,88 @@ class _Unit:
         self.positions = array("q")
         self.codes = array("i")  # session number, into ``names``
         self.lengths = array("d")
-        self.rows: list[tuple[int, str, str, str]] = []  # (session number, role, dated, digest)
+        self.roles = array("b")  # into ``role_names``
+        self.dates = array("i")  # into ``dated``
+        self.digests: list[str] = []
         self.names: list[str] = []
         self.numbers: dict[str, int] = {}
+        self.dated: list[str] = []
+        self.date_numbers: dict[str, int] = {}
+        self.role_names: list[str] = []
+        self.role_numbers: dict[str, int] = {}
         # term → its rows and counts, each ``row << 20 | count``: an int for one row (most
         # terms, numbers and ids, occur in one row), an array for more
         self.postings: dict[str, int | array[int]] = {}
-        self.at: dict[tuple[int, int], int] = {}  # (session number, position) → newest row
+        self.blocks: dict[str, Blocks] = {}  # a long term's block bounds (topk.py)
+        self.at: dict[int, int] = {}  # session number << 32 | position → newest row
         self.total = 0.0
-        self.bytes = 0
+        self._held = 0  # bytes of what the containers point at (``nbytes`` adds theirs)
+
+    def nbytes(self) -> int:
+        """The bytes this unit holds: its containers (``sys.getsizeof``) and what they
+        point at, counted as it was added."""
+        containers = (
+            *(self.ids, self.positions, self.codes, self.lengths, self.roles, self.dates),
+            *(self.digests, self.names, self.numbers, self.dated, self.date_numbers),
+            *(self.role_names, self.role_numbers),
+            *(self.postings, self.blocks, self.at),
+        )
+        return self._held + sum(map(sys.getsizeof, containers))
+
+    def _number(self, names: list[str], numbers: dict[str, int], name: str) -> int:
+        number = numbers.setdefault(name, len(names))
+        if number == len(names):
+            names.append(name)
+            self._held += sys.getsizeof(name)
+        return number
 
     def add(self, message: IndexedMessage, owned: bool, counts: dict[str, int], n: int) -> None:
         row = len(self.ids)
-        code = self.numbers.setdefault(message.session_id, len(self.names))
-        if code == len(self.names):
-            self.names.append(message.session_id)
+        code = self._number(self.names, self.numbers, message.session_id)
         length = n + 1 + owned  # FTS5 counts the scope column's tokens in the row's length
         self.ids.append(message.id)
         self.positions.append(message.position)
         self.codes.append(code)
         self.lengths.append(float(length))
-        self.rows.append((code, message.role, message.dated, message.digest))
+        self.roles.append(self._number(self.role_names, self.role_numbers, message.role))
+        self.dates.append(self._number(self.dated, self.date_numbers, message.dated))
+        self.digests.append(message.digest)
+        self._held += sys.getsizeof(message.digest)
         self.total += length
         self.last = max(self.last, message.id)
-        held = self.at.get((code, message.position))
+        key = code << 32 | message.position
+        held = self.at.get(key)
+        if held is None:
+            self._held += 2 * sys.getsizeof(key)
         if held is None or self.ids[held] < message.id:
-            self.at[(code, message.position)] = row
-        shifted = row << _COUNT_BITS
-        for key, count in counts.items():
-            entry = shifted | min(count, _COUNT_MAX)
-            posting = self.postings.get(key)
-            if posting is None:
-                self.postings[key] = entry
-            elif isinstance(posting, int):
-                self.postings[key] = array("q", (posting, entry))
-            else:
-                posting.append(entry)
-        self.bytes += 90 * len(counts) + 160
+            self.at[key] = row
+        for term, count in counts.items():
+            self._post(term, row, min(count, COUNT_MAX), length)
+
+    def _post(self, term: str, row: int, count: int, length: int) -> None:
+        entry = row << COUNT_BITS | count
+        posting = self.postings.get(term)
+        if posting is None:
+            self.postings[term] = entry
+            self._held += sys.getsizeof(term) + sys.getsizeof(entry)
+        elif isinstance(posting, int):
+            self.postings[term] = made = array("q", (posting, entry))
+            self._held += sys.getsizeof(made) - sys.getsizeof(posting)
+        else:
+            before = sys.getsizeof(posting)
+            posting.append(entry)
+            self._held += sys.getsizeof(posting) - before
+            blocks = self.blocks.get(term)
+            if blocks is None and len(posting) > LONG:
+                self.blocks[term] = blocks = Blocks()
+                for index, old in enumerate(posting):
+                    at = old >> COUNT_BITS
+                    blocks.add(at, index, old & COUNT_MAX, int(self.lengths[at]))
+                self._held += blocks.nbytes()
+            elif blocks is not None:
+                before = blocks.nbytes()
+                blocks.add(row, len(posting) - 1, count, length)
+                self._held += blocks.nbytes() - before
 
     def rank(
         self,
@@ -141,31 +206,13 @@ class _Unit:
         visible_from: int,
         shown: Sequence[int],
         limit: int,
+        budget: int = BUDGET_BLOCKS,
     ) -> list[tuple[int, float]]:
         """The best ``limit`` rows (row number, BM25 as FTS5 gives it: lower is better),
-        ordered by score then newest first, without this session's rows the view shows."""
-        scores = self._scores(keys)
-        if scores is None:
-            return []
-        found = self._hide(scores.nonzero()[0], session_id, visible_from, shown)
-        best = scores[found]
-        if len(found) > limit:  # only rows scoring at least the limit-th best can be in it
-            cut = np.partition(best, len(best) - limit)[len(best) - limit]
-            kept = best >= cut
-            found, best = found[kept], best[kept]
-        # Best first, then newest (row ids are unique: no two tuples tie).
-        chosen = found.tolist()
-        ranked = sorted(
-            zip(best.tolist(), [self.ids[row] for row in chosen], chosen, strict=True),
-            reverse=True,
-        )
-        return [(row, -score) for score, _, row in ranked[:limit]]
-
-    def _scores(self, keys: Sequence[str]) -> npt.NDArray[np.float64] | None:
-        """Each row's BM25 sum over the query's terms (0 where none matches); None when no
-        term matches."""
+        ordered by score then newest first, without this session's rows the view shows:
+        block-max top-k reading ``budget`` blocks at most (``topk.py``)."""
         n = len(self.ids)
-        entries, weights = array("q"), array("d")
+        terms = []
         for key, times in Counter(keys).items():
             posting = self.postings.get(key)
             if posting is None:
@@ -174,64 +221,94 @@ class _Unit:
             idf = math.log((n - count + 0.5) / (count + 0.5))
             weight = times * (idf if idf > 0 else IDF_FLOOR) * (K1 + 1.0)
             if isinstance(posting, int):
-                entries.append(posting)
+                postings = np.array([posting], dtype=np.int64)
             else:
-                entries.extend(posting)
-            weights.extend(array("d", (weight,)) * count)
-        if not entries:
-            return None
-        packed = np.frombuffer(entries, dtype=np.int64)
-        rows = packed >> _COUNT_BITS
-        freq = (packed & _COUNT_MAX).astype(np.float64)
-        # BM25's length norm, K1 * (1 - B + B * length / mean length)
-        lengths = np.frombuffer(self.lengths, dtype=np.float64)[rows]
-        norm = lengths * (K1 * B * n / self.total) + K1 * (1.0 - B)
-        each = np.frombuffer(weights, dtype=np.float64) * freq / (freq + norm)
-        return np.asarray(np.bincount(rows, weights=each, minlength=n), dtype=np.float64)
+                postings = np.frombuffer(posting, dtype=np.int64)
+            terms.append(Term(weight, postings, self.blocks.get(key)))
+        if not terms or limit < 1:
+            return []
+        lengths = np.frombuffer(self.lengths, dtype=np.float64)
+        norm = Norm(lengths, K1 * B * n / self.total, K1 * (1.0 - B))
+        visible = self._visible(session_id, visible_from, shown)
+        rows, scores = top_k(terms, norm, n, limit, visible, budget)
+        return [(row, -score) for row, score in zip(rows.tolist(), scores.tolist(), strict=True)]
 
-    def _hide(
-        self, found: npt.NDArray[np.intp], session_id: str, visible_from: int, shown: Sequence[int]
-    ) -> npt.NDArray[np.intp]:
-        """``found`` without this session's rows the view shows (those it shows as a
-        placeholder or preview, ``shown``, are recalled after all)."""
+    def _visible(
+        self, session_id: str, visible_from: int, shown: Sequence[int]
+    ) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]:
+        """Which of some rows the search may show: not this session's rows the view shows
+        (those it shows as a placeholder or preview, ``shown``, are recalled after all)."""
         code = self.numbers.get(session_id)
-        if code is None:
-            return found
-        positions = np.frombuffer(self.positions, dtype=np.int64)[found]
-        codes = np.frombuffer(self.codes, dtype=np.int32)[found]
-        hidden = (codes == code) & (positions >= visible_from)
-        if shown:
-            # Sorted is enough for searchsorted (np.unique's first call imports numpy.ma,
-            # tens of ms on a process's first recall turn).
-            held = np.sort(np.asarray(shown, dtype=np.int64))
-            at = np.minimum(held.searchsorted(positions), len(held) - 1)
-            hidden &= held[at] != positions
-        visible: npt.NDArray[np.intp] = found[~hidden]
+        # Sorted is enough for searchsorted (np.unique's first call imports numpy.ma,
+        # tens of ms on a process's first recall turn).
+        held = np.sort(np.asarray(shown, dtype=np.int64))
+
+        def visible(rows: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+            if code is None:
+                return np.ones(len(rows), dtype=np.bool_)
+            positions = np.frombuffer(self.positions, dtype=np.int64)[rows]
+            codes = np.frombuffer(self.codes, dtype=np.int32)[rows]
+            hidden = (codes == code) & (positions >= visible_from)
+            if len(held):
+                at = np.minimum(held.searchsorted(positions), len(held) - 1)
+                hidden &= held[at] != positions
+            kept: npt.NDArray[np.bool_] = ~hidden
+            return kept
+
         return visible
 
     def message(self, row: int, content: str, score: float = 0.0) -> IndexedMessage:
-        code, role, dated, digest = self.rows[row]
-        position, row_id = self.positions[row], self.ids[row]
+        session, role = self.names[self.codes[row]], self.role_names[self.roles[row]]
+        dated, digest = self.dated[self.dates[row]], self.digests[row]
         return IndexedMessage(
-            self.names[code], position, role, content, dated, digest, row_id, score
+            session, self.positions[row], role, content, dated, digest, self.ids[row], score
         )
+
+    def near(self, row: int, offset: int) -> int | None:
+        """The newest row at ``offset`` positions from ``row`` in its session."""
+        return self.at.get(self.codes[row] << 32 | (self.positions[row] + offset))
 
 
 class RecallMirror:
     """Units (a user's rows, or a session's without a user) kept in step with the store,
-    least recently searched dropped beyond ``MIRROR_BYTES``; thread-safe (one lock)."""
+    within ``max_bytes`` (see the module); thread-safe (one lock)."""
 
-    def __init__(self, store: RecallIndex, *, neighbours: Sequence[int] = (-1, 1)) -> None:
+    def __init__(
+        self,
+        store: RecallIndex,
+        *,
+        neighbours: Sequence[int] = (-1, 1),
+        max_bytes: int = MEMORY_BYTES,
+        hop: int = 0,
+    ) -> None:
         self.store = store
         self.neighbours = tuple(neighbours)
+        self.max_bytes = max_bytes
+        self.hop = hop  # second-hop hits after a search's own (``search``)
         self._lock = threading.Lock()
         self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
+        self._unit_bytes = 0  # the units' ``nbytes`` summed
+        self._text_bytes = 0
+        # units too large to keep alone: their searches go to the store
+        self._oversized: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._epoch: str | None = None
         self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
         self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
         self._texts: OrderedDict[int, str] = OrderedDict()
-        self._chars = 0
         self.stem = Memo(stem, STEM_CHARS, len)  # Porter in Python is most of reading a row in
+
+    def memory(self) -> dict[str, int]:
+        """What the mirror holds: ``bytes`` (units and texts), ``units_bytes``, ``rows``
+        (indexed messages held), ``users`` (units held), ``cap`` (``max_bytes``)."""
+        with self._lock:
+            rows = sum(len(unit.ids) for unit in self._units.values())
+            return {
+                "bytes": self._unit_bytes + self._text_bytes,
+                "units_bytes": self._unit_bytes,
+                "rows": rows,
+                "users": len(self._units),
+                "cap": self.max_bytes,
+            }
 
     @property
     def epoch(self) -> str | None:
@@ -251,39 +328,62 @@ class RecallMirror:
     ) -> Found | None:
         """The best hits as the store's ``search_index`` ranks them, those whose text
         ``keep`` keeps, and their neighbours by (session, position); None when the store
-        must answer (see the module)."""
+        must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
+        after them: a second search for the rarest terms of the best hits' own texts (those
+        in two rows or more, not asked already; texts up to ``HOP_SOURCE_CHARS``), for what
+        the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
                 return None
-            ranked = unit.rank(
-                query_keys(terms, self.stem),
-                session_id=session_id,
-                visible_from=visible_from,
-                shown=shown,
-                limit=limit,
-            )
+            keys = query_keys(terms, self.stem)
+            where = {"session_id": session_id, "visible_from": visible_from, "shown": shown}
+            ranked = unit.rank(keys, limit=limit, **where)  # type: ignore[arg-type]
+            hop = self.hop
+            if hop and ranked:  # (a bounded second ranking: rare terms, short postings)
+                texts = self._read([unit.ids[row] for row, _ in ranked[:HOP_FROM]])
+                said = [text for text in texts.values() if len(text) <= HOP_SOURCE_CHARS]
+                rare = self._rarest(unit, said, set(keys))
+                held = {row for row, _ in ranked}
+                more = unit.rank(rare, limit=hop + len(held), **where)  # type: ignore[arg-type]
+                ranked += [(row, score) for row, score in more if row not in held][:hop]
             return self._found(unit, ranked, keep)
+
+    def _rarest(self, unit: _Unit, texts: Iterable[str], asked: set[str]) -> list[str]:
+        """The ``HOP_TERMS`` terms of ``texts`` in the fewest rows (two at least: one is the
+        text itself), none of ``asked``, rarest first."""
+        found: dict[str, int] = {}
+        for text in texts:
+            for key in text_terms(text, self.stem.many)[0]:
+                posting = unit.postings.get(key)
+                if key not in asked and not isinstance(posting, int) and posting is not None:
+                    found[key] = len(posting)
+        return sorted(found, key=lambda key: (found[key], key))[:HOP_TERMS]
 
     def _current(self, user_id: str | None, session_id: str) -> _Unit | None:
         """The unit searched, in step with the store's mark (lock held)."""
         top, epoch = self.store.recall_mark()
         if epoch != self._epoch:  # rows went: every copy may hold them
             self._units.clear()
+            self._unit_bytes = 0
             self._unowned.clear()
+            self._oversized.clear()
             self._epoch = epoch
         if user_id is not None and self._has_unowned(session_id, top):
             return None
         key = ("u", user_id) if user_id is not None else ("s", session_id)
+        if key in self._oversized:
+            return None
         unit = self._units.get(key)
         if unit is None:
             unit = self._units[key] = _Unit()
+            self._unit_bytes += unit.nbytes()
         self._units.move_to_end(key)
         # This process's own rows being written are left to the refresh that follows the
         # write (read in off the caller's thread): the unit answers as before it.
         if unit.last < top and (not unit.last or key not in self._writing):
-            self._add(unit, self._since(unit.last, user_id, session_id))
-        return unit
+            self._add(key, unit, self._since(unit.last, user_id, session_id))
+        return self._units.get(key)
 
     def _found(
         self, unit: _Unit, ranked: Sequence[tuple[int, float]], keep: Callable[[str], bool]
@@ -299,9 +399,9 @@ class RecallMirror:
                 made[row] = unit.message(row, text, score)
         beside: dict[tuple[int, int], int] = {}  # (session number, position) → the row there
         for row in made:
-            code, position = unit.rows[row][0], unit.positions[row]
+            code, position = unit.codes[row], unit.positions[row]
             for offset in self.neighbours:
-                near = unit.at.get((code, position + offset))
+                near = unit.near(row, offset)
                 if near is not None:
                     beside[(code, position + offset)] = near
         texts.update(self._read([unit.ids[near] for near in beside.values()]))
@@ -330,7 +430,7 @@ class RecallMirror:
                 if unit is not None:
                     rows = self._since(unit.last, key[1] if key[0] == "u" else None, session_id)
                     with self._lock:
-                        self._add(unit, rows)
+                        self._add(key, unit, rows)
             with self._lock:
                 if user_id is not None and session_id in self._unowned:
                     self._has_unowned(session_id, self.store.recall_mark()[0])
@@ -353,26 +453,38 @@ class RecallMirror:
         rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
         return [(m, o, *text_terms(m.content, self.stem.many)) for m, o in rows if m.id > last]
 
-    def _add(self, unit: _Unit, rows: Sequence[_Row]) -> None:
-        """Rows into the unit (those it lacks), then the units kept within their bound
-        (lock held)."""
+    def _add(self, key: tuple[str, str], unit: _Unit, rows: Sequence[_Row]) -> None:
+        """Rows into the unit if it is still held (those it lacks), then the units kept
+        within their share, least recently searched out first; a unit over it alone is
+        dropped and left to the store from then on (lock held)."""
+        if self._units.get(key) is not unit:
+            return
+        before = unit.nbytes()
         for message, owned, counts, n in rows:
             if message.id > unit.last:
                 unit.add(message, owned, counts, n)
                 self._keep(message.id, message.content)
-        total = sum(u.bytes for u in self._units.values())
-        while total > MIRROR_BYTES and len(self._units) > 1:
+        size = unit.nbytes()
+        self._unit_bytes += size - before
+        share = self.max_bytes - self.max_bytes // TEXT_SHARE
+        if size > share:  # the unit alone is over the units' share
+            del self._units[key]
+            self._unit_bytes -= size
+            self._oversized[key] = None
+            if len(self._oversized) > UNOWNED_KEPT:
+                self._oversized.popitem(last=False)
+        while self._unit_bytes > share and self._units:
             _, old = self._units.popitem(last=False)
-            total -= old.bytes
+            self._unit_bytes -= old.nbytes()
 
     def _keep(self, row_id: int, text: str) -> None:
         if row_id in self._texts:
             return
         self._texts[row_id] = text
-        self._chars += len(text)
-        while self._chars > TEXT_CHARS and len(self._texts) > 1:
+        self._text_bytes += sys.getsizeof(text) + TEXT_ENTRY_BYTES
+        while self._text_bytes > self.max_bytes // TEXT_SHARE and len(self._texts) > 1:
             _, old = self._texts.popitem(last=False)
-            self._chars -= len(old)
+            self._text_bytes -= sys.getsizeof(old) + TEXT_ENTRY_BYTES
 
     def _read(self, ids: Sequence[int]) -> dict[int, str]:
         """Row texts by id, from those kept or (those let go) the store."""

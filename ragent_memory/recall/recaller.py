@@ -22,6 +22,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.recall.excerpts import (
     HEADERS,
+    HOP_HITS,
     NEIGHBOUR_CHARS,
     NEIGHBOURS,
     Ask,
@@ -132,7 +133,12 @@ class Recaller:
     def __init__(self, store: RecallIndex, settings: Settings, *, engine_headers: Sequence[str]):
         self.store = store
         self.settings = settings
-        self.mirror = RecallMirror(store, neighbours=NEIGHBOURS)
+        self.mirror = RecallMirror(
+            store,
+            neighbours=NEIGHBOURS,
+            max_bytes=settings.recall_memory_mb * 1_000_000,
+            hop=HOP_HITS,
+        )
         headers = (*engine_headers, *HEADERS.values())
         self.indexer = Indexer(
             store, engine_headers=headers, mirror=self.mirror, on_left=self._ready

@@ -1,0 +1,265 @@
+"""Top-k BM25 that reads a bounded share of the postings: block-max early termination.
+
+The technique is block-max (Ding & Suel, "Faster top-k document retrieval using block-max
+indexes", SIGIR 2011) over row-id ranges aligned across terms (Dimopoulos, Nepomnyachiy &
+Suel, "A candidate filtering mechanism for fast top-k query processing", WSDM 2013), with
+MaxScore's split of a query's terms (Turtle & Flood, "Query evaluation: strategies and
+optimizations", IP&M 1995) and an anytime budget (Mackenzie, Petri & Moffat, "Anytime
+ranking on document-ordered indexes", TOIS 2022):
+
+- the rare terms are read whole: every term in ``LONG`` rows or fewer, then the rarest long
+  ones while their postings fit ``WHOLE_POSTINGS``; each row they hold is scored exactly (the
+  other terms' counts found by binary search);
+- each other term keeps, per block of ``BLOCK_ROWS`` consecutive rows that holds it, where
+  its postings for the block start, the largest count and the shortest row among them. A
+  block's upper bound is the sum over those terms of BM25 at that count and length (BM25
+  rises with the count and falls with the length, so no row of the block scores more);
+- blocks are read best bound first, newest first among equal bounds, and reading stops at the
+  first block whose bound cannot beat the k-th best found (an equal score wins only when
+  newer: the ranking's tie order), or after ``BUDGET_BLOCKS`` blocks.
+
+Stopped by the bounds, the top-k is exact: the same rows and scores as scoring every posting.
+Stopped by the budget (a question made only of words in a large share of the history), it is
+the best of what was read: ``make bench`` (``benchmarks/scale.py``) measures how often and its
+recall@k against the exhaustive ranking. What a query reads is bounded by the query's length
+and these constants: ``LONG`` postings per short term,
+``WHOLE_POSTINGS``, ``BUDGET_BLOCKS`` blocks, and one bound per long term and block (a
+vector of rows ÷ ``BLOCK_ROWS``, the one part that grows with the history).
+Scores are summed over the query's terms in one order everywhere (candidates, block rows and
+bounds), so equal rows score bit-identically and ties resolve as the exhaustive sum does.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+K1: Final = 1.2
+B: Final = 0.75
+COUNT_BITS: Final = 20
+COUNT_MAX: Final = (1 << COUNT_BITS) - 1  # a term's count in one row, capped (FTS5's is not)
+BLOCK_ROWS: Final = 128  # rows per block
+LONG: Final = 64  # a term in more rows than this keeps block bounds; fewer are read whole
+FIRST_BLOCKS: Final = 8  # blocks read in the first round (doubling each round)
+WHOLE_POSTINGS: Final = 8_192  # the rarest long terms are read whole while their postings fit
+BUDGET_BLOCKS: Final = 32  # blocks read at most (anytime ranking: the best found then)
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+# rows (sorted) → a mask of those the caller may see
+Visible = Callable[[Ints], npt.NDArray[np.bool_]]
+
+
+class Blocks:
+    """A long term's block bounds: for each block holding the term (ascending), the index of
+    its first posting there, and the largest count and the shortest row length among them."""
+
+    __slots__ = ("blocks", "counts", "shortest", "starts")
+
+    def __init__(self) -> None:
+        self.blocks = array("i")
+        self.starts = array("i")
+        self.counts = array("i")
+        self.shortest = array("i")
+
+    def add(self, row: int, index: int, count: int, length: int) -> None:
+        """The term's posting ``index`` (row ``row``, ``count`` times, ``length`` tokens)."""
+        block = row // BLOCK_ROWS
+        if self.blocks and self.blocks[-1] == block:
+            self.counts[-1] = max(self.counts[-1], count)
+            self.shortest[-1] = min(self.shortest[-1], length)
+        else:
+            self.blocks.append(block)
+            self.starts.append(index)
+            self.counts.append(count)
+            self.shortest.append(length)
+
+    def nbytes(self) -> int:
+        """What it holds in memory (its arrays' buffers, their headers and its own)."""
+        arrays = (self.blocks, self.starts, self.counts, self.shortest)
+        return sys.getsizeof(self) + sum(map(sys.getsizeof, arrays))
+
+
+class Term(NamedTuple):
+    """One query term: its BM25 weight (idf × k1 + 1 × times asked), postings (each
+    ``row << COUNT_BITS | count``, by row) and block bounds (None: a short term)."""
+
+    weight: float
+    postings: Ints
+    blocks: Blocks | None
+
+
+class Norm(NamedTuple):
+    """BM25's length norm, ``K1 * (1 - B + B * length / mean length)``, over the rows."""
+
+    lengths: Floats
+    scale: float  # K1 * B / mean length
+    base: float  # K1 * (1 - B)
+
+
+def _score(terms: Sequence[Term], rows: Ints, norm: Norm) -> Floats:
+    """Each row's BM25 over ``terms`` (rows sorted), summed in the terms' order."""
+    total = np.zeros(len(rows), dtype=np.float64)
+    keys = rows << COUNT_BITS
+    lengths = norm.lengths[rows] * norm.scale + norm.base
+    for term in terms:
+        postings = term.postings
+        at = np.minimum(postings.searchsorted(keys), len(postings) - 1)
+        found = postings[at]
+        freq = np.where((found >> COUNT_BITS) == rows, found & COUNT_MAX, 0).astype(np.float64)
+        total += term.weight * freq / (freq + lengths)
+    return total
+
+
+def _whole(terms: Sequence[Term], norm: Norm) -> tuple[Ints, Floats]:
+    """The rows holding any of ``terms`` (sorted) and their BM25 over them, each row's sum
+    in the terms' order (a stable sort keeps it)."""
+    postings = np.concatenate([t.postings for t in terms])
+    weights = np.repeat([t.weight for t in terms], [len(t.postings) for t in terms])
+    order = np.argsort(postings >> COUNT_BITS, kind="stable")
+    postings, weights = postings[order], weights[order]
+    rows = postings >> COUNT_BITS
+    freq = (postings & COUNT_MAX).astype(np.float64)
+    each = weights * freq / (freq + (norm.lengths[rows] * norm.scale + norm.base))
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    return rows[starts], np.add.reduceat(each, starts)
+
+
+def _sorted_unique(rows: Ints) -> Ints:
+    rows = np.sort(rows)
+    if len(rows) > 1:
+        rows = rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
+    return rows
+
+
+class _Best:
+    """The best ``limit`` rows so far (by score, then newest)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.rows: Ints = np.zeros(0, dtype=np.int64)
+        self.scores: Floats = np.zeros(0, dtype=np.float64)
+
+    def merge(self, rows: Ints, scores: Floats) -> None:
+        rows = np.concatenate((self.rows, rows))
+        scores = np.concatenate((self.scores, scores))
+        if len(scores) > self.limit:  # only rows scoring at least the limit-th best can be in
+            cut = np.partition(scores, len(scores) - self.limit)[len(scores) - self.limit]
+            kept = scores >= cut
+            rows, scores = rows[kept], scores[kept]
+        order = np.lexsort((rows, scores))[::-1][: self.limit]  # best first, newest first
+        self.rows, self.scores = rows[order], scores[order]
+
+    def beaten(self, bound: float, block: int) -> bool:
+        """No row of ``block`` (bound ``bound``) can enter: the k-th best scores more, or as
+        much and is newer than every row of the block."""
+        if len(self.rows) < self.limit:
+            return False
+        worst, row = float(self.scores[-1]), int(self.rows[-1])
+        return bound < worst or (bound == worst and (block + 1) * BLOCK_ROWS <= row)
+
+
+def _bounds(terms: Sequence[Term], norm: Norm, blocks: int) -> Floats:
+    """Each block's upper bound over the long terms, summed in the terms' order."""
+    bound = np.zeros(blocks, dtype=np.float64)
+    for term in terms:
+        held = term.blocks
+        assert held is not None
+        counts = np.frombuffer(held.counts, dtype=np.int32).astype(np.float64)
+        shortest = np.frombuffer(held.shortest, dtype=np.int32) * norm.scale + norm.base
+        bound[np.frombuffer(held.blocks, dtype=np.int32)] += (
+            term.weight * counts / (counts + shortest)
+        )
+    return bound
+
+
+def _block_rows(terms: Sequence[Term], batch: Ints) -> Ints:
+    """The rows of the blocks ``batch`` that hold a long term (sorted, each once)."""
+    pieces = []
+    for term in terms:
+        held = term.blocks
+        assert held is not None
+        blocks = np.frombuffer(held.blocks, dtype=np.int32)
+        at = np.minimum(blocks.searchsorted(batch), len(blocks) - 1)
+        at = at[blocks[at] == batch]
+        if not len(at):
+            continue
+        starts = np.append(np.frombuffer(held.starts, dtype=np.int32), len(term.postings))
+        begin, end = starts[at].astype(np.int64), starts[at + 1].astype(np.int64)
+        sizes = end - begin
+        # the postings of each block: begin..end, as one index vector
+        offsets = np.repeat(begin - np.cumsum(sizes) + sizes, sizes)
+        pieces.append(term.postings[np.arange(int(sizes.sum())) + offsets] >> COUNT_BITS)
+    return _sorted_unique(np.concatenate(pieces)) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def _without(rows: Ints, held: Ints) -> Ints:
+    """``rows`` not in ``held`` (both sorted)."""
+    if not len(held) or not len(rows):
+        return rows
+    at = np.minimum(held.searchsorted(rows), len(held) - 1)
+    kept: Ints = rows[held[at] != rows]
+    return kept
+
+
+def _split(terms: Sequence[Term], whole: int) -> tuple[list[Term], list[Term]]:
+    """The terms read whole (those without block bounds, then the rarest long ones while
+    their postings fit ``whole``) and the rest, each in the query's order (MaxScore's
+    essential terms are the rare ones: they carry the most weight)."""
+    total, read = 0, set()
+    for i in sorted(range(len(terms)), key=lambda i: len(terms[i].postings)):
+        size = len(terms[i].postings)
+        if terms[i].blocks is None or total + size <= whole:
+            read.add(i)
+            total += size
+    return [t for i, t in enumerate(terms) if i in read], [
+        t for i, t in enumerate(terms) if i not in read
+    ]
+
+
+def top_k(
+    terms: Sequence[Term],
+    norm: Norm,
+    rows: int,
+    limit: int,
+    visible: Visible,
+    budget: int = BUDGET_BLOCKS,
+) -> tuple[Ints, Floats]:
+    """The best ``limit`` visible rows (by BM25, then newest) and their scores, best first:
+    exact when the bounds stop the reading within ``budget`` blocks, else the best of the
+    rows read (see the module)."""
+    best = _Best(limit)
+    read, rest = _split(terms, WHOLE_POSTINGS)
+    seen: Ints = np.zeros(0, dtype=np.int64)
+    if read:
+        seen, scores = _whole(read, norm)
+        kept = visible(seen)
+        shown, scores = seen[kept], scores[kept]
+        if rest:  # the other terms' counts in these rows
+            scores += _score(rest, shown, norm)
+        best.merge(shown, scores)
+    if not rest:
+        return best.rows, best.scores
+    bound = _bounds(rest, norm, rows // BLOCK_ROWS + 1)
+    held = np.flatnonzero(bound > 0)
+    order = held[np.lexsort((held, bound[held]))[::-1]][:budget]  # best bound, then newest
+    done, size = 0, FIRST_BLOCKS
+    while done < len(order):
+        batch = order[done : done + size]
+        stop = next(
+            (i for i, b in enumerate(batch.tolist()) if best.beaten(float(bound[b]), b)), None
+        )
+        if stop is not None:
+            batch = batch[:stop]
+        found = _without(_block_rows(rest, np.sort(batch)), seen)
+        found = found[visible(found)]
+        best.merge(found, _score(rest, found, norm))
+        if stop is not None:
+            break
+        done, size = done + len(batch), size * 2
+    return best.rows, best.scores
