@@ -4,8 +4,8 @@ The technique is block-max (Ding & Suel, "Faster top-k document retrieval using 
 indexes", SIGIR 2011) over row-id ranges aligned across terms (Dimopoulos, Nepomnyachiy &
 Suel, "A candidate filtering mechanism for fast top-k query processing", WSDM 2013), with
 MaxScore's split of a query's terms (Turtle & Flood, "Query evaluation: strategies and
-optimizations", IP&M 1995) and an anytime budget (Mackenzie, Petri & Moffat, "Anytime
-ranking on document-ordered indexes", TOIS 2022):
+optimizations", IP&M 1995), with room for an anytime budget (Mackenzie, Petri & Moffat,
+"Anytime ranking on document-ordered indexes", TOIS 2022) that is off by default:
 
 - the rare terms are read whole: every term in ``LONG`` rows or fewer, then the rarest long
   ones while their postings fit ``WHOLE_POSTINGS``; each row they hold is scored exactly (the
@@ -19,12 +19,13 @@ ranking on document-ordered indexes", TOIS 2022):
   newer: the ranking's tie order), or after ``BUDGET_BLOCKS`` blocks.
 
 Stopped by the bounds, the top-k is exact: the same rows and scores as scoring every posting.
-Stopped by the budget (a question made only of words in a large share of the history), it is
-the best of what was read: ``make bench`` (``benchmarks/scale.py``) measures how often and its
-recall@k against the exhaustive ranking. What a query reads is bounded by the query's length
-and these constants: ``LONG`` postings per short term,
-``WHOLE_POSTINGS``, ``BUDGET_BLOCKS`` blocks, and one bound per long term and block (a
-vector of rows ÷ ``BLOCK_ROWS``, the one part that grows with the history).
+The default budget never stops it: with a 32-block budget ``make bench`` measured recall@40 of
+0.881 against the exhaustive ranking at 100,000 messages (questions made only of words in
+10-20% of the history) for 0.2 ms less ranking, below the recall@k of 0.99 we hold ranking to; so a
+question of common words alone reads every block of its terms (the worst case), and every
+other question stops at its bounds. Besides the blocks read, a query reads ``LONG``
+postings per short term, ``WHOLE_POSTINGS``, and one bound per long term and block (a vector
+of rows ÷ ``BLOCK_ROWS``, which grows with the history).
 Scores are summed over the query's terms in one order everywhere (candidates, block rows and
 bounds), so equal rows score bit-identically and ties resolve as the exhaustive sum does.
 """
@@ -47,7 +48,7 @@ BLOCK_ROWS: Final = 128  # rows per block
 LONG: Final = 64  # a term in more rows than this keeps block bounds; fewer are read whole
 FIRST_BLOCKS: Final = 8  # blocks read in the first round (doubling each round)
 WHOLE_POSTINGS: Final = 8_192  # the rarest long terms are read whole while their postings fit
-BUDGET_BLOCKS: Final = 32  # blocks read at most (anytime ranking: the best found then)
+BUDGET_BLOCKS: Final = 1 << 30  # blocks read at most: none by default, so top-k is exact
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
