@@ -458,3 +458,83 @@ def test_an_api_key_echoed_inside_a_valid_reply_is_never_kept(
     assert SECRET.encode() not in db_bytes
     assert SECRET not in repr(logs) + repr(prepared.messages)
     assert "[redacted]" in rows(db_path)[0]["summary"]
+
+
+# ---------------------------------------------------------------------------- small models
+
+
+def long_section(title: str, lines: int) -> str:
+    return "\n".join(
+        [title, *(f"- {title[3:]} fact {i}: checked and noted for later" for i in range(lines))]
+    )
+
+
+def test_an_over_long_seven_section_reply_is_fitted_inside_its_sections(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    make_engine: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """A small model's reply three times the target, its first section the longest: applied
+    with one call, every section kept (a cut at a section boundary would keep one), the
+    body within what the request asked for."""
+    reply = "\n\n".join(long_section(t, 40 if i == 0 else 8) for i, t in enumerate(SECTIONS["en"]))
+    server.default = lambda _body: reply
+    config = settings(llm(server.base_url, offline_fallback=False))
+    engine = make_engine(config)
+    prepared = engine.prepare(history(), session_id="s1")
+
+    assert prepared.report.compacted
+    [row] = rows(db_path)
+    assert ("applied", "model", 1) == (row["status"], row["written_by"], row["attempts"])
+    assert len(reply) > 3 * config.summary_max_chars >= row["summary_chars"]
+    summary = row["summary"]
+    assert all(title in summary.splitlines() for title in SECTIONS["en"])
+    assert "- Done fact 0: checked" in summary
+    assert "- User requests fact 39:" not in summary
+    [request] = server.requests
+    system = request.body["messages"][0]["content"]
+    asked = int(re.search(r"at most (\d+) characters in all", system).group(1))  # type: ignore[union-attr]
+    assert asked < config.summary_max_chars
+    assert request.body["max_tokens"] >= asked  # room to finish a reply longer than asked
+    assert "</transcript" in request.body["stop"]
+
+
+def test_a_length_cut_reply_keeps_its_four_complete_sections(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    make_engine: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Cut off by max_tokens inside its fifth section: the four complete ones are applied."""
+    complete = "\n\n".join(long_section(t, 2) for t in SECTIONS["en"][:4])
+    server.reply(complete + "\n\n## Tools and findings\n- ORD-1 is in the wareh", "length")
+    engine = make_engine(settings(llm(server.base_url, offline_fallback=False)))
+    assert engine.prepare(history(), session_id="s1").report.compacted
+
+    [row] = rows(db_path)
+    assert ("applied", 1) == (row["status"], row["attempts"])
+    summary = row["summary"]
+    assert all(t in summary for t in SECTIONS["en"][:4])
+    assert "## Tools and findings" not in summary and "wareh" not in summary
+    assert 1 == len(server.requests)
+
+
+def test_a_two_section_reply_is_still_rejected(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Two sections are no summary, long or short, stopped or cut: rejected, never applied."""
+    two = "\n\n".join(long_section(t, 40) for t in SECTIONS["en"][:2])
+    server.reply(two + "\n\n## To-do\n- half", "length")
+    server.default = lambda _body: two
+    with structlog.testing.capture_logs() as logs:
+        engine = engine_for(settings(llm(server.base_url, max_retries=1, offline_fallback=False)))
+        assert not engine.prepare(history(), session_id="s1").report.compacted
+
+    [row] = rows(db_path)
+    assert ("failed", "LLMError", 2) == (row["status"], row["reason"], row["attempts"])
+    details = [e["detail"] for e in logs if e["event"] == "summarizer.attempt"]
+    assert "2 complete '## ' sections" in details[0] and "only 2" in details[1]
