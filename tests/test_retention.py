@@ -274,3 +274,12 @@ def test_a_model_that_drops_identifiers_is_repaired_by_the_check(
     assert len(retries) >= 5  # every generation retried once, naming what was lost
     assert any("INV-40000" in text for text in retries)
     assert all(r["attempts"] >= 2 for r in rows)
+
+
+def test_a_restored_sentence_from_the_previous_summary_gets_one_list_marker() -> None:
+    """Restoring from the previous summary's own items adds one "- ", not one more each
+    generation."""
+    body = "## Tools and findings\nnone\n## Dead ends\nnone\n## Done\nnone"
+    previous = "## Tools and findings\n- - The desk order ORD-70114 was returned."
+    out = restore(body, ["ORD-70114"], [previous], language="en", max_chars=500)
+    assert "\n- The desk order ORD-70114 was returned." in out

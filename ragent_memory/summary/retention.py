@@ -51,8 +51,13 @@ def reject_repeat(body: str, previous: str, material: Sequence[Message]) -> None
         )
 
 
+# List and quote markers a sentence of the previous summary starts with: an addition gets its
+# own "- ", so carried across generations they would pile up ("- - - …").
+_MARKERS = re.compile(r"^(?:[-*•>]\s+)+")
+
+
 def _window(sentence: str, identifier: str) -> str:
-    sentence = " ".join(sentence.split())
+    sentence = _MARKERS.sub("", " ".join(sentence.split()))
     if len(sentence) <= MAX_SENTENCE_CHARS:
         return sentence
     at = max(normalise(sentence).find(normalise(identifier)), 0)
