@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 from fake_openai import CHAT_PATH, Answer, FakeOpenAI, fake_openai  # noqa: F401
-from sessions import without_recall
+from sessions import run_cli, without_recall
 
 from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, StoreSettings
 from ragent_memory.core.toolloops import map_loops
@@ -274,6 +274,7 @@ def test_all_endpoints_down_falls_back_to_offline(
     assert prepared.report.compacted
     [row] = rows(db_path)
     assert ("applied", OFFLINE, 2) == (row["status"], row["model"], row["attempts"])
+    assert "offline_fallback" == row["written_by"]  # not the model's work, and the audit says so
     assert 1 == len(delays) and 0.5 <= delays[0] <= 0.625
 
 
@@ -538,3 +539,60 @@ def test_a_two_section_reply_is_still_rejected(
     assert ("failed", "LLMError", 2) == (row["status"], row["reason"], row["attempts"])
     details = [e["detail"] for e in logs if e["event"] == "summarizer.attempt"]
     assert "2 complete '## ' sections" in details[0] and "only 2" in details[1]
+
+
+# ---------------------------------------------------------------------------- a dead model
+
+
+@pytest.mark.parametrize("down", ["status_500", "closed"], indirect=True)
+def test_an_open_breaker_adds_at_most_two_audit_rows_in_fifty_turns(
+    down: str,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Five failed requests open the breaker: the compaction that made them is audited
+    failed, the next says every endpoint is cooling down, then 50 turns over the trigger add
+    nothing (each is skipped as cooling_down, and logged) until a retry is due."""
+    messages = history()
+    engine = engine_for(settings(llm(down, max_retries=4, offline_fallback=False)))
+    reports = [engine.prepare(messages, session_id="s1").report]
+    for turn in range(12, 62):
+        messages = messages + turns(turn, 1)
+        reports.append(engine.prepare(messages, session_id="s1").report)
+
+    found = rows(db_path)
+    assert 2 >= len(found)
+    assert [("failed", "LLMError", 5), ("failed", "cooling_down", 0)] == [
+        (r["status"], r["reason"], r["attempts"]) for r in found
+    ]
+    assert "cooling down" in found[1]["error"]
+    assert all(r.skipped_reason == "cooling_down" for r in reports[1:])
+    assert all(r.generation == 0 for r in reports)
+
+
+def test_audit_shows_per_session_what_the_model_wrote_and_what_fell_back(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """`ragent-memory audit` (a real subprocess) counts, per session, the compactions the
+    model wrote, those the offline summarizer wrote in its place, and the failed ones."""
+    with_fallback = engine_for(settings(llm(server.base_url)))
+    with_fallback.prepare(history(), session_id="s1")
+    server.default = lambda _body: Answer.error(500)
+    with_fallback.prepare(history() + turns(12, 10), session_id="s1")
+    with_fallback.close()
+    without = engine_for(settings(llm(server.base_url, offline_fallback=False)))
+    without.prepare(history(), session_id="s2")
+    without.close()
+
+    assert [("model", 1), ("offline_fallback", 1), ("", 1)] == [
+        (r["written_by"], r["attempts"]) for r in rows(db_path)
+    ]
+    done = run_cli("audit", "--db", db_path)
+    assert 0 == done.returncode, done.stderr
+    assert "s1: 2 applied (1 written by the model, 1 fell back to offline)" in done.stdout
+    assert "s2: 0 applied, 1 failed" in done.stdout
+    assert "written_by" in done.stdout.splitlines()[0]
