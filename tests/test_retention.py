@@ -283,3 +283,19 @@ def test_a_restored_sentence_from_the_previous_summary_gets_one_list_marker() ->
     previous = "## Tools and findings\n- - The desk order ORD-70114 was returned."
     out = restore(body, ["ORD-70114"], [previous], language="en", max_chars=500)
     assert "\n- The desk order ORD-70114 was returned." in out
+
+
+def test_restore_cuts_the_models_lines_inside_their_sections_to_make_room() -> None:
+    """A body already at its target, its sections full of the model's lines: the lost
+    identifiers' sentences still come back (up to half the target), each section keeping
+    at least its first line."""
+    body = "\n\n".join(
+        f"{title}\n" + "\n".join(f"- {title[3:]} line {i} repeated" for i in range(6))
+        for title in SECTIONS["en"][:5]
+    )
+    sources = ["The desk order ORD-70114 was returned. Maria Lopez is owed €1,240."]
+    out = restore(body, ["ORD-70114", "€1,240"], sources, language="en", max_chars=len(body))
+    assert len(out) <= len(body)
+    assert [] == lost(["ORD-70114", "€1,240"], out)
+    for title in SECTIONS["en"][:5]:
+        assert f"{title}\n- {title[3:]} line 0 repeated" in out

@@ -60,9 +60,12 @@ Rules:
 - A hold ("don't send it yet", "wait for my OK") stays in force until the user revokes it.
 - For each tool result, keep what it established (values, amounts, names, ids, file names, \
 order numbers, URLs, dates), not the query that was run nor its raw output.
+- The user's messages are quoted word for word elsewhere: do not copy them into any \
+section. Under User requests, state the goal and the constraints in one or two lines.
 - Length: at most {max_chars} characters in all, about {findings_chars} for Tools and \
-findings and {other_chars} for each other section. Write short "- " lines, one fact each. \
-If it does not fit, shorten from the end first: Done, then Dead ends, then Tools and findings.
+findings and {other_chars} for each other section: short "- " lines, one fact each, at most \
+{other_lines} line(s) per section and {findings_lines} under Tools and findings. If it does not fit, \
+shorten from the end first: Done, then Dead ends, then Tools and findings.
 - Respond with the summary text only. Do not call tools.""",
         "zh": """你负责维护一段用户与使用工具的 AI 智能体之间长对话的滚动摘要。请把旧摘要与新的对话记录合并，\
 完整重写（冲突时以新信息为准）。不要重新总结未提供给你的内容。
@@ -79,8 +82,10 @@ If it does not fit, shorten from the end first: Done, then Dead ends, then Tools
 - 用户的暂缓要求（如“先别发”“等我确认”）在用户撤销前一直有效。
 - 对每个工具结果，保留它查明的内容（数值、金额、名称、编号、文件名、订单号、链接、日期），\
 不要记录执行了什么查询，也不要照搬原始结果。
+- 用户的原话会另行逐字引用：不要把它们抄进任何小节。“用户诉求”下用一两行写明目标和约束。
 - 总长不超过 {max_chars} 字符：“工具与发现”约 {findings_chars} 字符，其余每节约 {other_chars} 字符。\
-每行以“- ”开头，一行一个事实。放不下时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
+每行以“- ”开头，一行一个事实，每节最多 {other_lines} 行，“工具与发现”最多 {findings_lines} 行。\
+放不下时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
 - 只输出摘要正文，不要调用任何工具。""",
     }
 )
@@ -89,12 +94,27 @@ If it does not fit, shorten from the end first: Done, then Dead ends, then Tools
 # The share of the target the prompt gives "Tools and findings" (what tool results
 # established, where a summary's facts live); the other six sections share the rest.
 FINDINGS_SHARE = 0.4
+# The chars of one summary line, for the line counts the prompt asks for (a small model keeps
+# to a count of lines better than to a count of characters).
+LINE_CHARS = 70
 
 
 def section_budget(max_chars: int) -> tuple[int, int]:
     """The chars the prompt asks for: (Tools and findings, each other section)."""
     findings = int(max_chars * FINDINGS_SHARE)
     return findings, (max_chars - findings) // (len(SECTIONS["en"]) - 1)
+
+
+# After the long material, the instructions a small model loses sight of.
+REMINDER = MappingProxyType(
+    {
+        "en": "Now write the summary: the seven sections in order, starting with {first}, at "
+        "most {max_chars} characters, with what the tool results established (ids, amounts, "
+        "names), not the user's messages copied.",
+        "zh": "现在写摘要：七个小节按顺序，从 {first} 开始，不超过 {max_chars} 字符，"
+        "写工具结果查明的内容（编号、金额、名称），不要照抄用户原话。",
+    }
+)
 
 
 def build_prompt(
@@ -108,12 +128,15 @@ def build_prompt(
         max_chars=max_chars,
         findings_chars=findings,
         other_chars=other,
+        findings_lines=max(findings // LINE_CHARS, 1),
+        other_lines=max(other // LINE_CHARS, 1),
     )
     previous_text = neutralise(previous, nonce) if previous.strip() else EMPTY[language]
     user = (
         f'<previous_summary nonce="{nonce}">\n{previous_text}\n</previous_summary nonce="{nonce}">'
         f'\n\n<transcript nonce="{nonce}">\n{neutralise(transcript, nonce)}\n'
-        f'</transcript nonce="{nonce}">'
+        f'</transcript nonce="{nonce}">\n\n'
+        + REMINDER[language].format(first=SECTIONS[language][0], max_chars=max_chars)
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
