@@ -257,3 +257,15 @@ def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
     assert len(summary) <= len(body) + 20
     assert summary.startswith("## User requests\nIn the user's own words:\n> never exceed")
     assert summary.endswith(fitted_body)
+
+
+def test_a_raw_output_line_does_not_crowd_out_the_other_lines() -> None:
+    """Fitting, a line over a fifth of the target (a tool's output copied) is clipped at a
+    word, so the other sections keep more than their first line."""
+    raw = "- search_knowledge: " + "Policy note: refunds follow the 30-day window. " * 12
+    text = long_reply((3, 3, 3)) + f"\n\n## S3\n{raw}\n- ORD-70733 refund due €899"
+    fitted = validate_summary(text, max_chars=900)
+    assert len(fitted) <= 900
+    assert "- ORD-70733 refund due €899" in fitted
+    assert all(len(line) <= 180 for line in fitted.splitlines())
+    assert all(f"- fact {i}.1:" in fitted for i in range(3))

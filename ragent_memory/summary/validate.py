@@ -12,6 +12,9 @@ from ragent_memory.errors import SummaryError
 MIN_SECTIONS = 3
 # A first line is never clipped shorter than this; below it, trailing sections are dropped.
 MIN_LINE_CHARS = 48
+# When a reply must be fitted, no line keeps more than this share of the target: a line that
+# long is a tool's raw output copied, not one fact, and would crowd out every other line.
+MAX_LINE_SHARE = 0.2
 ELLIPSIS = "…"
 
 Section = tuple[str, list[str]]  # a title line and its non-blank lines
@@ -64,10 +67,14 @@ def render(sections: list[Section]) -> str:
 
 
 def fit_sections(text: str, max_chars: int) -> str:
-    """``text`` (≥ 3 sections) within ``max_chars``: lines cut in proportion, at least one per
-    section; first lines clipped at a word and then trailing sections dropped (never below
-    three) only when the titles and first lines alone are too long."""
-    sections = sections_of(text)
+    """``text`` (≥ 3 sections) within ``max_chars``: each line within ``MAX_LINE_SHARE`` of it
+    (clipped at a word), lines cut in proportion, at least one per section; first lines
+    clipped shorter and then trailing sections dropped (never below three) only when the
+    titles and first lines alone are too long."""
+    cap = max(int(max_chars * MAX_LINE_SHARE), 2 * MIN_LINE_CHARS)
+    sections = [
+        (title, [clip_line(line, cap) for line in lines]) for title, lines in sections_of(text)
+    ]
     while len(sections) >= MIN_SECTIONS:
         fitted = _proportional(sections, max_chars) or _clipped_heads(sections, max_chars)
         if fitted is not None:
