@@ -326,7 +326,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    started = datetime.now(UTC)
+    started, code = datetime.now(UTC), commit()  # the code this run imports, not the later one
     print(
         f"real model: {args.model} at {args.url}, B = {args.budget:,}, {args.turns} turns, "
         f"started {started:%Y-%m-%d %H:%M} UTC",
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "timeout_s": args.timeout_s,
         "started_utc": f"{started:%Y-%m-%d %H:%M}",
         "wall_s": round(time.monotonic() - wall, 1),
-        "commit": commit(),
+        "commit": code,
         "compactions": records,
         "totals": total,
     }
