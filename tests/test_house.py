@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 60
 # so the package grows only on purpose.
 LATER_FEATURE_LINES = {
     "issue 36: the proxy's memory scoped by credential (serve/identity.py, serve keys, audit --scope)": 210,
-    "issue 32: small local models' summaries salvaged, one call, breaker audit (summary/validate.py)": 340,
+    "issue 32: small local models' summaries salvaged, one call, breaker audit (summary/validate.py)": 380,
 }
 MAX_PACKAGE_LINES = 14_000 + sum(LATER_FEATURE_LINES.values())
 # Calls that build a mutable container; at module or class level they are shared state.
