@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench docs lint clean
+.PHONY: test demo bench real-model docs lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ $(VENV)/.bench: $(STAMP)
 # writes docs/benchmarks.md from benchmarks/results/ (python -m benchmarks.report).
 bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks
+
+# Not part of bench: a long session against a real OpenAI-compatible model, by hand, e.g.
+# make real-model URL=http://127.0.0.1:8079/v1 B=12000 (MODEL=local TURNS=100 by default);
+# adds its figures to benchmarks/results/real_model.json (see docs/real-model.md).
+real-model: $(STAMP)
+	test -n "$(URL)" || (echo "usage: make real-model URL=http://host:port/v1 [B=12000]" && false)
+	$(BIN)/python -m benchmarks.real_model --url $(URL) --model $(or $(MODEL),local) \
+		--budget $(or $(B),12000) --turns $(or $(TURNS),100)
 
 $(VENV)/.docs: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'

@@ -108,6 +108,9 @@ class LLMSettings:
         "llm.max_input_chars", 200_000, lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
     )
     offline_fallback: bool = _flag("llm.offline_fallback", default=True)
+    # After a summary lost identifiers, ask the model once more naming them (a second call);
+    # off, the engine restores them itself from the material (DESIGN §6).
+    retention_retry: bool = _flag("llm.retention_retry", default=False)
     fallbacks: tuple[EndpointSettings, ...] = attrs.field(
         default=(),
         converter=_to_tuple,

@@ -23,8 +23,8 @@ from ragent_memory.gates.compaction import CutPlan as Plan
 from ragent_memory.gates.compaction import plan_cut as plan
 from ragent_memory.settings import MIN_CONTEXT_WINDOW_CHARS
 from ragent_memory.summary.offline import OfflineSummarizer
-from ragent_memory.summary.prompt import section_count
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
+from ragent_memory.summary.validate import section_count
 
 CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 from fake_openai import CHAT_PATH, Answer, FakeOpenAI, fake_openai  # noqa: F401
-from sessions import without_recall
+from sessions import run_cli, without_recall
 
 from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, StoreSettings
 from ragent_memory.core.toolloops import map_loops
@@ -274,6 +274,7 @@ def test_all_endpoints_down_falls_back_to_offline(
     assert prepared.report.compacted
     [row] = rows(db_path)
     assert ("applied", OFFLINE, 2) == (row["status"], row["model"], row["attempts"])
+    assert "offline_fallback" == row["written_by"]  # not the model's work, and the audit says so
     assert 1 == len(delays) and 0.5 <= delays[0] <= 0.625
 
 
@@ -458,3 +459,140 @@ def test_an_api_key_echoed_inside_a_valid_reply_is_never_kept(
     assert SECRET.encode() not in db_bytes
     assert SECRET not in repr(logs) + repr(prepared.messages)
     assert "[redacted]" in rows(db_path)[0]["summary"]
+
+
+# ---------------------------------------------------------------------------- small models
+
+
+def long_section(title: str, lines: int) -> str:
+    return "\n".join(
+        [title, *(f"- {title[3:]} fact {i}: checked and noted for later" for i in range(lines))]
+    )
+
+
+def test_an_over_long_seven_section_reply_is_fitted_inside_its_sections(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    make_engine: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """A small model's reply three times the target, its first section the longest: applied
+    with one call, every section kept (a cut at a section boundary would keep one), the
+    body within what the request asked for."""
+    reply = "\n\n".join(long_section(t, 40 if i == 0 else 8) for i, t in enumerate(SECTIONS["en"]))
+    server.default = lambda _body: reply
+    config = settings(llm(server.base_url, offline_fallback=False))
+    engine = make_engine(config)
+    prepared = engine.prepare(history(), session_id="s1")
+
+    assert prepared.report.compacted
+    [row] = rows(db_path)
+    assert ("applied", "model", 1) == (row["status"], row["written_by"], row["attempts"])
+    assert len(reply) > 3 * config.summary_max_chars >= row["summary_chars"]
+    summary = row["summary"]
+    assert all(title in summary.splitlines() for title in SECTIONS["en"])
+    assert "- Done fact 0: checked" in summary
+    assert "- User requests fact 39:" not in summary
+    [request] = server.requests
+    system = request.body["messages"][0]["content"]
+    asked = int(re.search(r"at most (\d+) characters in all", system).group(1))  # type: ignore[union-attr]
+    assert asked < config.summary_max_chars
+    assert request.body["max_tokens"] >= asked  # room to finish a reply longer than asked
+    assert "</transcript" in request.body["stop"]
+
+
+def test_a_length_cut_reply_keeps_its_four_complete_sections(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    make_engine: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Cut off by max_tokens inside its fifth section: the four complete ones are applied."""
+    complete = "\n\n".join(long_section(t, 2) for t in SECTIONS["en"][:4])
+    server.reply(complete + "\n\n## Tools and findings\n- ORD-1 is in the wareh", "length")
+    engine = make_engine(settings(llm(server.base_url, offline_fallback=False)))
+    assert engine.prepare(history(), session_id="s1").report.compacted
+
+    [row] = rows(db_path)
+    assert ("applied", 1) == (row["status"], row["attempts"])
+    summary = row["summary"]
+    assert all(t in summary for t in SECTIONS["en"][:4])
+    assert "## Tools and findings" not in summary and "wareh" not in summary
+    assert 1 == len(server.requests)
+
+
+def test_a_two_section_reply_is_still_rejected(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Two sections are no summary, long or short, stopped or cut: rejected, never applied."""
+    two = "\n\n".join(long_section(t, 40) for t in SECTIONS["en"][:2])
+    server.reply(two + "\n\n## To-do\n- half", "length")
+    server.default = lambda _body: two
+    with structlog.testing.capture_logs() as logs:
+        engine = engine_for(settings(llm(server.base_url, max_retries=1, offline_fallback=False)))
+        assert not engine.prepare(history(), session_id="s1").report.compacted
+
+    [row] = rows(db_path)
+    assert ("failed", "LLMError", 2) == (row["status"], row["reason"], row["attempts"])
+    details = [e["detail"] for e in logs if e["event"] == "summarizer.attempt"]
+    assert "2 complete '## ' sections" in details[0] and "only 2" in details[1]
+
+
+# ---------------------------------------------------------------------------- a dead model
+
+
+@pytest.mark.parametrize("down", ["status_500", "closed"], indirect=True)
+def test_an_open_breaker_adds_at_most_two_audit_rows_in_fifty_turns(
+    down: str,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """Five failed requests open the breaker: the compaction that made them is audited
+    failed, the next says every endpoint is cooling down, then 50 turns over the trigger add
+    nothing (each is skipped as cooling_down, and logged) until a retry is due."""
+    messages = history()
+    engine = engine_for(settings(llm(down, max_retries=4, offline_fallback=False)))
+    reports = [engine.prepare(messages, session_id="s1").report]
+    for turn in range(12, 62):
+        messages = messages + turns(turn, 1)
+        reports.append(engine.prepare(messages, session_id="s1").report)
+
+    found = rows(db_path)
+    assert 2 >= len(found)
+    assert [("failed", "LLMError", 5), ("failed", "cooling_down", 0)] == [
+        (r["status"], r["reason"], r["attempts"]) for r in found
+    ]
+    assert "cooling down" in found[1]["error"]
+    assert all(r.skipped_reason == "cooling_down" for r in reports[1:])
+    assert all(r.generation == 0 for r in reports)
+
+
+def test_audit_shows_per_session_what_the_model_wrote_and_what_fell_back(
+    server: FakeOpenAI,
+    settings: Callable[..., Settings],
+    engine_for: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """`ragent-memory audit` (a real subprocess) counts, per session, the compactions the
+    model wrote, those the offline summarizer wrote in its place, and the failed ones."""
+    with_fallback = engine_for(settings(llm(server.base_url)))
+    with_fallback.prepare(history(), session_id="s1")
+    server.default = lambda _body: Answer.error(500)
+    with_fallback.prepare(history() + turns(12, 10), session_id="s1")
+    with_fallback.close()
+    without = engine_for(settings(llm(server.base_url, offline_fallback=False)))
+    without.prepare(history(), session_id="s2")
+    without.close()
+
+    assert [("model", 1), ("offline_fallback", 1), ("", 1)] == [
+        (r["written_by"], r["attempts"]) for r in rows(db_path)
+    ]
+    done = run_cli("audit", "--db", db_path)
+    assert 0 == done.returncode, done.stderr
+    assert "s1: 2 applied (1 written by the model, 1 fell back to offline)" in done.stdout
+    assert "s2: 0 applied, 1 failed" in done.stdout
+    assert "written_by" in done.stdout.splitlines()[0]

@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from ragent_memory.summary.offline import OfflineSummarizer, parse_sections, summarize_offline
-from ragent_memory.summary.prompt import SECTIONS, section_count
+from ragent_memory.summary.prompt import SECTIONS
 from ragent_memory.summary.summarize import SummaryRequest
+from ragent_memory.summary.validate import section_count
 
 
 def material(topic: str, n: int = 3) -> list[dict[str, Any]]:

@@ -235,26 +235,67 @@ def test_planted_identifiers_survive_five_offline_generations(
     assert all(r["identifiers_kept"] + r["identifiers_lost"] > 0 for r in rows)
 
 
+@pytest.mark.parametrize("retention_retry", [False, True])
 def test_a_model_that_drops_identifiers_is_repaired_by_the_check(
-    fake_openai: FakeOpenAI, make_engine: Callable[..., MemoryEngine], db_path: str
+    retention_retry: bool,
+    fake_openai: FakeOpenAI,
+    make_engine: Callable[..., MemoryEngine],
+    db_path: str,
 ) -> None:
-    """The scripted model answers seven empty sections every time: it keeps nothing."""
+    """The scripted model answers seven empty sections every time: it keeps nothing. The
+    engine restores what it lost; by default with one model call per compaction, with
+    ``llm.retention_retry`` after one more call naming what was lost."""
     empty = "\n".join(f"{title}\nnone" for title in SECTIONS["en"])
     fake_openai.default = lambda _body: empty
-    llm = LLMSettings(base_url=fake_openai.base_url, model="m", timeout_s=5.0, max_retries=0)
+    llm = LLMSettings(
+        base_url=fake_openai.base_url,
+        model="m",
+        timeout_s=5.0,
+        max_retries=0,
+        retention_retry=retention_retry,
+    )
     settings = Settings(context_window_chars=B, store=StoreSettings(path=db_path), llm=llm)
     engine = make_engine(settings, summarizer=build_summarizer(settings, sleep=lambda _s: None))
     summary, rows = drive(engine, db_path, 5)
 
     assert kept_share(summary) >= 0.9, summary
     assert f"> {TASK}" in summary
-    assert all(r["model"] == "m" for r in rows)
-    # Every generation retried once, naming what was lost.
+    assert all((r["model"], r["written_by"]) == ("m", "model") for r in rows)
     retries = [
         r.body["messages"][1]["content"]
         for r in fake_openai.requests
         if "lost these identifiers" in r.body["messages"][1]["content"]
     ]
-    assert len(retries) >= 5
+    if not retention_retry:
+        assert [] == retries
+        assert [1] * len(rows) == [r["attempts"] for r in rows]
+        assert len(rows) == len(fake_openai.requests)
+        return
+    assert len(retries) >= 5  # every generation retried once, naming what was lost
     assert any("INV-40000" in text for text in retries)
     assert all(r["attempts"] >= 2 for r in rows)
+
+
+def test_a_restored_sentence_from_the_previous_summary_gets_one_list_marker() -> None:
+    """Restoring from the previous summary's own items adds one "- ", not one more each
+    generation."""
+    body = "## Tools and findings\nnone\n## Dead ends\nnone\n## Done\nnone"
+    previous = "## Tools and findings\n- - The desk order ORD-70114 was returned."
+    out = restore(body, ["ORD-70114"], [previous], language="en", max_chars=500)
+    assert "\n- The desk order ORD-70114 was returned." in out
+
+
+def test_restore_cuts_the_models_lines_inside_their_sections_to_make_room() -> None:
+    """A body already at its target, its sections full of the model's lines: the lost
+    identifiers' sentences still come back (up to half the target), each section keeping
+    at least its first line."""
+    body = "\n\n".join(
+        f"{title}\n" + "\n".join(f"- {title[3:]} line {i} repeated" for i in range(6))
+        for title in SECTIONS["en"][:5]
+    )
+    sources = ["The desk order ORD-70114 was returned. Maria Lopez is owed €1,240."]
+    out = restore(body, ["ORD-70114", "€1,240"], sources, language="en", max_chars=len(body))
+    assert len(out) <= len(body)
+    assert [] == lost(["ORD-70114", "€1,240"], out)
+    for title in SECTIONS["en"][:5]:
+        assert f"{title}\n- {title[3:]} line 0 repeated" in out

@@ -8,12 +8,13 @@ import pytest
 
 from ragent_memory import SummaryError
 from ragent_memory.summary.fence import NEUTRALISED, neutralise
-from ragent_memory.summary.prompt import build_prompt, validate_summary
+from ragent_memory.summary.prompt import build_prompt
 from ragent_memory.summary.transcript import (
     DEFAULT_CLIP,
     Transcript,
     clip_text,
 )
+from ragent_memory.summary.validate import validate_summary
 from ragent_memory.summary.verbatim import (
     compose_summary,
     render_verbatim,
@@ -96,24 +97,67 @@ def test_prompt_has_one_fence_pair_with_the_nonce() -> None:
 @pytest.mark.parametrize(
     ("text", "kwargs", "error"),
     [
-        (SEVEN, {"finish_reason": "length"}, "finish reason"),
+        (SEVEN, {"finish_reason": "content_filter"}, "finish reason"),
         ("## A\nx\n## B\ny", {}, "only 2"),
         (SEVEN + "\nnonce123", {"nonce": "NONCE123"}, "nonce"),
-        ("## A\n" + "x" * 3000 + "\n## B\n## C", {"max_chars": 2000}, "no section boundary"),
-        ("## A\nx\n## B\n" + "y" * 3000 + "\n## C", {"max_chars": 2000}, "fewer than 2"),
+        ("## A\nx\n## B\ny\n## C\nz is cut her", {"finish_reason": "length"}, "2 complete"),
+        ("## A\n" + "x " * 300 + "\n## B\ny\n## C\nz", {"max_chars": 60}, "do not fit"),
     ],
 )
 def test_validation_rejects(text: str, kwargs: dict[str, Any], error: str) -> None:
-    """Wrong finish reason, < 3 sections, echoed nonce and unclippable output are rejected."""
+    """Another finish reason, < 3 sections, an echoed nonce, a cut reply with < 3 complete
+    sections and one whose three titles cannot fit are rejected."""
     kwargs.setdefault("max_chars", 6000)
     with pytest.raises(SummaryError, match=error):
         validate_summary(text, **kwargs)
 
 
-def test_validation_clips_at_last_section_before_target() -> None:
-    """An over-long summary is clipped at the last section boundary under the target."""
-    text = "## A\nx\n## B\ny\n## C\n" + "z" * 500
-    assert "## A\nx\n## B\ny" == validate_summary(text, max_chars=100)
+def long_reply(lines_per_section: tuple[int, ...]) -> str:
+    """Sections S0.. with the given numbers of ~60-char lines, blank lines between."""
+    return "\n\n".join(
+        f"## S{i}\n"
+        + "\n".join(f"- fact {i}.{j}: " + " ".join(["detail"] * 7) for j in range(count))
+        for i, count in enumerate(lines_per_section)
+    )
+
+
+def test_an_over_long_reply_is_fitted_inside_its_sections() -> None:
+    """Too long for the target: every section kept with at least its first line, the lines
+    cut at line boundaries in proportion to each section's size."""
+    text = long_reply((20, 2, 1, 1, 10, 4, 6))
+    fitted = validate_summary(text, max_chars=1_200)
+
+    assert len(fitted) <= 1_200 < len(text)
+    assert [f"## S{i}" for i in range(7)] == [
+        line for line in fitted.splitlines() if line.startswith("## ")
+    ]
+    source = set(text.splitlines())
+    assert all(line in source for line in fitted.splitlines())  # whole lines only
+    kept = {i: fitted.count(f"- fact {i}.") for i in range(7)}
+    assert all(count >= 1 for count in kept.values())
+    assert kept[0] > kept[4] > kept[5] >= 1  # the longest section keeps the most
+    assert "- fact 0.0: " in fitted and "- fact 0.19: " not in fitted  # its top lines
+
+
+def test_a_reply_whose_first_lines_are_too_long_is_clipped_at_words() -> None:
+    """Single-line sections longer than the target are clipped at a word, marked."""
+    text = "\n".join(f"## S{i}\n- " + "word " * 80 for i in range(4))
+    fitted = validate_summary(text, max_chars=600)
+    assert len(fitted) <= 600
+    assert 4 == fitted.count("## S")
+    assert all(line.endswith("…") for line in fitted.splitlines() if line.startswith("- "))
+
+
+def test_a_length_cut_reply_keeps_its_complete_sections() -> None:
+    """Cut by the token limit: the sections before the last (cut) one are kept."""
+    text = long_reply((1, 1, 1, 1)) + "\n\n## S4\n- fact 4.0: half a sent"
+    kept = validate_summary(text, max_chars=6_000, finish_reason="length")
+    assert long_reply((1, 1, 1, 1)) == kept
+
+
+def test_validation_keeps_a_summary_within_the_target_as_it_is() -> None:
+    text = "Here it is:\n## A\nx\n\n\n## B\ny\n## C\n" + "z" * 50
+    assert text == validate_summary(text, max_chars=100)
 
 
 @pytest.mark.parametrize(
@@ -213,3 +257,15 @@ def test_fit_summary_clips_body_when_the_title_must_be_added() -> None:
     assert len(summary) <= len(body) + 20
     assert summary.startswith("## User requests\nIn the user's own words:\n> never exceed")
     assert summary.endswith(fitted_body)
+
+
+def test_a_raw_output_line_does_not_crowd_out_the_other_lines() -> None:
+    """Fitting, a line over a fifth of the target (a tool's output copied) is clipped at a
+    word, so the other sections keep more than their first line."""
+    raw = "- search_knowledge: " + "Policy note: refunds follow the 30-day window. " * 12
+    text = long_reply((3, 3, 3)) + f"\n\n## S3\n{raw}\n- ORD-70733 refund due €899"
+    fitted = validate_summary(text, max_chars=900)
+    assert len(fitted) <= 900
+    assert "- ORD-70733 refund due €899" in fitted
+    assert all(len(line) <= 180 for line in fitted.splitlines())
+    assert all(f"- fact {i}.1:" in fitted for i in range(3))

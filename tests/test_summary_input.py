@@ -198,7 +198,7 @@ def test_model_path_sends_at_most_b_and_the_audit_says_what_was_sent(
     material_chars is the transcript the server received in the pass that wrote the summary;
     the identifiers the clip hid are in the summary (the retention check restores them)."""
     fake_openai.default = lambda _body: BODY
-    engine = model_engine(fake_openai, make_engine, db_path)
+    engine = model_engine(fake_openai, make_engine, db_path, retention_retry=True)
     material = huge_history()
     prepared = engine.prepare(material, session_id="s1")
 
@@ -208,7 +208,7 @@ def test_model_path_sends_at_most_b_and_the_audit_says_what_was_sent(
     requests = [r.body for r in fake_openai.requests]
     first = [b for b in requests if LOST_NOTE not in b["messages"][1]["content"]]
     retry = [b for b in requests if LOST_NOTE in b["messages"][1]["content"]]
-    assert first and retry  # the model lost the identifiers: one retry names them
+    assert first and retry  # the model lost the identifiers: the opt-in retry names them
     for one_pass in (first, retry):
         assert sum(map(sent_chars, one_pass)) <= B
     transcripts = [fenced(b["messages"][1]["content"], "transcript") for b in retry]

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -187,9 +188,13 @@ def audit(
     if not rows:
         click.echo("no compactions recorded")
         return
-    cols = ["id", "session_id", "generation", "status", "reason", "model", "material_messages"]
-    cols += ["chars_before", "chars_after", "summary_chars", "duration_ms", "created_at"]
+    cols = ["id", "session_id", "generation", "status", "reason", "model", "written_by"]
+    cols += ["attempts", "material_messages", "chars_before", "chars_after", "summary_chars"]
+    cols += ["duration_ms", "created_at"]
     click.echo(_table([[r[c] if r[c] is not None else "" for c in cols] for r in rows], cols))
+    click.echo("")
+    for line in _tally(rows):
+        click.echo(line)
     for row in rows:
         if row["error"]:
             click.echo(f"\n#{row['id']} error: {row['error']}")
@@ -197,6 +202,32 @@ def audit(
             click.echo(
                 f"\n#{row['id']} summary (generation {row['generation']}):\n{row['summary']}"
             )
+
+
+# Who wrote an applied summary (the audit's written_by), as `audit` counts them.
+WRITERS = (
+    ("model", "written by the model"),
+    ("offline_fallback", "fell back to offline"),
+    ("offline", "offline"),
+    ("unknown", "not recorded"),
+)
+
+
+def _tally(rows: list[dict[str, Any]]) -> list[str]:
+    """Per session: the compactions applied, by who wrote them, and those that failed."""
+    sessions: dict[str, Counter[str]] = {}
+    for row in rows:
+        counts = sessions.setdefault(row["session_id"], Counter())
+        status = row["status"]
+        counts[(row["written_by"] or "unknown") if status == "applied" else status] += 1
+    lines = []
+    for session_id, counts in sessions.items():
+        applied = sum(counts[k] for k in counts if k not in ("failed", "invalidated"))
+        parts = [f"{counts[k]} {label}" for k, label in WRITERS if counts[k]]
+        line = f"{session_id}: {applied} applied" + (f" ({', '.join(parts)})" if parts else "")
+        line += "".join(f", {counts[k]} {k}" for k in ("failed", "invalidated") if counts[k])
+        lines.append(line)
+    return lines
 
 
 @cli.command()

@@ -101,6 +101,7 @@ class SummaryDraft:
     chars_after: int  # the view once applied: prefix + summary message + kept tail
     identifiers_kept: int = 0  # identifiers of material + previous summary the summary holds
     identifiers_lost: int = 0  # ... and those it lost even after the retention check
+    written_by: str = ""  # model | offline | offline_fallback (SummaryOutcome.written_by)
 
 
 def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> SummaryDraft:
@@ -147,6 +148,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
         chars_after=job.chars_out(chars(summary_message(summary, language))),
         identifiers_kept=len(wanted) - len(lost),
         identifiers_lost=len(lost),
+        written_by=outcome.written_by,
     )
 
 
@@ -154,9 +156,10 @@ def checked_summary(
     summarizer: Summarizer, request: SummaryRequest, block: str
 ) -> tuple[SummaryOutcome, list[str]]:
     """The summarizer's outcome through the retention check (DESIGN §6), and the identifiers
-    it had to keep: a repeat of the previous summary is retried once and then rejected; on
-    the model path one retry names what was lost; what is still lost is appended extractively
-    under the findings section, within ``request.max_chars``."""
+    it had to keep: a repeat of the previous summary is retried once and then rejected; with
+    ``llm.retention_retry`` one more model call names what was lost; what is still lost is
+    appended extractively under the findings section, within ``request.max_chars``. By
+    default a compaction costs the model one call."""
     material, previous = request.material, request.previous
     wanted = retention.wanted(material, previous)
     outcome = summarizer.summarize(request)
@@ -169,7 +172,7 @@ def checked_summary(
         attempts += outcome.attempts
         retention.reject_repeat(outcome.body, previous, material)
     lost = retention.lost(wanted, compose_summary(outcome.body, block, request.language))
-    if lost and isinstance(summarizer, ModelSummarizer):
+    if lost and isinstance(summarizer, ModelSummarizer) and summarizer.retention_retry:
         retry = summarizer.summarize(attrs.evolve(request, lost=tuple(lost)))
         attempts += retry.attempts
         still = retention.lost(wanted, compose_summary(retry.body, block, request.language))
@@ -236,6 +239,7 @@ def run(
             "chars_after": draft.chars_after,
             "identifiers_kept": draft.identifiers_kept,
             "identifiers_lost": draft.identifiers_lost,
+            "written_by": draft.written_by,
             "duration_ms": int((time.perf_counter() - started) * 1000),
             "summary": summary,
         }
@@ -326,6 +330,8 @@ class Compactions:
         self.submit = submit
         self.run_kwargs = run_kwargs  # summarizer, store, settings, emit
         self.future: Future[SessionState | None] | None = None
+        # This session's skip for a model cooling down is audited (once per cooldown).
+        self.cooling_audited = False
 
     @property
     def running(self) -> bool:
@@ -342,8 +348,11 @@ class Compactions:
 
     def start(self, job: Job, timeout_s: float) -> SessionState | str:
         """Run ``job`` under the session's lease and wait for it; returns the applied state,
-        or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``)."""
+        or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``,
+        ``cooling_down``)."""
         session_id = self.session_id
+        if self._cooling_down(job):
+            return "cooling_down"
         try:
             if not self.store.claim_compaction(session_id):
                 log.info("compaction.skipped", session_id=session_id, reason="leased")
@@ -362,6 +371,43 @@ class Compactions:
         self.future = None
         state = self._outcome(future)
         return "failed" if state is None else state
+
+    def _cooling_down(self, job: Job) -> bool:
+        """Whether the model summarizer has every endpoint cooling down after repeated
+        failures, with no offline fallback: the compaction is skipped, audited ``failed``
+        (reason ``cooling_down``) once, then only logged until a retry is due (DESIGN §7)."""
+        summarizer = self.run_kwargs["summarizer"]
+        wait_s = summarizer.cooling_down() if isinstance(summarizer, ModelSummarizer) else None
+        if wait_s is None:
+            self.cooling_audited = False
+            return False
+        session_id = self.session_id
+        log.info("compaction.skipped", session_id=session_id, reason="cooling_down")
+        if self.cooling_audited:
+            return True
+        self.cooling_audited = True
+        chars_before = job.plan.total_chars
+        error = (
+            "every LLM endpoint is cooling down after repeated failures: no compaction until "
+            f"a retry is due in {wait_s:.0f} s"
+        )
+        write_audit(
+            self.store,
+            {
+                "session_id": session_id,
+                "user_id": job.user_id,
+                "generation": job.previous.last_generation + 1,
+                "status": "failed",
+                "reason": "cooling_down",
+                "model": summarizer.name,
+                "material_messages": len(job.material),
+                "material_chars": job.material_chars,
+                "chars_before": chars_before,
+                "chars_after": chars_before,
+                "error": error,
+            },
+        )
+        return True
 
     def _leased(self, job: Job) -> SessionState | None:
         """``run`` under the lease, released before its result is seen (the next host to get

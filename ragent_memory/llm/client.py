@@ -105,6 +105,14 @@ class CircuitBreaker:
             opened_at = self._opened_at.get(key)
             return opened_at is not None and self._clock() - opened_at < self._cooldown_s
 
+    def open_for_s(self, key: Hashable) -> float:
+        """Seconds ``key`` stays skipped (0.0: it may be asked now)."""
+        with self._lock:
+            opened_at = self._opened_at.get(key)
+            if opened_at is None:
+                return 0.0
+            return max(self._cooldown_s - (self._clock() - opened_at), 0.0)
+
     def record_success(self, key: Hashable) -> None:
         with self._lock:
             self._failures.pop(key, None)
@@ -143,6 +151,10 @@ class _Request:
     validate: Callable[[str], str] | None
     purpose: str
     secrets: tuple[str, ...]  # every configured key that is set, scrubbed from all error text
+    # A reply cut by the token limit (finish reason ``length``) goes to ``partial``, which
+    # returns what of it stands or raises ``SummaryError``; None: such a reply is a bad one.
+    partial: Callable[[str], str] | None = None
+    stop: tuple[str, ...] = ()  # stop sequences sent (an endpoint returns the text before one)
 
 
 @attrs.frozen
@@ -195,6 +207,15 @@ class LLMClient:
         for client in clients:
             client.close()
 
+    def cooling_down(self) -> float | None:
+        """Seconds until the first endpoint may be asked again when every one is skipped by
+        its breaker now, else None (some endpoint would be asked)."""
+        waits = [
+            self._breaker.open_for_s((endpoint.base_url, endpoint.model))
+            for endpoint in self._settings.endpoints
+        ]
+        return min(waits) if all(waits) else None
+
     def complete(
         self,
         messages: list[dict[str, str]],
@@ -203,15 +224,20 @@ class LLMClient:
         max_tokens: int,
         validate: Callable[[str], str] | None = None,
         purpose: str = "summary",
+        partial: Callable[[str], str] | None = None,
+        stop: tuple[str, ...] = (),
     ) -> Completion:
         """The first reply that passes the checks and ``validate``; ``LLMError`` when none does.
-        ``validate`` returns the (cleaned) text or raises ``SummaryError``, a bad reply."""
+        ``validate`` returns the (cleaned) text or raises ``SummaryError``, a bad reply;
+        ``partial`` does the same for a reply cut by ``max_tokens`` (else one is bad)."""
         if self._is_closed:
             raise RuntimeError("LLMClient is closed")
         endpoints = self._settings.endpoints
         keys = [_api_key(endpoint) for endpoint in endpoints]
         secrets = tuple(key for key in keys if key is not None and key != _NO_KEY)
-        request = _Request(messages, temperature, max_tokens, validate, purpose, secrets)
+        request = _Request(
+            messages, temperature, max_tokens, validate, purpose, secrets, partial, tuple(stop)
+        )
         attempts = 0
         reasons: list[str] = []
         for index, (endpoint, api_key) in enumerate(zip(endpoints, keys, strict=True)):
@@ -285,6 +311,7 @@ class LLMClient:
 
     def _call(self, endpoint: EndpointSettings, api_key: str, request: _Request) -> str | _Failure:
         """One HTTP call: the accepted text, or what went wrong."""
+        optional: dict[str, Any] = {"stop": list(request.stop)} if request.stop else {}
         try:
             reply = self._client(endpoint.base_url).chat.completions.create(
                 model=endpoint.model,
@@ -292,6 +319,7 @@ class LLMClient:
                 temperature=request.temperature,
                 max_tokens=request.max_tokens,
                 extra_headers={"Authorization": f"Bearer {api_key}"},
+                **optional,
             )
         except openai.APIStatusError as err:
             status, retry_after = err.status_code, err.response.headers.get("retry-after")
@@ -305,8 +333,10 @@ class LLMClient:
         try:
             # A server may echo the key inside a valid reply: scrub it before anything keeps
             # the text (summaries, facts, the audit, logs).
-            text = _scrub(_reply_text(reply), request.secrets)
-            return request.validate(text) if request.validate is not None else text
+            text, finish_reason = _reply_text(reply, is_partial_ok=request.partial is not None)
+            text = _scrub(text, request.secrets)
+            check = request.partial if finish_reason == "length" else request.validate
+            return check(text) if check is not None else text
         except _BadReply as err:
             return _Failure("BadReply", str(err), True)
         except SummaryError as err:
@@ -362,9 +392,10 @@ def _api_key(endpoint: EndpointSettings) -> str | None:
     return os.environ.get(endpoint.api_key_env) or None
 
 
-def _reply_text(reply: object) -> str:
-    """The text of the first choice, or ``_BadReply`` saying why there is none. The SDK does not
-    validate responses (a non-JSON body comes back as a ``str``): every field is read warily."""
+def _reply_text(reply: object, *, is_partial_ok: bool = False) -> tuple[str, str]:
+    """The text and finish reason of the first choice, or ``_BadReply`` saying why there is
+    none (finish reason ``length`` passes when ``is_partial_ok``). The SDK does not validate
+    responses (a non-JSON body comes back as a ``str``): every field is read warily."""
     if not isinstance(reply, ChatCompletion):
         raise _BadReply("the body is not a chat completion")
     choices = getattr(reply, "choices", None)
@@ -375,12 +406,12 @@ def _reply_text(reply: object) -> str:
     if getattr(message, "tool_calls", None) or getattr(message, "function_call", None):
         raise _BadReply("the reply calls tools")
     finish_reason = getattr(choice, "finish_reason", None)
-    if finish_reason != "stop":
+    if finish_reason != "stop" and not (is_partial_ok and finish_reason == "length"):
         raise _BadReply(f"finish reason is {finish_reason!r}, not 'stop'")
     content = getattr(message, "content", None)
     if not isinstance(content, str) or not content.strip():
         raise _BadReply("the reply is empty")
-    return content
+    return content, finish_reason
 
 
 def _public_url(url: str) -> str:

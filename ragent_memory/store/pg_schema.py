@@ -174,4 +174,10 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         ALTER TABLE compactions ADD COLUMN identifiers_lost INTEGER NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        # Who wrote an applied summary: the model, the offline summarizer as configured, or
+        # the offline summarizer standing in for a model that failed (DESIGN §6, §10).
+        "005_written_by",
+        "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
+    ),
 )

@@ -6,7 +6,7 @@ import re
 
 _COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason model attempts
     material_messages material_chars summary_chars chars_before chars_after duration_ms summary
-    error created_at identifiers_kept identifiers_lost"""
+    error created_at identifiers_kept identifiers_lost written_by"""
 COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
@@ -182,6 +182,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         ALTER TABLE compactions ADD COLUMN identifiers_kept INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE compactions ADD COLUMN identifiers_lost INTEGER NOT NULL DEFAULT 0;
         """,
+    ),
+    (
+        # Who wrote an applied summary: the model, the offline summarizer as configured, or
+        # the offline summarizer standing in for a model that failed (DESIGN §6, §10).
+        "009_written_by",
+        "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
     ),
 )
 

@@ -31,6 +31,7 @@ def build_summarizer(
             max_input_chars=llm.max_input_chars,
             offline=offline,
             on_event=on_event,
+            retention_retry=llm.retention_retry,
         )
 
     offline: Summarizer = OfflineSummarizer()

@@ -10,9 +10,10 @@ from itertools import zip_longest
 from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
-from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
+from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.transcript import UNCLIPPED, Transcript
+from ragent_memory.summary.validate import validate_summary
 
 NAME = "offline-extractive"
 
@@ -316,6 +317,7 @@ class OfflineSummarizer:
             NAME,
             0,
             material_chars=len(transcript.render(clip)),
+            written_by="offline",
         )
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The summarizer's prompt (DESIGN §6): the seven sections asked for, the instructions, the
-fenced previous summary and transcript, the retry's note naming what was lost, and the
-validation of a reply (finish reason, sections, no echoed nonce, clamped at a section boundary)."""
+fenced previous summary and transcript, and the retry's note naming what was lost (a reply is
+checked and fitted in ``validate``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from itertools import accumulate
 from types import MappingProxyType
 
-from ragent_memory.errors import SummaryError
 from ragent_memory.summary.fence import neutralise
 
 SECTIONS = MappingProxyType(
@@ -61,8 +60,12 @@ Rules:
 - A hold ("don't send it yet", "wait for my OK") stays in force until the user revokes it.
 - For each tool result, keep what it established (values, amounts, names, ids, file names, \
 order numbers, URLs, dates), not the query that was run nor its raw output.
-- Stay under {max_chars} characters; if too long, shorten from the end first: \
-Done, then Dead ends, then Tools and findings.
+- The user's messages are quoted word for word elsewhere: do not copy them into any \
+section. Under User requests, state the goal and the constraints in one or two lines.
+- Length: at most {max_chars} characters in all, about {findings_chars} for Tools and \
+findings and {other_chars} for each other section: short "- " lines, one fact each, at most \
+{other_lines} line(s) per section and {findings_lines} under Tools and findings. If it does not fit, \
+shorten from the end first: Done, then Dead ends, then Tools and findings.
 - Respond with the summary text only. Do not call tools.""",
         "zh": """你负责维护一段用户与使用工具的 AI 智能体之间长对话的滚动摘要。请把旧摘要与新的对话记录合并，\
 完整重写（冲突时以新信息为准）。不要重新总结未提供给你的内容。
@@ -79,8 +82,37 @@ Done, then Dead ends, then Tools and findings.
 - 用户的暂缓要求（如“先别发”“等我确认”）在用户撤销前一直有效。
 - 对每个工具结果，保留它查明的内容（数值、金额、名称、编号、文件名、订单号、链接、日期），\
 不要记录执行了什么查询，也不要照搬原始结果。
-- 总长不超过 {max_chars} 字符；过长时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
+- 用户的原话会另行逐字引用：不要把它们抄进任何小节。“用户诉求”下用一两行写明目标和约束。
+- 总长不超过 {max_chars} 字符：“工具与发现”约 {findings_chars} 字符，其余每节约 {other_chars} 字符。\
+每行以“- ”开头，一行一个事实，每节最多 {other_lines} 行，“工具与发现”最多 {findings_lines} 行。\
+放不下时从末尾开始压缩：已完成 → 走不通的路 → 工具与发现。
 - 只输出摘要正文，不要调用任何工具。""",
+    }
+)
+
+
+# The share of the target the prompt gives "Tools and findings" (what tool results
+# established, where a summary's facts live); the other six sections share the rest.
+FINDINGS_SHARE = 0.4
+# The chars of one summary line, for the line counts the prompt asks for (a small model keeps
+# to a count of lines better than to a count of characters).
+LINE_CHARS = 70
+
+
+def section_budget(max_chars: int) -> tuple[int, int]:
+    """The chars the prompt asks for: (Tools and findings, each other section)."""
+    findings = int(max_chars * FINDINGS_SHARE)
+    return findings, (max_chars - findings) // (len(SECTIONS["en"]) - 1)
+
+
+# After the long material, the instructions a small model loses sight of.
+REMINDER = MappingProxyType(
+    {
+        "en": "Now write the summary: the seven sections in order, starting with {first}, at "
+        "most {max_chars} characters, with what the tool results established (ids, amounts, "
+        "names), not the user's messages copied.",
+        "zh": "现在写摘要：七个小节按顺序，从 {first} 开始，不超过 {max_chars} 字符，"
+        "写工具结果查明的内容（编号、金额、名称），不要照抄用户原话。",
     }
 )
 
@@ -89,14 +121,22 @@ def build_prompt(
     transcript: str, previous: str, *, nonce: str, language: str, max_chars: int
 ) -> list[dict[str, str]]:
     """The chat messages sent to the summarizer model."""
+    findings, other = section_budget(max_chars)
     system = _SYSTEM[language].format(
-        nonce=nonce, sections="\n".join(SECTIONS[language]), max_chars=max_chars
+        nonce=nonce,
+        sections="\n".join(SECTIONS[language]),
+        max_chars=max_chars,
+        findings_chars=findings,
+        other_chars=other,
+        findings_lines=max(findings // LINE_CHARS, 1),
+        other_lines=max(other // LINE_CHARS, 1),
     )
     previous_text = neutralise(previous, nonce) if previous.strip() else EMPTY[language]
     user = (
         f'<previous_summary nonce="{nonce}">\n{previous_text}\n</previous_summary nonce="{nonce}">'
         f'\n\n<transcript nonce="{nonce}">\n{neutralise(transcript, nonce)}\n'
-        f'</transcript nonce="{nonce}">'
+        f'</transcript nonce="{nonce}">\n\n'
+        + REMINDER[language].format(first=SECTIONS[language][0], max_chars=max_chars)
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -114,28 +154,3 @@ def lost_note(lost: Sequence[str], nonce: str, language: str) -> str:
     sizes = accumulate(len(line) + 1 for line in lines)
     kept = [line for line, size in zip(lines, sizes, strict=True) if size <= MAX_LOST_NOTE_CHARS]
     return LOST_NOTE[language] + "\n".join(kept)
-
-
-def section_count(text: str) -> int:
-    return sum(1 for line in text.splitlines() if line.startswith("## "))
-
-
-def validate_summary(
-    text: str, *, max_chars: int, nonce: str | None = None, finish_reason: str = "stop"
-) -> str:
-    """Return the accepted (possibly clipped) summary, or raise SummaryError."""
-    if finish_reason != "stop":
-        raise SummaryError(f"finish reason {finish_reason!r}, not 'stop'")
-    text = text.strip()
-    if nonce and nonce.lower() in text.lower():
-        raise SummaryError("the summary echoes the fence nonce")
-    if section_count(text) < 3:
-        raise SummaryError(f"only {section_count(text)} '## ' sections, need at least 3")
-    if len(text) > max_chars:
-        clip = text.rfind("\n## ", 0, max_chars)
-        if clip <= 0:
-            raise SummaryError(f"summary of {len(text)} chars has no section boundary to clip at")
-        text = text[:clip].rstrip()
-        if section_count(text) < 2:
-            raise SummaryError("fewer than 2 sections left after clipping to the target")
-    return text

@@ -11,12 +11,16 @@ from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.validate import fit_sections
 
 FINDINGS = MappingProxyType({lang: titles[4] for lang, titles in SECTIONS.items()})
 # Compressed first when the restored findings need room (DESIGN §6: from the end): Done, Dead ends.
 _SQUEEZE = MappingProxyType({lang: (t[6], t[5]) for lang, t in SECTIONS.items()})
 # A source sentence longer than this is cut to a window around the identifier.
 MAX_SENTENCE_CHARS = 240
+# At most this share of the target is restored sentences when the model's own lines must be
+# cut (inside their sections) to make room for them.
+RESTORE_SHARE = 0.5
 
 
 def material_texts(material: Sequence[Message]) -> list[str]:
@@ -51,8 +55,13 @@ def reject_repeat(body: str, previous: str, material: Sequence[Message]) -> None
         )
 
 
+# List and quote markers a sentence of the previous summary starts with: an addition gets its
+# own "- ", so carried across generations they would pile up ("- - - …").
+_MARKERS = re.compile(r"^(?:[-*•>]\s+)+")
+
+
 def _window(sentence: str, identifier: str) -> str:
-    sentence = " ".join(sentence.split())
+    sentence = _MARKERS.sub("", " ".join(sentence.split()))
     if len(sentence) <= MAX_SENTENCE_CHARS:
         return sentence
     at = max(normalise(sentence).find(normalise(identifier)), 0)
@@ -101,11 +110,49 @@ def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -
     return additions
 
 
+def _placed(lines: list[str], title: str, additions: list[str], language: str) -> str:
+    """``lines`` with ``additions`` after the section ``title``'s own lines ("none" dropped)."""
+    start, end = _section(lines, title) or (0, 0)
+    existing = [line for line in lines[start + 1 : end] if line.strip()]
+    if existing == [EMPTY[language]]:
+        existing = []
+    merged = [*lines[: start + 1], *existing, *additions, "", *lines[end:]]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(merged)).strip()
+
+
+def _made_room(
+    lines: list[str], title: str, additions: list[str], language: str, max_chars: int
+) -> tuple[str, int] | None:
+    """The most of ``additions`` (within ``RESTORE_SHARE`` of ``max_chars``) placed after
+    fitting the other lines inside their sections (``fit_sections``) to the room left, and
+    how many were placed; None when none could be."""
+    share = int(max_chars * RESTORE_SHARE)
+    chosen: list[str] = []
+    for addition in additions:
+        if sum(len(a) + 1 for a in chosen) + len(addition) + 1 > share:
+            break
+        chosen.append(addition)
+    while chosen:
+        size = sum(len(a) + 1 for a in chosen)
+        try:
+            fitted = fit_sections("\n".join(lines), max_chars - size)
+        except SummaryError:
+            chosen.pop()
+            continue
+        text = _placed(fitted.splitlines(), title, chosen, language)
+        if len(text) <= max_chars:
+            return text, len(chosen)
+        chosen.pop()
+    return None
+
+
 def restore(
     body: str, missing: Iterable[str], sources: Sequence[str], *, language: str, max_chars: int
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
-    the findings section, ``sources`` searched in order (newest first), within ``max_chars``."""
+    the findings section, ``sources`` searched in order (newest first), within ``max_chars``:
+    Done and Dead ends are emptied to make room, and when that is not enough the other
+    lines are cut inside their sections (up to ``RESTORE_SHARE`` of the target restored)."""
     additions = _additions(missing, sources, max_chars)
     if not additions:
         return body
@@ -116,23 +163,19 @@ def restore(
         at = next((i for i, line in enumerate(lines) if line.strip() in following), len(lines))
         lines = [*lines[:at], title, EMPTY[language], "", *lines[at:]]
     while True:
-        start, end = _section(lines, title) or (0, 0)
-        existing = [line for line in lines[start + 1 : end] if line.strip()]
-        if existing == [EMPTY[language]]:
-            existing = []
         fitted: list[str] = []
         for addition in additions:
-            candidate = [*lines[: start + 1], *existing, *fitted, addition, "", *lines[end:]]
-            if len("\n".join(candidate).strip()) <= max_chars:
+            if len(_placed(lines, title, [*fitted, addition], language)) <= max_chars:
                 fitted.append(addition)
         squeezed = _squeeze(lines, language)
         if len(fitted) == len(additions) or squeezed == lines:
             break
         lines = squeezed
-    if not fitted:
-        return body
-    merged = [*lines[: start + 1], *existing, *fitted, "", *lines[end:]]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(merged)).strip()
+    if len(fitted) < len(additions):
+        roomier = _made_room(lines, title, additions, language, max_chars)
+        if roomier is not None and roomier[1] > len(fitted):
+            return roomier[0]
+    return _placed(lines, title, fitted, language) if fitted else body
 
 
 __all__ = ["FINDINGS", "lost", "material_texts", "reject_repeat", "restore", "wanted"]

@@ -11,8 +11,9 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.errors import LLMError
 from ragent_memory.summary.fence import neutralise, neutralise_tags, new_nonce
-from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note, validate_summary
+from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note
 from ragent_memory.summary.transcript import DEFAULT_CLIP, Transcript
+from ragent_memory.summary.validate import validate_summary
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import LLMClient
@@ -40,6 +41,9 @@ class SummaryOutcome:
     # Chars of rendered transcript sent by the pass that wrote ``body``, all chunks (the
     # audit's ``material_chars``); None: not known, the audit counts the raw material.
     material_chars: int | None = None
+    # Who wrote ``body``: "model", "offline" (the offline summarizer as configured) or
+    # "offline_fallback" (it stood in for a model that failed); "" when not said.
+    written_by: str = ""
 
 
 class Summarizer(Protocol):
@@ -51,11 +55,18 @@ class Summarizer(Protocol):
 
 
 MIN_CHUNK_CHARS = 2_000
+# max_tokens of a summary call: one token per target char, at least this many. English runs
+# ~4 chars a token, Chinese ~1.5: room to finish a reply longer than the target, which
+# validation then fits inside its sections (a reply cut short keeps only complete sections).
+MIN_MAX_TOKENS = 512
+# A model that echoes a fence tag after its summary stops there instead of going on.
+STOP = ("</transcript", "<transcript", "</previous_summary", "<previous_summary")
 
 
 class ModelSummarizer:
     """Summaries from an OpenAI-compatible model, with the offline summarizer as last resort:
-    one pass stays within ``request.input_chars``, each call within ``max_input_chars``."""
+    one pass stays within ``request.input_chars``, each call within ``max_input_chars``.
+    ``retention_retry``: the engine may ask again, naming the identifiers a reply lost."""
 
     def __init__(
         self,
@@ -65,12 +76,19 @@ class ModelSummarizer:
         max_input_chars: int,
         offline: Summarizer | None,
         on_event: EventCallback | None = None,
+        retention_retry: bool = False,
     ) -> None:
         self.client = client
         self.max_input_chars = max_input_chars
         self.offline = offline
         self.on_event = on_event
+        self.retention_retry = retention_retry
         self.name = model
+
+    def cooling_down(self) -> float | None:
+        """Seconds until an endpoint may be asked again when every one is cooling down after
+        repeated failures and no offline fallback stands in, else None."""
+        return None if self.offline is not None else self.client.cooling_down()
 
     def _prompt(
         self, transcript: str, previous: str, request: SummaryRequest
@@ -123,12 +141,28 @@ class ModelSummarizer:
         """One call: (body, model, attempts, transcript chars sent)."""
         messages, nonce = self._prompt(transcript, previous, request)
 
-        def check(text: str) -> str:
-            return validate_summary(text, max_chars=request.max_chars, nonce=nonce)
+        def check(text: str, finish_reason: str = "stop") -> str:
+            body = validate_summary(
+                text, max_chars=request.max_chars, nonce=nonce, finish_reason=finish_reason
+            )
+            if len(body) < len(text.strip()):
+                log.info(
+                    "summary.fitted",
+                    finish_reason=finish_reason,
+                    reply_chars=len(text),
+                    chars=len(body),
+                    max_chars=request.max_chars,
+                )
+            return body
 
-        max_tokens = max(256, request.max_chars // 2)
         completion = self.client.complete(
-            messages, temperature=0.3, max_tokens=max_tokens, validate=check, purpose="summary"
+            messages,
+            temperature=0.3,
+            max_tokens=max(MIN_MAX_TOKENS, request.max_chars),
+            validate=check,
+            partial=lambda text: check(text, "length"),
+            stop=STOP,
+            purpose="summary",
         )
         sent = len(neutralise(transcript, nonce))
         return completion.text, completion.model, completion.attempts, sent
@@ -150,8 +184,10 @@ class ModelSummarizer:
                 event |= {"endpoint": None, "model": self.offline.name, "purpose": "summary"}
                 self.on_event("summary_attempt", event)
             outcome = self.offline.summarize(request)
-            return attrs.evolve(outcome, attempts=attempts + outcome.attempts)
-        return SummaryOutcome(body, model, attempts, material_chars=sent)
+            return attrs.evolve(
+                outcome, attempts=attempts + outcome.attempts, written_by="offline_fallback"
+            )
+        return SummaryOutcome(body, model, attempts, material_chars=sent, written_by="model")
 
     def close(self) -> None:
         self.client.close()

@@ -12,8 +12,9 @@ from typing import Any
 from ragent_memory.core.chars import text_of
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.fence import INVISIBLE
-from ragent_memory.summary.prompt import EMPTY, SECTIONS, validate_summary
+from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.transcript import clip_middle
+from ragent_memory.summary.validate import validate_summary
 
 VERBATIM_LABEL = MappingProxyType({"en": "In the user's own words:", "zh": "用户原话："})
 _CONSTRAINT_EN = re.compile(
@@ -164,7 +165,7 @@ def compose_summary(body: str, verbatim_block: str, language: str) -> str:
 
 
 def fit_summary(body: str, verbatim_block: str, language: str, max_chars: int) -> tuple[str, str]:
-    """The body (clipped at a section boundary if need be) and the composed summary within
+    """The body (fitted inside its sections if need be) and the composed summary within
     ``max_chars``, even when a ``## User requests`` the model left out is added."""
     summary = compose_summary(body, verbatim_block, language)
     overflow = len(summary) - max_chars

@@ -1,0 +1,61 @@
+"""``benchmarks/real_model.py`` (the hand-run check against a real model), run as a real
+subprocess against the scripted server, briefly, so it cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
+from sessions import ROOT
+
+from ragent_memory.summary.prompt import SECTIONS
+
+
+def test_the_real_model_check_runs_against_a_scripted_server(
+    fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A 16-turn run: every compaction printed with its outcome, calls, seconds, chars and
+    identifiers; the totals line; the JSON under the budget, next to what was there."""
+    body = "\n".join(f"{title}\n- ORD-70114 refund due €1,240" for title in SECTIONS["en"])
+    fake_openai.default = lambda _body: body
+    out = tmp_path / "real_model.json"
+    out.write_text(json.dumps({"20000": {"kept": True}}))
+    flags = ["--model", "m", "--budget", "12000", "--turns", "16", "--timeout-s", "10"]
+    flags += ["--compaction-timeout-s", "60", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.real_model", "--url", fake_openai.base_url, *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    lines = done.stdout.splitlines()
+    generations = [line for line in lines if line.startswith("gen ")]
+    assert generations and all("applied" in g and "calls 1" in g for g in generations)
+    assert "ids in summary" in generations[-1] and "accepted" in generations[-1]
+    assert lines[-1].startswith("TOTAL B=12,000:")
+    assert "turn-1 constraint verbatim: yes" in lines[-1]
+
+    saved = json.loads(out.read_text())
+    assert {"kept": True} == saved["20000"]
+    result = saved["12000"]
+    totals = result["totals"]
+    assert (len(generations), len(generations)) == (
+        totals["compactions"],
+        totals["model_written"],
+    )
+    assert (100.0, 0, len(generations)) == (
+        totals["model_written_pct"],
+        totals["rejected_for_length"],
+        totals["calls"],
+    )
+    first = result["compactions"][0]
+    assert ("model", 1) == (first["written_by"], first["calls"])
+    assert first["identifiers"]["total"] > 0
+    assert first["identifiers"]["kept"] >= first["identifiers"]["in_summary"]
+    assert len(fake_openai.requests) == totals["calls"]
