@@ -77,9 +77,11 @@ class Utterance:
         return self.distractor or self.facts[0].kind
 
 
-def load(language: str) -> list[Utterance]:
+def load(language: str, *, heldout: bool = False) -> list[Utterance]:
+    """The corpus of one language (``heldout``: the set written after the patterns, never
+    tuned on)."""
     rows = []
-    path = DATA / f"facts_{language}.jsonl"
+    path = DATA / f"facts_{'heldout_' if heldout else ''}{language}.jsonl"
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         row = json.loads(line)
         facts = tuple(Expected(f["kind"], tuple(f["terms"]), f["negated"]) for f in row["facts"])
@@ -278,7 +280,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model call")
     args = parser.parse_args()
     corpus = {language: load(language) for language in LANGUAGES}
-    offline = {language: report(run(corpus[language], offline_extract, 1)) for language in corpus}
+    heldout = {f"{language} held-out": load(language, heldout=True) for language in LANGUAGES}
+    offline = {
+        name: report(run(rows, offline_extract, 1)) for name, rows in {**corpus, **heldout}.items()
+    }
     print_table("offline extractor, each utterance alone", offline)
     for language, result in offline.items():
         overall = result["overall"]
@@ -287,7 +292,8 @@ def main() -> None:
             f" (targets: precision ≥ {TARGET_PRECISION}, recall ≥ {TARGET_RECALL})"
         )
     RESULTS.mkdir(exist_ok=True)
-    out = {"corpus": {k: len(v) for k, v in corpus.items()}, "offline": offline}
+    sizes = {k: len(v) for k, v in {**corpus, **heldout}.items()}
+    out = {"corpus": sizes, "offline": offline}
     (RESULTS / "facts.json").write_text(
         json.dumps(out, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )

@@ -79,11 +79,12 @@ _TRANSIENT_ZH = re.compile(
 # --------------------------------------------------------------------------- lead-ins
 
 _LEAD_EN = re.compile(
-    r"^(?:(?:hi|hello|hey|hiya|good (?:morning|afternoon|evening)|ok so|ok|okay|so|well|oh and"
+    r"^(?:(?:(?:hi|hello|hey) there|hi|hello|hey|hiya|good (?:morning|afternoon|evening)|ok so|ok|okay|so|well|oh and"
     r"|oh|also|and|but|btw|by the way|fyi|actually|anyway|anyways|quick note|side note|reminder"
     r"|remember that|remember|just so you know|for context|for the record|context for you"
     r"|speaking of which|in case it matters|one more thing|ps|as you know|as i said|like i said"
-    r"|turn \d+|by day|for reference|heads up)\b[\s,!:.\-–—]*)+",
+    r"|turn \d+|by day|for reference|heads up|currently|these days|nowadays|at work|at home"
+    r"|professionally|personally)\b[\s,!:.\-–—]*)+",
     re.IGNORECASE,
 )
 _LEAD_ZH = re.compile(
@@ -105,6 +106,14 @@ _CLAUSE_SPLIT_EN = re.compile(
     re.IGNORECASE,
 )
 _CLAUSE_SPLIT_ZH = re.compile(r"[，,；;]\s*")
+# An adverb between the subject and its verb ("I'm slowly learning", "we live just outside").
+_ADVERBS_EN = re.compile(
+    r"^(?P<s>i|i'm|i am|im|i've|i have|we|we're|we are|we've)\s+(?:(?:currently|mostly|slowly"
+    r"|really|usually|generally|actually|basically|primarily|mainly|already|both|all|definitely"
+    r"|totally|pretty much|kind of|sort of)\s+)+",
+    re.IGNORECASE,
+)
+_POLITE_EN = re.compile(r"^(?:could|can|would|will) you (?:please )?", re.IGNORECASE)
 _IMPLICIT_I = re.compile(r"^(?:work|live|prefer|like|love|hate|speak|moved|have|use)\b", re.I)
 _IMPLICIT_IM = re.compile(r"^(?:allergic\b|an?\s)", re.IGNORECASE)
 _SUBJECT_ZH = re.compile(r"^(?:我|你|您|他|她|它|咱|请|别|不要|以后|今后|大家|有人)")
@@ -121,7 +130,8 @@ _IMPERATIVE_EN = re.compile(
     r"(?:please\s+)?(?:always|never|don't|do not|dont|stop|keep|use|answer|reply|respond|write"
     r"|give|show|format|avoid|no more|include|add|put|when you)\b"
     r"|^(?:dates|answers|replies|responses|code|prices|numbers|units|examples|times|amounts"
-    r"|explanations)\b.*\b(?:should|must)\b",
+    r"|explanations)\b.*\b(?:should|must)\b"
+    r"|^i(?:'d like| would like| want| need) (?:all |every |your )",
     re.IGNORECASE,
 )
 _ONE_OFF_EN = re.compile(
@@ -161,8 +171,15 @@ def _unquoted(text: str) -> str:
     return _QUOTED.sub(drop, text)
 
 
+def _is_standing_ask(sentence: str) -> bool:
+    """ "Could you always reply in bullet points from now on?": a standing request, asked."""
+    return bool(_POLITE_EN.match(sentence) and STANDING_EN.search(sentence))
+
+
 def _is_out(sentence: str, language: str) -> bool:
     """A question, hypothetical, reported or transient sentence: no fact in it."""
+    if language == "en" and _is_standing_ask(sentence):
+        return bool(_ONE_OFF_EN.search(sentence))
     if sentence.endswith(("?", "？")):
         return True
     if language == "en":
@@ -204,6 +221,8 @@ def _clauses(sentence: str, language: str) -> list[str]:
             part = _subject_en(part, out)
         elif index and not _SUBJECT_ZH.match(part):
             part = f"我{part}"
+        if part and language == "en":
+            part = _ADVERBS_EN.sub(lambda m: f"{m.group('s')} ", part)
         if part:
             out.append(part)
     return out
@@ -242,7 +261,7 @@ def clauses(text: str) -> list[str]:
 def standing_instruction(sentence: Sentence) -> str | None:
     """The sentence as a standing instruction ("Please always answer in Spanish", 请以后都用
     中文回答), without its "please"; None for anything else, a one-off request included."""
-    text = sentence.text.rstrip(" .!。！")
+    text = _POLITE_EN.sub("", sentence.text.rstrip(" .!?。！"))
     if sentence.language == "en":
         if _TRANSIENT_EN.search(text) or _ONE_OFF_EN.search(text):
             return None

@@ -79,6 +79,8 @@ SLOTS: Final = MappingProxyType(
             _slot("wants", "Always wants {x}"),
             _slot("request", "Standing request: {x}", "长期要求：{x}"),
             _slot("not", "Does not {x}", "不{x}"),
+            _slot("has not", "Has not {x}"),
+            _slot("resigned", None, "已{x}"),
             _slot("no longer", "No longer {x}", "不再{x}"),
             _slot("is not", "Is no longer {x}"),
             _slot("stopped", "Stopped {x}"),
@@ -173,6 +175,27 @@ _NAME_LIKE_WORDS = """sorry fine ok okay good great back here done new not from 
 _NOT_NAMES: Final = frozenset(_NAME_LIKE_WORDS.split())
 
 
+_DETERMINER_WORDS = "the a an this that these those it my your his her some any"
+_DETERMINERS: Final = frozenset(_DETERMINER_WORDS.split())
+_NOT_PLACE_WORDS = "机场 公司 家里 路上 车上 外面 办公室 医院 学校 床上 开会 上班 加班 出差 度假 旅游 休假 排队 线上"
+_NOT_PLACES_ZH: Final = frozenset(_NOT_PLACE_WORDS.split())
+
+
+def tool_value(value: str) -> bool:
+    """A tool's name, not a thing ("vim", "a Windows laptop"; not "a hack", "the staging db")."""
+    words = value.split()
+    if words[0].casefold() in ("a", "an") and len(words) > 1:
+        return words[1][:1].isupper()
+    return words[0].casefold() not in _DETERMINERS
+
+
+def place_zh(value: str) -> bool:
+    """A place one lives in, not where one is just now (机场, 路上)."""
+    return value not in _NOT_PLACES_ZH and not value.endswith(
+        ("上", "里", "中", "边", "工作", "上班")
+    )
+
+
 def is_name(value: str) -> bool:
     """One to three capitalised words that are not a nationality or a state ("I'm Priya")."""
     words = value.split()
@@ -199,7 +222,7 @@ _NOT_TASK = (
 _RELATIVES = (
     r"(?:kids?|children|child|sons?|daughters?|wife|husband|partner|boyfriend|girlfriend"
     r"|mom|mum|mother|dad|father|parents|sisters?|brothers?|family|twins?|baby|grandparents"
-    r"|dogs?|cats?|puppy|kitten|pets?|parrot|rabbit|hamster|horse|wedding anniversary)"
+    r"|dogs?|cats?|puppy|kitten|pets?|parrot|rabbit|hamster|horse|(?:wedding )?anniversary)"
 )
 _PETS_AND_KIDS = (
     r"(?:a|an|one|two|three|four|five|\d+) (?:[\w-]+ ){0,2}?"
@@ -209,7 +232,7 @@ _PETS_AND_KIDS = (
 )
 _STATES = (
     r"vegetarian|vegan|pescatarian|lactose[- ]intolerant|gluten[- ]free|gluten[- ]intolerant"
-    r"|co?eliac|diabetic|pregnant|deaf|hard of hearing|blind|colou?r ?blind|dyslexic|autistic"
+    r"|[\w]+-free|plant-based|co?eliac|diabetic|pregnant|deaf|hard of hearing|blind|colou?r ?blind|dyslexic|autistic"
     r"|epileptic|asthmatic|sober|teetotal|left[- ]handed|right[- ]handed|retired|married"
     r"|divorced|widowed|engaged|a single (?:mum|mom|dad|parent|father|mother)"
 )
@@ -237,6 +260,9 @@ _CONDITIONS_ZH = r"糖尿病|高血压|哮喘|乳糖不耐受|过敏性鼻炎|�
 NEGATIONS: Final = (
     _en("dislikes", rf"i {_ADVERB}(?:don't|do not|dont) (?:really )?(?:like|enjoy) (?P<x>.+)"),
     _en("no longer", r"(?:i|we) no longer (?P<x>.+)", neg=True, verb=True),
+    _en("not", r"(?:i|we) (?:don't|do not|dont) (?P<x>\w+ .+?) any ?more$", neg=True),
+    _en("not", r"i (?:can't|cannot|can not) (?P<x>(?:eat|drink|have|tolerate) .+)", neg=True),
+    _en("has not", r"i (?:haven't|have not) (?P<x>\w+ .+? since .+)", neg=True),
     _en("not", rf"(?:i|we) (?:don't|do not|dont) (?P<x>(?:{_HABITS})\b.+)", neg=True),
     _en("is not", rf"{_I_AM} (?:not|no longer) (?P<x>.+?)(?: any ?more| these days)$", neg=True),
     _en("is not", rf"{_I_AM} no longer (?P<x>.+)", neg=True),
@@ -264,12 +290,18 @@ NEGATIONS: Final = (
     _zh("lacks", r"我(?:还)?没有(?P<x>车|房子?|孩子|小孩|宠物|驾照|对象)", neg=True),
     _zh("never", r"我从(?:来)?不(?P<x>(?:喝|吃|抽|用|坐)\S+)", neg=True),
     _zh("not", r"我不(?P<x>(?:吃|喝|抽)\S+)", neg=True),
+    _zh("not", r"我(?:不能|不可以|没法)(?P<x>(?:吃|喝)\S+)", neg=True),
+    _zh(
+        "resigned",
+        r"我(?:去年|今年|前年|已经|早就|刚|刚刚|上个月)?(?P<x>辞职|退休|离职)了",
+        neg=True,
+    ),
 )
 
 IDENTITY: Final = (
     _en(
         "name",
-        r"(?:my (?:first |full )?name is|my name's|name's|i'm called|i am called) (?P<x>.+)",
+        r"(?:my (?:first |full )?name is|my name's|(?:the )?name's|i'm called|i am called) (?P<x>.+)",
         check=_SHORT_NAME.match,
     ),
     _en("name", r"(?:you can |please |just )?call me (?P<x>.+)", check=_CAPITALISED.match),
@@ -279,12 +311,17 @@ IDENTITY: Final = (
         check=_CAPITALISED.match,
     ),
     _en("address", r"i go by (?P<x>.+)", check=_CAPITALISED.match),
+    _en(
+        "address",
+        r"(?:everyone|everybody|people|friends|my friends|most people) (?:calls?|knows?) me (?:as )?(?P<x>.+)",
+        check=_CAPITALISED.match,
+    ),
     _en("pronouns", r"my pronouns are (?P<x>.+)"),
     Pattern("name", "en", re.compile(rf"(?i:i'm|i am) {_NAMED}$"), check=is_name),
     Pattern("name", "en", re.compile(rf"{_NAMED} here$"), check=is_name),
     _zh(
         "address",
-        r"(?:以后)?(?:请)?(?:称呼我|叫我)(?:为)?(?P<x>[^，。了你他她它过去来]\S{0,8}?)(?:就行|就好|就可以|吧)?$",
+        r"(?:你可以|可以|以后|请|就)*(?:称呼我|叫我)(?:为)?(?P<x>[^，。了你他她它过去来]\S{0,8}?)(?:就行|就好|就可以|吧)?$",
     ),
     _zh("address", r"(?:大家|朋友们?|别人|同事们?)都?叫我(?P<x>\S{1,8}?)(?:就行|就好|吧)?$"),
     _zh("name", r"(?:我叫|我的名字是|我的名字叫)(?P<x>(?![了你他她它过])\S{1,20})"),
@@ -296,7 +333,9 @@ WORK_AND_HOME: Final = (
         "lives",
         r"(?:i (?:now |currently )?live in|i'm (?:now )?(?:living|based) (?:in|out of)"
         r"|i am (?:now )?(?:living|based) (?:in|out of)|i(?:'ve| have) been living in"
-        r"|(?:we|we're|we are) (?:now |currently )?(?:live|living|based) (?:in|out of)"
+        r"|(?:we|we're|we are) (?:now |currently )?(?:live|living|based) (?:in|out of|near|outside|just outside)"
+        r"|i (?:now |currently )?live (?:near|outside|just outside)|my home (?:base )?is"
+        r"|i(?:'ve| have) lived in"
         r"|home is|(?:i|i've|i have|we|we've) (?:just |recently |finally )?(?:moved|relocated) to) (?P<x>.+)",
     ),
     _en("lives", rf"{_I_AM} (?:now |currently )?in {_NAMED}$"),
@@ -308,7 +347,7 @@ WORK_AND_HOME: Final = (
     ),
     _en(
         "employer",
-        rf"(?:i {_LATELY}(?:work|am working)|i'm {_LATELY}working|{_I_HAVE} been working"
+        rf"(?:i {_LATELY}(?:work|am working)|i'm {_LATELY}working|{_I_HAVE} (?:been working|worked)"
         rf"|i {_LATELY}(?:started|began) (?:working|a (?:new )?job)) (?:at|for) (?P<x>.+)",
     ),
     _en("employer", rf"{_I_AM} {_LATELY}employed (?:at|by) (?P<x>.+)"),
@@ -337,7 +376,7 @@ WORK_AND_HOME: Final = (
     ),
     _zh(
         "lives",
-        r"(?:我(?:现在|目前)?住在|我(?:已经|刚|刚刚|去年|今年|前年|最近|上个月|上周|年初|年底)?搬到了?|我(?:现在)?定居在|我常驻|我人在|我们(?:一家(?:人)?|全家)?住在)(?P<x>.+)",
+        r"(?:我(?:现在|目前)?住在|我(?:(?!不|没|想|(?<!主)要|会|能)[^，。搬]){0,8}?搬到了?|我(?:现在)?定居在|我常驻|我人在|我家(?:住)?在|我们(?:一家(?:人)?|全家)?住在)(?P<x>.+)",
     ),
     _zh("lives", r"我(?:现在|目前)?在(?P<x>\S{1,10}?)(?:生活|定居|常驻)"),
     _zh("lives", rf"我(?:现在|目前)?在(?P<x>{_PLACE_ZH})$"),
@@ -345,12 +384,19 @@ WORK_AND_HOME: Final = (
     _zh("timezone", r"我(?:的)?时区是(?P<x>.+)"),
     _zh("timezone", r"我.*?按(?P<x>\S{1,8}时间)算"),
     _zh(
-        "employer", r"我(?:是)?(?:现在|目前|最近|已经)?(?:开始)?在(?P<x>.{1,30}?)(?:工作|上班|任职)"
+        "employer",
+        r"我(?:是)?(?:现在|(?!不|没|想|(?<!主)要|会|能)[^，。在]){0,6}?在(?P<x>.{1,30}?)(?:工作|上班|任职)",
     ),
     _zh("job", r"我(?:现在|目前|最近)?在(?P<x>.{1,20}?(?:做|当)\S+)"),
     _zh("employer", r"我(?:刚|已经)?(?:入职|加入)了?(?P<x>\S{1,20})$"),
     _zh("job", r"我(?:的)?(?:岗位|职位|工作|职业)是(?P<x>.+)"),
+    _zh("job", r"我(?:现在|目前)?(?:在)?(?P<x>自己创业|创业|做自由职业|自由职业)"),
     _zh("owns", r"我开了(?P<x>一家.+)"),
+    _zh(
+        "lives",
+        r"我(?:现在|目前|人)?在(?P<x>(?![开看吃写做忙想等学玩跑睡排调查修改])[\u4e00-\u9fff]{2,4})$",
+        check=place_zh,
+    ),
     _zh("identity", r"作为(?:一名|一个|一位)?(?P<x>[^，。]{1,12})$"),
 )
 
@@ -368,7 +414,12 @@ LIFE: Final = (
     ),
     _en("keeps", r"i keep (?P<x>kosher|halal)"),
     _en("follows", rf"(?:i follow|{_I_AM} on) (?P<x>an? [\w -]*\bdiet\b.*)"),
-    _en("family", rf"(?:my|our) (?P<x>{_RELATIVES}\b.+)"),
+    _en("family", rf"(?:my|our) (?:\w+ )?(?P<x>{_RELATIVES}\b.+)"),
+    _en(
+        "family",
+        rf"i (?P<x>(?:look after|care for|live with|support|raise) (?:my|our) (?:\w+ )?{_RELATIVES}\b.*)",
+        verb=True,
+    ),
     _en("has", rf"(?:i (?:have|own)|{_I_HAVE} got|we have|we've got) (?P<x>{_PETS_AND_KIDS}.*)"),
     _en("has", rf"(?:i have|{_I_HAVE} got|we have) (?P<x>an? [\w -]+ (?:called|named) [A-Z].*)"),
     _en("birthday", r"my (?:birthday is|birthday's|birthday falls) (?P<x>.+)"),
@@ -386,14 +437,18 @@ LIFE: Final = (
     _zh("with", r"我和(?P<x>(?:父母|爸妈|家人|妻子|老婆|丈夫|老公|孩子)\S*)"),
     _zh("identity", r"我(?:已经)?(?P<x>结婚|离婚|订婚)了?$"),
     _zh("have", r"我(?:家)?(?:里)?有(?P<x>(?:一|两|二|三|四|五|\d+)(?:个|只|条|位)\S+)"),
-    _zh("has", r"我(?:养了|养着)(?P<x>.+)"),
+    _zh("has", r"我(?:家)?(?:里)?(?:养了|养着)(?P<x>.+)"),
     _zh("birthday", r"我(?:的)?生日(?:是|在)?(?P<x>.+)"),
     _zh("monthly", r"我每(?:个)?月(?P<x>.+)"),
 )
 
 STACK: Final = (
     _en("timezone", rf"{_I_AM} on (?P<x>\w+ time)\b"),
-    _en("uses", rf"(?:i|we|{_WE}) {_ADVERB}(?:use|uses|are using|is using) {_NOT_DET}(?P<x>.+)"),
+    _en(
+        "uses",
+        rf"(?:i|we|{_WE}) {_ADVERB}(?:use|uses|are using|is using) (?P<x>.+)",
+        check=tool_value,
+    ),
     _en("uses", r"(?:i'm|i am|we're|we are) (?:on|running) (?P<x>(?:an? )?[A-Z0-9].+)"),
     _en("uses", rf"my (?:{_TOOL_THINGS}) (?:is|runs|runs on) (?P<x>.+)"),
     _en("uses", rf"our (?:\w+ )?(?:{_TOOL_THINGS}) (?:is|are|runs on|uses|lives on) (?P<x>.+)"),
@@ -412,7 +467,7 @@ STACK: Final = (
     ),
     _zh(
         "uses",
-        rf"我们?(?:团队|公司|组)?(?:平时|一般|主要|日常|习惯|一直)?(?:用|使用|采用|写){_TOOLS_ZH}",
+        rf"我们?(?:(?!不|没|想|(?<!主)要|会|能)[^，。用写]){{0,6}}?(?:用|使用|采用|写){_TOOLS_ZH}",
     ),
     _zh(
         "uses",
@@ -443,7 +498,10 @@ WANTS: Final = (
         "team",
         rf"(?:we're|we are) {_LATELY}(?P<x>(?:migrating|moving|rewriting|rebuilding|switching|building) .+)",
     ),
-    _en("project", r"my (?:side|pet|hobby|passion) project is (?P<x>.+)"),
+    _en(
+        "project",
+        r"my (?:side|pet|hobby|passion|long-term|main|current|personal) project is (?P<x>.+)",
+    ),
     _en("target", r"my (?:main |big )?goal(?: this year| for \w+)? is (?P<x>.+)"),
     _en(
         "identity",
@@ -453,7 +511,7 @@ WANTS: Final = (
     _en("plays", rf"i {_ADVERB}play (?P<x>.+)"),
     _en("speaks", r"i (?:can )?speak (?P<x>.+)"),
     _en("always", r"(?:please )?(?P<w>always|never) (?P<x>.+?) for me$"),
-    _zh("prefers", r"我(?:更喜欢|偏好|倾向于|比较喜欢)(?P<x>.+)"),
+    _zh("prefers", r"我(?:更喜欢|偏好|倾向于|比较喜欢|习惯)(?P<x>.+)"),
     _zh("likes", r"我的爱好是(?P<x>.+)"),
     _zh("likes", r"我(?:很|最|特别|非常|真的|也)?(?:喜欢|热爱)(?P<x>.+)"),
     _zh("speaks", r"我会说(?P<x>.+)"),
