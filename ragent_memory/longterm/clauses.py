@@ -36,15 +36,19 @@ _QUESTION_EN = re.compile(
 _QUESTION_ZH = re.compile(
     r"[吗呢]$|什么|为什么|怎么|哪|几点|多少|是不是|要不要|能不能|可不可以|有没有"
 )
-_EVEN_IF = re.compile(r",?\s*\beven if\b.*$", re.IGNORECASE)
+_EVEN_IF = re.compile(
+    r",?\s*\beven if\b.*$|,?\s*\bif (?:that|it|this) (?:matters|helps|is relevant)\b[^,.;]*",
+    re.IGNORECASE,
+)
 _HYPOTHETICAL_EN = re.compile(
     r"\b(?:if|suppose|supposing|imagine|assume|assuming|pretend|pretending|hypothetically"
     r"|let's|lets|i wish|i might|i may|maybe|perhaps|someday|one day|thinking (?:about|of)"
-    r"|considering|i'd like to|would like to|could|in theory)\b",
+    r"|considering|i'd like to|would like to|could|in theory|you be|you're the|you are the"
+    r"|play the role|act as|role-?play)\b",
     re.IGNORECASE,
 )
 _HYPOTHETICAL_ZH = re.compile(
-    r"如果|假如|假设|要是|万一|想象|可能|也许|或许|考虑|的话|就好了|想要|设想|角色扮演"
+    r"如果|假如|假设|要是|万一|想象|可能|也许|或许|考虑|的话|就好了|想要|设想|角色扮演|扮演|你来当|你当"
 )
 # Someone else's words: a reporting verb whose subject is not "I".
 _REPORTED_EN = re.compile(
@@ -83,7 +87,7 @@ _LEAD_EN = re.compile(
     r"|oh|also|and|but|btw|by the way|fyi|actually|anyway|anyways|quick note|side note|reminder"
     r"|remember that|remember|just so you know|for context|for the record|context for you"
     r"|speaking of which|in case it matters|one more thing|ps|as you know|as i said|like i said"
-    r"|turn \d+|by day|for reference|heads up|currently|these days|nowadays|at work|at home"
+    r"|turn \d+|by day|for reference|heads up|currently|these days|nowadays|at work|at home|mostly|mainly|usually|generally"
     r"|professionally|personally)\b[\s,!:.\-–—]*)+",
     re.IGNORECASE,
 )
@@ -98,9 +102,9 @@ _DASH = re.compile(r"^(?P<head>[^-–—]{1,30}?)\s+[-–—]\s+(?P<rest>.+)$")
 
 _CLAUSE_SPLIT_EN = re.compile(
     r",\s*(?:and\s+|but\s+|so\s+)?(?=(?:i|i'm|i've|i'd|im|my|our|we|we're|call me)\b)"
-    r"|\s+(?:and|but|so)\s+(?=(?:i|i'm|i've|my|our|we|we're)\b)"
+    r"|\s+(?:and|but|so)\s+(?=(?:i|i'm|i've|my|our|we|we're)\b)(?!i (?:are|both|were|have been)\b)"
     r"|\s+(?:and|but)\s+(?=(?:work|live|prefer|like|love|hate|speak|moved|have|use)\b)"
-    r"|\s+and\s+(?=allergic\b)"
+    r"|\s+and\s+(?=allergic\b)|,\s+(?=(?:living|based)\b)"
     r"|,\s+(?=an?\s)|,\s*so\s+"
     r"|\s+[-–—]\s+|;\s*",
     re.IGNORECASE,
@@ -115,7 +119,7 @@ _ADVERBS_EN = re.compile(
 )
 _POLITE_EN = re.compile(r"^(?:could|can|would|will) you (?:please )?", re.IGNORECASE)
 _IMPLICIT_I = re.compile(r"^(?:work|live|prefer|like|love|hate|speak|moved|have|use)\b", re.I)
-_IMPLICIT_IM = re.compile(r"^(?:allergic\b|an?\s)", re.IGNORECASE)
+_IMPLICIT_IM = re.compile(r"^(?:allergic\b|an?\s|living\b|based\b)", re.IGNORECASE)
 _SUBJECT_ZH = re.compile(r"^(?:我|你|您|他|她|它|咱|请|别|不要|以后|今后|大家|有人)")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -140,7 +144,7 @@ _ONE_OFF_EN = re.compile(
     re.IGNORECASE,
 )
 STANDING_ZH: Final = re.compile(
-    r"以后|今后|往后|从现在起|一直|一律|统一|始终|每次|总是|永远|都用|别再|不要再|回复里|回答里|回复中|回答中"
+    r"^(?:回答|回复)请|以后|今后|往后|从现在起|一直|一律|统一|始终|每次|总是|永远|都用|别再|不要再|回复里|回答里|回复中|回答中"
 )
 _IMPERATIVE_ZH = re.compile(r"请|用|不要|别|回答|回复|给我")
 
@@ -161,7 +165,7 @@ def language_of(text: str) -> str:
 
 def _unquoted(text: str) -> str:
     """``text`` without code, pasted log lines and quoted first-person speech."""
-    text = _CODE_FENCE.sub("\n", text)
+    text = re.sub(r"\b(?:pls|plz)\b", "please", _CODE_FENCE.sub("\n", text), flags=re.IGNORECASE)
     text = "\n".join(line for line in text.splitlines() if not _CODE_LINE.match(line))
 
     def drop(match: re.Match[str]) -> str:
@@ -234,6 +238,7 @@ def _subject_en(part: str, before: list[str]) -> str:
         return f"I {part}"
     if _IMPLICIT_IM.match(part):  # "I'm Dana, a UX designer"; "vegan and allergic to nuts"
         is_mine = bool(before) and re.match(r"(?:i'm|i am|im)\b", before[-1], re.IGNORECASE)
+        is_mine = is_mine or part.casefold().startswith(("living", "based"))
         return f"I'm {part}" if is_mine else ""
     return part
 

@@ -145,8 +145,8 @@ def _pieces(slot: str, value: str) -> list[tuple[str, str]]:
         return [("employer", match.group("a")), ("occupation", match.group("b"))]
     if slot == "identity" and (match := _FROM_PLACE.match(value)):
         return [("identity", match.group("a")), ("from", match.group("b"))]
-    if slot == "has":
-        return [("has", part) for part in _AND_MORE.split(value)]
+    if slot in ("has", "identity"):
+        return [(slot, part) for part in _AND_MORE.split(value)]
     return [(slot, value)]
 
 
@@ -178,22 +178,27 @@ def _match(pattern: Pattern, clause: str) -> list[Candidate] | None:
     return found
 
 
+def _request(sentence: Sentence) -> list[Candidate]:
+    """The sentence (or clause) as a standing instruction, if it is one."""
+    request = standing_instruction(sentence)
+    value = None if request is None else _value(request, sentence.language)
+    if value is None or value.casefold() in _BARE:
+        return []
+    reading = Reading("request", normalised(value), sentence.language, value)
+    return [Candidate(reading, SLOTS["request"].render(sentence.language, value))]
+
+
+def _in_clause(clause: str, language: str) -> list[Candidate]:
+    for pattern in PATTERNS:
+        if pattern.language == language and (matched := _match(pattern, clause)) is not None:
+            return matched
+    return _request(Sentence(language, clause, ()))
+
+
 def _in_sentence(sentence: Sentence) -> list[Candidate]:
-    found: list[Candidate] = []
-    for clause in sentence.clauses:
-        for pattern in PATTERNS:
-            if pattern.language != sentence.language:
-                continue
-            matched = _match(pattern, clause)
-            if matched is not None:
-                found += matched
-                break
-    if not found and (request := standing_instruction(sentence)) is not None:
-        value = _value(request, sentence.language)
-        if value is not None and value.casefold() not in _BARE:
-            reading = Reading("request", normalised(value), sentence.language, value)
-            found.append(Candidate(reading, SLOTS["request"].render(sentence.language, value)))
-    return found
+    """The facts of a sentence, clause by clause; else the whole as a standing instruction."""
+    found = [c for clause in sentence.clauses for c in _in_clause(clause, sentence.language)]
+    return found or _request(sentence)
 
 
 def candidates(text: str) -> list[Candidate]:

@@ -181,6 +181,11 @@ _NOT_PLACE_WORDS = "机场 公司 家里 路上 车上 外面 办公室 医院 �
 _NOT_PLACES_ZH: Final = frozenset(_NOT_PLACE_WORDS.split())
 
 
+def _has_predicate(value: str) -> bool:
+    """ "Their husband" alone ("my husband too") says nothing about him."""
+    return " " in value.strip()
+
+
 def tool_value(value: str) -> bool:
     """A tool's name, not a thing ("vim", "a Windows laptop"; not "a hack", "the staging db")."""
     words = value.split()
@@ -228,7 +233,8 @@ _PETS_AND_KIDS = (
     r"(?:a|an|one|two|three|four|five|\d+) (?:[\w-]+ ){0,2}?"
     r"(?:dogs?|cats?|puppy|puppies|kittens?|birds?|parrots?|fish|hamsters?|rabbits?|horses?"
     r"|turtles?|kids?|children|sons?|daughters?|boys?|girls?|brothers?|sisters?|twins?"
-    r"|newborn|baby|babies|grandchildren)\b"
+    r"|newborn|baby|babies|grandchildren|collie|retriever|terrier|spaniel|poodle|labrador|lab"
+    r"|shepherd|husky|beagle|bulldog|pug|corgi|dachshund|greyhound|tortoise|snake|lizard)\b"
 )
 _STATES = (
     r"vegetarian|vegan|pescatarian|lactose[- ]intolerant|gluten[- ]free|gluten[- ]intolerant"
@@ -239,16 +245,19 @@ _STATES = (
 _CONDITIONS = (
     r"diabetes|asthma|co?eliac|epilepsy|arthritis|migraines|adhd|autism|dyslexia|high blood"
     r" pressure|hypertension|bad (?:knee|back|hip|shoulder)|tinnitus|ibs|crohn's|anxiety"
-    r"|depression|a pacemaker|allergies|eczema|psoriasis|a heart condition|long covid"
+    r"|depression|a pacemaker|allergies|eczema|psoriasis|a heart condition|long covid|allergy"
+    r"|intolerance|disease|disorder|syndrome"
 )
 _GOALS = (
     r"training|learning|writing|building|renovating|saving|studying|preparing|practi[cs]ing"
-    r"|developing|working towards|trying to (?:lose|gain|get|run|learn|quit|save)"
+    r"|developing|working towards|trying to (?:lose|gain|get|run|learn|quit|save)|pursuing|completing"
+    r"|finishing|running for|campaigning"
 )
 _TOOL_THINGS = (
     r"laptop|computer|machine|pc|editor|ide|os|phone|shell|terminal|browser|setup|stack"
     r"|tech stack|ci|cd|ci/cd|backend|frontend|database|db|production db|production database"
-    r"|infra|infrastructure|cloud|pipeline|main language|language"
+    r"|infra|infrastructure|cloud|pipeline|main language|language|codebase|app|product|site"
+    r"|website|api|service|platform"
 )
 _HABITS = r"eat|drink|smoke|use|own|have an?|live in|work (?:at|for)|watch|drive|code in|do|play"
 _PLACE_ZH = r"\S{1,10}?(?:海岸|省|市|区|县|州|国|岛|湾区)"
@@ -281,6 +290,7 @@ NEGATIONS: Final = (
     _zh("dislikes", r"我(?:很|真的|特别|非常|也)?(?:不喜欢|讨厌|不爱)(?P<x>.+)"),
     _zh("no longer", r"我(?:已经|早就|早已)?不(?:再)?在(?P<x>.{1,20}?(?:工作|上班))了?$", neg=True),
     _zh("no longer", r"我(?:已经|早就|早已)?不再(?P<x>.+?)了?$", neg=True),
+    _zh("no longer", r"我(?:已经|早就|早已)不(?P<x>在\S{1,10})了$", neg=True),
     _zh(
         "no longer", r"我(?:已经|早就|早已)不(?P<x>(?:喝|吃|抽|用|住在|开|玩|养)\S+?)了$", neg=True
     ),
@@ -339,8 +349,13 @@ WORK_AND_HOME: Final = (
         r"|home is|(?:i|i've|i have|we|we've) (?:just |recently |finally )?(?:moved|relocated) to) (?P<x>.+)",
     ),
     _en("lives", rf"{_I_AM} (?:now |currently )?in {_NAMED}$"),
+    _en("lives", r"i (?:now |currently )?live (?:[\w ]{0,30}? )?in (?P<x>[A-Z][\w ,-]*)"),
+    _en("from", r"(?:i was )?born and raised in (?P<x>.+)"),
     _en("from", rf"{_I_AM} (?:originally )?from (?P<x>.+)"),
-    _en("timezone", r"(?:my time ?zone is|i'm in the|i am in the) (?P<x>.+?)(?: time ?zone)?$"),
+    _en(
+        "timezone",
+        r"(?:my (?:time ?zone|tz) is|i'm in the|i am in the) (?P<x>.+?)(?: time ?zone)?$",
+    ),
     _en("timezone", rf"{_I_AM} on (?P<x>[\w+:-]+ time)$"),
     _en(
         "timezone", r"(?:so )?(?P<x>(?:gmt|utc|cet|cest|est|pst|ist)(?:\s?[+-]\d{1,2}(?::\d\d)?)?)$"
@@ -376,7 +391,7 @@ WORK_AND_HOME: Final = (
     ),
     _zh(
         "lives",
-        r"(?:我(?:现在|目前)?住在|我(?:(?!不|没|想|(?<!主)要|会|能)[^，。搬]){0,8}?搬到了?|我(?:现在)?定居在|我常驻|我人在|我家(?:住)?在|我们(?:一家(?:人)?|全家)?住在)(?P<x>.+)",
+        r"(?:我(?:现在|目前|一直|从小)?住在|我(?:(?!不|没|想|(?<!主)要|会|能)[^，。搬]){0,8}?搬到了?|我(?:现在)?定居在|我常驻|我人在|我家(?:住)?在|我们(?:一家(?:人)?|全家)?住在)(?P<x>.+)",
     ),
     _zh("lives", r"我(?:现在|目前)?在(?P<x>\S{1,10}?)(?:生活|定居|常驻)"),
     _zh("lives", rf"我(?:现在|目前)?在(?P<x>{_PLACE_ZH})$"),
@@ -402,7 +417,12 @@ WORK_AND_HOME: Final = (
 
 LIFE: Final = (
     _en("allergic", rf"{_I_AM} (?:very |severely |really |highly |mildly )?allergic to (?P<x>.+)"),
-    _en("identity", rf"{_I_AM} (?P<x>(?:an? )?(?:strict |proud )?(?:{_STATES}))\b"),
+    _en(
+        "identity",
+        rf"(?:{_I_AM}|we're|we are) (?P<x>(?:an? )?(?:(?!not\b)[\w-]+ ){{0,2}}?(?:{_STATES}))\b",
+    ),
+    _en("identity", rf"{_I_AM} (?P<x>\d\d(?: years old| yrs old)?(?: and an? .+)?)$"),
+    _en("identity", rf"{_I_AM} (?P<x>(?:the|their|our) (?:only|main|sole|lead|head|resident) .+)"),
     _en("identity", rf"{_I_AM} (?:fairly |quite |very |pretty )?(?P<x>new to .+)"),
     _en(
         "has",
@@ -414,7 +434,7 @@ LIFE: Final = (
     ),
     _en("keeps", r"i keep (?P<x>kosher|halal)"),
     _en("follows", rf"(?:i follow|{_I_AM} on) (?P<x>an? [\w -]*\bdiet\b.*)"),
-    _en("family", rf"(?:my|our) (?:\w+ )?(?P<x>{_RELATIVES}\b.+)"),
+    _en("family", rf"(?:my|our) (?:\w+ )?(?P<x>{_RELATIVES}\b.+)", check=_has_predicate),
     _en(
         "family",
         rf"i (?P<x>(?:look after|care for|live with|support|raise) (?:my|our) (?:\w+ )?{_RELATIVES}\b.*)",
@@ -431,12 +451,12 @@ LIFE: Final = (
     _zh("eats", r"我(?:只|一直|长期)?(?:吃|是)?(?P<x>素食?|清真\S*|全素|纯素)"),
     _zh(
         "family",
-        r"我(?:的)?(?P<x>(?:孩子|儿子|女儿|妻子|老婆|丈夫|老公|父母|爸妈|妈妈|爸爸|哥哥|姐姐|弟弟|妹妹|狗|猫)\S+)",
+        r"我(?:的)?(?P<x>(?:孩子|儿子|女儿|妻子|老婆|丈夫|老公|先生|太太|爱人|媳妇|父母|爸妈|妈妈|爸爸|哥哥|姐姐|弟弟|妹妹|狗|猫)\S+)",
     ),
     _zh("family", r"我们的(?P<x>结婚纪念日\S+)"),
     _zh("with", r"我和(?P<x>(?:父母|爸妈|家人|妻子|老婆|丈夫|老公|孩子)\S*)"),
     _zh("identity", r"我(?:已经)?(?P<x>结婚|离婚|订婚)了?$"),
-    _zh("have", r"我(?:家)?(?:里)?有(?P<x>(?:一|两|二|三|四|五|\d+)(?:个|只|条|位)\S+)"),
+    _zh("have", r"我们?(?:家)?(?:里)?有(?P<x>(?:一|两|二|三|四|五|\d+)(?:个|只|条|位)\S+)"),
     _zh("has", r"我(?:家)?(?:里)?(?:养了|养着)(?P<x>.+)"),
     _zh("birthday", r"我(?:的)?生日(?:是|在)?(?P<x>.+)"),
     _zh("monthly", r"我每(?:个)?月(?P<x>.+)"),
@@ -458,7 +478,12 @@ STACK: Final = (
         "uses",
         r"we (?:deploy|host|run)(?: everything| it all| our \w+)? (?:on|to|with) (?P<x>[A-Z].+)",
     ),
-    _en("uses", r"we (?:switched|moved|migrated) (?:from .+? )?to (?P<x>[A-Z].+)"),
+    _en("uses", r"(?:i|we) (?:switched|moved|migrated) (?:over )?(?:from .+? )?to (?P<x>[A-Z].+)"),
+    _en("uses", r"i (?:write|code in|program in) (?P<x>[A-Z][\w#+.-]*.*)"),
+    _en(
+        "uses",
+        r"(?:my|our) (?:team|company|office|org|whole team) (?:is|are) (?:all |mostly )?(?:on|using) (?P<x>.+)",
+    ),
     _en("uses", r"we're an? (?P<x>[A-Z]\w+) (?:store|shop|company|house|team)\b"),
     _en("uses", rf"{_I_AM} stuck on (?P<x>[A-Z]\w* \d[\d.]*.*)"),
     _zh(
@@ -513,7 +538,7 @@ WANTS: Final = (
     _en("always", r"(?:please )?(?P<w>always|never) (?P<x>.+?) for me$"),
     _zh("prefers", r"我(?:更喜欢|偏好|倾向于|比较喜欢|习惯)(?P<x>.+)"),
     _zh("likes", r"我的爱好是(?P<x>.+)"),
-    _zh("likes", r"我(?:很|最|特别|非常|真的|也)?(?:喜欢|热爱)(?P<x>.+)"),
+    _zh("likes", r"我(?:一直|很|最|特别|非常|真的|也|都)*(?:喜欢|热爱)(?P<x>.+)"),
     _zh("speaks", r"我会说(?P<x>.+)"),
     _zh("doing", r"我(?:最近|这段时间)(?:一直)?在(?P<x>.+)"),
     _zh(
