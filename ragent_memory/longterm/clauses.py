@@ -117,6 +117,7 @@ _ADVERBS_EN = re.compile(
     r"|totally|pretty much|kind of|sort of)\s+)+",
     re.IGNORECASE,
 )
+_I_AM_EN = re.compile(r"(?:i'm|i am|im)\b", re.IGNORECASE)
 _POLITE_EN = re.compile(r"^(?:could|can|would|will) you (?:please )?", re.IGNORECASE)
 _IMPLICIT_I = re.compile(r"^(?:work|live|prefer|like|love|hate|speak|moved|have|use)\b", re.I)
 _IMPLICIT_IM = re.compile(r"^(?:allergic\b|an?\s|living\b|based\b)", re.IGNORECASE)
@@ -237,8 +238,8 @@ def _subject_en(part: str, before: list[str]) -> str:
     if _IMPLICIT_I.match(part):
         return f"I {part}"
     if _IMPLICIT_IM.match(part):  # "I'm Dana, a UX designer"; "vegan and allergic to nuts"
-        is_mine = bool(before) and re.match(r"(?:i'm|i am|im)\b", before[-1], re.IGNORECASE)
-        is_mine = is_mine or part.casefold().startswith(("living", "based"))
+        after_mine = bool(before) and _I_AM_EN.match(before[-1]) is not None
+        is_mine = after_mine or part.casefold().startswith(("living", "based"))
         return f"I'm {part}" if is_mine else ""
     return part
 
