@@ -27,6 +27,8 @@ from ragent_memory.longterm.vocabulary import (
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS, LLMSettings, Settings
 from ragent_memory.summary.fence import neutralise, new_nonce
 from ragent_memory.summary.transcript import Transcript
+from ragent_memory.text.porter import stem
+from ragent_memory.text.terms import term_set
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import Completion, LLMClient
@@ -140,17 +142,21 @@ def build_consolidation_prompt(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def _stems(text: str) -> set[str]:
+    return {stem(term) for term in term_set(text)}
+
+
 def without_copies(parsed: Parsed, prompt: str, said: str) -> Parsed:
     """``parsed`` without the facts a model took from the prompt's own wording (its example
-    "Lives in Lyon", a placeholder) rather than from anything the user said: a small model
-    copies them (issue 34). Each is counted as rejected and logged."""
-    instructions, words = normalised(prompt), normalised(said)
+    "Lives in Lyon", a placeholder) rather than from what the user said (a fact in the
+    prompt's words stays when every term of it was said): a small model copies them (issue
+    34). Each is counted as rejected and logged."""
+    instructions, words = normalised(prompt), _stems(said)
 
     def copied(op: object) -> bool:
         if not isinstance(op, Add | Supersede):
             return False
-        key = normalised(op.content)
-        return key in instructions and key not in words
+        return normalised(op.content) in instructions and not _stems(op.content) <= words
 
     kept = tuple(op for op in parsed.operations if not copied(op))
     if len(kept) < len(parsed.operations):
