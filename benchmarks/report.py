@@ -496,6 +496,14 @@ def facts_section(data: dict[str, Any], model: dict[str, Any] | None) -> list[st
         "",
         facts_table(model["results"]),
         "",
+        "Batches with no valid operations after the retries (they learn nothing): "
+        + ", ".join(
+            f"{name} {len(result.get('failed_batches', []))}"
+            for name, result in model["results"].items()
+            if name.startswith("model ")
+        )
+        + ".",
+        "",
     ]
 
 
