@@ -140,7 +140,8 @@ _IMPERATIVE_EN = re.compile(
     re.IGNORECASE,
 )
 _ONE_OFF_EN = re.compile(
-    r"\b(?:this (?:one|time|answer|reply|email|message|question)|just this|only this|for now"
+    r"\b(?:this (?:one|time|answer|reply|email|message|question|account|project|task|ticket"
+    r"|customer|order|case|chat|conversation|session|thread)|just this|only this|for now"
     r"|today|here|only once)\b",
     re.IGNORECASE,
 )
