@@ -224,7 +224,10 @@ def test_the_engines_prepared_messages_fed_back_teach_nothing_new(
     assert engine.flush(extract_pending=True)
     assert ["Lives in Lisbon", "Works at Globex"] == facts_of(engine)
     memories = query(settings.store.path, "SELECT id, content, status FROM memories")
-    asked = [*history, {"role": "user", "content": "Remind me: I live in Porto by the river, right?"}]
+    asked = [
+        *history,
+        {"role": "user", "content": "Remind me: I live in Porto by the river, right?"},
+    ]
     prepared = engine.prepare(asked, session_id="s", user_id="u1")
     texts = [json.dumps(m["content"], ensure_ascii=False) for m in prepared.messages]
     assert any(t.startswith(f'"{HEADERS["en"][:40]}') for t in texts)
