@@ -255,9 +255,12 @@ def _replaced(live: Sequence[_Entry], candidate: Candidate) -> _Entry | None:
     target = _first(live, lambda r: r.slot_key == reading.slot_key) if slot.is_single else None
     if target is None and slot.opposite is not None:
         target = _first(live, lambda r: r.slot == slot.opposite and r.value == reading.value)
-    if target is None:
+    if target is None:  # a fact of its slot it says more than ("Uses vim" → "Uses vim, not …")
         entry = _Entry(None, candidate.content, reading)
-        target = next((e for e in live if _near(entry, e.reading, e.content)), None)  # type: ignore[arg-type]
+        target = next(
+            (e for e in live if e.reading is not None and _near(entry, e.reading, e.content)),
+            None,
+        )
     return target
 
 

@@ -27,30 +27,32 @@ class Slot:
         return self.templates[language].format(x=value, thing=thing)
 
 
-def _slot(key: str, en: str | None, zh: str | None = None, **kw: object) -> Slot:
+def _slot(
+    key: str, en: str | None, zh: str | None = None, *, single: bool = False, opposite: str = ""
+) -> Slot:
     templates = {k: v for k, v in (("en", en), ("zh", zh)) if v is not None}
-    return Slot(key, templates, **kw)  # type: ignore[arg-type]
+    return Slot(key, templates, single, opposite or None)
 
 
 SLOTS: Final = MappingProxyType(
     {
         s.key: s
         for s in (
-            _slot("name", "Is called {x}", "名叫{x}", is_single=True),
-            _slot("address", "Goes by {x}", "希望被称呼为{x}", is_single=True),
-            _slot("pronouns", "Uses the pronouns {x}", None, is_single=True),
-            _slot("surname", None, "姓{x}", is_single=True),
-            _slot("lives", "Lives in {x}", "住在{x}", is_single=True),
-            _slot("from", "Is from {x}", "老家在{x}", is_single=True),
-            _slot("timezone", "Timezone is {x}", "时区是{x}", is_single=True),
-            _slot("employer", "Works at {x}", "在{x}工作", is_single=True),
-            _slot("occupation", "Works as {x}", None, is_single=True),
-            _slot("job", "Job is {x}", "工作：{x}", is_single=True),
+            _slot("name", "Is called {x}", "名叫{x}", single=True),
+            _slot("address", "Goes by {x}", "希望被称呼为{x}", single=True),
+            _slot("pronouns", "Uses the pronouns {x}", None, single=True),
+            _slot("surname", None, "姓{x}", single=True),
+            _slot("lives", "Lives in {x}", "住在{x}", single=True),
+            _slot("from", "Is from {x}", "老家在{x}", single=True),
+            _slot("timezone", "Timezone is {x}", "时区是{x}", single=True),
+            _slot("employer", "Works at {x}", "在{x}工作", single=True),
+            _slot("occupation", "Works as {x}", None, single=True),
+            _slot("job", "Job is {x}", "工作：{x}", single=True),
             _slot("field", "Works in {x}"),
             _slot("teaches", "Teaches {x}"),
             _slot("owns", "Owns {x}", "开了{x}"),
             _slot("runs", "Runs {x}"),
-            _slot("favourite", "Favourite {thing} is {x}", is_single=True),
+            _slot("favourite", "Favourite {thing} is {x}", single=True),
             _slot("allergic", "Is allergic to {x}", "对{x}过敏"),
             _slot("prefers", "Prefers {x}", "偏好{x}"),
             _slot("rather", "Would rather {x}"),
@@ -72,8 +74,8 @@ SLOTS: Final = MappingProxyType(
             _slot("eats", "Eats {x}", "吃{x}"),
             _slot("keeps", "Keeps {x}"),
             _slot("follows", "Follows {x}"),
-            _slot("birthday", "Birthday is {x}", "生日是{x}", is_single=True),
-            _slot("born", "Was born in {x}", is_single=True),
+            _slot("birthday", "Birthday is {x}", "生日是{x}", single=True),
+            _slot("born", "Was born in {x}", single=True),
             _slot("paid", "Gets paid {x}"),
             _slot("monthly", None, "每个月{x}"),
             _slot("wants", "Always wants {x}"),
