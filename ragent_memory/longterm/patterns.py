@@ -179,8 +179,6 @@ _NOT_NAMES: Final = frozenset(_NAME_LIKE_WORDS.split())
 
 _DETERMINER_WORDS = "the a an this that these those it my your his her some any"
 _DETERMINERS: Final = frozenset(_DETERMINER_WORDS.split())
-_NOT_PLACE_WORDS = "机场 公司 家里 路上 车上 外面 办公室 医院 学校 床上 开会 上班 加班 出差 度假 旅游 休假 排队 线上"
-_NOT_PLACES_ZH: Final = frozenset(_NOT_PLACE_WORDS.split())
 
 
 def _has_predicate(value: str) -> bool:
@@ -194,13 +192,6 @@ def tool_value(value: str) -> bool:
     if words[0].casefold() in ("a", "an") and len(words) > 1:
         return words[1][:1].isupper()
     return words[0].casefold() not in _DETERMINERS
-
-
-def place_zh(value: str) -> bool:
-    """A place one lives in, not where one is just now (机场, 路上)."""
-    return value not in _NOT_PLACES_ZH and not value.endswith(
-        ("上", "里", "中", "边", "工作", "上班")
-    )
 
 
 def is_name(value: str) -> bool:
@@ -409,11 +400,6 @@ WORK_AND_HOME: Final = (
     _zh("job", r"我(?:的)?(?:岗位|职位|工作|职业)是(?P<x>.+)"),
     _zh("job", r"我(?:现在|目前)?(?:在)?(?P<x>自己创业|创业|做自由职业|自由职业)"),
     _zh("owns", r"我开了(?P<x>一家.+)"),
-    _zh(
-        "lives",
-        r"我(?:现在|目前|人)?在(?P<x>(?![开看吃写做忙想等学玩跑睡排调查修改])[\u4e00-\u9fff]{2,4})$",
-        check=place_zh,
-    ),
     _zh("identity", r"作为(?:一名|一个|一位)?(?P<x>[^，。]{1,12})$"),
 )
 
