@@ -245,11 +245,15 @@ def guarded(extractor: Extractor, failed: list[str]) -> Callable[[Sequence[str],
     retries learns nothing and is listed in ``failed``."""
 
     def extract(texts: Sequence[str], language: str) -> list[str]:
+        started = time.perf_counter()
         try:
-            return learnt(extractor, texts, language)
+            found = learnt(extractor, texts, language)
         except ExtractionError as err:
             failed.append(str(err))
-            return []
+            found = []
+        took = time.perf_counter() - started
+        print(f"  model batch ({language}, {len(texts)}): {took:.0f} s → {found}", flush=True)
+        return found
 
     return extract
 
