@@ -269,7 +269,7 @@ def model_run(args: argparse.Namespace) -> dict[str, Any]:
         offline_fallback=False,
     )
     extractor = build_extractor(Settings(llm=llm, language="en"))
-    started, results = time.perf_counter(), {}
+    started, started_utc, results = time.perf_counter(), datetime.now(UTC), {}
     try:
         for language in LANGUAGES:
             rows = subset(load(language, heldout=True), args.subset // len(LANGUAGES))
@@ -284,7 +284,7 @@ def model_run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "recorded": {
             "commit": commit(),
-            "started_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+            "started_utc": started_utc.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.perf_counter() - started, 1),
             "command": " ".join(["python -m benchmarks.facts", *sys.argv[1:]]),
             "model": args.model,
