@@ -32,7 +32,7 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,serve,postgres,langchain,pydantic-ai,openai-agents,bench]'
 	touch $(VENV)/.bench
 
-# run, versus, locomo, proxy, pg in turn; prints each one's wall and CPU time at the end and
+# run, versus, locomo, proxy, pg, facts in turn; prints each one's wall and CPU time at the end and
 # writes docs/benchmarks.md from benchmarks/results/ (python -m benchmarks.report).
 bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks

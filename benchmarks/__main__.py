@@ -1,6 +1,6 @@
 """``make bench``: every benchmark in turn, each in its own process, then how long each took.
 
-    python -m benchmarks [--only versus] [--only pg]
+    python -m benchmarks [--only versus] [--only pg] [--only facts]
 
 Wall time is what ``make bench`` costs; CPU time (user + system, the part's threads and
 children included) is what it would cost on an idle machine, where a shared one inflates wall
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks import report
 
-PARTS = ("run", "scale", "versus", "locomo", "proxy", "pg")
+PARTS = ("run", "scale", "versus", "locomo", "proxy", "pg", "facts")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -491,6 +491,98 @@ def locomo_section(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _pr(figures: dict[str, Any] | None) -> str:
+    """ "P / R (n)" of one kind in one set; blank where the set has none of it."""
+    if figures is None:
+        return ""
+    cells = [ms(figures["precision"], 2), ms(figures["recall"], 2)]
+    return f"{cells[0]} / {cells[1]} ({figures['utterances']})"
+
+
+def facts_table(results: dict[str, dict[str, Any]]) -> str:
+    kinds: list[str] = []
+    for result in results.values():
+        kinds += [k for k in result["kinds"] if k not in kinds]
+    rows = [["**all**", *(_pr(r["overall"]) for r in results.values())]]
+    rows += [[k, *(_pr(r["kinds"].get(k)) for r in results.values())] for k in kinds]
+    return table(["kind", *(f"{name}: P / R (n)" for name in results)], rows)
+
+
+def facts_section(data: dict[str, Any], model: dict[str, Any] | None) -> list[str]:
+    sizes = ", ".join(f"{name} {n}" for name, n in data["corpus"].items())
+    out = [
+        "## Long-term memory extraction",
+        "",
+        "`benchmarks/facts.py`: the labelled corpus of `benchmarks/data/` (user utterances "
+        f"written for this project: {sizes}), each labelled with the facts it states or, for a "
+        "distractor, its kind. A learnt fact is true when it holds a labelled fact's terms (a "
+        "negation must also say no); precision is true facts ÷ facts learnt, recall labelled "
+        "facts found ÷ labelled facts; n is utterances. A distractor kind's precision is "
+        "blank when nothing was learnt from it. The *held-out* sets were written after the "
+        "patterns were last changed and never tuned on: the gap between them and the corpus "
+        "is how much of the corpus's recall is fitted to its own phrasings. Targets (issue "
+        "34): recall ≥ 0.80 at precision ≥ 0.95 per language.",
+        "",
+        recorded(data),
+        "",
+        "The offline extractor, each utterance alone:",
+        "",
+        facts_table(data["offline"]),
+        "",
+    ]
+    if model is None:
+        return [
+            *out,
+            "_No model run recorded (`python -m benchmarks.facts --base-url URL` writes "
+            "`benchmarks/results/facts_model.json`)._",
+            "",
+        ]
+    rec = model["recorded"]
+    return [
+        *out,
+        f"The model extractor (`{rec['model']}`) beside the offline one on the same stratified "
+        f"subset, utterances sent {model['batch']} at a time as the engine batches them "
+        f"(`{rec['command']}`; commit `{rec['commit']}`, started {rec['started_utc']} UTC, "
+        f"{rec['wall_s']} s wall):",
+        "",
+        facts_table(model["results"]),
+        "",
+        "Batches with no valid operations after the retries (they learn nothing): "
+        + ", ".join(
+            f"{name} {len(result.get('failed_batches', []))}"
+            for name, result in model["results"].items()
+            if name.startswith("model ")
+        )
+        + ".",
+        "",
+    ]
+
+
+def facts_losses(facts: dict[str, Any] | None, model: dict[str, Any] | None) -> list[str]:
+    """Each set below the extraction targets, and each language where the model extractor
+    is less precise than the offline one."""
+    lines = []
+    for name, result in (facts or {}).get("offline", {}).items():
+        overall = result["overall"]
+        if (overall["recall"] or 0) < 0.80 or (overall["precision"] or 0) < 0.95:
+            lines.append(
+                f"- Fact extraction, offline, {name}: precision {ms(overall['precision'], 2)}, "
+                f"recall {ms(overall['recall'], 2)} (targets 0.95, 0.80)."
+            )
+    results = (model or {}).get("results", {})
+    for name, result in results.items():
+        if not name.startswith("model "):
+            continue
+        offline = results.get(name.replace("model", "offline", 1), {}).get("overall", {})
+        mine = result["overall"]
+        if (mine["precision"] or 0) < (offline.get("precision") or 0):
+            lines.append(
+                f"- Fact extraction, {name}: precision {ms(mine['precision'], 2)}, offline "
+                f"{ms(offline.get('precision'), 2)} on the same subset."
+            )
+    return [*lines, ""] if lines else []
+
+
 def losses(versus: dict[str, Any] | None, locomo: dict[str, Any] | None) -> list[str]:
     """Every row where an arm of ours does worse than a peer or a plain baseline."""
     rows: list[list[object]] = []
@@ -682,7 +774,9 @@ with the machine and its load.
 
 
 def render() -> str:
-    parts = {part: load(part) for part in ("run", "scale", "versus", "proxy", "pg", "locomo")}
+    parts = {
+        part: load(part) for part in ("run", "scale", "versus", "proxy", "pg", "locomo", "facts")
+    }
     sections = {
         "run": run_section,
         "scale": scale_section,
@@ -690,6 +784,7 @@ def render() -> str:
         "proxy": proxy_section,
         "pg": pg_section,
         "locomo": locomo_section,
+        "facts": lambda data: facts_section(data, load("facts_model")),
     }
     out = [INTRO]
     for part, make in sections.items():
@@ -699,6 +794,7 @@ def render() -> str:
         else:
             out += make(data)
     out += ["## Where we lose", "", *losses(parts["versus"], parts["locomo"])]
+    out += facts_losses(parts["facts"], load("facts_model"))
     return "\n".join(out)
 
 

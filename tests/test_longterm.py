@@ -234,8 +234,9 @@ def test_questions_and_chatter_are_not_facts(message: str) -> None:
     assert [] == candidates(message)
 
 
-def test_offline_supersedes_and_retracts() -> None:
-    """A new home or opposite taste supersedes; "no longer" retracts; repeats do nothing."""
+def test_offline_supersedes() -> None:
+    """A new home, an opposite taste or a negation ("I no longer work at …") supersedes the
+    fact it replaces (issue 34: marked, not repeated); repeats do nothing."""
     facts = [
         Fact(1, "Lives in Berlin"),
         Fact(2, "Likes jazz"),
@@ -251,9 +252,9 @@ def test_offline_supersedes_and_retracts() -> None:
     request = ExtractionRequest(tuple(facts), messages, "en")
     operations = OfflineExtractor().extract(request).operations
     assert (
-        Retract(3),
         Supersede(1, "Lives in Lyon"),
         Supersede(2, "Does not like jazz"),
+        Supersede(3, "No longer works at Siemens"),
     ) == operations
 
 
@@ -544,7 +545,8 @@ def test_the_engines_own_messages_are_never_learnt(remembered: MemoryEngine, db_
 def test_supersede_and_retract_keep_history(
     make_engine: Callable[..., MemoryEngine], db_path: str
 ) -> None:
-    """Superseded and retracted facts stay in the table with their status and link."""
+    """Superseded facts stay in the table with their status and link: a negation ("I no
+    longer work at Acme") supersedes the fact it denies."""
     engine = make_engine()
     history = chat("I live in Lisbon.", "I like jazz.", "I work at Acme.")
     engine.after_turn(history, session_id="s1", user_id="u1")
@@ -553,12 +555,15 @@ def test_supersede_and_retract_keep_history(
     engine.after_turn(history, session_id="s1", user_id="u1")
     engine.flush()
 
-    assert ["Likes jazz", "Lives in Porto", "Likes chess"] == facts_of(engine)
+    assert ["Likes jazz", "Lives in Porto", "No longer works at Acme", "Likes chess"] == facts_of(
+        engine
+    )
     rows = query(db_path, "SELECT id, content, status, superseded_by FROM memories ORDER BY id")
     by_content = {r[1]: r for r in rows}
     assert ("superseded", by_content["Lives in Porto"][0]) == by_content["Lives in Lisbon"][2:]
-    assert ("retracted", None) == by_content["Works at Acme"][2:]
-    assert 5 == len(rows)
+    negation = by_content["No longer works at Acme"][0]
+    assert ("superseded", negation) == by_content["Works at Acme"][2:]
+    assert 6 == len(rows)
 
 
 def test_a_failing_batch_is_retried_then_dropped(

@@ -41,11 +41,14 @@ def engine_at(
 ) -> Callable[..., MemoryEngine]:
     """An engine on the test's SQLite file whose llm is ``base_url``."""
 
-    def make(base_url: str, *, context_window_chars: int = 1_200_000, **llm: Any) -> MemoryEngine:
+    def make(
+        base_url: str, *, context_window_chars: int = 1_200_000, language: str = "en", **llm: Any
+    ) -> MemoryEngine:
         llm.setdefault("timeout_s", 5.0)
         llm.setdefault("max_retries", 0)
         settings = Settings(
             context_window_chars=context_window_chars,
+            language=language,
             store=StoreSettings(path=db_path),
             llm=LLMSettings(base_url=base_url, model=MODEL, **llm),
         )
@@ -269,3 +272,31 @@ def test_model_unknown_ids_are_rejected_and_duplicates_are_noops(
         extracted["retracted"],
         extracted["rejected"],
     )
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_a_fact_copied_from_the_prompt_is_rejected(
+    language: str,
+    fake_openai: FakeOpenAI,
+    engine_at: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """A small model copied the prompt's example as a fact (issue 34): the example's wording,
+    a placeholder or "..." is rejected unless the user said it; the user's facts stand."""
+    example = {"en": "Lives in Lyon", "zh": "住在上海"}[language]
+    said = {"en": "I live in Lyon.", "zh": "我住在上海。"}[language]
+    placeholder = {"en": "<the new fact>", "zh": "<新的事实>"}[language]
+    copies = [add(example), add(placeholder), add("...")]
+    fake_openai.reply(operations(*copies, add("Is called Anna")))
+    fake_openai.reply(operations(add(example)))
+    engine = engine_at(fake_openai.base_url, language=language)
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(chat(*SAID), session_id="s1", user_id="u1")
+        engine.flush()
+    system, _ = prompt_of(fake_openai, 0)
+    assert example in system  # the prompt does hold the example the model copied
+    assert ["Is called Anna"] == [f.content for f in engine.memories("u1")]
+    assert [2] == [e["items"] for e in logs if e["event"] == "memory.copied_prompt"]
+    engine.after_turn(chat(said), session_id="s2", user_id="u1")
+    engine.flush(extract_pending=True)
+    assert ["Is called Anna", example] == [f.content for f in engine.memories("u1")]

@@ -40,6 +40,21 @@ ENGINE_HEADERS = (
 )
 
 
+def own_text(message: Message) -> str:
+    """The user's own words in a user message: text parts only (never a tool result), the
+    engine's blocks (memory, summary, recall excerpts) left out — a recall block rides as a
+    leading text part of the user's message, which is still learnt from; a text that starts
+    with a block (strict alternation merges them) is left out whole."""
+    content = message.get("content")
+    parts = [content] if isinstance(content, str) else []
+    if isinstance(content, list):
+        parts = [
+            p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"
+        ]
+    kept = [p.strip() for p in parts if p.strip() and not p.lstrip().startswith(ENGINE_HEADERS)]
+    return "\n".join(kept)
+
+
 class LongTermMemory:
     """The engine's side of long-term memory, for every user it serves."""
 
@@ -119,8 +134,8 @@ class LongTermMemory:
         items = []
         for index in range(start, len(messages)):
             message = messages[index]
-            text = text_of(message).strip() if message.get("role") == "user" else ""
-            if text and not text.startswith(ENGINE_HEADERS):  # never learn from our own blocks
+            text = own_text(message) if message.get("role") == "user" else ""
+            if text:
                 items.append((index, message_digest(message, index), utf8(text)))
         return self.store.record_user_messages(
             user_id,

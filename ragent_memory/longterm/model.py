@@ -15,10 +15,20 @@ from ragent_memory.errors import ExtractionError, LLMError
 from ragent_memory.llm.build import with_model
 from ragent_memory.longterm.offline import OfflineExtractor
 from ragent_memory.longterm.operations import Parsed, parse_merges, parse_operations
-from ragent_memory.longterm.vocabulary import Extraction, ExtractionRequest, Extractor, Merge
+from ragent_memory.longterm.vocabulary import (
+    Add,
+    Extraction,
+    ExtractionRequest,
+    Extractor,
+    Merge,
+    Supersede,
+    normalised,
+)
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS, LLMSettings, Settings
 from ragent_memory.summary.fence import neutralise, new_nonce
 from ragent_memory.summary.transcript import Transcript
+from ragent_memory.text.porter import stem
+from ragent_memory.text.terms import term_set
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import Completion, LLMClient
@@ -132,6 +142,28 @@ def build_consolidation_prompt(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def _stems(text: str) -> set[str]:
+    return {stem(term) for term in term_set(text)}
+
+
+def without_copies(parsed: Parsed, prompt: str, said: str) -> Parsed:
+    """``parsed`` without the facts a model took from the prompt's own wording (its example
+    "Lives in Lyon", a placeholder) rather than from what the user said (a fact in the
+    prompt's words stays when every term of it was said): a small model copies them (issue
+    34). Each is counted as rejected and logged."""
+    instructions, words = normalised(prompt), _stems(said)
+
+    def copied(op: object) -> bool:
+        if not isinstance(op, Add | Supersede):
+            return False
+        return normalised(op.content) in instructions and not _stems(op.content) <= words
+
+    kept = tuple(op for op in parsed.operations if not copied(op))
+    if len(kept) < len(parsed.operations):
+        log.warning("memory.copied_prompt", items=len(parsed.operations) - len(kept))
+    return Parsed(kept, parsed.rejected + len(parsed.operations) - len(kept))
+
+
 class ModelExtractor:
     """Operations from an OpenAI-compatible model; the offline extractor answers when every
     endpoint fails, but not after a malformed reply (the model's answer, not an outage)."""
@@ -151,11 +183,13 @@ class ModelExtractor:
         )
         parsed: Parsed | None = None
         bad_replies = 0
+        said = "\n".join([*request.messages, *(f.content for f in request.facts)])
 
         def check(text: str) -> str:
             nonlocal parsed, bad_replies
             try:
                 parsed = parse_operations(text, request.facts, nonce=nonce)
+                parsed = without_copies(parsed, prompt[0]["content"], said)
             except ExtractionError:
                 bad_replies += 1
                 raise
