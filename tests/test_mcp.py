@@ -155,7 +155,7 @@ def test_forget_fact_erases_one_fact_of_this_user(store: tuple[Path, dict[str, l
     async def forget(client: Client) -> dict[str, Any]:
         before = facts_of(await client.call_tool("list_facts", {}))
         victim = next(f for f in before if "pilot" in f["content"])
-        bobs = len(facts["alice"]) + len(before) + 1  # an id of another user's fact
+        bobs = bob_ids[0]  # an id of another user's fact, read from the store
         return {
             "before": before,
             "victim": victim,

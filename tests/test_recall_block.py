@@ -201,7 +201,7 @@ def test_no_block_when_disabled(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """recall_enabled: false shows nothing, at the user's call or in the turn's tool loop."""
-    history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
+    history = chat(80, planted={2: "My locker code at the gym is heron."})
     asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
     off = make_engine(make_settings(context_window_chars=8_000, recall_enabled=False))
     for messages in (asked, [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.")]):
@@ -222,12 +222,14 @@ def test_a_turns_tool_loop_keeps_the_turns_block(
     budget = 8_000
     settings = make_settings(context_window_chars=budget)
     engine = make_engine(settings)
-    planted = {2: "My locker code at the Lisbon gym is 4471.", 9: "The gym locker room is blue."}
+    # no identifier in the planted line (a number or a place name), so the summary's retention
+    # check does not keep it and only recall can bring it back
+    planted = {2: "My locker code at the gym is heron.", 9: "The gym locker room is blue."}
     history = chat(80, planted=planted)
     asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
     first = engine.prepare(asked, session_id="s")
     block = block_of(first.messages[-1])
-    assert "4471" in block and first.report.recalled >= 2
+    assert "heron" in block and first.report.recalled >= 2
     at = len(first.messages) - 1
     looped = [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.", name="lookup")]
     second = engine.prepare(looped, session_id="s")
@@ -261,7 +263,7 @@ def test_a_turns_tool_loop_keeps_the_turns_block(
     nxt = [*looped, {"role": "assistant", "content": "Open 7 to 22."}]
     nxt.append({"role": "user", "content": "And what is my gym locker code again?"})
     third = engine.prepare(nxt, session_id="s")
-    assert "4471" in block_of(third.messages[-1])
+    assert "heron" in block_of(third.messages[-1])
     assert without_recall(first.messages[at]) == third.messages[at] == asked[-1]
 
 
@@ -399,12 +401,12 @@ def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
     none, as an engine that never saw the turn's question."""
     settings = make_settings(context_window_chars=8_000)
     engine = make_engine(settings)
-    history = chat(80, planted={2: "My locker code at the Lisbon gym is 4471."})
+    history = chat(80, planted={2: "My locker code at the gym is heron."})
     asked = [*history, {"role": "user", "content": "What is my gym locker code?"}]
     looped = [*asked, *tool_loop("c1", "Gym opening hours: 7 to 22.", name="lookup")]
     at = len(engine.prepare(asked, session_id="s", user_id="u1").messages) - 1
     kept = engine.prepare(looped, session_id="s", user_id="u1")
-    assert "4471" in block_of(kept.messages[at])
+    assert "heron" in block_of(kept.messages[at])
     searched = make_engine(settings).prepare(looped, session_id="s", user_id="u2")
     other = engine.prepare(looped, session_id="s", user_id="u2")
     assert (
@@ -417,4 +419,4 @@ def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
     assert block_of(again.messages[at]) == block_of(kept.messages[at])
     engine.forget("u1")
     forgotten = engine.prepare(looped, session_id="s", user_id="u1")
-    assert not any("4471" in block_of(m) for m in forgotten.messages)
+    assert not any("heron" in block_of(m) for m in forgotten.messages)
