@@ -33,17 +33,6 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def commit() -> str:
-    done = subprocess.run(
-        ["git", "describe", "--always", "--dirty"],
-        cwd=RESULTS.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
-
-
 def stamp(part: str, started: datetime, wall_s: float, cpu: float, load: float) -> None:
     """Say in the part's results file when, on what and at what cost it was measured."""
     path = RESULTS / f"{part}.json"
@@ -51,7 +40,7 @@ def stamp(part: str, started: datetime, wall_s: float, cpu: float, load: float) 
         return  # the part wrote nothing this time (it failed, or a partial run)
     data = json.loads(path.read_text(encoding="utf-8"))
     data["recorded"] = {
-        "commit": commit(),
+        "commit": report.commit(),
         "started_utc": started.strftime("%Y-%m-%d %H:%M"),
         "wall_s": round(wall_s, 1),
         "cpu_s": round(cpu, 1),

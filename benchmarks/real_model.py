@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 import attrs
 
+from benchmarks.report import commit
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.core.identifiers import kept_in
 from ragent_memory.core.logs import EVENT_ATTR, ROOT
@@ -295,17 +295,6 @@ def total_line(budget: int, total: dict[str, Any]) -> str:
         f"{total['ids_in_summary_pct']}%); turn-1 constraint verbatim: "
         f"{'yes' if total['constraint_verbatim'] else 'no'}"
     )
-
-
-def commit() -> str:
-    done = subprocess.run(
-        ["git", "describe", "--always", "--dirty"],
-        cwd=RESULTS.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

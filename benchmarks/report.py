@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -43,6 +44,18 @@ LOCOMO_ARMS = {
     "sessions": "sessions, recall on",
 }
 PEERS = ("langchain_full", "langchain_summarization", "deepagents")
+
+
+def commit() -> str:
+    """The checkout's ``git describe``, as every results file records it."""
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "unknown"
 
 
 def load(part: str) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from ragent_memory.serve.wire import (
     keep_prefix,
     load_object,
     named_event,
+    rebuilt,
     remembered,
     resume,
     text_parts,
@@ -385,13 +386,7 @@ class AnthropicWire:
         self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
     ) -> bytes:
         system, turns = from_engine(messages)
-        out = {**body, "messages": turns}
-        if system is None:
-            out.pop("system", None)
-        else:
-            out["system"] = system
-        if tools:
-            out["tools"] = [*(body.get("tools") or ()), *map(_tool, tools)]
+        out = rebuilt(body, ("messages", turns), ("system", system), [*map(_tool, tools)])
         payload = orjson.dumps(out)
         if payload.count(b'"cache_control"') > MAX_BREAKPOINTS:  # only then walk the blocks
             limit_breakpoints(out)

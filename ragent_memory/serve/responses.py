@@ -33,6 +33,7 @@ from ragent_memory.serve.wire import (
     keep_prefix,
     load_object,
     named_event,
+    rebuilt,
     remembered,
     resume,
 )
@@ -432,14 +433,8 @@ class ResponsesWire:
         self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
     ) -> bytes:
         instructions, items = from_engine(messages)
-        out = {**body, "input": items}
-        if instructions is None:
-            out.pop("instructions", None)
-        else:
-            out["instructions"] = instructions
-        if tools:
-            out["tools"] = [*(body.get("tools") or ()), *map(_tool, tools)]
-        return orjson.dumps(out)
+        top = ("instructions", instructions)
+        return orjson.dumps(rebuilt(body, ("input", items), top, [*map(_tool, tools)]))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

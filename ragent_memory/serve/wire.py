@@ -206,3 +206,22 @@ def derived_session(prefix: str, opening: Sequence[Any]) -> str:
 
     digest = hashlib.sha256(orjson.dumps(list(opening), option=orjson.OPT_SORT_KEYS))
     return f"{prefix}-{digest.hexdigest()[:24]}"
+
+
+def rebuilt(
+    body: Mapping[str, Any],
+    turns: tuple[str, list[Any]],
+    top: tuple[str, Any],
+    tools: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``body`` with its list of turns replaced (``turns``: key, items), its top-level
+    instructions set or dropped (``top``: key, value or None) and the proxy's own ``tools``
+    (already in the format's shape) after the app's."""
+    out = {**body, turns[0]: turns[1]}
+    if top[1] is None:
+        out.pop(top[0], None)
+    else:
+        out[top[0]] = top[1]
+    if tools:
+        out["tools"] = [*(body.get("tools") or ()), *tools]
+    return out
