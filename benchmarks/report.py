@@ -733,8 +733,10 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "each in a new session of the user, recall on, B = 200,000; CPU ms. *bytes/msg* is the "
         "in-process index's own count (`MemoryEngine.recall_memory()`, within "
         "`recall_memory_mb`); *exact* the share of questions whose top 40 the bounds settled "
-        "(the rest stopped at the read budget), *recall@40* the overlap with the exhaustive "
-        "BM25 top 40 of the same questions.",
+        "(the rest stopped at the read budget, none by default), *recall@40* the overlap with "
+        "every block read. A 32-block budget (an earlier default) measured recall@40 0.881 at "
+        "100,000 messages (p50 2.72 ms, 1.93x the 1,000's, at load 4-5) for 0.2 ms less ranking; "
+        "the default is exact since.",
         "",
         recorded(data),
         "",
