@@ -12,12 +12,14 @@ and kills the process if it does not exit in time.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 STARTUP_S = 60.0
 SHUTDOWN_S = 30.0
@@ -91,3 +93,23 @@ class ProxyProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def write_config(
+    directory: Path,
+    name: str,
+    *,
+    budget: int,
+    engine: dict[str, Any] | None = None,
+    max_body_bytes: int = 4_194_304,
+    **serve: Any,
+) -> Path:
+    """A YAML config (JSON is YAML) for a proxy of the tests: its store in ``directory``,
+    ``identity: headers`` (the ids as sent; test_tenancy.py covers the default, by credential),
+    ``serve`` keys on top."""
+    config = directory / f"{name}.yaml"
+    section = {"max_body_bytes": max_body_bytes, "timeout_s": 30, "identity": "headers", **serve}
+    store = {"path": str(directory / f"{name}.db")}
+    body = {**(engine or {}), "context_window_chars": budget, "store": store, "serve": section}
+    config.write_text(json.dumps(body))
+    return config

@@ -19,7 +19,7 @@ import httpx2
 import openai
 import pytest
 from fake_openai import Answer, FakeOpenAI, sse_events
-from serve_process import ProxyProcess
+from serve_process import ProxyProcess, write_config
 from sessions import run_cli, tool_loop
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
@@ -31,23 +31,8 @@ KEY = "sk-caller-secret-7f3a9c51d2"
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
-def write_config(
-    directory: Path, name: str, engine: dict[str, Any] | None = None, **serve: Any
-) -> Path:
-    config = directory / f"{name}.yaml"
-    # identity: headers, the ids as sent (test_tenancy.py covers the default, by credential)
-    section = {"max_body_bytes": 1_048_576, "timeout_s": 30, "identity": "headers", **serve}
-    config.write_text(
-        json.dumps(
-            {
-                **(engine or {}),
-                "context_window_chars": B,
-                "store": {"path": str(directory / f"{name}.db")},
-                "serve": section,
-            }
-        )
-    )
-    return config
+def config_at(directory: Path, name: str, **serve: Any) -> Path:
+    return write_config(directory, name, budget=B, max_body_bytes=1_048_576, **serve)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +42,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def proxy(workdir: Path, upstream_server: FakeOpenAI) -> Iterator[ProxyProcess]:
-    config = write_config(workdir, "main")
+    config = config_at(workdir, "main")
     with ProxyProcess(config, upstream_server.base_url, cwd=workdir) as process:
         yield process
 
@@ -508,7 +493,7 @@ def test_two_users_facts_stay_apart(workdir: Path, upstream: FakeOpenAI) -> None
     """Facts learned from each user's session reach that user's later sessions only (after a
     graceful restart, which also proves the proxy flushes its background work)."""
     upstream.default = lambda body: "Noted."
-    config = write_config(workdir, "users")
+    config = config_at(workdir, "users")
     with ProxyProcess(config, upstream.base_url, cwd=workdir) as first:
         for user, lines in FACTS.items():
             talk(client_for(first, f"{user}-1", user), lines)
@@ -556,7 +541,7 @@ def test_search_round_trip_reaches_the_users_other_session(
     """The proxy offers search_memory to a known user and answers the model's search with
     excerpts of that user's earlier session; the app sees only the final answer."""
     upstream.default = lambda body: "Noted."
-    config = write_config(workdir, "search")
+    config = config_at(workdir, "search")
     with ProxyProcess(config, upstream.base_url, cwd=workdir) as first:
         talk(client_for(first, "carol-1", "carol"), ["My locker code is 4417 at the gym."])
         first.stop()
@@ -579,7 +564,7 @@ def test_an_app_tool_loop_keeps_the_turns_recall_block(workdir: Path, upstream: 
     the same recall block (what the user said in an earlier session) on the loop's call as on
     the first, byte for byte, so the answer is written with it."""
     upstream.default = lambda body: "Noted."
-    config = write_config(workdir, "loop")
+    config = config_at(workdir, "loop")
     app_tool = {
         "type": "function",
         "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
@@ -627,7 +612,7 @@ def test_key_is_never_stored_or_logged(
 
 @pytest.fixture(scope="module")
 def tight_proxy(workdir: Path, upstream_server: FakeOpenAI) -> Iterator[ProxyProcess]:
-    config = write_config(workdir, "tight", max_concurrency=1, timeout_s=0.5)
+    config = config_at(workdir, "tight", max_concurrency=1, timeout_s=0.5)
     with ProxyProcess(config, upstream_server.base_url, cwd=workdir) as process:
         yield process
 
@@ -669,7 +654,7 @@ def test_an_engine_that_never_waits_prepares_on_the_loop(
     """With compaction_timeout_s: 0 prepare runs on the event loop: a long session stays
     within B, bad input is still a 400 naming the index, and an open stream does not hold
     up other requests."""
-    config = write_config(workdir, "nowait", engine={"compaction_timeout_s": 0})
+    config = config_at(workdir, "nowait", engine={"compaction_timeout_s": 0})
     with ProxyProcess(config, upstream.base_url, cwd=workdir) as process:
         client = client_for(process, "nowait")
         history: list[dict[str, Any]] = [SYSTEM]
@@ -735,7 +720,7 @@ def test_upstream_connections_are_reused(workdir: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        with ProxyProcess(write_config(workdir, "reuse"), url, cwd=workdir) as process:
+        with ProxyProcess(config_at(workdir, "reuse"), url, cwd=workdir) as process:
             client = client_for(process, "reuse")
             history = [{"role": "user", "content": "hi"}]
             for _ in range(4):
@@ -754,7 +739,7 @@ def test_upstream_cookies_reach_their_caller_only(workdir: Path, upstream: FakeO
     cookie jar, so the next caller's request does not carry it (the default jar takes
     cookies from a named host such as localhost)."""
     port = urllib.parse.urlsplit(upstream.base_url).port
-    config = write_config(workdir, "cookies")
+    config = config_at(workdir, "cookies")
     with ProxyProcess(config, f"http://localhost:{port}/v1", cwd=workdir) as process:
         upstream.enqueue(
             dataclasses.replace(Answer.reply("one"), headers={"Set-Cookie": "sid=one; Path=/"})
@@ -770,7 +755,7 @@ def test_upstream_cookies_reach_their_caller_only(workdir: Path, upstream: FakeO
 
 def test_unreachable_upstream_is_502(workdir: Path, closed_url: str) -> None:
     """No upstream listening: a 502 the app can read."""
-    config = write_config(workdir, "dead")
+    config = config_at(workdir, "dead")
     with (
         ProxyProcess(config, closed_url, cwd=workdir) as dead,
         pytest.raises(openai.APIStatusError) as caught,
@@ -840,7 +825,7 @@ def test_a_prepare_that_may_wait_holds_up_no_other_session(
     short = [SYSTEM, {"role": "user", "content": "hi"}]
     with FakeOpenAI(default=held_summary) as model:
         engine = {"llm": {"base_url": model.base_url, "model": "s"}, "compaction_timeout_s": 30}
-        config = write_config(workdir, "heldsummary", engine=engine)
+        config = config_at(workdir, "heldsummary", engine=engine)
         with (
             ProxyProcess(config, upstream.base_url, cwd=workdir) as process,
             client_for(process, "quick") as quick,
@@ -876,7 +861,7 @@ def test_prepare_in_a_worker_thread_serves_the_turn(workdir: Path, upstream: Fak
     """With a model summarizer configured, prepare runs in a worker thread: the turn still
     goes through it (its figures come back) and the reply is the upstream's."""
     model = {"llm": {"base_url": upstream.base_url, "model": "summarizer"}}
-    config = write_config(workdir, "worker", engine=model)
+    config = config_at(workdir, "worker", engine=model)
     history = [SYSTEM, {"role": "user", "content": "hello"}]
     with (
         ProxyProcess(config, upstream.base_url, cwd=workdir) as process,

@@ -15,7 +15,7 @@ import anthropic
 import httpx2
 import pytest
 from fake_openai import Answer, FakeOpenAI
-from serve_process import ProxyProcess
+from serve_process import ProxyProcess, write_config
 from wire_script import (
     anthropic_events,
     anthropic_reply,
@@ -35,12 +35,8 @@ ARCHIVE = "".join(f"line {i}: the archived figure is {i * 7}.\n" for i in range(
 EPHEMERAL = {"type": "ephemeral"}
 
 
-def write_config(directory: Path, name: str, **serve: Any) -> Path:
-    config = directory / f"{name}.yaml"
-    section = {"max_body_bytes": 4_194_304, "timeout_s": 30, "identity": "headers", **serve}
-    store = {"path": str(directory / f"{name}.db")}
-    config.write_text(json.dumps({"context_window_chars": B, "store": store, "serve": section}))
-    return config
+def config_at(directory: Path, name: str, **serve: Any) -> Path:
+    return write_config(directory, name, budget=B, **serve)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,7 @@ def proxy(
     tmp_path_factory: pytest.TempPathFactory, upstream_server: FakeOpenAI
 ) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("messages")
-    with ProxyProcess(write_config(workdir, "main"), upstream_server.base_url, cwd=workdir) as p:
+    with ProxyProcess(config_at(workdir, "main"), upstream_server.base_url, cwd=workdir) as p:
         yield p
 
 
@@ -476,7 +472,7 @@ def test_upstreams_send_each_provider_to_its_own_url(tmp_path: Path, upstream: F
     """serve.upstreams: /v1/messages goes to the anthropic URL, chat completions and
     responses to serve.upstream; one port serves all three formats."""
     with FakeOpenAI() as claude:
-        config = write_config(tmp_path, "two", upstreams={"anthropic": claude.base_url})
+        config = config_at(tmp_path, "two", upstreams={"anthropic": claude.base_url})
         claude.enqueue(anthropic_reply([{"type": "text", "text": "from claude"}]))
         upstream.enqueue(Answer(payload={"output": [], "status": "completed"}))
         with ProxyProcess(config, upstream.base_url, cwd=tmp_path) as two:

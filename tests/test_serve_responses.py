@@ -16,7 +16,7 @@ import httpx2
 import openai
 import pytest
 from fake_openai import Answer, FakeOpenAI
-from serve_process import ProxyProcess
+from serve_process import ProxyProcess, write_config
 from wire_script import (
     call_item,
     reasoning_item,
@@ -41,12 +41,8 @@ COMPACTION = {
 }
 
 
-def write_config(directory: Path, name: str, **serve: Any) -> Path:
-    config = directory / f"{name}.yaml"
-    section = {"max_body_bytes": 4_194_304, "timeout_s": 30, "identity": "headers", **serve}
-    store = {"path": str(directory / f"{name}.db")}
-    config.write_text(json.dumps({"context_window_chars": B, "store": store, "serve": section}))
-    return config
+def config_at(directory: Path, name: str, **serve: Any) -> Path:
+    return write_config(directory, name, budget=B, **serve)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +50,7 @@ def proxy(
     tmp_path_factory: pytest.TempPathFactory, upstream_server: FakeOpenAI
 ) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("responses")
-    with ProxyProcess(write_config(workdir, "main"), upstream_server.base_url, cwd=workdir) as p:
+    with ProxyProcess(config_at(workdir, "main"), upstream_server.base_url, cwd=workdir) as p:
         yield p
 
 
