@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from ragent_memory import Settings, StoreSettings
@@ -213,6 +214,34 @@ def test_vectors_survive_a_reopen(
         engine.flush()
     assert [[QUESTION], [QUESTION]] == server.inputs[before:]  # the turn's query, then its row
     assert {"Bearer sk-test-embeddings"} == set(server.authorizations)
+    # Another model: the old one's vectors go, every row is embedded again by the new one.
+    other = dense(server.base_url, api_key_env="EMBED_KEY", model="concepts-2")
+    before = len(server.texts())
+    with MemoryEngine(attrs.evolve(settings, recall=other)) as engine:
+        engine.search("q2", QUESTION, user_id="u1")
+        engine.flush()
+        assert "Rex" in engine.search("q3", QUESTION, user_id="u1")
+    assert rows + 1 + 2 == len(server.texts()) - before  # every row, and the two questions
+    models = sqlite3.connect(tmp_path / "m.db").execute(
+        "SELECT DISTINCT embedding_model FROM recall_messages"
+    )
+    assert [("concepts-2",)] == models.fetchall()
+
+
+def test_what_the_view_shows_is_not_recalled(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    server: EmbeddingServer,
+) -> None:
+    """The session's own messages still in view are never among the dense hits either."""
+    engine = make_engine(make_settings(recall=dense(server.base_url)))
+    history = [{"role": "user", "content": REX}, {"role": "assistant", "content": "Noted."}]
+    engine.after_turn(history, session_id="a", user_id="u1")
+    engine.flush()
+    asked = [*history, {"role": "user", "content": QUESTION}]
+    prepared = engine.prepare(asked, session_id="a", user_id="u1")
+    assert asked[-1] == prepared.messages[-1]  # no block: Rex is in view already
+    assert "Rex" in block(engine, QUESTION, "b", "u1")  # from another session it is recalled
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ BREAKER_FAILURES: Final = 3
 BREAKER_COOLDOWN_S: Final = 30.0
 _NO_KEY: Final = "unused"  # sent when no key is named (local servers)
 _DETAIL_CHARS: Final = 300
-MAX_INPUT_CHARS: Final = 8_000  # a text is cut to this before it is sent (model input limits)
+MAX_INPUT_CHARS: Final = 2_000  # a text's head sent (embedding models take a few hundred tokens)
 
 Vectors = npt.NDArray[np.float32]
 

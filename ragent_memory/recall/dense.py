@@ -210,7 +210,18 @@ class DenseRecall:
         self._lock = threading.Lock()
         self._pending: set[tuple[str, str]] = set()
         self._searched: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._last: Future[None] | None = None
+        self._closing = False
+        # Vectors another model made go first (one model per store), off the caller's thread.
+        self._last: Future[None] | None = self._pool.submit(self._use_model)
+
+    def _use_model(self) -> None:
+        try:
+            gone = self.store.use_vector_model(self.settings.model)
+        except StoreError as err:  # the vectors of another model are left out of ranking
+            log.error("recall.vector_model_failed", error=str(err))
+            return
+        if gone:
+            log.info("recall.vectors_reset", model=self.settings.model, vectors=gone)
 
     def memory(self) -> dict[str, int]:
         """What the cache holds, and the endpoint's ``embed_calls`` and ``embed_failures``."""
@@ -255,10 +266,8 @@ class DenseRecall:
         size, model = self.settings.batch_size, self.settings.model
         try:
             for _ in range(MAX_BATCHES):
-                rows = self.store.unembedded(
-                    user_id=user_id, session_id=session_id, model=model, limit=size
-                )
-                if not rows:
+                rows = self.store.unembedded(user_id=user_id, session_id=session_id, limit=size)
+                if not rows or self._closing:
                     return
                 vectors = self.client.embed([text for _, text in rows])
                 blobs = [vector.astype("<f4").tobytes() for vector in vectors]
@@ -309,5 +318,7 @@ class DenseRecall:
             last.result(timeout=timeout_s)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Stop after the batch in flight (what is left is embedded by a later process)."""
+        self._closing = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()

@@ -52,8 +52,9 @@ class RecallIndex(Protocol):
 class VectorIndex(RecallIndex, Protocol):
     """The recall index with dense recall's vectors (``vectors.py``)."""
 
+    def use_vector_model(self, model: str) -> int: ...
     def unembedded(
-        self, *, user_id: str | None, session_id: str, model: str, limit: int
+        self, *, user_id: str | None, session_id: str, limit: int
     ) -> list[tuple[int, str]]: ...
     def store_vectors(self, model: str, vectors: Sequence[tuple[int, bytes]]) -> int: ...
     def vectors_since(

@@ -198,6 +198,10 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         ALTER TABLE recall_messages ADD COLUMN embedding_model TEXT;
         ALTER TABLE recall_messages ADD COLUMN embedded INTEGER;
         CREATE INDEX recall_messages_embedded ON recall_messages (embedded);
+        CREATE INDEX recall_messages_unembedded_user ON recall_messages (user_id)
+            WHERE embedded IS NULL;
+        CREATE INDEX recall_messages_unembedded_session ON recall_messages (session_id)
+            WHERE embedded IS NULL;
         """,
     ),
 )

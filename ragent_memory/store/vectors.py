@@ -34,17 +34,37 @@ class VectorTables(StoreBase):
     db: Any
 
     def unembedded(
-        self, *, user_id: str | None, session_id: str, model: str, limit: int
+        self, *, user_id: str | None, session_id: str, limit: int
     ) -> list[tuple[int, str]]:
-        """Up to ``limit`` rows (id, text) without a vector from ``model``, oldest first: the
-        user's, or without one, the session's."""
+        """Up to ``limit`` rows (id, text) without a vector, oldest first: the user's, or
+        without one, the session's (a partial index holds just those rows)."""
         where, value = _scope(user_id, session_id)
         rows = self._fetch(
-            f"SELECT id, content FROM recall_messages WHERE {where}"
-            " AND (embedding_model IS NULL OR embedding_model <> ?) ORDER BY id LIMIT ?",
-            [value, model, limit],
+            f"SELECT id, content FROM recall_messages WHERE {where} AND embedded IS NULL"
+            " ORDER BY id LIMIT ?",
+            [value, limit],
         )
         return [(int(r[0]), str(r[1])) for r in rows]
+
+    def use_vector_model(self, model: str) -> int:
+        """Make ``model`` the store's embedding model: when another one made the vectors kept,
+        they go (each row is embedded again). Returns how many went."""
+        with self._locked("vector write"), self.db.atomic():
+            found = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'")
+            known = found.fetchall()
+            if known and known[0][0] == model:
+                return 0
+            gone = self.db.execute(
+                "UPDATE recall_messages SET embedding = NULL, embedding_model = NULL,"
+                " embedded = NULL WHERE embedded IS NOT NULL AND embedding_model <> ?",
+                [model],
+            ).rowcount
+            self.db.execute(
+                "INSERT INTO meta (key, value) VALUES ('embedding_model', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [model],
+            )
+        return int(gone)
 
     def store_vectors(self, model: str, vectors: Sequence[tuple[int, bytes]]) -> int:
         """Keep each ``(row id, vector)`` made by ``model``, numbered in the order written, in
