@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import pytest
 
 from ragent_memory import Settings, StoreSettings
+from ragent_memory.core.records import IndexedMessage
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ConfigError
-from ragent_memory.recall.dense import reciprocal_rank_fusion
+from ragent_memory.recall.dense import VectorCache, reciprocal_rank_fusion
+from ragent_memory.recall.excerpts import Ask
 from ragent_memory.settings import load_settings
+from ragent_memory.store import Store
 
 # The engine end to end on both stores (DESIGN §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
@@ -298,3 +302,34 @@ def test_reciprocal_rank_fusion() -> None:
     assert [2, 1, 3] == reciprocal_rank_fusion([1, 2], [2, 3])
     assert [1, 3, 2, 4] == reciprocal_rank_fusion([1, 2], [3, 4])
     assert [5, 6] == reciprocal_rank_fusion([], [5, 6])
+
+
+def test_vectors_held_stay_within_their_bound(tmp_path: Path) -> None:
+    """Past ``max_bytes`` the least recently searched user's vectors go; a user over it alone
+    is ranked from the store each time, the same answer, nothing held."""
+    with Store(str(tmp_path / "m.db")) as store:
+        for user in ("u1", "u2"):
+            rows = [
+                IndexedMessage(f"{user}-s", i, "user", f"{user} {text}", digest=f"{user}{i}")
+                for i, text in enumerate((*FILLER, REX))
+            ]
+            store.index_messages(user, rows, [row.content for row in rows])
+            found = store.indexed_since(0, user_id=user, session_id=f"{user}-s")
+            vectors = [np.asarray(concept_vector(m.content), "<f4").tobytes() for m, _ in found]
+            store.store_vectors("m", [(m.id, v) for (m, _), v in zip(found, vectors, strict=True)])
+        query = np.asarray(concept_vector(QUESTION), np.float32)
+        ask = {user: Ask(QUESTION, "q", user, 10_000) for user in ("u1", "u2")}
+        roomy = VectorCache(store, "m", max_bytes=10_000_000)
+        best = {user: roomy.ranked(query, ask[user]) for user in ("u1", "u2")}
+        assert 2 * len(rows) == roomy.memory()["vectors"]
+        one = roomy.memory()["vectors_bytes"] // 2
+        tight = VectorCache(store, "m", max_bytes=one + one // 2)
+        assert best["u1"] == tight.ranked(query, ask["u1"])
+        assert best["u2"] == tight.ranked(query, ask["u2"])
+        assert len(rows) == tight.memory()["vectors"]  # u2's, the last searched
+        assert tight.memory()["vectors_bytes"] <= one + one // 2
+        none = VectorCache(store, "m", max_bytes=one // 2)
+        assert best["u1"] == none.ranked(query, ask["u1"])
+        assert 0 == none.memory()["vectors"]
+        texts = store.indexed_texts(best["u1"][:1])
+        assert "Rex" in next(iter(texts.values()))

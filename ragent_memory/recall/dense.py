@@ -87,8 +87,8 @@ class _Unit:
     def add(self, rows: Iterable[VectorRow]) -> None:
         for row in rows:
             self.seq = max(self.seq, row.seq)
-            vector = np.frombuffer(row.vector, dtype="<f4").astype(np.float32)
-            if self.count and len(vector) != self.matrix.shape[1]:
+            vector = np.frombuffer(row.vector[: len(row.vector) // 4 * 4], dtype="<f4")
+            if not len(vector) or (self.count and len(vector) != self.matrix.shape[1]):
                 log.warning("recall.vector_skipped", id=row.id, width=len(vector))
                 continue
             if self.count == len(self.matrix):
