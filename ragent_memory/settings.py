@@ -158,6 +158,50 @@ class StoreSettings:
         return value
 
 
+@attrs.frozen
+class EmbeddingSettings:
+    """``recall.embeddings`` (DESIGN §9b, optional dense recall): an OpenAI-compatible
+    ``/v1/embeddings`` endpoint whose vectors are fused with BM25; the key is read from
+    ``api_key_env`` at call time."""
+
+    base_url: str = attrs.field(
+        validator=_check(
+            "recall.embeddings.base_url",
+            lambda v: v is not None and _http_url(v),
+            "an http(s) base URL, e.g. http://h/v1",
+        )
+    )
+    model: str = attrs.field(
+        validator=_check("recall.embeddings.model", _non_empty_str, "a model name")
+    )
+    api_key_env: str | None = _field("recall.embeddings.api_key_env", None, _env_name, _ENV_NAME)
+    timeout_s: float = _field("recall.embeddings.timeout_s", 10.0, _positive, "a number > 0")
+    batch_size: int = _field(
+        "recall.embeddings.batch_size", 64, lambda v: is_int(v) and 1 <= v <= 2048, "1..2048"
+    )
+
+
+def _embeddings_section(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _build(EmbeddingSettings, value, "recall.embeddings")
+    return value
+
+
+@attrs.frozen
+class RecallSettings:
+    """``recall``: what recall uses beyond BM25 (``recall_enabled`` switches recall itself)."""
+
+    embeddings: EmbeddingSettings | None = attrs.field(
+        default=None,
+        converter=_embeddings_section,
+        validator=_check(
+            "recall.embeddings",
+            lambda v: v is None or isinstance(v, EmbeddingSettings),
+            "a mapping {base_url, model, api_key_env}",
+        ),
+    )
+
+
 def _check_pg_url(value: Any) -> None:
     """``store.url``: a ``postgresql://`` URL without a password (the error never echoes one)."""
     if value is None:
@@ -302,6 +346,10 @@ def _serve_section(value: Any) -> Any:
     return _nested("serve", value)
 
 
+def _recall_section(value: Any) -> Any:
+    return _nested("recall", value)
+
+
 # The derived gates ``Settings.derived`` shows, in order.
 _DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep_recent_chars
     summary_max_chars memory_max_chars memory_consolidate_chars oversized_tool_result_chars
@@ -351,6 +399,11 @@ class Settings:
         default=(),
         converter=_to_tuple,
         validator=_check("preserved_tools", _tool_names, "a list of tool names"),
+    )
+    recall: RecallSettings = attrs.field(
+        factory=RecallSettings,
+        converter=_recall_section,
+        validator=_check("recall", lambda v: isinstance(v, RecallSettings), "RecallSettings"),
     )
     llm: LLMSettings | None = attrs.field(
         default=None,
@@ -422,6 +475,8 @@ def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
     if cls is Settings and key in ("evictable_tools", "preserved_tools"):
         if not isinstance(value, list):
             raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+    elif cls is RecallSettings and key == "embeddings":
+        return None if value is None else _build(EmbeddingSettings, value, key_path)
     elif cls is LLMSettings and key == "fallbacks":
         if not isinstance(value, list):
             raise ConfigError(key_path, f"expected a list of endpoints, got {value!r}")
@@ -454,7 +509,12 @@ def _build(cls: type[Any], data: Any, path: str) -> Any:
 
 
 _SECTIONS: Mapping[str, type] = MappingProxyType(
-    {"store": StoreSettings, "llm": LLMSettings, "serve": ServeSettings}
+    {
+        "store": StoreSettings,
+        "llm": LLMSettings,
+        "serve": ServeSettings,
+        "recall": RecallSettings,
+    }
 )
 
 

@@ -36,7 +36,12 @@ from ragent_memory.errors import EngineClosedError, InvalidMessagesError, StoreE
 from ragent_memory.longterm.model import build_extractor
 from ragent_memory.longterm.vocabulary import Extractor, memory_message
 from ragent_memory.recall.excerpts import place
-from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, Recaller, search_tool_schema
+from ragent_memory.recall.recaller import (
+    DEFAULT_SEARCH_LIMIT,
+    DENSE_KEYS,
+    Recaller,
+    search_tool_schema,
+)
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from ragent_memory.settings import Settings, is_int, load_settings
 from ragent_memory.store import Backend, GCReport, open_store, utc_now
@@ -367,11 +372,15 @@ class MemoryEngine:
     def recall_memory(self) -> dict[str, int]:
         """What the in-process recall index holds (DESIGN §17): ``bytes`` (within ``cap``,
         ``recall_memory_mb``), ``units_bytes`` (the indexes, without the kept texts),
-        ``rows`` (indexed messages) and ``users``; zeros when recall is off."""
+        ``rows`` (indexed messages) and ``users``; with ``recall.embeddings``, ``vectors``
+        held, their ``vectors_bytes`` (in ``bytes``), ``embed_calls`` and ``embed_failures``
+        (calls that failed or were skipped: recall went on with BM25); zeros when recall is
+        off."""
         if self._recaller is None:
             cap = self.settings.recall_memory_mb * 1_000_000
-            return {"bytes": 0, "units_bytes": 0, "rows": 0, "users": 0, "cap": cap}
-        return self._recaller.mirror.memory()
+            keys = ("bytes", "units_bytes", "rows", "users", *DENSE_KEYS)
+            return {**dict.fromkeys(keys, 0), "cap": cap}
+        return self._recaller.memory()
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop

@@ -54,6 +54,8 @@ HEADERS: Final = MappingProxyType(
 # or "" when none can be made.
 RefFor = Callable[[IndexedMessage], str]
 Known = Callable[[str], bool]  # whether the prompt holds a text already
+# Optional dense recall (dense.py): the search's hits and neighbours fused with its own.
+Fuse = Callable[[Found, "Ask", Known], Found]
 
 
 class Excerpt(NamedTuple):
@@ -248,26 +250,30 @@ def find_block(
     *,
     mirror: RecallMirror | None = None,
     ref_for: RefFor | None = None,
-    split: Splitter = Sentences.of,
-    cut: Cutter | None = None,
+    cutting: tuple[Splitter, Cutter | None] = (Sentences.of, None),
     known: Known | None = None,
+    fuse: Fuse | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``known`` holds (default ``held_by(ask.known_text)``) is not recalled
     again. With a ``mirror`` the search runs in process, the store answering only what it
-    cannot; ``split`` cuts a long text into sentences and ``cut`` picks those a query wants
-    (``Memo``s keep them, and what ``known`` finds)."""
+    cannot; ``cutting`` is (split, cut): ``split`` cuts a long text into sentences and ``cut``
+    picks those a query wants (``Memo``s keep them, and what ``known`` finds); ``fuse`` adds
+    dense recall's hits."""
     terms = search_terms(ask.text)
     if not terms or ask.max_chars <= len(HEADERS[ask.language]) + 40:
         return Recalled()
-    hits, around = _search(store, mirror, ask, terms, known or held_by(ask.known_text))
+    known = known or held_by(ask.known_text)
+    hits, around = _search(store, mirror, ask, terms, known)
+    if fuse is not None:
+        hits, around = fuse((hits, around), ask, known)
     stems = frozenset(t[:_STEM_CHARS] for t in terms)
     if asks_when(ask.text):
         hits = holding_the_event(hits, stems)
     excerpts = group(
         around, hits, session_id=ask.session_id, visible_from=ask.visible_from, shown=ask.shown
     )
-    return _fill(excerpts, ask, stems, ref_for, (split, cut))
+    return _fill(excerpts, ask, stems, ref_for, cutting)
 
 
 def asks_when(question: str) -> bool:

@@ -48,10 +48,12 @@ class Indexer:
         engine_headers: Sequence[str] = (),
         mirror: RecallMirror | None = None,
         on_left: Callable[[Sequence[IndexedMessage]], None] | None = None,
+        on_written: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.store = store
         self.mirror = mirror  # refreshed after each batch, off the caller's thread
         self.on_left = on_left  # readies rows that left a view for their first recall
+        self.on_written = on_written  # hears of each write (dense recall embeds it)
         self.engine_headers = tuple(engine_headers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
         self._lock = threading.Lock()
@@ -167,6 +169,8 @@ class Indexer:
                 with self.mirror.writing(user_id, session_id):
                     self.store.index_messages(user_id, rows, terms)
             self._dated[session_id] = dated
+            if self.on_written is not None:
+                self.on_written(session_id, user_id)
             if start < 0 and self.on_left is not None:  # a task of its own: no search waits
                 with self._lock, contextlib.suppress(RuntimeError):  # closing: none wanted
                     self._last = self._pool.submit(self.on_left, rows)

@@ -20,6 +20,7 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
+from ragent_memory.recall.dense import DenseRecall
 from ragent_memory.recall.excerpts import (
     HEADERS,
     HOP_HITS,
@@ -36,7 +37,7 @@ from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
-from ragent_memory.store import RecallIndex
+from ragent_memory.store import RecallIndex, VectorIndex
 from ragent_memory.text.memo import Memo
 
 log = get_logger(__name__)
@@ -49,6 +50,7 @@ SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by
 CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
 KNOWN_CHARS: Final = 4_000_000  # summaries kept folded (a turn would fold its own again)
 HELD_CHARS: Final = 16_000_000  # whether a summary holds a hit, by the chars of both
+DENSE_KEYS: Final = ("vectors", "vectors_bytes", "embed_calls", "embed_failures")
 EMPTY_SEARCH: Final = MappingProxyType(
     {
         "en": "[search_memory: nothing found for this query]",
@@ -130,18 +132,23 @@ class Offloads:
 class Recaller:
     """Recall for one engine: the indexer, the per-turn block and model-driven search."""
 
-    def __init__(self, store: RecallIndex, settings: Settings, *, engine_headers: Sequence[str]):
+    def __init__(self, store: VectorIndex, settings: Settings, *, engine_headers: Sequence[str]):
         self.store = store
         self.settings = settings
-        self.mirror = RecallMirror(
-            store,
-            neighbours=NEIGHBOURS,
-            max_bytes=settings.recall_memory_mb * 1_000_000,
-            hop=HOP_HITS,
-        )
+        cap, embeddings = settings.recall_memory_mb * 1_000_000, settings.recall.embeddings
+        # With dense recall its vectors take half of recall_memory_mb, the mirror the rest.
+        self.dense = None
+        if embeddings is not None:
+            self.dense = DenseRecall(store, embeddings, max_bytes=cap // 2)
+            cap -= cap // 2
+        self.mirror = RecallMirror(store, neighbours=NEIGHBOURS, max_bytes=cap, hop=HOP_HITS)
         headers = (*engine_headers, *HEADERS.values())
         self.indexer = Indexer(
-            store, engine_headers=headers, mirror=self.mirror, on_left=self._ready
+            store,
+            engine_headers=headers,
+            mirror=self.mirror,
+            on_left=self._ready,
+            on_written=self.dense.schedule if self.dense is not None else None,
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
         # the same long hits come back turn after turn: each split and stemmed once, and cut
@@ -187,9 +194,9 @@ class Recaller:
             ask,
             mirror=self.mirror,
             ref_for=lambda message: self.offloads.ref(ask.session_id, message),
-            split=self.sentences,
-            cut=self.cuts,
+            cutting=(self.sentences, self.cuts),
             known=lambda text: bool(known) and self.held((text, known)),
+            fuse=self.dense.fuse if self.dense is not None else None,
         )
         self.offloads.write(ask.session_id, found.referred)
         return found
@@ -252,8 +259,20 @@ class Recaller:
         self.offloads.forget(session_id)
 
     def flush(self, timeout_s: float | None) -> None:
-        """Wait until what is scheduled is indexed."""
+        """Wait until what is scheduled is indexed (and embedded, with dense recall)."""
         self.indexer.flush(timeout_s)
+        if self.dense is not None:
+            self.dense.flush(timeout_s)
+
+    def memory(self) -> dict[str, int]:
+        """The mirror's ``memory()`` with dense recall's vectors in ``bytes`` (both within
+        ``cap``): ``vectors``, ``vectors_bytes``, ``embed_calls``, ``embed_failures``."""
+        held = self.mirror.memory()
+        dense = self.dense.memory() if self.dense is not None else dict.fromkeys(DENSE_KEYS, 0)
+        held["cap"] = self.settings.recall_memory_mb * 1_000_000
+        return {**held, **dense, "bytes": held["bytes"] + dense["vectors_bytes"]}
 
     def close(self) -> None:
         self.indexer.close()
+        if self.dense is not None:
+            self.dense.close()

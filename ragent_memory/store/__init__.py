@@ -24,7 +24,7 @@ from ragent_memory.core.records import GCReport, SessionState, Substitution, sub
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store.base import Clock, iso, utc_now
-from ragent_memory.store.contract import Backend, RecallIndex
+from ragent_memory.store.contract import Backend, RecallIndex, VectorIndex
 from ragent_memory.store.schema import COMPACTION_COLUMNS, MIGRATIONS
 from ragent_memory.store.sqlite import Store
 
@@ -58,6 +58,7 @@ __all__ = [
     "SessionState",
     "Store",
     "Substitution",
+    "VectorIndex",
     "iso",
     "open_store",
     "substitution_key",

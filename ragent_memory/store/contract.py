@@ -18,6 +18,7 @@ from ragent_memory.core.records import (
     SessionState,
     Substitution,
 )
+from ragent_memory.store.vectors import VectorRow
 
 
 class RecallIndex(Protocol):
@@ -48,7 +49,21 @@ class RecallIndex(Protocol):
     def ref_for(self, session_id: str, content: str) -> str: ...
 
 
-class Backend(RecallIndex, Protocol):
+class VectorIndex(RecallIndex, Protocol):
+    """The recall index with dense recall's vectors (``vectors.py``)."""
+
+    def use_vector_model(self, model: str) -> int: ...
+    def unembedded(
+        self, *, user_id: str | None, session_id: str, limit: int
+    ) -> list[tuple[int, str]]: ...
+    def store_vectors(self, model: str, vectors: Sequence[tuple[int, bytes]]) -> int: ...
+    def vectors_since(
+        self, after: int, *, user_id: str | None, session_id: str, model: str
+    ) -> list[VectorRow]: ...
+    def indexed_rows(self, ids: Sequence[int]) -> list[IndexedMessage]: ...
+
+
+class Backend(VectorIndex, Protocol):
     """A whole store: every concern, plus closing it."""
 
     path: str

@@ -180,4 +180,19 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         "005_written_by",
         "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        # Optional dense recall (DESIGN §9b, store/vectors.py): ``bytea`` ranked in process
+        # (Debian's PostgreSQL has no pgvector), as SQLite's BLOB.
+        "006_recall_vectors",
+        """
+        ALTER TABLE recall_messages ADD COLUMN embedding BYTEA;
+        ALTER TABLE recall_messages ADD COLUMN embedding_model TEXT;
+        ALTER TABLE recall_messages ADD COLUMN embedded BIGINT;
+        CREATE INDEX recall_messages_embedded ON recall_messages (embedded);
+        CREATE INDEX recall_messages_unembedded_user ON recall_messages (user_id)
+            WHERE embedded IS NULL;
+        CREATE INDEX recall_messages_unembedded_session ON recall_messages (session_id)
+            WHERE embedded IS NULL;
+        """,
+    ),
 )

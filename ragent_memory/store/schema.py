@@ -189,6 +189,21 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         "009_written_by",
         "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        # Optional dense recall (DESIGN §9b, store/vectors.py): each row's embedding (float32,
+        # little-endian), the model that made it, and the order vectors were written in.
+        "010_recall_vectors",
+        """
+        ALTER TABLE recall_messages ADD COLUMN embedding BLOB;
+        ALTER TABLE recall_messages ADD COLUMN embedding_model TEXT;
+        ALTER TABLE recall_messages ADD COLUMN embedded INTEGER;
+        CREATE INDEX recall_messages_embedded ON recall_messages (embedded);
+        CREATE INDEX recall_messages_unembedded_user ON recall_messages (user_id)
+            WHERE embedded IS NULL;
+        CREATE INDEX recall_messages_unembedded_session ON recall_messages (session_id)
+            WHERE embedded IS NULL;
+        """,
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

@@ -1,0 +1,118 @@
+"""Dense recall's vectors (DESIGN §9b, optional): each recall index row's embedding kept beside
+it in ``recall_messages`` (SQLite ``BLOB``, PostgreSQL ``bytea``: float32, little-endian), the
+model that made it, and ``embedded``, the order vectors were written in (``meta.embedding_seq``
+counts it under the write lock), so a reader asks only for what is new since it last read.
+The rows' own deletes (``forget``, ``drop_session``) take their vectors with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ragent_memory.core.records import IndexedMessage
+from ragent_memory.store.base import StoreBase
+from ragent_memory.store.recall_index import COLUMNS
+
+
+def _scope(user_id: str | None, session_id: str) -> tuple[str, str]:
+    return ("user_id = ?", user_id) if user_id is not None else ("session_id = ?", session_id)
+
+
+class VectorRow(NamedTuple):
+    """One stored vector and where its row sits."""
+
+    seq: int  # the order it was written in
+    id: int  # the recall row's id
+    session_id: str
+    position: int
+    owned: bool  # the row has a user
+    vector: bytes
+
+
+class VectorTables(StoreBase):
+    db: Any
+
+    def unembedded(
+        self, *, user_id: str | None, session_id: str, limit: int
+    ) -> list[tuple[int, str]]:
+        """Up to ``limit`` rows (id, text) without a vector, oldest first: the user's, or
+        without one, the session's (a partial index holds just those rows)."""
+        where, value = _scope(user_id, session_id)
+        rows = self._fetch(
+            f"SELECT id, content FROM recall_messages WHERE {where} AND embedded IS NULL"
+            " ORDER BY id LIMIT ?",
+            [value, limit],
+        )
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def use_vector_model(self, model: str) -> int:
+        """Make ``model`` the store's embedding model: when another one made the vectors kept,
+        they go (each row is embedded again). Returns how many went."""
+        with self._locked("vector write"), self.db.atomic():
+            found = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'")
+            known = found.fetchall()
+            if known and known[0][0] == model:
+                return 0
+            gone = self.db.execute(
+                "UPDATE recall_messages SET embedding = NULL, embedding_model = NULL,"
+                " embedded = NULL WHERE embedded IS NOT NULL AND embedding_model <> ?",
+                [model],
+            ).rowcount
+            self.db.execute(
+                "INSERT INTO meta (key, value) VALUES ('embedding_model', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [model],
+            )
+        return int(gone)
+
+    def store_vectors(self, model: str, vectors: Sequence[tuple[int, bytes]]) -> int:
+        """Keep each ``(row id, vector)`` made by ``model``, numbered in the order written, in
+        one transaction; rows deleted meanwhile are skipped. Returns how many were kept."""
+        if not vectors:
+            return 0
+        kept = 0
+        with self._locked("vector write"), self.db.atomic():
+            found = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_seq'").fetchall()
+            seq = int(found[0][0]) if found else 0
+            for row_id, vector in vectors:
+                changed = self.db.execute(
+                    "UPDATE recall_messages SET embedding = ?, embedding_model = ?, embedded = ?"
+                    " WHERE id = ? RETURNING id",
+                    [vector, model, seq + 1, row_id],
+                ).fetchall()
+                if changed:
+                    seq, kept = seq + 1, kept + 1
+            self.db.execute(
+                "INSERT INTO meta (key, value) VALUES ('embedding_seq', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [str(seq)],
+            )
+        return kept
+
+    def vectors_since(
+        self, after: int, *, user_id: str | None, session_id: str, model: str
+    ) -> list[VectorRow]:
+        """Vectors from ``model`` written after number ``after``, in that order: the user's
+        rows, or without one, the session's."""
+        where, value = _scope(user_id, session_id)
+        rows = self._fetch(
+            "SELECT embedded, id, session_id, position, user_id IS NOT NULL, embedding"
+            f" FROM recall_messages WHERE embedded > ? AND {where} AND embedding_model = ?"
+            " ORDER BY embedded",
+            [after, value, model],
+        )
+        return [
+            VectorRow(int(r[0]), int(r[1]), r[2], int(r[3]), bool(r[4]), bytes(r[5])) for r in rows
+        ]
+
+    def indexed_rows(self, ids: Sequence[int]) -> list[IndexedMessage]:
+        """These recall rows (those still there), in no particular order."""
+        if not ids:
+            return []
+        rows = self._fetch(
+            f"SELECT {COLUMNS} FROM recall_messages AS m"
+            f" WHERE m.id IN ({', '.join('?' * len(ids))})",
+            list(ids),
+        )
+        return [IndexedMessage(*r) for r in rows]
