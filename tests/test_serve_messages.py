@@ -265,10 +265,13 @@ def test_breakpoints_past_four_lose_the_earliest_in_messages() -> None:
         "system": SYSTEM,
         "messages": turns,
     }
+    sent = copy.deepcopy(turns)
+    mine = list(turns)
     limit_breakpoints(body)
     assert 4 == breakpoints(body)
     kept = ["cache_control" in t["content"][0] for t in body["messages"]]
     assert [False, False, True, True] == kept
+    assert sent == mine  # the turns it changed were replaced, not edited (they may be shared)
 
 
 # ---------------------------------------------------------------------- recall inside the proxy
@@ -502,7 +505,7 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     it made of them: the engine gets the very message objects it saw before (the identity
     its prefix checks rely on), only the new turns translated afresh."""
     from ragent_memory.serve.bodies import BodyCache
-    from ragent_memory.serve.wire import Memo
+    from ragent_memory.serve.wire import Translations
 
     wire, bodies_seen = AnthropicWire(), BodyCache()
     turns = [
@@ -514,8 +517,8 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
         },
     ]
     first_body = {"model": "m", "system": "s", "messages": turns}
-    memo: Memo = {}
-    first, memo = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
+    memo = Translations()
+    first = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
     more = {
         **first_body,
         "messages": [
@@ -524,7 +527,7 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
             {"role": "user", "content": "two"},
         ],
     }
-    second, _ = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo)
+    second = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo.next())
     assert 1 == bodies_seen.tail_parses
     assert len(first) + 2 == len(second)
     assert all(a is b for a, b in zip(first, second, strict=False))
@@ -554,3 +557,48 @@ def test_what_goes_upstream_is_always_paired() -> None:
     missing = {"type": "tool_result", "tool_use_id": "toolu_k", "content": NOT_IN_VIEW}
     assert [missing, {"type": "text", "text": "and now?"}] == turns[2]["content"]
     assert paired(turns)
+
+
+def test_the_way_back_reuses_the_last_requests_turns() -> None:
+    """The view's messages the session's last request translated back (the same objects,
+    or equal copies such as the memory block the engine makes anew each turn) give the
+    very turns they made then, the pairing going on from where it stopped; a message that
+    changed (a trimmed result) is translated afresh. Always equal to a translation from
+    nothing."""
+    from ragent_memory.serve.anthropic import from_engine
+    from ragent_memory.serve.wire import Translations
+
+    def call(call_id: str) -> dict[str, Any]:
+        return {"id": call_id, "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+
+    view = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "[memory] likes tea"},
+        {"role": "user", "content": "list it"},
+        {"role": "assistant", "content": None, "tool_calls": [call("toolu_1")]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "a.py b.py"},
+        {"role": "assistant", "content": "Two files. Listing again.", "tool_calls": [call("t2")]},
+    ]
+    first = Translations()
+    _, turns = from_engine(view, first)
+    grown = [
+        view[0],
+        dict(view[1]),  # made anew, equal
+        *view[2:],
+        {"role": "tool", "tool_call_id": "t2", "content": "a.py b.py"},
+        {"role": "user", "content": "thanks"},
+    ]
+    second = first.next()
+    _, again = from_engine(grown, second)
+    assert again == from_engine(grown)[1]
+    assert all(a is b for a, b in zip(turns, again[: len(turns)], strict=True))
+    assert {"type": "tool_result", "tool_use_id": "t2", "content": "a.py b.py"} in again[-1][
+        "content"
+    ]
+    assert paired(again)
+
+    trimmed = [*grown[:4], {**grown[4], "content": "[trimmed]"}, *grown[5:]]
+    _, third = from_engine(trimmed, second.next())
+    assert third == from_engine(trimmed)[1]
+    assert third[1] is again[1]  # the assistant turn before the changed result
+    assert "[trimmed]" == third[2]["content"][0]["content"]

@@ -281,11 +281,11 @@ class ChatWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Any) -> tuple[list[Message], Any]:
-        return list(body["messages"]), {}  # the engine's own messages: nothing to translate
+    def history(self, body: Mapping[str, Any], memo: Any) -> list[Message]:
+        return list(body["messages"])  # the engine's own messages: nothing to translate
 
     def payload(
-        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message], memo: Any
     ) -> bytes:
         out = {**body, "messages": messages}
         if tools:
