@@ -26,7 +26,12 @@ from wire_script import (
 
 from ragent_memory.core.chars import chars
 from ragent_memory.recall.refs import REF_PATTERN
-from ragent_memory.serve.anthropic import AnthropicWire, limit_breakpoints, to_engine
+from ragent_memory.serve.anthropic import (
+    MAX_BREAKPOINTS,
+    AnthropicWire,
+    limit_breakpoints,
+    to_engine,
+)
 
 B = 20_000
 KEY = "sk-ant-caller-secret-51c2e9"
@@ -547,7 +552,7 @@ def test_what_goes_upstream_is_always_paired() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "user", "content": "and now?"},
     ]
-    system, turns = from_engine(view)
+    system, turns, _ = from_engine(view)
     assert "s" == system
     assert [
         {"type": "text", "text": "[tool result toolu_gone]\nold rows"},
@@ -580,7 +585,7 @@ def test_the_way_back_reuses_the_last_requests_turns() -> None:
         {"role": "assistant", "content": "Two files. Listing again.", "tool_calls": [call("t2")]},
     ]
     first = Translations()
-    _, turns = from_engine(view, first)
+    _, turns, _ = from_engine(view, first)
     grown = [
         view[0],
         dict(view[1]),  # made anew, equal
@@ -589,7 +594,7 @@ def test_the_way_back_reuses_the_last_requests_turns() -> None:
         {"role": "user", "content": "thanks"},
     ]
     second = first.next()
-    _, again = from_engine(grown, second)
+    _, again, _ = from_engine(grown, second)
     assert again == from_engine(grown)[1]
     assert all(a is b for a, b in zip(turns, again[: len(turns)], strict=True))
     assert {"type": "tool_result", "tool_use_id": "t2", "content": "a.py b.py"} in again[-1][
@@ -598,7 +603,36 @@ def test_the_way_back_reuses_the_last_requests_turns() -> None:
     assert paired(again)
 
     trimmed = [*grown[:4], {**grown[4], "content": "[trimmed]"}, *grown[5:]]
-    _, third = from_engine(trimmed, second.next())
+    _, third, _ = from_engine(trimmed, second.next())
     assert third == from_engine(trimmed)[1]
     assert third[1] is again[1]  # the assistant turn before the changed result
     assert "[trimmed]" == third[2]["content"][0]["content"]
+
+
+def test_the_payload_keeps_four_breakpoints_when_the_turns_are_reused() -> None:
+    """The marks of the view's turns are counted as they are made (a nested tool_result
+    part too), so a payload whose turns come from the last request still holds at most 4:
+    the earliest in messages lose theirs, the app's system keeps its own."""
+    from ragent_memory.serve.wire import Translations
+
+    def marked(text: str) -> dict[str, Any]:
+        return {"type": "text", "text": text, "cache_control": EPHEMERAL}
+
+    call = {"id": "toolu_c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    view = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": [marked("one")]},
+        {"role": "assistant", "content": [marked("two")], "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_c", "content": [marked("three")]},
+        {"role": "assistant", "content": [marked("four")]},
+        {"role": "user", "content": [marked("five")]},
+    ]
+    body = {"model": "m", "max_tokens": 9, "system": SYSTEM, "messages": []}
+    wire, memo = AnthropicWire(), Translations()
+    for _ in range(2):
+        sent = json.loads(wire.payload(body, view, [], memo))
+        memo = memo.next()
+        assert MAX_BREAKPOINTS == breakpoints(sent)
+        assert "cache_control" in sent["system"][0]
+        assert "cache_control" in sent["messages"][-1]["content"][0]
+    assert "cache_control" in view[1]["content"][0]  # the view's own blocks are left alone

@@ -179,11 +179,12 @@ def _system(leading: Sequence[Message]) -> Any:
 
 def from_engine(
     messages: Sequence[Message], memo: Translations | None = None
-) -> tuple[Any, list[dict[str, Any]]]:
-    """``(system, messages)`` of the upstream request (system None when there is none). Each
-    assistant message is a turn, each run of user/tool messages between them one user turn,
-    answered against the assistant turn before it (``_answered``); what ``memo`` holds of the
-    session's last request (the view's same or equal messages) is reused."""
+) -> tuple[Any, list[dict[str, Any]], int]:
+    """``(system, messages, cache_control marks in messages)`` of the upstream request
+    (system None when there is none). Each assistant message is a turn, each run of
+    user/tool messages between them one user turn, answered against the assistant turn
+    before it (``_answered``); what ``memo`` holds of the session's last request (the view's
+    same or equal messages) is reused."""
     memo = memo or Translations()
     messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     lead = 0
@@ -191,42 +192,37 @@ def from_engine(
         lead += 1
     turns: list[dict[str, Any]] = []
     start, state, marks = memo.resume(None, messages, turns, "out")
-    before: tuple[Message, ...] = (state,) if state else ()  # the assistant before the run
+    before, marked = state or (None, 0)  # the assistant message before the run
     run = start = max(start, lead)  # where the run of user/tool messages started
-    for index in range(start, len(messages)):
-        message = messages[index]
-        if message.get("role") != "assistant":
+    for index in range(start, len(messages) + 1):
+        message = messages[index] if index < len(messages) else None
+        if message is not None and message.get("role") != "assistant":
             continue
         if run < index:
-            turns += _user_unit(memo, before, messages[run:index], turns)
-        turns += memo.reuse(("out", id(message)), message, _assistant_turn, message)
-        before, run = (message,), index + 1
-        marks.append((run, len(turns), message))
-    if run < len(messages):
-        turns += _user_unit(memo, before, messages[run:], turns)
+            source = (before, *messages[run:index])
+            asked = turns[-1] if before else None
+            unit = memo.reuse(("out", *map(id, source)), source, _answered, asked, source[1:])
+            turns.append(unit[0])
+            marked += unit[1]
+        if message is None:
+            break
+        unit = memo.reuse(("out", id(message)), message, _assistant_turn, message)
+        turns.append(unit[0])
+        before, marked, run = message, marked + unit[1], index + 1
+        marks.append((run, len(turns), (message, marked)))
     memo.keep_prefix(None, messages, turns, marks, "out")
-    return (_system(messages[:lead]) if lead else None), turns
+    return (_system(messages[:lead]) if lead else None), turns, marked
 
 
-def _assistant_turn(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [_assistant(message)]
+Unit = tuple[dict[str, Any], int]  # a turn and how many cache_control marks it holds
 
 
-def _user_unit(
-    memo: Translations,
-    before: tuple[Message, ...],
-    run: Sequence[Message],
-    turns: list[dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """The user turn of ``run``, answering the assistant turn before it (``turns[-1]``, made
-    of ``before``)."""
-    source = (*before, *run)
-    key = ("out", *map(id, source))
-    asked = turns[-1] if before else None
-    return memo.reuse(key, source, _answered, asked, run)
+def _assistant_turn(message: Mapping[str, Any]) -> Unit:
+    turn = _assistant(message)
+    return turn, _marks(turn)
 
 
-def _answered(asked: Mapping[str, Any] | None, run: Sequence[Message]) -> list[dict[str, Any]]:
+def _answered(asked: Mapping[str, Any] | None, run: Sequence[Message]) -> Unit:
     """The user turn of ``run``, paired with ``asked`` (the assistant turn before it, if
     any): every tool_use of it answered (a result saying it is not in view where the run has
     none), every tool_result answering one of them (an orphan becomes text)."""
@@ -235,7 +231,7 @@ def _answered(asked: Mapping[str, Any] | None, run: Sequence[Message]) -> list[d
     content = turn["content"]
     if isinstance(content, str):
         if not calls:
-            return [turn]
+            return turn, 0
         content = turn["content"] = text_parts(content)
     answered = set()
     for position, block in enumerate(content):
@@ -252,7 +248,7 @@ def _answered(asked: Mapping[str, Any] | None, run: Sequence[Message]) -> list[d
         for call_id in calls
         if call_id not in answered
     ]
-    return [turn]
+    return turn, _marks(turn)
 
 
 def _user_turn(run: Sequence[Message]) -> dict[str, Any]:
@@ -274,20 +270,12 @@ def limit_breakpoints(body: dict[str, Any]) -> None:
     ``messages`` lose theirs (the app's ``tools`` and ``system`` ones are its stable prefix).
     A turn that loses one is replaced in ``messages`` by a changed copy (the turns may be
     another request's too)."""
-    count = sum(1 for tool in body.get("tools") or () if _marked(tool))
-    system = body.get("system")
-    count += sum(1 for block in system if _marked(block)) if isinstance(system, list) else 0
     turns = body["messages"]
-    marked: list[tuple[int, int, int | None]] = []  # (turn, block, part of a tool_result)
-    for index, turn in enumerate(turns):
-        for position, block in enumerate(_content_blocks(turn)):
-            if _marked(block):
-                marked.append((index, position, None))
-            nested = block.get("content")
-            if block.get("type") == "tool_result" and isinstance(nested, list):
-                marked += [(index, position, i) for i, part in enumerate(nested) if _marked(part)]
+    marked = [(index, *at) for index, turn in enumerate(turns) for at in _marked_in(turn)]
     copied: set[int] = set()
-    for index, position, part in marked[: max(count + len(marked) - MAX_BREAKPOINTS, 0)]:
+    for index, position, part in marked[
+        : max(_fixed_marks(body) + len(marked) - MAX_BREAKPOINTS, 0)
+    ]:
         if index not in copied:
             turns[index] = {**turns[index], "content": list(turns[index]["content"])}
             copied.add(index)
@@ -298,6 +286,29 @@ def limit_breakpoints(body: dict[str, Any]) -> None:
             nested = list(blocks[position]["content"])
             nested[part] = _unmarked(nested[part])
             blocks[position] = {**blocks[position], "content": nested}
+
+
+def _fixed_marks(body: Mapping[str, Any]) -> int:
+    """The ``cache_control`` marks of the app's ``tools`` and ``system`` blocks."""
+    count = sum(1 for tool in body.get("tools") or () if _marked(tool))
+    system = body.get("system")
+    return count + (sum(1 for b in system if _marked(b)) if isinstance(system, list) else 0)
+
+
+def _marked_in(turn: Mapping[str, Any]) -> list[tuple[int, int | None]]:
+    """Where a turn's ``cache_control`` marks are: (block, part of a tool_result or None)."""
+    found: list[tuple[int, int | None]] = []
+    for position, block in enumerate(_content_blocks(turn)):
+        if _marked(block):
+            found.append((position, None))
+        nested = block.get("content")
+        if block.get("type") == "tool_result" and isinstance(nested, list):
+            found += [(position, i) for i, part in enumerate(nested) if _marked(part)]
+    return found
+
+
+def _marks(turn: Mapping[str, Any]) -> int:
+    return len(_marked_in(turn))
 
 
 def _unmarked(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -425,13 +436,11 @@ class AnthropicWire:
         tools: list[Message],
         memo: Translations,
     ) -> bytes:
-        system, turns = from_engine(messages, memo)
+        system, turns, marked = from_engine(messages, memo)
         out = rebuilt(body, ("messages", turns), ("system", system), [*map(_tool, tools)])
-        payload = orjson.dumps(out)
-        if payload.count(b'"cache_control"') > MAX_BREAKPOINTS:  # only then walk the blocks
+        if marked + _fixed_marks(out) > MAX_BREAKPOINTS:
             limit_breakpoints(out)
-            payload = orjson.dumps(out)
-        return payload
+        return orjson.dumps(out)
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

@@ -10,6 +10,7 @@ messages, parts and tool calls it hands back, so a translation back restores the
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -154,11 +155,7 @@ class Translations:
         if prior is None or prior[0][0] != head:
             return 0, None, []
         _, known, made, marks = prior[0]
-        shared, most = 0, min(len(known), len(items))
-        while shared < most and (
-            (mine := known[shared]) is (theirs := items[shared]) or mine == theirs
-        ):
-            shared += 1
+        shared = _shared(known, items)
         last = len(marks) - 1
         while last >= 0 and marks[last][0] > shared:
             last -= 1
@@ -175,6 +172,13 @@ class Translations:
         items up to it made ``out`` up to its count, the translation's state there) for
         ``resume`` on the session's next request. Nothing may change ``items`` afterwards."""
         self.made[("prefix", way)] = ((head, items, list(out), marks), None)
+
+
+def _shared(known: list[Any], items: list[Any]) -> int:
+    """How many leading items of both lists are the same objects or equal ones (identity
+    compared at C speed; only where it differs is equality asked)."""
+    differ = itertools.compress(itertools.count(), map(operator.is_not, known, items))
+    return next((at for at in differ if known[at] != items[at]), min(len(known), len(items)))
 
 
 def _same(known: Any, source: Any) -> bool:
