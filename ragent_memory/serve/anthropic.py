@@ -30,6 +30,7 @@ from ragent_memory.serve.wire import (
     Translations,
     arguments_object,
     derived_session,
+    dumped_object,
     load_object,
     named_event,
     rebuilt,
@@ -440,7 +441,7 @@ class AnthropicWire:
         out = rebuilt(body, ("messages", turns), ("system", system), [*map(_tool, tools)])
         if marked + _fixed_marks(out) > MAX_BREAKPOINTS:
             limit_breakpoints(out)
-        return orjson.dumps(out)
+        return dumped_object(out, "messages", memo.dumped(out["messages"]))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

@@ -159,8 +159,8 @@ class Memos:
     def keep(self, key: Hashable, memo: Translations, size: int) -> None:
         """Keep ``memo`` (which the request goes on filling in: its way back) for ``key``'s
         next request."""
-        if not memo.made or size > self.max_bytes:
-            return  # chat completions translates nothing
+        if size > self.max_bytes:
+            return
         with self._lock:
             self._memos[key] = (size, memo)
             self._bytes += size

@@ -30,6 +30,7 @@ from ragent_memory.serve.wire import (
     Message,
     Translations,
     derived_session,
+    dumped_object,
     load_object,
     named_event,
     rebuilt,
@@ -473,8 +474,8 @@ class ResponsesWire:
         memo: Translations,
     ) -> bytes:
         instructions, items = from_engine(messages, memo)
-        top = ("instructions", instructions)
-        return orjson.dumps(rebuilt(body, ("input", items), top, [*map(_tool, tools)]))
+        out = rebuilt(body, ("input", items), ("instructions", instructions), [*map(_tool, tools)])
+        return dumped_object(out, "input", memo.dumped(items))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

@@ -119,7 +119,8 @@ class Translations:
     the same objects; ``prepare`` hands the view's unchanged messages out again as the same
     objects. What was made from an object (or a run of them) the last request saw is taken
     as it was, so a request translates only what is new, and the engine gets the very
-    message objects it saw before (its prefix checks rely on their identity).
+    message objects it saw before (its prefix checks rely on their identity); the JSON of
+    the messages sent upstream is reused the same way (``dumped``), in every format.
 
     Nothing made here is changed afterwards (it may be the next request's), nor is anything
     it was made from. ``made`` is kept per session (``bodies.Memos``); ``next()`` is what the
@@ -172,6 +173,28 @@ class Translations:
         items up to it made ``out`` up to its count, the translation's state there) for
         ``resume`` on the session's next request. Nothing may change ``items`` afterwards."""
         self.made[("prefix", way)] = ((head, items, list(out), marks), None)
+
+    def dumped(self, items: Sequence[Any]) -> bytes:
+        """``orjson.dumps(list(items))``: the JSON of the leading items the session's last
+        request dumped (the same objects, or equal ones) reused, the rest dumped now."""
+        items = list(items)
+        prior = self.last.get("json")
+        parts: list[bytes] = []
+        if prior is not None:
+            known, known_parts = prior[0]
+            parts = known_parts[: _shared(known, items)]
+        parts += map(orjson.dumps, items[len(parts) :])
+        self.made["json"] = ((items, parts), None)
+        return b"[" + b",".join(parts) + b"]"
+
+
+def dumped_object(body: Mapping[str, Any], key: str, value: bytes) -> bytes:
+    """``orjson.dumps(body)`` where ``body[key]``'s JSON is ``value`` already."""
+    fields = (
+        orjson.dumps(name) + b":" + (value if name == key else orjson.dumps(item))
+        for name, item in body.items()
+    )
+    return b"{" + b",".join(fields) + b"}"
 
 
 def _shared(known: list[Any], items: list[Any]) -> int:
