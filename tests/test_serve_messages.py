@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,30 @@ def proxy(
         yield p
 
 
-def client_for(
-    proxy: ProxyProcess, session: str | None = "s", **headers: str
-) -> anthropic.Anthropic:
-    if session:
-        headers["X-Session-Id"] = session
-    return anthropic.Anthropic(
-        base_url=proxy.root_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
-    )
+ClientFor = Callable[..., anthropic.Anthropic]
+
+
+@pytest.fixture
+def client_for() -> Iterator[ClientFor]:
+    """SDK clients for a proxy (``client_for(proxy, session, **headers)``), each closed after
+    the test (an open one leaves its socket to the garbage collector)."""
+    with contextlib.ExitStack() as clients:
+
+        def make(
+            proxy: ProxyProcess, session: str | None = "s", **headers: str
+        ) -> anthropic.Anthropic:
+            if session:
+                headers["X-Session-Id"] = session
+            client = anthropic.Anthropic(
+                base_url=proxy.root_url,
+                api_key=KEY,
+                default_headers=headers,
+                max_retries=0,
+                timeout=60,
+            )
+            return clients.enter_context(client)
+
+        yield make
 
 
 def bodies(upstream: FakeOpenAI) -> list[dict[str, Any]]:
@@ -80,7 +97,7 @@ def breakpoints(body: dict[str, Any]) -> int:
 
 
 def test_create_passes_system_blocks_headers_and_fields(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """A short conversation goes upstream as sent: system blocks (cache_control kept),
     metadata and every field; x-api-key, anthropic-version and anthropic-beta reach the
@@ -116,7 +133,7 @@ def test_create_passes_system_blocks_headers_and_fields(
 
 
 def test_tool_loop_with_thinking_goes_upstream_byte_for_byte(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """tool_use / tool_result (block content, is_error), thinking and redacted_thinking
     with their signatures, images and cache_control: the upstream gets the turns as sent."""
@@ -163,7 +180,9 @@ def test_tool_loop_with_thinking_goes_upstream_byte_for_byte(
     assert "system" not in request.body
 
 
-def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_stream_relays_the_upstream_events(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """``messages.stream``: the events arrive as the upstream wrote them (byte for byte),
     the text equals the upstream's and the final message keeps the thinking signature and
     the app's tool call."""
@@ -202,7 +221,9 @@ def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOp
     assert KEY == upstream.requests[-1].headers["x-api-key"]
 
 
-def test_the_query_string_reaches_the_upstream(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_the_query_string_reaches_the_upstream(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """Claude Code posts to /v1/messages?beta=true: so does the proxy."""
     upstream.enqueue(anthropic_reply([{"type": "text", "text": "beta"}]))
     reply = client_for(proxy, "beta").post(
@@ -214,7 +235,9 @@ def test_the_query_string_reaches_the_upstream(proxy: ProxyProcess, upstream: Fa
     assert ["/v1/messages?beta=true"] == [r.path for r in upstream.requests]
 
 
-def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_count_tokens_passes_through(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     upstream.enqueue(Answer(payload={"input_tokens": 42}))
     counted = client_for(proxy, None).messages.count_tokens(
         model="claude-fake", messages=[{"role": "user", "content": "count me"}]
@@ -225,7 +248,9 @@ def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) 
     assert [{"role": "user", "content": "count me"}] == request.body["messages"]
 
 
-def test_errors_are_anthropic_shaped(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_errors_are_anthropic_shaped(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """A bad turn is a one-line 400 the anthropic client reads; an upstream error keeps its
     status and body."""
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]"):
@@ -323,7 +348,7 @@ def recalling_model(body: Any) -> Answer:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_recall_round_trip_happens_inside_the_proxy(
-    proxy: ProxyProcess, upstream: FakeOpenAI, stream: bool
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI, stream: bool
 ) -> None:
     """The big result is shown as a preview; the proxy offers recall in Anthropic's tool
     shape, answers the model's tool_use itself (its thinking kept on that assistant turn)
@@ -395,7 +420,7 @@ def paired(turns: list[dict[str, Any]]) -> bool:
 
 @pytest.mark.slow
 def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """200 requests of a Claude-Code-like tool loop (system and the latest turns marked for
     the cache): every upstream request is within B in the engine's metric, every tool_use is
@@ -458,7 +483,7 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
 
 
 def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """A reply that speaks first streams through; the proxy's later tool_use block is cut,
     the blocks after it renumbered and the stop reason the app's: the SDK reads it whole."""
@@ -476,7 +501,9 @@ def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
     assert ["recall_tool_result"] == [t["name"] for t in bodies(upstream)[0]["tools"]]
 
 
-def test_upstreams_send_each_provider_to_its_own_url(tmp_path: Path, upstream: FakeOpenAI) -> None:
+def test_upstreams_send_each_provider_to_its_own_url(
+    client_for: ClientFor, tmp_path: Path, upstream: FakeOpenAI
+) -> None:
     """serve.upstreams: /v1/messages goes to the anthropic URL, chat completions and
     responses to serve.upstream; one port serves all three formats."""
     with FakeOpenAI() as claude:
