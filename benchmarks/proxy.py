@@ -38,7 +38,8 @@ each sent direct, through the bare relay (the same bytes) and through the defaul
 
 Run: ``python -m benchmarks.proxy [--turns N] [--against CHECKOUT] [--formats LIST]``; results
 go to ``benchmarks/results/proxy.json``. ``--against`` runs every proxy arm again from the
-package in another checkout (say the last release's), so before and after share one run's load.
+package in another checkout (say the last release's), so before and after share one run's load
+(each other format is timed through its default arm too).
 ``--formats messages,responses`` runs only those formats' rows (the default proxy arm alone) and
 keeps the chat-completions results already in the file.
 The target (DESIGN §17 measures ratios, not absolute times): added p50 ≤ 2 × the bare relay's,
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -368,12 +370,13 @@ def time_format(
     direct = timed["direct"][0]
     rows[f"{fmt}: direct"].append(direct)
     rows[f"{fmt}: bare TCP relay: added"].append(timed["bare TCP relay"][0] - direct)
-    elapsed, got, _ = timed["proxy"]
-    prepare = float(got["x-ragent-duration-ms"])
-    rows[f"{fmt}: proxy: added"].append(elapsed - direct)
-    rows[f"{fmt}: proxy: inside"].append(float(got["x-ragent-proxy-ms"]))
-    rows[f"{fmt}: proxy: prepare"].append(prepare)
-    rows[f"{fmt}: proxy: own"].append(elapsed - direct - prepare)
+    for name in order[2:]:  # the default proxy arm (and, with --against, the other one's)
+        elapsed, got, _ = timed[name]
+        prepare = float(got["x-ragent-duration-ms"])
+        rows[f"{fmt}: {name}: added"].append(elapsed - direct)
+        rows[f"{fmt}: {name}: inside"].append(float(got["x-ragent-proxy-ms"]))
+        rows[f"{fmt}: {name}: prepare"].append(prepare)
+        rows[f"{fmt}: {name}: own"].append(elapsed - direct - prepare)
     return len(body)
 
 
@@ -418,10 +421,11 @@ def measure(
         "X-User-Id": "bench-user",
     }
     others = [fmt for fmt in formats if fmt != "chat"]
+    timed_arms = [name for name in arms if name == "proxy" or name.startswith("proxy [")]
     for fmt in others:
-        for kind in ("direct", "bare TCP relay: added", "proxy: added", "proxy: inside"):
-            rows[f"{fmt}: {kind}"] = []
-        rows[f"{fmt}: proxy: prepare"], rows[f"{fmt}: proxy: own"] = [], []
+        rows[f"{fmt}: direct"], rows[f"{fmt}: bare TCP relay: added"] = [], []
+        for name, kind in itertools.product(timed_arms, ("added", "inside", "prepare", "own")):
+            rows[f"{fmt}: {name}: {kind}"] = []
     sizes: list[int] = []
     format_sizes: dict[str, list[int]] = {fmt: [] for fmt in others}
     clients: dict[str, httpx2.Client] = {}
@@ -445,7 +449,7 @@ def measure(
             {"role": "system", "content": "You are a support agent for ACME."}
         ]
         targets = {
-            name: (clients[name], urls[name]) for name in ("direct", "bare TCP relay", "proxy")
+            name: (clients[name], urls[name]) for name in ["direct", "bare TCP relay", *timed_arms]
         }
         for number, messages in enumerate(simulate_session(turns)):
             history.append(messages[0])
@@ -485,9 +489,9 @@ def measure(
             history.extend(messages[1:])
         chat = turns if "chat" in formats else 0
         served = {name: chat for name in processes}
-        for name in ("bare TCP relay", "proxy"):
+        for name in ("bare TCP relay", *timed_arms):
             served[name] += turns * len(others)
-        served["upstream"] = chat * (len(urls) - 1) + 3 * turns * len(others)
+        served["upstream"] = chat * (len(urls) - 1) + len(targets) * turns * len(others)
         cpu = {
             name: round((cpu_ms(process.pid) - cpu_before[name]) / max(served[name], 1), 3)
             for name, process in processes.items()
@@ -622,20 +626,27 @@ def print_formats(stats: dict[str, dict[str, float]], formats: list[str]) -> dic
         relay = stats[f"{fmt}: bare TCP relay: added"]["p50_ms"]
         added = stats[f"{fmt}: proxy: added"]["p50_ms"]
         print(f"\n/v1/{fmt}: the same session in that format, default proxy")
-        for kind in (
-            "direct",
-            "bare TCP relay: added",
-            "proxy: added",
-            "proxy: prepare",
-            "proxy: own",
-        ):
+        arms = [
+            k.removesuffix(": added")
+            for k in stats
+            if k.startswith(f"{fmt}: proxy") and k.endswith(": added")
+        ]
+        kinds = [f"{arm.removeprefix(f'{fmt}: ')}: {kind}" for arm in arms for kind in PARTS]
+        for kind in ("direct", "bare TCP relay: added", *kinds):
             row = stats[f"{fmt}: {kind}"]
             print(
                 f"  {kind:<50} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['late_p50_ms']:>13.3f}"
             )
-        print(f"  {'added p50 ÷ relay added p50':<50} {added / relay:>8.2f}")
+        for arm in arms:
+            ratio = stats[f"{arm}: added"]["p50_ms"] / relay
+            print(
+                f"  {arm.removeprefix(f'{fmt}: ') + ': added p50 ÷ relay added p50':<50} {ratio:>8.2f}"
+            )
         verdicts[f"{fmt}: proxy: added"] = added <= TARGET_RELAY_RATIO * relay
     return verdicts
+
+
+PARTS = ("added", "prepare", "own")
 
 
 def save(data: dict[str, Any], formats: tuple[str, ...]) -> None:

@@ -26,6 +26,7 @@ from ragent_memory.recall.refs import REF_PATTERN
 from ragent_memory.serve.app import create_app
 from ragent_memory.serve.bodies import BodyCache
 from ragent_memory.serve.http import Reject
+from ragent_memory.serve.wire import Translations, dumped_object
 from ragent_memory.settings import ServeSettings
 
 TRICKY = st.text(alphabet='ab ]["},:\\\n\té😀你', max_size=12)
@@ -101,6 +102,24 @@ def test_every_body_parses_as_orjson_does(
         assert list(orjson.loads(raw)) == list(got)
         if number and step[0] == "append":  # an append is parsed by its tail, whatever came before
             assert tails + 1 == cache.tail_parses
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.booleans(), st.lists(message, max_size=4), st.lists(STEPS, min_size=1, max_size=12))
+def test_every_payload_is_the_json_orjson_gives(
+    model_first: bool, start: list[dict[str, Any]], steps: list[Any]
+) -> None:
+    """A session's payload reuses the JSON of the messages its last one sent (the same
+    objects, or equal ones) and is still, byte for byte, what ``orjson.dumps`` gives of the
+    whole body, whatever the next body did to its messages."""
+    head = {"model": "m"} if model_first else {}
+    body = {**head, "messages": start, "tools": [{"type": "function", "x": [1, [2]]}]}
+    memo = Translations()
+    for step in [("append", []), *steps]:
+        body = moved(body, step)
+        memo = memo.next()
+        sent = dumped_object(body, "messages", memo.dumped(body["messages"]))
+        assert orjson.dumps(body) == sent
 
 
 def test_appended_messages_are_the_only_new_objects() -> None:

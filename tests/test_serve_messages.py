@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,12 @@ from wire_script import (
 
 from ragent_memory.core.chars import chars
 from ragent_memory.recall.refs import REF_PATTERN
-from ragent_memory.serve.anthropic import AnthropicWire, limit_breakpoints, to_engine
+from ragent_memory.serve.anthropic import (
+    MAX_BREAKPOINTS,
+    AnthropicWire,
+    limit_breakpoints,
+    to_engine,
+)
 
 B = 20_000
 KEY = "sk-ant-caller-secret-51c2e9"
@@ -48,14 +54,30 @@ def proxy(
         yield p
 
 
-def client_for(
-    proxy: ProxyProcess, session: str | None = "s", **headers: str
-) -> anthropic.Anthropic:
-    if session:
-        headers["X-Session-Id"] = session
-    return anthropic.Anthropic(
-        base_url=proxy.root_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
-    )
+ClientFor = Callable[..., anthropic.Anthropic]
+
+
+@pytest.fixture
+def client_for() -> Iterator[ClientFor]:
+    """SDK clients for a proxy (``client_for(proxy, session, **headers)``), each closed after
+    the test (an open one leaves its socket to the garbage collector)."""
+    with contextlib.ExitStack() as clients:
+
+        def make(
+            proxy: ProxyProcess, session: str | None = "s", **headers: str
+        ) -> anthropic.Anthropic:
+            if session:
+                headers["X-Session-Id"] = session
+            client = anthropic.Anthropic(
+                base_url=proxy.root_url,
+                api_key=KEY,
+                default_headers=headers,
+                max_retries=0,
+                timeout=60,
+            )
+            return clients.enter_context(client)
+
+        yield make
 
 
 def bodies(upstream: FakeOpenAI) -> list[dict[str, Any]]:
@@ -75,7 +97,7 @@ def breakpoints(body: dict[str, Any]) -> int:
 
 
 def test_create_passes_system_blocks_headers_and_fields(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """A short conversation goes upstream as sent: system blocks (cache_control kept),
     metadata and every field; x-api-key, anthropic-version and anthropic-beta reach the
@@ -111,7 +133,7 @@ def test_create_passes_system_blocks_headers_and_fields(
 
 
 def test_tool_loop_with_thinking_goes_upstream_byte_for_byte(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """tool_use / tool_result (block content, is_error), thinking and redacted_thinking
     with their signatures, images and cache_control: the upstream gets the turns as sent."""
@@ -158,7 +180,9 @@ def test_tool_loop_with_thinking_goes_upstream_byte_for_byte(
     assert "system" not in request.body
 
 
-def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_stream_relays_the_upstream_events(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """``messages.stream``: the events arrive as the upstream wrote them (byte for byte),
     the text equals the upstream's and the final message keeps the thinking signature and
     the app's tool call."""
@@ -197,7 +221,9 @@ def test_stream_relays_the_upstream_events(proxy: ProxyProcess, upstream: FakeOp
     assert KEY == upstream.requests[-1].headers["x-api-key"]
 
 
-def test_the_query_string_reaches_the_upstream(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_the_query_string_reaches_the_upstream(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """Claude Code posts to /v1/messages?beta=true: so does the proxy."""
     upstream.enqueue(anthropic_reply([{"type": "text", "text": "beta"}]))
     reply = client_for(proxy, "beta").post(
@@ -209,7 +235,9 @@ def test_the_query_string_reaches_the_upstream(proxy: ProxyProcess, upstream: Fa
     assert ["/v1/messages?beta=true"] == [r.path for r in upstream.requests]
 
 
-def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_count_tokens_passes_through(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     upstream.enqueue(Answer(payload={"input_tokens": 42}))
     counted = client_for(proxy, None).messages.count_tokens(
         model="claude-fake", messages=[{"role": "user", "content": "count me"}]
@@ -220,7 +248,9 @@ def test_count_tokens_passes_through(proxy: ProxyProcess, upstream: FakeOpenAI) 
     assert [{"role": "user", "content": "count me"}] == request.body["messages"]
 
 
-def test_errors_are_anthropic_shaped(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
+def test_errors_are_anthropic_shaped(
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
     """A bad turn is a one-line 400 the anthropic client reads; an upstream error keeps its
     status and body."""
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]"):
@@ -265,10 +295,13 @@ def test_breakpoints_past_four_lose_the_earliest_in_messages() -> None:
         "system": SYSTEM,
         "messages": turns,
     }
+    sent = copy.deepcopy(turns)
+    mine = list(turns)
     limit_breakpoints(body)
     assert 4 == breakpoints(body)
     kept = ["cache_control" in t["content"][0] for t in body["messages"]]
     assert [False, False, True, True] == kept
+    assert sent == mine  # the turns it changed were replaced, not edited (they may be shared)
 
 
 # ---------------------------------------------------------------------- recall inside the proxy
@@ -315,7 +348,7 @@ def recalling_model(body: Any) -> Answer:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_recall_round_trip_happens_inside_the_proxy(
-    proxy: ProxyProcess, upstream: FakeOpenAI, stream: bool
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI, stream: bool
 ) -> None:
     """The big result is shown as a preview; the proxy offers recall in Anthropic's tool
     shape, answers the model's tool_use itself (its thinking kept on that assistant turn)
@@ -387,7 +420,7 @@ def paired(turns: list[dict[str, Any]]) -> bool:
 
 @pytest.mark.slow
 def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """200 requests of a Claude-Code-like tool loop (system and the latest turns marked for
     the cache): every upstream request is within B in the engine's metric, every tool_use is
@@ -450,7 +483,7 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
 
 
 def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """A reply that speaks first streams through; the proxy's later tool_use block is cut,
     the blocks after it renumbered and the stop reason the app's: the SDK reads it whole."""
@@ -468,7 +501,9 @@ def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
     assert ["recall_tool_result"] == [t["name"] for t in bodies(upstream)[0]["tools"]]
 
 
-def test_upstreams_send_each_provider_to_its_own_url(tmp_path: Path, upstream: FakeOpenAI) -> None:
+def test_upstreams_send_each_provider_to_its_own_url(
+    client_for: ClientFor, tmp_path: Path, upstream: FakeOpenAI
+) -> None:
     """serve.upstreams: /v1/messages goes to the anthropic URL, chat completions and
     responses to serve.upstream; one port serves all three formats."""
     with FakeOpenAI() as claude:
@@ -502,7 +537,7 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     it made of them: the engine gets the very message objects it saw before (the identity
     its prefix checks rely on), only the new turns translated afresh."""
     from ragent_memory.serve.bodies import BodyCache
-    from ragent_memory.serve.wire import Memo
+    from ragent_memory.serve.wire import Translations
 
     wire, bodies_seen = AnthropicWire(), BodyCache()
     turns = [
@@ -514,8 +549,8 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
         },
     ]
     first_body = {"model": "m", "system": "s", "messages": turns}
-    memo: Memo = {}
-    first, memo = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
+    memo = Translations()
+    first = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
     more = {
         **first_body,
         "messages": [
@@ -524,7 +559,7 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
             {"role": "user", "content": "two"},
         ],
     }
-    second, _ = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo)
+    second = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo.next())
     assert 1 == bodies_seen.tail_parses
     assert len(first) + 2 == len(second)
     assert all(a is b for a, b in zip(first, second, strict=False))
@@ -544,7 +579,7 @@ def test_what_goes_upstream_is_always_paired() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "user", "content": "and now?"},
     ]
-    system, turns = from_engine(view)
+    system, turns, _ = from_engine(view)
     assert "s" == system
     assert [
         {"type": "text", "text": "[tool result toolu_gone]\nold rows"},
@@ -554,3 +589,77 @@ def test_what_goes_upstream_is_always_paired() -> None:
     missing = {"type": "tool_result", "tool_use_id": "toolu_k", "content": NOT_IN_VIEW}
     assert [missing, {"type": "text", "text": "and now?"}] == turns[2]["content"]
     assert paired(turns)
+
+
+def test_the_way_back_reuses_the_last_requests_turns() -> None:
+    """The view's messages the session's last request translated back (the same objects,
+    or equal copies such as the memory block the engine makes anew each turn) give the
+    very turns they made then, the pairing going on from where it stopped; a message that
+    changed (a trimmed result) is translated afresh. Always equal to a translation from
+    nothing."""
+    from ragent_memory.serve.anthropic import from_engine
+    from ragent_memory.serve.wire import Translations
+
+    def call(call_id: str) -> dict[str, Any]:
+        return {"id": call_id, "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+
+    view = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "[memory] likes tea"},
+        {"role": "user", "content": "list it"},
+        {"role": "assistant", "content": None, "tool_calls": [call("toolu_1")]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "a.py b.py"},
+        {"role": "assistant", "content": "Two files. Listing again.", "tool_calls": [call("t2")]},
+    ]
+    first = Translations()
+    _, turns, _ = from_engine(view, first)
+    grown = [
+        view[0],
+        dict(view[1]),  # made anew, equal
+        *view[2:],
+        {"role": "tool", "tool_call_id": "t2", "content": "a.py b.py"},
+        {"role": "user", "content": "thanks"},
+    ]
+    second = first.next()
+    _, again, _ = from_engine(grown, second)
+    assert again == from_engine(grown)[1]
+    assert all(a is b for a, b in zip(turns, again[: len(turns)], strict=True))
+    assert {"type": "tool_result", "tool_use_id": "t2", "content": "a.py b.py"} in again[-1][
+        "content"
+    ]
+    assert paired(again)
+
+    trimmed = [*grown[:4], {**grown[4], "content": "[trimmed]"}, *grown[5:]]
+    _, third, _ = from_engine(trimmed, second.next())
+    assert third == from_engine(trimmed)[1]
+    assert third[1] is again[1]  # the assistant turn before the changed result
+    assert "[trimmed]" == third[2]["content"][0]["content"]
+
+
+def test_the_payload_keeps_four_breakpoints_when_the_turns_are_reused() -> None:
+    """The marks of the view's turns are counted as they are made (a nested tool_result
+    part too), so a payload whose turns come from the last request still holds at most 4:
+    the earliest in messages lose theirs, the app's system keeps its own."""
+    from ragent_memory.serve.wire import Translations
+
+    def marked(text: str) -> dict[str, Any]:
+        return {"type": "text", "text": text, "cache_control": EPHEMERAL}
+
+    call = {"id": "toolu_c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    view = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": [marked("one")]},
+        {"role": "assistant", "content": [marked("two")], "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_c", "content": [marked("three")]},
+        {"role": "assistant", "content": [marked("four")]},
+        {"role": "user", "content": [marked("five")]},
+    ]
+    body = {"model": "m", "max_tokens": 9, "system": SYSTEM, "messages": []}
+    wire, memo = AnthropicWire(), Translations()
+    for _ in range(2):
+        sent = json.loads(wire.payload(body, view, [], memo))
+        memo = memo.next()
+        assert MAX_BREAKPOINTS == breakpoints(sent)
+        assert "cache_control" in sent["system"][0]
+        assert "cache_control" in sent["messages"][-1]["content"][0]
+    assert "cache_control" in view[1]["content"][0]  # the view's own blocks are left alone

@@ -356,18 +356,18 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     """``input`` is parsed by its tail too, and a run of assistant items or an item seen in
     the session's last body is not translated again: the engine gets the same objects."""
     from ragent_memory.serve.bodies import BodyCache
-    from ragent_memory.serve.wire import Memo
+    from ragent_memory.serve.wire import Translations
 
     wire, bodies_seen = ResponsesWire(), BodyCache()
     items = tool_loop_input()
     body = {"model": "m", "instructions": INSTRUCTIONS, "input": items, "store": False}
-    memo: Memo = {}
-    first, memo = wire.history(
+    memo = Translations()
+    first = wire.history(
         bodies_seen.parse("k", json.dumps(body).encode(), "input", wire.parse), memo
     )
     more = {**body, "input": [*items, text_item("Opened."), {"role": "user", "content": "go"}]}
-    second, _ = wire.history(
-        bodies_seen.parse("k", json.dumps(more).encode(), "input", wire.parse), memo
+    second = wire.history(
+        bodies_seen.parse("k", json.dumps(more).encode(), "input", wire.parse), memo.next()
     )
     assert 1 == bodies_seen.tail_parses
     assert len(first) + 2 == len(second)
@@ -392,3 +392,47 @@ def test_what_goes_upstream_is_always_paired() -> None:
     assert ("function_call", "call_k") == (items[1]["type"], items[1]["call_id"])
     assert {"type": "function_call_output", "call_id": "call_k", "output": NOT_IN_VIEW} == items[2]
     assert ("function_call", "call_last") == (items[-1]["type"], items[-1]["call_id"])
+
+
+def test_the_way_back_reuses_the_last_requests_items() -> None:
+    """The view's messages the session's last request translated back (the same objects,
+    or equal copies) give the very items they made then, a call in them answered by an
+    output only the new messages hold; a message that changed is translated afresh; calls
+    a run leaves unanswered get their outputs in call order. Always equal to a translation
+    from nothing."""
+    from ragent_memory.serve.responses import NOT_IN_VIEW, from_engine
+    from ragent_memory.serve.wire import Translations
+
+    def call(call_id: str) -> dict[str, Any]:
+        function = {"name": "shell", "arguments": "{}"}
+        return {"id": call_id, "type": "function", "function": function}
+
+    view = [
+        {"role": "system", "content": INSTRUCTIONS, "x_instructions": True},
+        {"role": "user", "content": "[memory] uses vim"},
+        {"role": "user", "content": "list it"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_1")]},
+    ]
+    first = Translations()
+    instructions, items = from_engine(view, first)
+    grown = [
+        view[0],
+        dict(view[1]),
+        *view[2:],
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_2"), call("call_3")]},
+        {"role": "user", "content": "never mind"},
+    ]
+    second = first.next()
+    assert (instructions, from_engine(grown)[1]) == from_engine(grown, second)
+    _, again = from_engine(grown, second.next())
+    assert all(a is b for a, b in zip(items, again, strict=False))
+    assert ("function_call_output", "call_1") == (again[3]["type"], again[3]["call_id"])
+    owed = [(i["call_id"], i["output"]) for i in again if i.get("output") == NOT_IN_VIEW]
+    assert [("call_2", NOT_IN_VIEW), ("call_3", NOT_IN_VIEW)] == owed
+    assert paired(again)
+
+    changed = [*grown[:4], {**grown[4], "content": "[trimmed]"}, *grown[5:]]
+    _, third = from_engine(changed, second.next())
+    assert third == from_engine(changed)[1]
+    assert "[trimmed]" == third[3]["output"]

@@ -26,16 +26,14 @@ from starlette.responses import Response
 from ragent_memory.serve.chat import call_name
 from ragent_memory.serve.http import Reject, whole_response
 from ragent_memory.serve.wire import (
-    Memo,
     Message,
+    Translations,
     arguments_object,
     derived_session,
-    keep_prefix,
+    dumped_object,
     load_object,
     named_event,
     rebuilt,
-    remembered,
-    resume,
     text_parts,
 )
 
@@ -103,25 +101,22 @@ def assistant_message(content: Any) -> Message:
     return message
 
 
-def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-    """The request's ``system`` and ``messages`` as the engine's messages (see ``Memo``)."""
+def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list[Message]:
+    """The request's ``system`` and ``messages`` as the engine's messages (what ``memo``
+    holds of the session's last request reused)."""
+    memo = memo or Translations()
     out: list[Message] = []
-    seen: Memo = {}
     system = body.get("system")
     if system:
-        out += remembered(memo, seen, "system", system, _system_message, system)
+        out += memo.reuse("system", system, _system_message, system)
     turns = body["messages"]
-    start, _, marks = resume(memo, system, turns, out)
+    start, _, marks = memo.resume(system, turns, out)
     for index in range(start, len(turns)):
         message = turns[index]
-        out += remembered(memo, seen, id(message), message, _turn, message, index)
+        out += memo.reuse(id(message), message, _turn, message, index)
         marks.append((index + 1, len(out), None))
-    keep_prefix(seen, system, turns, out, marks)
-    return out, seen
-
-
-def to_engine(body: Mapping[str, Any]) -> list[Message]:
-    return translate(body, {})[0]
+    memo.keep_prefix(system, turns, out, marks)
+    return out
 
 
 def _system_message(system: Any) -> list[Message]:
@@ -183,25 +178,78 @@ def _system(leading: Sequence[Message]) -> Any:
     return [block for message in leading for block in text_parts(message.get("content"))]
 
 
-def from_engine(messages: Sequence[Message]) -> tuple[Any, list[dict[str, Any]]]:
-    """``(system, messages)`` of the upstream request (system None when there is none)."""
+def from_engine(
+    messages: Sequence[Message], memo: Translations | None = None
+) -> tuple[Any, list[dict[str, Any]], int]:
+    """``(system, messages, cache_control marks in messages)`` of the upstream request
+    (system None when there is none). Each assistant message is a turn, each run of
+    user/tool messages between them one user turn, answered against the assistant turn
+    before it (``_answered``); what ``memo`` holds of the session's last request (the view's
+    same or equal messages) is reused."""
+    memo = memo or Translations()
+    messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     lead = 0
     while lead < len(messages) and messages[lead].get("role") == "system":
         lead += 1
     turns: list[dict[str, Any]] = []
-    run: list[Message] = []  # consecutive user/tool messages: one user turn
-    for message in messages[lead:]:
-        if message.get("role") == "assistant":
-            if run:
-                turns.append(_user_turn(run))
-                run = []
-            turns.append(_assistant(message))
-        else:
-            run.append(message)
-    if run:
-        turns.append(_user_turn(run))
-    _pair(turns)
-    return (_system(messages[:lead]) if lead else None), turns
+    start, state, marks = memo.resume(None, messages, turns, "out")
+    before, marked = state or (None, 0)  # the assistant message before the run
+    run = start = max(start, lead)  # where the run of user/tool messages started
+    for index in range(start, len(messages) + 1):
+        message = messages[index] if index < len(messages) else None
+        if message is not None and message.get("role") != "assistant":
+            continue
+        if run < index:
+            source = (before, *messages[run:index])
+            asked = turns[-1] if before else None
+            unit = memo.reuse(("out", *map(id, source)), source, _answered, asked, source[1:])
+            turns.append(unit[0])
+            marked += unit[1]
+        if message is None:
+            break
+        unit = memo.reuse(("out", id(message)), message, _assistant_turn, message)
+        turns.append(unit[0])
+        before, marked, run = message, marked + unit[1], index + 1
+        marks.append((run, len(turns), (message, marked)))
+    memo.keep_prefix(None, messages, turns, marks, "out")
+    return (_system(messages[:lead]) if lead else None), turns, marked
+
+
+Unit = tuple[dict[str, Any], int]  # a turn and how many cache_control marks it holds
+
+
+def _assistant_turn(message: Mapping[str, Any]) -> Unit:
+    turn = _assistant(message)
+    return turn, _marks(turn)
+
+
+def _answered(asked: Mapping[str, Any] | None, run: Sequence[Message]) -> Unit:
+    """The user turn of ``run``, paired with ``asked`` (the assistant turn before it, if
+    any): every tool_use of it answered (a result saying it is not in view where the run has
+    none), every tool_result answering one of them (an orphan becomes text)."""
+    turn = _user_turn(run)
+    calls = [b.get("id") for b in _content_blocks(asked) if b.get("type") == "tool_use"]
+    content = turn["content"]
+    if isinstance(content, str):
+        if not calls:
+            return turn, 0
+        content = turn["content"] = text_parts(content)
+    answered = set()
+    for position, block in enumerate(content):
+        if block.get("type") != "tool_result":
+            continue
+        if block.get("tool_use_id") in calls:
+            answered.add(block.get("tool_use_id"))
+            continue
+        text = "\n".join(p.get("text", "") for p in text_parts(block.get("content")))
+        note = f"[tool result {block.get('tool_use_id')}]\n{text}"
+        content[position] = {"type": "text", "text": note}
+    content[:0] = [
+        {"type": "tool_result", "tool_use_id": call_id, "content": NOT_IN_VIEW}
+        for call_id in calls
+        if call_id not in answered
+    ]
+    return turn, _marks(turn)
 
 
 def _user_turn(run: Sequence[Message]) -> dict[str, Any]:
@@ -213,37 +261,6 @@ def _user_turn(run: Sequence[Message]) -> dict[str, Any]:
     return {"role": "user", "content": [*results, *others]}
 
 
-def _pair(turns: list[dict[str, Any]]) -> None:
-    """Every tool_use answered in the next turn, every tool_result answering the turn before:
-    an orphan result becomes text, a missing one says its result is not in view. One pass."""
-    asked: list[Any] = []  # the tool_use ids of the turn before
-    for turn in turns:
-        content = turn["content"]
-        if turn["role"] == "assistant":
-            asked = [b.get("id") for b in _content_blocks(turn) if b.get("type") == "tool_use"]
-            continue
-        if isinstance(content, str):
-            if not asked:
-                continue
-            content = turn["content"] = text_parts(content)
-        answered = set()
-        for position, block in enumerate(content):
-            if block.get("type") != "tool_result":
-                continue
-            if block.get("tool_use_id") in asked:
-                answered.add(block.get("tool_use_id"))
-                continue
-            text = "\n".join(p.get("text", "") for p in text_parts(block.get("content")))
-            note = f"[tool result {block.get('tool_use_id')}]\n{text}"
-            content[position] = {"type": "text", "text": note}
-        content[:0] = [
-            {"type": "tool_result", "tool_use_id": call_id, "content": NOT_IN_VIEW}
-            for call_id in asked
-            if call_id not in answered
-        ]
-        asked = []
-
-
 def _content_blocks(turn: Mapping[str, Any] | None) -> list[Block]:
     content = turn.get("content") if turn else None
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
@@ -251,21 +268,52 @@ def _content_blocks(turn: Mapping[str, Any] | None) -> list[Block]:
 
 def limit_breakpoints(body: dict[str, Any]) -> None:
     """At most ``MAX_BREAKPOINTS`` ``cache_control`` marks: past that, the earliest ones in
-    ``messages`` lose theirs (the app's ``tools`` and ``system`` ones are its stable prefix)."""
-    marked: list[tuple[list[Any], int]] = []
+    ``messages`` lose theirs (the app's ``tools`` and ``system`` ones are its stable prefix).
+    A turn that loses one is replaced in ``messages`` by a changed copy (the turns may be
+    another request's too)."""
+    turns = body["messages"]
+    marked = [(index, *at) for index, turn in enumerate(turns) for at in _marked_in(turn)]
+    copied: set[int] = set()
+    for index, position, part in marked[
+        : max(_fixed_marks(body) + len(marked) - MAX_BREAKPOINTS, 0)
+    ]:
+        if index not in copied:
+            turns[index] = {**turns[index], "content": list(turns[index]["content"])}
+            copied.add(index)
+        blocks = turns[index]["content"]
+        if part is None:
+            blocks[position] = _unmarked(blocks[position])
+        else:
+            nested = list(blocks[position]["content"])
+            nested[part] = _unmarked(nested[part])
+            blocks[position] = {**blocks[position], "content": nested}
+
+
+def _fixed_marks(body: Mapping[str, Any]) -> int:
+    """The ``cache_control`` marks of the app's ``tools`` and ``system`` blocks."""
     count = sum(1 for tool in body.get("tools") or () if _marked(tool))
     system = body.get("system")
-    count += sum(1 for block in system if _marked(block)) if isinstance(system, list) else 0
-    for turn in body["messages"]:
-        for position, block in enumerate(_content_blocks(turn)):
-            if _marked(block):
-                marked.append((turn["content"], position))
-            nested = block.get("content")
-            if block.get("type") == "tool_result" and isinstance(nested, list):
-                marked += [(nested, i) for i, part in enumerate(nested) if _marked(part)]
-    excess = count + len(marked) - MAX_BREAKPOINTS
-    for blocks, position in marked[: max(excess, 0)]:
-        blocks[position] = {k: v for k, v in blocks[position].items() if k != "cache_control"}
+    return count + (sum(1 for b in system if _marked(b)) if isinstance(system, list) else 0)
+
+
+def _marked_in(turn: Mapping[str, Any]) -> list[tuple[int, int | None]]:
+    """Where a turn's ``cache_control`` marks are: (block, part of a tool_result or None)."""
+    found: list[tuple[int, int | None]] = []
+    for position, block in enumerate(_content_blocks(turn)):
+        if _marked(block):
+            found.append((position, None))
+        nested = block.get("content")
+        if block.get("type") == "tool_result" and isinstance(nested, list):
+            found += [(position, i) for i, part in enumerate(nested) if _marked(part)]
+    return found
+
+
+def _marks(turn: Mapping[str, Any]) -> int:
+    return len(_marked_in(turn))
+
+
+def _unmarked(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in block.items() if k != "cache_control"}
 
 
 def _marked(block: Any) -> bool:
@@ -379,19 +427,21 @@ class AnthropicWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-        return translate(body, memo)
+    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
+        return to_engine(body, memo)
 
     def payload(
-        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+        self,
+        body: Mapping[str, Any],
+        messages: list[Message],
+        tools: list[Message],
+        memo: Translations,
     ) -> bytes:
-        system, turns = from_engine(messages)
+        system, turns, marked = from_engine(messages, memo)
         out = rebuilt(body, ("messages", turns), ("system", system), [*map(_tool, tools)])
-        payload = orjson.dumps(out)
-        if payload.count(b'"cache_control"') > MAX_BREAKPOINTS:  # only then walk the blocks
+        if marked + _fixed_marks(out) > MAX_BREAKPOINTS:
             limit_breakpoints(out)
-            payload = orjson.dumps(out)
-        return payload
+        return dumped_object(out, "messages", memo.dumped(out["messages"]))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

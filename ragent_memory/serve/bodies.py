@@ -20,7 +20,7 @@ import attrs
 import orjson
 
 from ragent_memory.serve import chat
-from ragent_memory.serve.wire import Memo
+from ragent_memory.serve.wire import Translations
 
 _WHITESPACE = b" \t\n\r"
 _SENTINEL = "ragent-memory: split check"
@@ -137,23 +137,29 @@ def _proves(last: _Last) -> bool:
 
 
 class Memos:
-    """The last translation per key (a session; see ``wire.Memo``), least recently used out
-    past ``max_sessions`` or ``max_bytes`` of the request bodies they were made from."""
+    """The last request's translations per key (a session; see ``wire.Translations``), least
+    recently used out past ``max_sessions`` or ``max_bytes`` of the request bodies they were
+    made from."""
 
     def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
         self.max_sessions, self.max_bytes = max_sessions, max_bytes
-        self._memos: collections.OrderedDict[Hashable, tuple[int, Memo]] = collections.OrderedDict()
+        self._memos: collections.OrderedDict[Hashable, tuple[int, Translations]] = (
+            collections.OrderedDict()
+        )
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def take(self, key: Hashable) -> Memo:
+    def take(self, key: Hashable) -> Translations:
+        """What a request of ``key`` starts from: its last request's translations."""
         with self._lock:
-            size, memo = self._memos.pop(key, (0, {}))
+            size, last = self._memos.pop(key, (0, None))
             self._bytes -= size
-            return memo
+            return last.next() if last is not None else Translations()
 
-    def keep(self, key: Hashable, memo: Memo, size: int) -> None:
-        if not memo or size > self.max_bytes:
+    def keep(self, key: Hashable, memo: Translations, size: int) -> None:
+        """Keep ``memo`` (which the request goes on filling in: its way back) for ``key``'s
+        next request."""
+        if size > self.max_bytes:
             return
         with self._lock:
             self._memos[key] = (size, memo)

@@ -12,6 +12,7 @@ import orjson
 from starlette.responses import Response
 
 from ragent_memory.serve.http import RawHeaders, Reject, whole_response
+from ragent_memory.serve.wire import Translations, dumped_object
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import TurnReport
@@ -265,7 +266,8 @@ class CallCutter:
 
 
 class ChatWire:
-    """``POST /v1/chat/completions``: the engine's own format, translated by nothing."""
+    """``POST /v1/chat/completions``: the engine's own format, translated by nothing (only
+    the JSON of the view's messages is the last request's where they are)."""
 
     name = "chat"
     field = "messages"
@@ -281,16 +283,20 @@ class ChatWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Any) -> tuple[list[Message], Any]:
-        return list(body["messages"]), {}  # the engine's own messages: nothing to translate
+    def history(self, body: Mapping[str, Any], memo: Any) -> list[Message]:
+        return list(body["messages"])  # the engine's own messages: nothing to translate
 
     def payload(
-        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+        self,
+        body: Mapping[str, Any],
+        messages: list[Message],
+        tools: list[Message],
+        memo: Translations,
     ) -> bytes:
         out = {**body, "messages": messages}
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *tools]
-        return orjson.dumps(out)
+        return dumped_object(out, "messages", memo.dumped(messages))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         return declared_tools(body)

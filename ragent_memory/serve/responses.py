@@ -27,15 +27,13 @@ from starlette.responses import Response
 from ragent_memory.serve.chat import call_name, error_response
 from ragent_memory.serve.http import Reject
 from ragent_memory.serve.wire import (
-    Memo,
     Message,
+    Translations,
     derived_session,
-    keep_prefix,
+    dumped_object,
     load_object,
     named_event,
     rebuilt,
-    remembered,
-    resume,
 )
 
 Item = dict[str, Any]
@@ -153,22 +151,23 @@ def _other(item: Item, index: int, leading: bool) -> list[Message]:
     return [{"role": "system" if leading else "user", "content": [{"type": OPAQUE, "item": item}]}]
 
 
-def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-    """``instructions`` and ``input`` as the engine's messages (see ``Memo``). The items the
-    session's last body began with, as the same objects, are not even looked at again: what
-    they made up to the last item that closed a message is reused as a whole."""
+def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list[Message]:
+    """``instructions`` and ``input`` as the engine's messages (what ``memo`` holds of the
+    session's last request reused). The items the session's last body began with, as the
+    same objects, are not even looked at again: what they made up to the last item that
+    closed a message is reused as a whole."""
+    memo = memo or Translations()
     out: list[Message] = []
-    seen: Memo = {}
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         system = {"role": "system", "content": instructions, "x_instructions": True}
-        out += remembered(memo, seen, "instructions", instructions, list, (system,))
+        out += memo.reuse("instructions", instructions, list, (system,))
     items = body["input"]
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise Reject(400, "malformed body: 'input' must be a string or a list of items")
-    start, state, marks = resume(memo, instructions, items, out)
+    start, state, marks = memo.resume(instructions, items, out)
     leading = True if state is None else bool(state)  # only system messages so far
     run: list[Item] = []
     for index, item in enumerate([*items[start:], None], start):
@@ -177,18 +176,18 @@ def translate(body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]
             continue
         if run:
             ran = tuple(run)
-            out += remembered(memo, seen, ran_key(ran), ran, _assistant_list, ran)
+            out += memo.reuse(ran_key(ran), ran, _assistant_list, ran)
             run, leading = [], False
         if item is None and index == len(items):
             break
         if not isinstance(item, dict):
             raise Reject(400, f"input[{index}]: expected an item object")
-        made = remembered(memo, seen, (id(item), leading), item, _other, item, index, leading)
+        made = memo.reuse((id(item), leading), item, _other, item, index, leading)
         out += made
         leading = leading and made[0]["role"] == "system"
         marks.append((index + 1, len(out), leading))
-    keep_prefix(seen, instructions, items, out, marks)
-    return out, seen
+    memo.keep_prefix(instructions, items, out, marks)
+    return out
 
 
 def _assistant_list(run: tuple[Item, ...]) -> list[Message]:
@@ -197,10 +196,6 @@ def _assistant_list(run: tuple[Item, ...]) -> list[Message]:
 
 def ran_key(run: tuple[Item, ...]) -> tuple[int, ...]:
     return tuple(map(id, run))
-
-
-def to_engine(body: Mapping[str, Any]) -> list[Message]:
-    return translate(body, {})[0]
 
 
 # ---------------------------------------------------------------------- back to the wire
@@ -288,45 +283,87 @@ def _output_item(message: Mapping[str, Any]) -> Item:
     return item
 
 
-def from_engine(messages: Sequence[Message]) -> tuple[str | None, list[Item]]:
-    """``(instructions, input)`` of the upstream request."""
-    instructions: str | None = None
+def from_engine(
+    messages: Sequence[Message], memo: Translations | None = None
+) -> tuple[str | None, list[Item]]:
+    """``(instructions, input)`` of the upstream request; what ``memo`` holds of the
+    session's last request (the view's same or equal messages) is reused."""
+    memo = memo or Translations()
+    messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     items: list[Item] = []
-    for message in messages:
-        role = message.get("role")
+    start, state, marks = memo.resume(None, messages, items, "out")
+    instructions, called, answered = _Paired.at(state)
+    for index in range(start, len(messages)):
+        message = messages[index]
         if message.get("x_instructions") and isinstance(message.get("content"), str):
             instructions = message["content"]
-        elif role == "assistant":
-            items += _assistant_items(message)
-        elif role == "tool":
-            items.append(_output_item(message))
         else:
-            items += _message_items(message)
-    _pair(items)
+            made, calling, answering = memo.reuse(("out", id(message)), message, _items, message)
+            items += made
+            called += calling
+            answered += answering
+        marks.append((index + 1, len(items), _Paired(instructions, called, answered)))
+    memo.keep_prefix(None, messages, items, marks, "out")
+    calls, outputs = set(called), set(answered)
+    if calls != outputs:
+        _pair(items, calls, outputs)
     return instructions, items
 
 
-def _pair(items: list[Item]) -> None:
-    """Every output answering a call before it (an orphan becomes a user message), every
-    function call answered (an output saying it is not in view)."""
-    calls = {i.get("call_id") for i in items if _is_call(i)}
-    outputs = {i.get("call_id") for i in items if _is_output(i)}
-    if calls == outputs:
-        return  # the usual case: nothing to mend
-    for index, item in enumerate(items):
-        if _is_output(item) and item.get("call_id") not in calls:
+class _Paired:
+    """The state of ``from_engine`` after a message: the instructions so far, and the call
+    ids the items so far call and answer (a count into lists later messages append to)."""
+
+    __slots__ = ("answered", "called", "instructions", "size")
+
+    def __init__(self, instructions: str | None, called: list[Any], answered: list[Any]) -> None:
+        self.instructions, self.called, self.answered = instructions, called, answered
+        self.size = (len(called), len(answered))
+
+    @staticmethod
+    def at(state: _Paired | None) -> tuple[str | None, list[Any], list[Any]]:
+        """``(instructions, called, answered)`` to go on from (fresh lists)."""
+        if state is None:
+            return None, [], []
+        calls, outputs = state.size
+        return state.instructions, state.called[:calls], state.answered[:outputs]
+
+
+def _items(message: Mapping[str, Any]) -> tuple[list[Item], tuple[Any, ...], tuple[Any, ...]]:
+    """An engine message as items, with the call ids of its calls and of its outputs."""
+    role = message.get("role")
+    if role == "assistant":
+        items = _assistant_items(message)
+    elif role == "tool":
+        items = [_output_item(message)]
+    else:
+        items = _message_items(message)
+    calls = tuple(i.get("call_id") for i in items if _is_call(i))
+    return items, calls, tuple(i.get("call_id") for i in items if _is_output(i))
+
+
+def _pair(items: list[Item], calls: set[Any], outputs: set[Any]) -> None:
+    """Every output answering a call (an orphan becomes a user message), every function
+    call answered (an output saying it is not in view, after the call's run of assistant-side
+    items; a call the input ends with is the model's latest: no output yet). ``calls`` and
+    ``outputs``: the call ids the items' calls and outputs name."""
+    orphans, unanswered = outputs - calls, calls - outputs
+    mended: list[Item] = []
+    owed: list[Item] = []  # outputs for the calls of the current run
+    for item in items:
+        call_id = item.get("call_id")
+        if owed and not _is_assistant_side(item):
+            mended += owed
+            owed = []
+        if call_id in orphans and _is_output(item):
             text = item.get("output") if isinstance(item.get("output"), str) else ""
-            note = f"[output of call {item.get('call_id')}]\n{text}"
-            items[index] = {"role": "user", "content": note}
-    missing = [i for i in items if _kind(i) in _ARGUMENT_KEYS and i.get("call_id") not in outputs]
-    for call in missing:
-        at = next(n for n, i in enumerate(items) if i is call) + 1
-        while at < len(items) and _is_assistant_side(items[at]):
-            at += 1
-        if at < len(items):  # a call the input ends with is the model's latest: no output yet
-            kind = "custom_tool_call_output" if _kind(call) == "custom_tool_call" else None
-            output = {"type": kind or "function_call_output", "call_id": call.get("call_id")}
-            items.insert(at, {**output, "output": NOT_IN_VIEW})
+            item = {"role": "user", "content": f"[output of call {call_id}]\n{text}"}
+        elif call_id in unanswered and _kind(item) in _ARGUMENT_KEYS:
+            kind = "custom_tool_call_output" if _kind(item) == "custom_tool_call" else None
+            output = {"type": kind or "function_call_output", "call_id": call_id}
+            owed.append({**output, "output": NOT_IN_VIEW})
+        mended.append(item)
+    items[:] = mended
 
 
 # ---------------------------------------------------------------------- streams
@@ -426,15 +463,19 @@ class ResponsesWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return not (body.get("previous_response_id") or body.get("conversation"))
 
-    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-        return translate(body, memo)
+    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
+        return to_engine(body, memo)
 
     def payload(
-        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+        self,
+        body: Mapping[str, Any],
+        messages: list[Message],
+        tools: list[Message],
+        memo: Translations,
     ) -> bytes:
-        instructions, items = from_engine(messages)
-        top = ("instructions", instructions)
-        return orjson.dumps(rebuilt(body, ("input", items), top, [*map(_tool, tools)]))
+        instructions, items = from_engine(messages, memo)
+        out = rebuilt(body, ("input", items), ("instructions", instructions), [*map(_tool, tools)])
+        return dumped_object(out, "input", memo.dumped(items))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

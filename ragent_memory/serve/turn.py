@@ -30,7 +30,7 @@ from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.stream import Relay, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
-from ragent_memory.serve.wire import Wire
+from ragent_memory.serve.wire import Translations, Wire
 from ragent_memory.settings import ServeSettings
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class Turn:
     own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
     started: float  # perf_counter() when the request arrived
     on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
+    memo: Translations  # the session's last request's translations, and this one's
     rounds: int = 0
     upstream_s: float = 0.0  # time spent waiting for the upstream
 
@@ -79,7 +80,7 @@ class Turn:
     def payload(self, *, with_tools: bool) -> bytes:
         """The body for the upstream: the app's, with the prepared messages (and tools)."""
         tools = list(self.own.values()) if with_tools else []
-        return self.wire.payload(self.body, self.messages, tools)
+        return self.wire.payload(self.body, self.messages, tools, self.memo)
 
 
 class Proxy:
@@ -127,9 +128,10 @@ class Proxy:
         """The turn of a parsed request, its session identified and its history prepared
         (translated to the engine's messages reusing ``key``'s last translation)."""
         session_id, user_id = self.identity.identify(headers, body, wire)
+        origin = origin or Origin()
+        memo = self.memos.take(origin.key)
         try:
-            origin = origin or Origin()
-            history, memo = wire.history(body, self.memos.take(origin.key))
+            history = wire.history(body, memo)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise Reject(400, f"malformed body: {err!r}") from err
         self.memos.keep(origin.key, memo, origin.size)
@@ -155,6 +157,7 @@ class Proxy:
             own=self._offer(wire, body, prepared.report, user_id),
             started=started,
             on_loop=on_loop,
+            memo=memo,
         )
 
     def _may_wait(self, history: list[Message], session_id: str) -> bool:

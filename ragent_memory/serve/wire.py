@@ -10,8 +10,10 @@ messages, parts and tool calls it hands back, so a translation back restores the
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from starlette.responses import Response
@@ -19,10 +21,12 @@ from starlette.responses import Response
 from ragent_memory.serve.http import Reject
 
 Message = dict[str, Any]
-# What one request's translation made of each turn, item or run of items (by the identity of
-# the source objects ``BodyCache`` hands out again): the next request of the session reuses it,
-# so the engine gets the very message objects it saw before.
-Memo = dict[Hashable, tuple[Any, list[Message]]]
+T = TypeVar("T")
+# What one request's translation made (by the identity of the objects it was made from: the
+# turns and items ``BodyCache`` hands out again, the view's messages ``prepare`` hands out
+# again): key -> (source, made). See ``Translations``.
+Memo = dict[Hashable, tuple[Any, Any]]
+Marks = list[tuple[int, int, Any]]  # (items translated, messages made, the loop's state)
 
 
 class Builder(Protocol):
@@ -57,16 +61,21 @@ class Wire(Protocol):
         """False for a request the engine cannot manage: it is forwarded untouched."""
         ...
 
-    def history(self, body: Mapping[str, Any], memo: Memo) -> tuple[list[Message], Memo]:
-        """The request's conversation as the engine's chat messages (what ``memo``, the
-        session's last translation, already holds reused), and this translation's memo."""
+    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
+        """The request's conversation as the engine's chat messages (what the session's last
+        request made of the same objects reused)."""
         ...
 
     def payload(
-        self, body: Mapping[str, Any], messages: list[Message], tools: list[Message]
+        self,
+        body: Mapping[str, Any],
+        messages: list[Message],
+        tools: list[Message],
+        memo: Translations,
     ) -> bytes:
-        """The upstream body: the app's, with ``messages`` translated back and the proxy's
-        ``tools`` (chat-completions schemas) added in this format's shape."""
+        """The upstream body: the app's, with ``messages`` translated back (what the session's
+        last request made of the same view messages reused) and the proxy's ``tools``
+        (chat-completions schemas) added in this format's shape."""
         ...
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]: ...
@@ -104,58 +113,101 @@ class Wire(Protocol):
     ) -> Response: ...
 
 
-def remembered(
-    memo: Memo,
-    seen: Memo,
-    key: Hashable,
-    source: Any,
-    make: Callable[..., list[Message]],
-    *args: Any,
-) -> list[Message]:
-    """The engine messages of ``source`` (a turn, an item, or a tuple of items): the last
-    request's when ``memo`` holds the very same object(s) under ``key``, else
-    ``make(*args)``; recorded in ``seen`` for the next request."""
-    hit = memo.get(key)
-    if hit is None or not _same(hit[0], source):
-        hit = (source, make(*args))
-    seen[key] = hit
-    return hit[1]
+class Translations:
+    """One request's translations both ways, reusing the session's last request's: an app
+    resends its whole history and ``BodyCache`` hands the turns it sent before out again as
+    the same objects; ``prepare`` hands the view's unchanged messages out again as the same
+    objects. What was made from an object (or a run of them) the last request saw is taken
+    as it was, so a request translates only what is new, and the engine gets the very
+    message objects it saw before (its prefix checks rely on their identity); the JSON of
+    the messages sent upstream is reused the same way (``dumped``), in every format.
+
+    Nothing made here is changed afterwards (it may be the next request's), nor is anything
+    it was made from. ``made`` is kept per session (``bodies.Memos``); ``next()`` is what the
+    session's next request starts from."""
+
+    def __init__(self, last: Memo | None = None) -> None:
+        self.last: Memo = last if last is not None else {}
+        self.made: Memo = {}
+
+    def next(self) -> Translations:
+        return Translations(self.made)
+
+    def reuse(self, key: Hashable, source: Any, make: Callable[..., T], *args: Any) -> T:
+        """What ``make(*args)`` makes of ``source`` (an object, or a tuple of objects): the
+        last request's when it saw the very same object(s) under ``key``; recorded for the
+        next request either way."""
+        hit = self.last.get(key)
+        if hit is None or not _same(hit[0], source):
+            hit = (source, make(*args))
+        self.made[key] = hit
+        made: T = hit[1]
+        return made
+
+    def resume(
+        self, head: Any, items: list[Any], out: list[Any], way: str = "in"
+    ) -> tuple[int, Any, Marks]:
+        """Where translating ``items`` starts: when the session's last request translated
+        (this ``way``) items after the same ``head`` (system, instructions), what it made
+        of them up to its last mark within the items both share (the same objects, or equal
+        ones: what is made of equal ones is equal) is put in ``out``, so those items are not
+        looked at again. ``(start, state at start or None, the marks kept)``."""
+        prior = self.last.get(("prefix", way))
+        if prior is None or prior[0][0] != head:
+            return 0, None, []
+        _, known, made, marks = prior[0]
+        shared = _shared(known, items)
+        last = len(marks) - 1
+        while last >= 0 and marks[last][0] > shared:
+            last -= 1
+        if last < 0:
+            return 0, None, []
+        start, count, state = marks[last]
+        out[:] = made[:count]
+        return start, state, marks[: last + 1]
+
+    def keep_prefix(
+        self, head: Any, items: list[Any], out: list[Any], marks: Marks, way: str = "in"
+    ) -> None:
+        """Record this translation (``items`` after ``head`` made ``out``; each mark: the
+        items up to it made ``out`` up to its count, the translation's state there) for
+        ``resume`` on the session's next request. Nothing may change ``items`` afterwards."""
+        self.made[("prefix", way)] = ((head, items, list(out), marks), None)
+
+    def dumped(self, items: Sequence[Any]) -> bytes:
+        """``orjson.dumps(list(items))``: the JSON of the leading items the session's last
+        request dumped (the same objects, or equal ones) reused, the rest dumped now."""
+        items = list(items)
+        prior = self.last.get("json")
+        parts: list[bytes] = []
+        if prior is not None:
+            known, known_parts = prior[0]
+            parts = known_parts[: _shared(known, items)]
+        parts += map(orjson.dumps, items[len(parts) :])
+        self.made["json"] = ((items, parts), None)
+        return b"[" + b",".join(parts) + b"]"
+
+
+def dumped_object(body: Mapping[str, Any], key: str, value: bytes) -> bytes:
+    """``orjson.dumps(body)`` where ``body[key]``'s JSON is ``value`` already."""
+    fields = (
+        orjson.dumps(name) + b":" + (value if name == key else orjson.dumps(item))
+        for name, item in body.items()
+    )
+    return b"{" + b",".join(fields) + b"}"
+
+
+def _shared(known: list[Any], items: list[Any]) -> int:
+    """How many leading items of both lists are the same objects or equal ones (identity
+    compared at C speed; only where it differs is equality asked)."""
+    differ = itertools.compress(itertools.count(), map(operator.is_not, known, items))
+    return next((at for at in differ if known[at] != items[at]), min(len(known), len(items)))
 
 
 def _same(known: Any, source: Any) -> bool:
     if isinstance(source, tuple):
-        return len(known) == len(source) and all(a is b for a, b in zip(known, source, strict=True))
+        return len(known) == len(source) and all(map(operator.is_, known, source))
     return known is source
-
-
-Marks = list[tuple[int, int, Any]]  # (items translated, messages made, the loop's state)
-
-
-def resume(memo: Memo, head: Any, items: list[Any], out: list[Message]) -> tuple[int, Any, Marks]:
-    """Where translating ``items`` starts: when the session's last body had the same ``head``
-    (system, instructions), its messages up to its last mark within the items both bodies
-    share (the same objects: ``BodyCache`` hands them out again) are put in ``out``, so those
-    items are not looked at again. ``(start, state at start or None, the marks kept)``."""
-    prior = memo.get("prefix")
-    if prior is None or prior[0][0] != head:
-        return 0, None, []
-    _, known, made, marks = prior[0]
-    shared, most = 0, min(len(known), len(items))
-    while shared < most and known[shared] is items[shared]:
-        shared += 1
-    last = len(marks) - 1
-    while last >= 0 and marks[last][0] > shared:
-        last -= 1
-    if last < 0:
-        return 0, None, []
-    start, count, state = marks[last]
-    out[:] = made[:count]
-    return start, state, marks[: last + 1]
-
-
-def keep_prefix(seen: Memo, head: Any, items: list[Any], out: list[Message], marks: Marks) -> None:
-    """Record this translation for ``resume`` on the session's next body."""
-    seen["prefix"] = ((head, items, list(out), marks), [])
 
 
 def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
