@@ -22,6 +22,7 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.rank import Found, RecallMirror
 from ragent_memory.store import RecallIndex
+from ragent_memory.text.relative import anchored
 from ragent_memory.text.terms import fts_query, search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
@@ -29,8 +30,9 @@ CANDIDATES: Final = 40  # hits read per query, before budgeting
 HOP_HITS: Final = 10  # the mirror's second-hop hits after them, shown when room is left
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
 NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
-NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
+NEIGHBOURS: Final = (-1, 1, 2)  # offsets of the messages read around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
+ANSWER_AFTER: Final = 2  # shown only when the message after the hit asks a question (its answer)
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
 _BREAK = re.compile(r"(?<=[.!?。！？]) ")  # after a sentence end, in folded text
 _WHEN = re.compile(
@@ -227,6 +229,7 @@ def render_excerpt(
     referred = []
     for message in excerpt.messages:
         text, clipped = focus(message.content, _limit(excerpt, message), stems, split, cut)
+        text = anchored(text, message.dated)
         ref = ref_for(message) if clipped and ref_for is not None else ""
         if ref:
             referred.append(message)
@@ -355,6 +358,10 @@ def group(
         messages = []  # in position order: the neighbours before it, the hit, those after
         for d in _AROUND:
             message = hit if not d else around.get((sid, at + d))
+            if d == ANSWER_AFTER and not (
+                messages and messages[-1].position == at + 1 and "?" in messages[-1].content
+            ):
+                continue
             if message is not None and (at + d < hidden or at + d in shown or not d):
                 messages.append(message)
         joined = next(
