@@ -15,11 +15,24 @@ from datetime import date, timedelta
 from typing import Final
 
 _MONTHS: Final = (
-    "January February March April May June July August September October November December"
-).split()
-_DAYS: Final = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+_DAYS: Final = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _NUMBERS: Final = ("a", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_COUNT: Final = r"(?P<n>\d{1,2}|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|a couple of)"
+_COUNT: Final = (
+    r"(?P<n>\d{1,2}|a|one|two|three|four|five|six|seven|eight|nine|ten|a few|a couple of)"
+)
 _WEEKDAY: Final = r"(?P<day>mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)(?:day|nesday|urday)?\b\.?"
 _RELATIVE = re.compile(
     r"(?<!the )\b(?:"
@@ -49,7 +62,7 @@ def stamp_date(dated: str) -> date | None:
         if groups["y3"]:
             return date(int(groups["y3"]), int(groups["m3"]), int(groups["d3"]))
         name = (groups["m1"] or groups["m2"]).casefold()
-        month = next(i for i, m in enumerate(_MONTHS, 1) if m.casefold().startswith(name[:3]))
+        month = next(i for i, m in enumerate(_MONTHS, 1) if m.casefold().startswith(name))
         return date(int(groups["y1"] or groups["y2"]), month, int(groups["d1"] or groups["d2"]))
     except (StopIteration, ValueError):  # "Maybe 3, 2023", 31 June
         return None
