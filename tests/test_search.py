@@ -151,6 +151,49 @@ def test_a_second_hop_finds_what_the_best_hits_name(store: Store) -> None:
     assert "Vlieland" not in find(store, question, session_id="q", user_id="u1")
 
 
+def test_an_excerpt_says_when_its_relative_time_was(store: Store) -> None:
+    """A recalled "yesterday" or "last week" is anchored to its session's date: read months
+    later, the excerpt still says when; a session without a date stamp anchors nothing."""
+    dated = chat("[1:56 pm on 8 May, 2023] Hi Mel!", "Hey!", "I went to a support group yesterday.")
+    index(store, dated, "s1", "u1")
+    index(store, chat("Hello.", "We hiked the Alps last week."), "s2", "u1")
+    block = find(store, "When did I go to the support group?", session_id="q", user_id="u1")
+    assert "support group yesterday [7 May 2023]." in block
+    block = find(store, "Where did we hike?", session_id="q", user_id="u1")
+    assert "the Alps last week." in block and "[the week" not in block
+
+
+def test_the_answer_to_a_question_after_a_hit_is_shown(store: Store) -> None:
+    """When the message after a hit asks a question, the one after that (its answer) is
+    part of the excerpt; after a message that asks nothing, it is not."""
+    said = "My daughter's birthday had a live concert in the garden."
+    index(
+        store,
+        chat("Hi!", said, "Wow! Who performed?", "It was Matt Patterson.", *FILLER[:4]),
+        "s1",
+        "u1",
+    )
+    told = "Our town fair had a live concert by the river."
+    index(
+        store, chat("Hello!", told, "Sounds fun.", "It was Nina Simmons.", *FILLER[4:8]), "s2", "u1"
+    )
+    block = find(store, "daughter birthday live concert garden", session_id="q", user_id="u1")
+    assert "Matt Patterson" in block
+    block = find(store, "town fair live concert river", session_id="q", user_id="u1")
+    assert "Sounds fun." in block and "Nina Simmons" not in block
+
+
+def test_an_excerpt_that_does_not_fit_whole_shows_its_hit_alone(store: Store) -> None:
+    """Once the room runs short, a lower hit still shows without its neighbours."""
+    for sid, code in (("s1", "zebra code one is 111"), ("s2", "zebra code two is 222 zebra")):
+        before, after = f"{sid} went on about lunch. " * 12, f"{sid} talked of rain. " * 14
+        index(store, chat(before, code, after), sid, "u1")
+    block = find(store, "zebra code", session_id="q", user_id="u1", max_chars=1_100)
+    assert "222 zebra" in block and "s2 went on" in block  # the best hit, whole
+    assert "one is 111" in block and "s1 went on" not in block  # the next, its hit alone
+    assert len(block) <= 1_100
+
+
 def test_chinese_fact_from_another_session_matches_a_chinese_question(store: Store) -> None:
     """Session A in Chinese, a question in session B of the same user finds it."""
     index(store, chat("我对花生过敏，吃了会很严重。", "好的，记住了。"), "A", "u1")

@@ -4,7 +4,10 @@ neighbouring messages, rendered as one block of excerpts within a char budget.
 - ``find_block``: one search (the mirror, ``rank.py``, or the store's FTS5) over what the
   caller may see and the view does not show, and with the mirror a second hop (the best hits'
   own rare terms) whose hits follow; excerpts in rank order while they fit, a long text cut
-  to the sentences sharing most words with the query, with a ref to its full text.
+  to the sentences sharing most words with the query, with a ref to its full text. An
+  excerpt is a hit with the messages before and after it, and the one after those when it
+  asks a question (its answer); once one no longer fits, its hit alone may. Relative time
+  ("yesterday", "last week") is anchored to the message's date (``text.relative``).
 - ``place``: the block as a leading text part of the final user message (what came before
   stays byte-identical: provider prompt caches keep hitting).
 """
@@ -22,15 +25,17 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.rank import Found, RecallMirror
 from ragent_memory.store import RecallIndex
+from ragent_memory.text.relative import anchored
 from ragent_memory.text.terms import fts_query, search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
 CANDIDATES: Final = 40  # hits read per query, before budgeting
 HOP_HITS: Final = 10  # the mirror's second-hop hits after them, shown when room is left
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
-NEIGHBOUR_CHARS: Final = 240  # a neighbouring message is clipped harder
-NEIGHBOURS: Final = (-1, 1)  # offsets of the messages shown around a hit
+NEIGHBOUR_CHARS: Final = 320  # a neighbouring message is clipped harder
+NEIGHBOURS: Final = (-1, 1, 2)  # offsets of the messages read around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
+ANSWER_AFTER: Final = 2  # shown only when the message after the hit asks a question (its answer)
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
 _BREAK = re.compile(r"(?<=[.!?。！？]) ")  # after a sentence end, in folded text
 _WHEN = re.compile(
@@ -229,6 +234,7 @@ def render_excerpt(
     referred = []
     for message in excerpt.messages:
         text, clipped = focus(message.content, _limit(excerpt, message), stems, split, cut)
+        text = anchored(text, message.dated)
         ref = ref_for(message) if clipped and ref_for is not None else ""
         if ref:
             referred.append(message)
@@ -358,9 +364,15 @@ def group(
         if (sid, at) in taken:
             continue
         hidden = visible_from if sid == session_id else EVERYTHING  # only its own are in view
-        messages = []  # in position order: the neighbours before it, the hit, those after
+        messages: list[
+            IndexedMessage
+        ] = []  # in position order: the neighbours before it, the hit, those after
         for d in _AROUND:
             message = hit if not d else around.get((sid, at + d))
+            if d == ANSWER_AFTER and not (
+                messages and messages[-1].position == at + 1 and "?" in messages[-1].content
+            ):
+                continue
             if message is not None and (at + d < hidden or at + d in shown or not d):
                 messages.append(message)
         joined = next(
@@ -387,7 +399,9 @@ def _fill(
     ref_for: RefFor | None,
     cutting: tuple[Splitter, Cutter | None],
 ) -> Recalled:
-    """The excerpts, best first, that fit the room left (``ask.limit`` of them at most)."""
+    """The excerpts, best first, that fit the room left (``ask.limit`` of them at most); one
+    that does not fit whole is shown as its hits alone if they fit (more hits in the room
+    once it runs short)."""
     room = ask.max_chars - len(HEADERS[ask.language]) - 1
     parts: list[str] = []
     referred: list[IndexedMessage] = []
@@ -395,11 +409,20 @@ def _fill(
         if ask.limit is not None and len(parts) >= ask.limit:
             break
         text, named = render_excerpt(excerpt, ref_for, stems, *cutting)
+        if len(text) + 1 > room and len(excerpt.messages) > len(excerpt.hits):
+            text, named = render_excerpt(alone(excerpt), ref_for, stems, *cutting)
         if len(text) + 1 <= room:
             parts.append(text)
             referred += named
             room -= len(text) + 1
     return Recalled(render_block(parts, ask.language), len(parts), tuple(parts), tuple(referred))
+
+
+def alone(excerpt: Excerpt) -> Excerpt:
+    """``excerpt`` without its neighbours: its hits alone."""
+    return excerpt._replace(
+        messages=tuple(m for m in excerpt.messages if m.position in excerpt.hits)
+    )
 
 
 def place(message: Message, block: str) -> Message:
