@@ -23,6 +23,7 @@ LATER_FEATURE_LINES = {
     "issue 35 embeddings: optional dense recall fused by RRF (recall/dense.py, llm/embeddings.py, store/vectors.py, recall.embeddings)": 750,
     "issue 33, speed: Messages and Responses translated back reusing the last request's (serve/wire.Translations)": 160,
     "issue 35 quality: relative time anchored in excerpts (text/relative.py), answer after a follow-up question, hits alone when room runs short": 160,
+    "issue 35 flat: MaxScore pruning in recall's top-k (recall/topk.py)": 90,
 }
 MAX_PACKAGE_LINES = 14_000 + sum(LATER_FEATURE_LINES.values())
 # Calls that build a mutable container; at module or class level they are shared state.

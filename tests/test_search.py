@@ -13,7 +13,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragent_memory.recall import excerpts
+from ragent_memory.recall import excerpts, topk
 from ragent_memory.recall.excerpts import (
     HEADERS,
     Ask,
@@ -192,6 +192,19 @@ def test_an_excerpt_that_does_not_fit_whole_shows_its_hit_alone(store: Store) ->
     assert "222 zebra" in block and "s2 went on" in block  # the best hit, whole
     assert "one is 111" in block and "s1 went on" not in block  # the next, its hit alone
     assert len(block) <= 1_100
+
+
+def test_a_second_hop_reads_no_long_postings(store: Store) -> None:
+    """A word of the best hit that is in more than ``LONG`` rows is no second-hop term (the
+    hop's reading stays bounded as the history grows): with the dog's name everywhere, the
+    hop finds neither the beach nor the many rows that name him."""
+    index(store, chat("Dana adopted a greyhound named Zorro last spring.", "Lovely!"), "s1", "u1")
+    index(store, chat("Zorro loves the beach at Vlieland every summer.", "Nice."), "s3", "u1")
+    many = [f"Zorro barked at the mailman again, time {i}." for i in range(topk.LONG + 1)]
+    index(store, chat(*many), "s5", "u1")
+    mirror = RecallMirror(store, hop=excerpts.HOP_HITS)
+    text = find(store, "What did Dana adopt?", mirror=mirror, session_id="q", user_id="u1")
+    assert "greyhound" in text and "Vlieland" not in text and "mailman" not in text
 
 
 def test_chinese_fact_from_another_session_matches_a_chinese_question(store: Store) -> None:

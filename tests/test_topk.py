@@ -133,6 +133,36 @@ def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     assert sum(read) <= 40 + 4 * topk.BLOCK_ROWS  # not 20,000
 
 
+def test_a_common_term_adds_no_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MaxScore: once the k-th best is known, a term in every row (its idf floored) is only
+    looked up, never read for candidates, even where the block bounds stop nothing (every
+    block holds a row with the rare term thrice but long and one with it once but short,
+    so each block's bound is above any row's score)."""
+    monkeypatch.setattr(topk, "WHOLE_POSTINGS", 0)
+    docs = [
+        ["wax", "wbx", "wbx", "wbx", *["wcx"] * 12]
+        if row % 40 == 3
+        else ["wax", "wbx"]
+        if row % 40 == 23
+        else ["wax", "wdx"]
+        for row in range(20_000)
+    ]
+    unit, lengths = build(docs)
+    read: list[int] = []
+    original = topk._score
+
+    def counting(terms, rows, norm):  # type: ignore[no-untyped-def]
+        read.append(len(rows))
+        return original(terms, rows, norm)
+
+    monkeypatch.setattr(topk, "_score", counting)
+    query = ["wax", "wbx"]
+    ranked = unit.rank(query_keys(query), session_id="x", visible_from=0, shown=(), limit=5)
+    expected = exhaustive(docs, lengths, query, set(), 5)
+    assert [row for row, _ in ranked] == [row for row, _ in expected]
+    assert sum(read) <= topk.FIRST_BLOCKS * topk.BLOCK_ROWS + 1_000  # not 20,000
+
+
 def _user_rows(store: Backend, user: str, count: int, start: int = 0) -> None:
     texts = [f"{user} talked about painting number {start + i} at the lake" for i in range(count)]
     rows = [

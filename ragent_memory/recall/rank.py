@@ -330,8 +330,8 @@ class RecallMirror:
         ``keep`` keeps, and their neighbours by (session, position); None when the store
         must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
         after them: a second search for the rarest terms of the best hits' own texts (those
-        in two rows or more, not asked already; texts up to ``HOP_SOURCE_CHARS``), for what
-        the question's words do not name."""
+        in two rows or more and ``LONG`` or fewer, not asked already; texts up to
+        ``HOP_SOURCE_CHARS``), for what the question's words do not name."""
         with self._lock:
             unit = self._current(user_id, session_id)
             if unit is None:
@@ -351,12 +351,16 @@ class RecallMirror:
 
     def _rarest(self, unit: _Unit, texts: Iterable[str], asked: set[str]) -> list[str]:
         """The ``HOP_TERMS`` terms of ``texts`` in the fewest rows (two at least: one is the
-        text itself), none of ``asked``, rarest first."""
+        text itself; ``LONG`` at most, so a hop reads a bounded number of postings however
+        long the history: a term in more rows names nothing a question missed), none of
+        ``asked``, rarest first."""
         found: dict[str, int] = {}
         for text in texts:
             for key in text_terms(text, self.stem.many)[0]:
                 posting = unit.postings.get(key)
-                if key not in asked and not isinstance(posting, int) and posting is not None:
+                if key in asked or isinstance(posting, int) or posting is None:
+                    continue
+                if key not in unit.blocks:  # in LONG rows or fewer
                     found[key] = len(posting)
         return sorted(found, key=lambda key: (found[key], key))[:HOP_TERMS]
 
