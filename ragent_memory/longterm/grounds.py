@@ -6,16 +6,21 @@ A small model copies whole sentences, a question or someone else's words include
 that keep those from the offline extractor keep them from the model too. A message with
 nothing left is not sent at all. A fact the model returns stays only when it is grounded: it
 shares a content word with what the gates kept, uses no word that only the dropped text holds,
-and is not worded as a question or a hypothetical. A fact already known needs no new ground."""
+and is not worded as a question or a hypothetical. An echo (the user's own words back, "I'm
+waiting for the build to finish", "lmao ok") is the model not doing its job, not a fact: it
+stays only when the offline patterns read a fact in it or in the sentence it echoes. A fact
+already known needs no new ground."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import attrs
 
 from ragent_memory.core.logs import get_logger
 from ragent_memory.longterm.clauses import Sentence, is_conjecture, sentences
+from ragent_memory.longterm.offline import candidates
 from ragent_memory.longterm.operations import Parsed
 from ragent_memory.longterm.vocabulary import Add, ExtractionRequest, Supersede, normalised
 from ragent_memory.text.porter import stem
@@ -24,6 +29,8 @@ from ragent_memory.text.terms import term_set
 log = get_logger(__name__)
 
 _ENDS = (".", "!", "?", "。", "！", "？", "；", ";")
+# A fact still in the user's voice: asked for in the third person, so an echo.
+_SPEAKER = re.compile(r"^(?:i|i'm|im|i've|i'd|i'll|my|me|we|we're|we've|our)\b|^我", re.IGNORECASE)
 
 
 def stems(text: str) -> set[str]:
@@ -44,10 +51,14 @@ def _kept(sentence: Sentence) -> list[str]:
     return [_ended(clause, sentence.language) for clause in sentence.clauses]
 
 
+def _pieces(message: str) -> list[str]:
+    return [part for sentence in sentences(message) for part in _kept(sentence)]
+
+
 def gated(message: str) -> str:
     """What the gates leave of one user message: the sentences that may state a fact (only
     their kept clauses when one was left out), lead-ins off; "" when nothing is left."""
-    return " ".join(part for sentence in sentences(message) for part in _kept(sentence))
+    return " ".join(_pieces(message))
 
 
 def _union(texts: Iterable[str]) -> frozenset[str]:
@@ -55,20 +66,37 @@ def _union(texts: Iterable[str]) -> frozenset[str]:
 
 
 @attrs.frozen
+class Piece:
+    """One kept sentence (or clause) of the user's: its words, its comparison key, and
+    whether the offline patterns read a fact in it."""
+
+    stems: frozenset[str]
+    key: str
+    readable: bool
+
+    @classmethod
+    def of(cls, text: str) -> Piece:
+        return cls(frozenset(stems(text)), normalised(text), bool(candidates(text)))
+
+
+@attrs.frozen
 class Grounds:
     """One extraction request's messages as the gates leave them, and what a fact may rest on."""
 
     messages: tuple[str, ...]  # each non-empty gated message, in order
+    pieces: tuple[Piece, ...]  # their sentences (or clauses)
     said: frozenset[str]  # stems of what the gates kept
     unsaid: frozenset[str]  # stems only the dropped text holds
     known: frozenset[str]  # the active facts, normalised
 
     @classmethod
     def of(cls, request: ExtractionRequest) -> Grounds:
-        kept = tuple(text for text in map(gated, request.messages) if text)
-        said = _union(kept)
+        kept = [_pieces(message) for message in request.messages]
+        pieces = tuple(Piece.of(text) for parts in kept for text in parts)
+        said = frozenset().union(*(piece.stems for piece in pieces))
         return cls(
-            messages=kept,
+            messages=tuple(" ".join(parts) for parts in kept if parts),
+            pieces=pieces,
             said=said,
             unsaid=_union(request.messages) - said,
             known=frozenset(normalised(fact.content) for fact in request.facts),
@@ -81,7 +109,18 @@ class Grounds:
         if is_conjecture(content):
             return False
         words = stems(content)
-        return bool(words & self.said) and not words & self.unsaid
+        if not words & self.said or words & self.unsaid:
+            return False
+        return not self._echoes(content) or self._reads_a_fact(content, words)
+
+    def _echoes(self, content: str) -> bool:
+        key = normalised(content)
+        return _SPEAKER.match(key) is not None or any(key == p.key for p in self.pieces)
+
+    def _reads_a_fact(self, content: str, words: set[str]) -> bool:
+        """The offline patterns read a fact in an echo, or in the piece it echoes."""
+        source = max(self.pieces, key=lambda piece: len(words & piece.stems))
+        return source.readable or bool(candidates(content))
 
 
 def grounded(parsed: Parsed, grounds: Grounds) -> Parsed:
