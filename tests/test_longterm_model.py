@@ -393,3 +393,21 @@ def test_a_fact_worded_as_a_question_or_hypothetical_is_a_conjecture(
     fact: str, conjecture: bool
 ) -> None:
     assert conjecture == is_conjecture(fact)
+
+
+def test_an_echo_is_a_fact_only_where_the_patterns_read_one(
+    fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine]
+) -> None:
+    """A small model echoes the user's sentences: an echo stays only when the offline
+    patterns read a fact in it; the model's own wording of a fact they miss stays."""
+    said = ("I'm waiting for the build to finish.", "I live in Porto.", "My 2 boys are 6 and 9.")
+    echoes = ["I'm waiting for the build to finish.", "I live in Porto.", "My 2 boys are 6 and 9"]
+    fake_openai.reply(operations(*map(add, echoes), add("Has two boys aged 6 and 9")))
+    engine = engine_at(fake_openai.base_url)
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(chat(*said), session_id="s1", user_id="u1")
+        engine.flush()
+    assert ["I live in Porto.", "Has two boys aged 6 and 9"] == [
+        f.content for f in engine.memories("u1")
+    ]
+    assert [2] == [e["items"] for e in logs if e["event"] == "memory.ungrounded"]
