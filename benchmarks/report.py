@@ -568,6 +568,28 @@ def facts_section(data: dict[str, Any], model: dict[str, Any] | None) -> list[st
         )
         + ".",
         "",
+        *_facts_rejected(model["results"]),
+    ]
+
+
+def _facts_rejected(results: dict[str, Any]) -> list[str]:
+    """What the model extractor's checks refused, per language (issue 34), when recorded."""
+    counts = {
+        n: r["rejected"] for n, r in results.items() if n.startswith("model ") and "rejected" in r
+    }
+    if not counts:
+        return []
+    parts = [
+        f"{name} {c.get('items', 0)} items, {c.get('batches not sent', 0)} batches not sent"
+        for name, c in counts.items()
+    ]
+    return [
+        "The model sees each message as the offline gates leave it (a batch with nothing "
+        "left is not sent) and a fact it returns is kept only when grounded (DESIGN §9, "
+        "`longterm/grounds.py`). Items rejected by those checks (and the other item checks): "
+        + "; ".join(parts)
+        + ".",
+        "",
     ]
 
 
