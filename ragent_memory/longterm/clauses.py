@@ -20,6 +20,11 @@ _CODE_LINE = re.compile(
 # A quoted span with a first-person word in it is someone's words, not the user's statement.
 _QUOTED = re.compile(r"[\"“「『](?P<q>[^\"”」』]*)[\"”」』]|(?<!\w)'(?P<s>[^']*)'(?!\w)")
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|me|my|we|our)\b|我", re.IGNORECASE)
+# The user speaking of themselves (not "help me", 帮我: a request).
+_SELF = re.compile(
+    r"\b(?:i|i'm|im|i've|i'd|i'll|my|mine|we|we're|we've|our|ours)\b|(?<![帮给让替])我",
+    re.IGNORECASE,
+)
 _SENTENCE_SPLIT = re.compile(
     r"(?<!\bDr\.)(?<!\bMr\.)(?<!\bMs\.)(?<!\bMrs\.)(?<!\bProf\.)(?<!\bSt\.)(?<=[.!?])\s+"
     r"|(?<=[。！？；;])|\n+"
@@ -283,6 +288,13 @@ def is_conjecture(text: str) -> bool:
     if language_of(text) == "en":
         return _HYPOTHETICAL_EN.search(_EVEN_IF.sub("", text)) is not None
     return bool(_QUESTION_ZH.search(text) or _HYPOTHETICAL_ZH.search(text))
+
+
+def speaks_of_self(sentence: Sentence) -> bool:
+    """The user speaks of themselves (a first-person subject or owner) or gives a standing
+    instruction: the only sentences the offline patterns read a fact in. A one-off request
+    ("Convert 5 miles to km", 帮我总结一下这段讨论) or small talk ("lmao ok") is neither."""
+    return _SELF.search(sentence.text) is not None or standing_instruction(sentence) is not None
 
 
 def standing_instruction(sentence: Sentence) -> str | None:

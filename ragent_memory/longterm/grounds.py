@@ -1,6 +1,8 @@
 """What a model extractor learns from (DESIGN §9, issue 34): the user's messages as the offline
 extractor's gates leave them (``clauses``: no questions, hypotheticals, reported, quoted or
-pasted text, role play or transient states), and only the facts grounded in that.
+pasted text, role play or transient states, and only sentences where the user speaks of
+themselves or gives a standing instruction — no one-off request, no small talk), and only the
+facts grounded in that.
 
 A small model copies whole sentences, a question or someone else's words included; the gates
 that keep those from the offline extractor keep them from the model too. A message with
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 import attrs
 
 from ragent_memory.core.logs import get_logger
-from ragent_memory.longterm.clauses import Sentence, is_conjecture, sentences
+from ragent_memory.longterm.clauses import Sentence, is_conjecture, sentences, speaks_of_self
 from ragent_memory.longterm.offline import candidates
 from ragent_memory.longterm.operations import Parsed
 from ragent_memory.longterm.vocabulary import Add, ExtractionRequest, Supersede, normalised
@@ -44,7 +46,7 @@ def _ended(text: str, language: str) -> str:
 
 
 def _kept(sentence: Sentence) -> list[str]:
-    if not sentence.clauses:
+    if not sentence.clauses or not speaks_of_self(sentence):
         return []
     if sentence.whole:
         return [_ended(sentence.text, sentence.language)]
