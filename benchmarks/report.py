@@ -595,7 +595,7 @@ def _facts_rejected(results: dict[str, Any]) -> list[str]:
 
 def facts_losses(facts: dict[str, Any] | None, model: dict[str, Any] | None) -> list[str]:
     """Each set below the extraction targets, and each language where the model extractor
-    is less precise than the offline one."""
+    is less precise, or finds less, than the offline one."""
     lines = []
     for name, result in (facts or {}).get("offline", {}).items():
         overall = result["overall"]
@@ -610,11 +610,12 @@ def facts_losses(facts: dict[str, Any] | None, model: dict[str, Any] | None) -> 
             continue
         offline = results.get(name.replace("model", "offline", 1), {}).get("overall", {})
         mine = result["overall"]
-        if (mine["precision"] or 0) < (offline.get("precision") or 0):
-            lines.append(
-                f"- Fact extraction, {name}: precision {ms(mine['precision'], 2)}, offline "
-                f"{ms(offline.get('precision'), 2)} on the same subset."
-            )
+        for measure in ("precision", "recall"):
+            if (mine[measure] or 0) < (offline.get(measure) or 0):
+                lines.append(
+                    f"- Fact extraction, {name}: {measure} {ms(mine[measure], 2)}, offline "
+                    f"{ms(offline.get(measure), 2)} on the same subset."
+                )
     return [*lines, ""] if lines else []
 
 
