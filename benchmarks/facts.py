@@ -38,7 +38,13 @@ import attrs
 from ragent_memory.errors import ExtractionError
 from ragent_memory.longterm.model import build_extractor
 from ragent_memory.longterm.offline import OfflineExtractor
-from ragent_memory.longterm.vocabulary import Add, ExtractionRequest, Extractor, Supersede
+from ragent_memory.longterm.vocabulary import (
+    Add,
+    Extraction,
+    ExtractionRequest,
+    Extractor,
+    Supersede,
+)
 from ragent_memory.settings import LLMSettings, Settings
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -92,14 +98,19 @@ def load(language: str, *, heldout: bool = False) -> list[Utterance]:
     return rows
 
 
+def extracted(extractor: Extractor, texts: Sequence[str], language: str) -> Extraction:
+    """What ``extractor`` makes of ``texts`` as one batch, for a user with no facts yet."""
+    return extractor.extract(ExtractionRequest((), tuple(texts), language))
+
+
+def contents(extraction: Extraction) -> list[str]:
+    """The facts an extraction learns."""
+    return [op.content for op in extraction.operations if isinstance(op, Add | Supersede)]
+
+
 def learnt(extractor: Extractor, texts: Sequence[str], language: str) -> list[str]:
     """The facts ``extractor`` learns from ``texts`` as one batch, for a user with none yet."""
-    request = ExtractionRequest((), tuple(texts), language)
-    return [
-        op.content
-        for op in extractor.extract(request).operations
-        if isinstance(op, Add | Supersede)
-    ]
+    return contents(extracted(extractor, texts, language))
 
 
 @attrs.define
@@ -240,19 +251,31 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def guarded(extractor: Extractor, failed: list[str]) -> Callable[[Sequence[str], str], list[str]]:
+def guarded(
+    extractor: Extractor, failed: list[str], rejected: Counter[str]
+) -> Callable[[Sequence[str], str], list[str]]:
     """``extractor`` for :func:`run`: a batch with no valid operations after the client's
-    retries learns nothing and is listed in ``failed``."""
+    retries learns nothing and is listed in ``failed``; ``rejected`` counts the items the
+    extractor's checks refused (ungrounded, copied, over the limit) and the batches the
+    gates left nothing of (no call)."""
 
     def extract(texts: Sequence[str], language: str) -> list[str]:
         started = time.perf_counter()
         try:
-            found = learnt(extractor, texts, language)
+            extraction = extracted(extractor, texts, language)
         except ExtractionError as err:
             failed.append(str(err))
-            found = []
+            found, refused, calls = [], 0, 1
+        else:
+            found, refused, calls = contents(extraction), extraction.rejected, extraction.attempts
+        rejected["items"] += refused
+        rejected["batches not sent"] += not calls
         took = time.perf_counter() - started
-        print(f"  model batch ({language}, {len(texts)}): {took:.0f} s → {found}", flush=True)
+        print(
+            f"  model batch ({language}, {len(texts)}): {took:.0f} s → {found}"
+            f" ({refused} rejected{'' if calls else ', not sent'})",
+            flush=True,
+        )
         return found
 
     return extract
@@ -276,8 +299,11 @@ def model_run(args: argparse.Namespace) -> dict[str, Any]:
             results[f"offline {language}"] = report(run(rows, offline_extract, args.batch))
 
             failed: list[str] = []
-            results[f"model {language}"] = report(run(rows, guarded(extractor, failed), args.batch))
+            rejected: Counter[str] = Counter()
+            extract = guarded(extractor, failed, rejected)
+            results[f"model {language}"] = report(run(rows, extract, args.batch))
             results[f"model {language}"]["failed_batches"] = failed
+            results[f"model {language}"]["rejected"] = dict(rejected)
             print_table(f"{language}: offline vs model (batches of {args.batch})", results)
     finally:
         extractor.close()

@@ -568,12 +568,34 @@ def facts_section(data: dict[str, Any], model: dict[str, Any] | None) -> list[st
         )
         + ".",
         "",
+        *_facts_rejected(model["results"]),
+    ]
+
+
+def _facts_rejected(results: dict[str, Any]) -> list[str]:
+    """What the model extractor's checks refused, per language (issue 34), when recorded."""
+    counts = {
+        n: r["rejected"] for n, r in results.items() if n.startswith("model ") and "rejected" in r
+    }
+    if not counts:
+        return []
+    parts = [
+        f"{name} {c.get('items', 0)} items, {c.get('batches not sent', 0)} batches not sent"
+        for name, c in counts.items()
+    ]
+    return [
+        "The model sees each message as the offline gates leave it (a batch with nothing "
+        "left is not sent) and a fact it returns is kept only when grounded (DESIGN §9, "
+        "`longterm/grounds.py`). Items rejected by those checks (and the other item checks): "
+        + "; ".join(parts)
+        + ".",
+        "",
     ]
 
 
 def facts_losses(facts: dict[str, Any] | None, model: dict[str, Any] | None) -> list[str]:
     """Each set below the extraction targets, and each language where the model extractor
-    is less precise than the offline one."""
+    is less precise, or finds less, than the offline one."""
     lines = []
     for name, result in (facts or {}).get("offline", {}).items():
         overall = result["overall"]
@@ -588,11 +610,12 @@ def facts_losses(facts: dict[str, Any] | None, model: dict[str, Any] | None) -> 
             continue
         offline = results.get(name.replace("model", "offline", 1), {}).get("overall", {})
         mine = result["overall"]
-        if (mine["precision"] or 0) < (offline.get("precision") or 0):
-            lines.append(
-                f"- Fact extraction, {name}: precision {ms(mine['precision'], 2)}, offline "
-                f"{ms(offline.get('precision'), 2)} on the same subset."
-            )
+        for measure in ("precision", "recall"):
+            if (mine[measure] or 0) < (offline.get(measure) or 0):
+                lines.append(
+                    f"- Fact extraction, {name}: {measure} {ms(mine[measure], 2)}, offline "
+                    f"{ms(offline.get(measure), 2)} on the same subset."
+                )
     return [*lines, ""] if lines else []
 
 

@@ -20,6 +20,11 @@ _CODE_LINE = re.compile(
 # A quoted span with a first-person word in it is someone's words, not the user's statement.
 _QUOTED = re.compile(r"[\"“「『](?P<q>[^\"”」』]*)[\"”」』]|(?<!\w)'(?P<s>[^']*)'(?!\w)")
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|me|my|we|our)\b|我", re.IGNORECASE)
+# The user speaking of themselves (not "help me", 帮我: a request).
+_SELF = re.compile(
+    r"\b(?:i|i'm|im|i've|i'd|i'll|my|mine|we|we're|we've|our|ours)\b|(?<![帮给让替])我",
+    re.IGNORECASE,
+)
 _SENTENCE_SPLIT = re.compile(
     r"(?<!\bDr\.)(?<!\bMr\.)(?<!\bMs\.)(?<!\bMrs\.)(?<!\bProf\.)(?<!\bSt\.)(?<=[.!?])\s+"
     r"|(?<=[。！？；;])|\n+"
@@ -154,11 +159,13 @@ _IMPERATIVE_ZH = re.compile(r"请|用|不要|别|回答|回复|给我")
 @attrs.frozen
 class Sentence:
     """One sentence that may state facts: its clauses (filler off, subject restored) and the
-    whole of it (for a standing instruction)."""
+    whole of it (for a standing instruction); ``whole`` when no clause of it was left out (a
+    transient one, "I'm tired today")."""
 
     language: str
     text: str
     clauses: tuple[str, ...]
+    whole: bool = True
 
 
 def language_of(text: str) -> str:
@@ -214,14 +221,17 @@ def _strip_lead(sentence: str, language: str) -> str | None:
     return sentence
 
 
-def _clauses(sentence: str, language: str) -> list[str]:
+def _clauses(sentence: str, language: str) -> tuple[list[str], bool]:
+    """The clauses of ``sentence`` that may state a fact, and whether none was left out."""
     split = _CLAUSE_SPLIT_EN if language == "en" else _CLAUSE_SPLIT_ZH
     transient = _TRANSIENT_EN if language == "en" else _TRANSIENT_ZH
     lead = _LEAD_EN if language == "en" else _LEAD_ZH
     out: list[str] = []
+    whole = True
     for index, raw in enumerate(split.split(sentence)):
         part = lead.sub("", raw.strip()).strip()
         if not part or transient.search(part):
+            whole = whole and not part
             continue
         if index and language == "en":
             part = _subject_en(part, out)
@@ -231,7 +241,8 @@ def _clauses(sentence: str, language: str) -> list[str]:
             part = _ADVERBS_EN.sub(lambda m: f"{m.group('s')} ", part)
         if part:
             out.append(part)
-    return out
+        whole = whole and bool(part)
+    return out, whole
 
 
 def _subject_en(part: str, before: list[str]) -> str:
@@ -256,13 +267,34 @@ def sentences(text: str) -> list[Sentence]:
         sentence = _strip_lead(raw, language)
         if not sentence or _is_out(sentence, language):
             continue
-        out.append(Sentence(language, sentence, tuple(_clauses(sentence, language))))
+        parts, whole = _clauses(sentence, language)
+        out.append(Sentence(language, sentence, tuple(parts), whole))
     return out
 
 
 def clauses(text: str) -> list[str]:
     """The clauses of ``text`` that may state a fact, filler taken off, in order."""
     return [clause for sentence in sentences(text) for clause in sentence.clauses]
+
+
+def is_conjecture(text: str) -> bool:
+    """``text`` (a fact as a model worded it) asks or supposes rather than states: a question
+    or a hypothetical by the same patterns that keep such sentences from the offline
+    extractor. (A question's opening word is not checked: a fact has no subject, and "Is a
+    nurse" or "Does not drink" are statements.)"""
+    text = text.strip()
+    if text.endswith(("?", "？")):
+        return True
+    if language_of(text) == "en":
+        return _HYPOTHETICAL_EN.search(_EVEN_IF.sub("", text)) is not None
+    return bool(_QUESTION_ZH.search(text) or _HYPOTHETICAL_ZH.search(text))
+
+
+def speaks_of_self(sentence: Sentence) -> bool:
+    """The user speaks of themselves (a first-person subject or owner) or gives a standing
+    instruction: the only sentences the offline patterns read a fact in. A one-off request
+    ("Convert 5 miles to km", 帮我总结一下这段讨论) or small talk ("lmao ok") is neither."""
+    return _SELF.search(sentence.text) is not None or standing_instruction(sentence) is not None
 
 
 def standing_instruction(sentence: Sentence) -> str | None:

@@ -1,5 +1,7 @@
 """The model extractor (DESIGN §9): a nonce-fenced prompt (DESIGN §6) through ``llm.LLMClient``
-asking for operations on the facts, or for merges when the block is too large."""
+asking for operations on the facts, or for merges when the block is too large. The model sees
+the user's messages as the offline extractor's gates leave them, and a fact it returns is kept
+only when grounded in that (``grounds``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.core.records import Draft, Fact
 from ragent_memory.errors import ExtractionError, LLMError
 from ragent_memory.llm.build import with_model
+from ragent_memory.longterm.grounds import Grounds, grounded, stems
 from ragent_memory.longterm.offline import OfflineExtractor
 from ragent_memory.longterm.operations import Parsed, parse_merges, parse_operations
 from ragent_memory.longterm.vocabulary import (
@@ -27,8 +30,6 @@ from ragent_memory.longterm.vocabulary import (
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS, LLMSettings, Settings
 from ragent_memory.summary.fence import neutralise, new_nonce
 from ragent_memory.summary.transcript import Transcript
-from ragent_memory.text.porter import stem
-from ragent_memory.text.terms import term_set
 
 if TYPE_CHECKING:
     from ragent_memory.llm.client import Completion, LLMClient
@@ -142,21 +143,17 @@ def build_consolidation_prompt(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def _stems(text: str) -> set[str]:
-    return {stem(term) for term in term_set(text)}
-
-
 def without_copies(parsed: Parsed, prompt: str, said: str) -> Parsed:
     """``parsed`` without the facts a model took from the prompt's own wording (its example
     "Lives in Lyon", a placeholder) rather than from what the user said (a fact in the
     prompt's words stays when every term of it was said): a small model copies them (issue
     34). Each is counted as rejected and logged."""
-    instructions, words = normalised(prompt), _stems(said)
+    instructions, words = normalised(prompt), stems(said)
 
     def copied(op: object) -> bool:
         if not isinstance(op, Add | Supersede):
             return False
-        return normalised(op.content) in instructions and not _stems(op.content) <= words
+        return normalised(op.content) in instructions and not stems(op.content) <= words
 
     kept = tuple(op for op in parsed.operations if not copied(op))
     if len(kept) < len(parsed.operations):
@@ -177,19 +174,23 @@ class ModelExtractor:
         self.offline = offline
 
     def extract(self, request: ExtractionRequest) -> Extraction:
+        grounds = Grounds.of(request)
+        if not grounds.messages:  # nothing the gates keep: no call
+            return Extraction((), 0, self.name, 0)
         nonce = new_nonce()
         prompt = build_extraction_prompt(
-            request.facts, request.messages, nonce=nonce, language=request.language
+            request.facts, grounds.messages, nonce=nonce, language=request.language
         )
         parsed: Parsed | None = None
         bad_replies = 0
-        said = "\n".join([*request.messages, *(f.content for f in request.facts)])
+        said = "\n".join([*grounds.messages, *(f.content for f in request.facts)])
 
         def check(text: str) -> str:
             nonlocal parsed, bad_replies
             try:
                 parsed = parse_operations(text, request.facts, nonce=nonce)
                 parsed = without_copies(parsed, prompt[0]["content"], said)
+                parsed = grounded(parsed, grounds)
             except ExtractionError:
                 bad_replies += 1
                 raise
