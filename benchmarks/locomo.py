@@ -246,19 +246,19 @@ def per_question(data: dict[str, Any], budget: int, tmp: Path, tally: Tally, nam
                     tally.add("window", context_text(window, ""), q["answer"])
 
 
+def drive_sessions(engine: MemoryEngine, data: dict[str, Any], name: str) -> None:
+    """Each LoCoMo session of ``data`` driven as its own session of the user ``name``."""
+    for number in session_numbers(data):
+        drive(engine, session_messages(data, number), session_id=f"{name}-s{number}", user_id=name)
+
+
 def sessions(data: dict[str, Any], budget: int, tmp: Path, tally: Tally, name: str) -> None:
     qa = questions(data)
     for recall in (False, True):
         arm = "sessions" if recall else "sessions_no_recall"
         path = tmp / f"{name}-{budget}-{arm}.db"
         with MemoryEngine(engine_settings(budget, path, recall=recall)) as engine:
-            for number in session_numbers(data):
-                drive(
-                    engine,
-                    session_messages(data, number),
-                    session_id=f"{name}-s{number}",
-                    user_id=name,
-                )
+            drive_sessions(engine, data, name)
             for k, q in enumerate(qa):
                 asked = [{"role": "user", "content": q["question"]}]
                 prepared = engine.prepare(asked, session_id=f"{name}-q{k}", user_id=name)

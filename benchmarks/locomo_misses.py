@@ -38,6 +38,7 @@ from benchmarks.locomo import (
     DATA,
     context_text,
     drive,
+    drive_sessions,
     engine_settings,
     questions,
     session_messages,
@@ -144,13 +145,7 @@ def run(protocol: str, budget: int, show: int, convs: Sequence[str], verbose: bo
                     every = [m for n in session_numbers(data) for m in session_messages(data, n)]
                     drive(engine, every, session_id=name, user_id=name)
                 else:
-                    for n in session_numbers(data):
-                        drive(
-                            engine,
-                            session_messages(data, n),
-                            session_id=f"{name}-s{n}",
-                            user_id=name,
-                        )
+                    drive_sessions(engine, data, name)
                 for k, q in enumerate(questions(data)):
                     gold = words(str(q["answer"]))
                     if not gold or not gold <= words(full):

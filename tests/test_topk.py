@@ -112,12 +112,8 @@ def test_top_k_is_exhaustive_bm25(
     assert [-score for _, score in ranked] == pytest.approx([s for _, s in expected], rel=1e-12)
 
 
-def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a rare term in the question and a common one, the common term's blocks that
-    cannot beat the k-th best are not read: reading stops early (rows read counted)."""
-    docs = [["wax", "wbx"] if row % 500 == 7 else ["wax", "wcx", "wdx"] for row in range(20_000)]
-    unit, _ = build(docs)
-    assert "wax" in unit.blocks
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows each scoring pass of the top-k reads, appended as they are scored."""
     read: list[int] = []
     original = topk._score
 
@@ -126,6 +122,16 @@ def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
         return original(terms, rows, norm)
 
     monkeypatch.setattr(topk, "_score", counting)
+    return read
+
+
+def test_a_long_history_reads_few_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a rare term in the question and a common one, the common term's blocks that
+    cannot beat the k-th best are not read: reading stops early (rows read counted)."""
+    docs = [["wax", "wbx"] if row % 500 == 7 else ["wax", "wcx", "wdx"] for row in range(20_000)]
+    unit, _ = build(docs)
+    assert "wax" in unit.blocks
+    read = counted_reads(monkeypatch)
     ranked = unit.rank(
         query_keys(["wax", "wbx"]), session_id="x", visible_from=0, shown=(), limit=5
     )
@@ -148,14 +154,7 @@ def test_a_common_term_adds_no_candidates(monkeypatch: pytest.MonkeyPatch) -> No
         for row in range(20_000)
     ]
     unit, lengths = build(docs)
-    read: list[int] = []
-    original = topk._score
-
-    def counting(terms, rows, norm):  # type: ignore[no-untyped-def]
-        read.append(len(rows))
-        return original(terms, rows, norm)
-
-    monkeypatch.setattr(topk, "_score", counting)
+    read = counted_reads(monkeypatch)
     query = ["wax", "wbx"]
     ranked = unit.rank(query_keys(query), session_id="x", visible_from=0, shown=(), limit=5)
     expected = exhaustive(docs, lengths, query, set(), 5)
