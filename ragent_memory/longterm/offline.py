@@ -35,7 +35,7 @@ from ragent_memory.longterm.vocabulary import (
 )
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS
 
-__all__ = ["NAME", "Candidate", "OfflineExtractor", "candidates", "read_fact"]
+__all__ = ["NAME", "Candidate", "OfflineExtractor", "candidates", "read_fact", "says"]
 
 NAME: Final = "offline-patterns"
 MAX_VALUE_CHARS: Final = 120
@@ -282,6 +282,15 @@ def _extends(longer: str, shorter: str) -> bool:
     """``longer`` says all ``shorter`` says and more, in the same words from the start."""
     a, b = re.findall(r"\w+", longer.casefold()), re.findall(r"\w+", shorter.casefold())
     return a[: len(b)] == b or normalised(longer).startswith(normalised(shorter))
+
+
+def says(fact: str, other: str) -> bool:
+    """``fact`` says all ``other`` says: the same words from the start (and more), or a fact of
+    the same slot whose words (en) or text (zh) hold ``other``'s."""
+    if _extends(fact, other):
+        return True
+    reading = read_fact(other)
+    return reading is not None and _near(_Entry(None, fact, read_fact(fact)), reading, other)
 
 
 # A fact's wording and the drafts it stands for; None once folded into another group.
