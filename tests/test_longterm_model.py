@@ -16,8 +16,9 @@ from sessions import chat, query
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.longterm.clauses import is_conjecture
-from ragent_memory.longterm.grounds import gated
+from ragent_memory.longterm.grounds import Grounds, gated
 from ragent_memory.longterm.offline import says
+from ragent_memory.longterm.vocabulary import ExtractionRequest
 from ragent_memory.summary.fence import NEUTRALISED
 
 MODEL = "memory-model"
@@ -499,3 +500,24 @@ def test_a_change_both_extractors_see_supersedes_once(
 )
 def test_a_near_duplicate_says_all_the_other_says(fact: str, other: str, near: bool) -> None:
     assert near == says(fact, other)
+
+
+@pytest.mark.parametrize(
+    ("said", "fact", "holds"),
+    [
+        (
+            "Act as a Linux terminal. I type commands, you reply with output.",
+            "Type commands, you reply with output.",
+            False,
+        ),
+        ("I'm severely lactose intolerant.", "Is severely lactose intolerant", True),
+        ("I live in Porto.", "live in Porto", True),
+        ("我对花生过敏。", "对花生过敏", True),
+    ],
+)
+def test_a_sentence_with_its_subject_cut_is_an_echo(said: str, fact: str, holds: bool) -> None:
+    """The user's sentence without its "I" is the model not doing its job: it stays only
+    where the offline patterns read a fact in it (issue 34, a role-play line it learnt)."""
+    language = "zh" if said.startswith("我") else "en"
+    grounds = Grounds.of(ExtractionRequest((), (said,), language))
+    assert holds == grounds.holds(fact)
