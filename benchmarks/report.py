@@ -586,7 +586,9 @@ def _facts_rejected(results: dict[str, Any]) -> list[str]:
     return [
         "The model sees each message as the offline gates leave it (a batch with nothing "
         "left is not sent) and a fact it returns is kept only when grounded (DESIGN §9, "
-        "`longterm/grounds.py`). Items rejected by those checks (and the other item checks): "
+        "`longterm/grounds.py`); the offline extractor's facts on the same messages complete "
+        "its answer, a near-duplicate of a model fact not added (`longterm/model.py`, "
+        "`completed`). Items rejected by those checks (and the other item checks): "
         + "; ".join(parts)
         + ".",
         "",

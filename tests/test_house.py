@@ -25,6 +25,7 @@ LATER_FEATURE_LINES = {
     "issue 35 quality: relative time anchored in excerpts (text/relative.py), answer after a follow-up question, hits alone when room runs short": 160,
     "issue 35 flat: MaxScore pruning in recall's top-k (recall/topk.py)": 90,
     "issue 34 model gates: the model extractor sees what the offline gates keep, keeps grounded facts (longterm/grounds.py)": 180,
+    "issue 34 model+offline: the offline extractor completes the model's operations (longterm/model.py completed, offline.py says, grounds.py subject-cut echo)": 90,
 }
 MAX_PACKAGE_LINES = 14_000 + sum(LATER_FEATURE_LINES.values())
 # Calls that build a mutable container; at module or class level they are shared state.

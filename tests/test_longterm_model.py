@@ -16,7 +16,9 @@ from sessions import chat, query
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.longterm.clauses import is_conjecture
-from ragent_memory.longterm.grounds import gated
+from ragent_memory.longterm.grounds import Grounds, gated
+from ragent_memory.longterm.offline import says
+from ragent_memory.longterm.vocabulary import ExtractionRequest
 from ragent_memory.summary.fence import NEUTRALISED
 
 MODEL = "memory-model"
@@ -173,15 +175,18 @@ def test_endpoint_down_falls_back_to_offline(
 def test_model_item_over_500_chars_is_rejected(
     fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine]
 ) -> None:
-    """An item over 500 chars is dropped; the rest of the reply applies."""
+    """An item over 500 chars is dropped; the rest of the reply applies, completed by the
+    offline extractor's facts."""
     fake_openai.reply(operations(add("Has a long story " + "x" * 490), add("Likes tea")))
     engine = engine_at(fake_openai.base_url)
     with structlog.testing.capture_logs() as logs:
         engine.after_turn(chat(*SAID), session_id="s1", user_id="u1")
         engine.flush()
-    assert ["Likes tea"] == [f.content for f in engine.memories("u1")]
+    assert ["Likes tea", "Is called Anna", "Lives in Lisbon"] == [
+        f.content for f in engine.memories("u1")
+    ]
     [extracted] = [e for e in logs if e["event"] == "memory.extracted"]
-    assert (1, 1) == (extracted["added"], extracted["rejected"])
+    assert (3, 1) == (extracted["added"], extracted["rejected"])
 
 
 def test_model_consolidation_merges_over_the_cap(
@@ -196,7 +201,7 @@ def test_model_consolidation_merges_over_the_cap(
         json.dumps({"merges": [{"content": "Facts 01 to 06, merged", "from": [1, 2, 3, 4, 5, 6]}]})
     )
     engine = engine_at(fake_openai.base_url, context_window_chars=12_000)
-    history = chat(*SAID)
+    history = chat("I like tea.", "Thanks!", "ok")  # offline: "Likes tea", which the model says
     engine.after_turn(history, session_id="s1", user_id="u1")
     engine.flush()
     history += chat("I drink tea.", "Green tea.", "Tea, always.")[1:]
@@ -247,7 +252,7 @@ def test_model_unknown_ids_are_rejected_and_duplicates_are_noops(
 ) -> None:
     """A SUPERSEDE or RETRACT of a number the prompt did not show is rejected with a log line
     (never an ADD), and an ADD equal to an active fact changes nothing."""
-    fake_openai.reply(operations(add("Is called Anna"), add("Lives in Lisbon")))
+    fake_openai.reply(operations(add("Is called Anna"), add("Lives in Lisbon"), add("Likes tea")))
     fake_openai.reply(
         operations(
             {"op": "SUPERSEDE", "id": 7, "content": "Lives in Porto"},
@@ -260,15 +265,17 @@ def test_model_unknown_ids_are_rejected_and_duplicates_are_noops(
     history = chat(*SAID)
     engine.after_turn(history, session_id="s1", user_id="u1")
     engine.flush()
-    history += chat("I moved to Porto.", "Lisbon is still home.", "Thanks!")[1:]
+    history += chat("Lisbon is still my home.", "Thanks!", "ok")[1:]
     with structlog.testing.capture_logs() as logs:
         engine.after_turn(history, session_id="s1", user_id="u1")
         engine.flush()
 
     assert 2 == len(fake_openai.requests)
-    assert [("Is called Anna", "active"), ("Lives in Lisbon", "active")] == query(
-        db_path, "SELECT content, status FROM memories ORDER BY id"
-    )
+    assert [
+        ("Is called Anna", "active"),
+        ("Lives in Lisbon", "active"),
+        ("Likes tea", "active"),
+    ] == query(db_path, "SELECT content, status FROM memories ORDER BY id")
     unknown = [(e["op"], e["id"]) for e in logs if e["event"] == "memory.unknown_fact"]
     assert [("SUPERSEDE", 7), ("RETRACT", 9)] == unknown
     [extracted] = [e for e in logs if e["event"] == "memory.extracted"]
@@ -297,7 +304,7 @@ def test_a_fact_copied_from_the_prompt_is_rejected(
     fake_openai.reply(operations(add(example)))
     engine = engine_at(fake_openai.base_url, language=language)
     with structlog.testing.capture_logs() as logs:
-        engine.after_turn(chat(*SAID), session_id="s1", user_id="u1")
+        engine.after_turn(chat("My name is Anna.", "Thanks!", "ok"), session_id="s1", user_id="u1")
         engine.flush()
     system, _ = prompt_of(fake_openai, 0)
     assert example in system  # the prompt does hold the example the model copied
@@ -414,3 +421,103 @@ def test_an_echo_is_a_fact_only_where_the_patterns_read_one(
         f.content for f in engine.memories("u1")
     ]
     assert [2] == [e["items"] for e in logs if e["event"] == "memory.ungrounded"]
+
+
+def test_the_offline_extractor_completes_a_model_that_learns_nothing(
+    fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine]
+) -> None:
+    """With a model configured memory never learns less than the offline default: a fact the
+    patterns read and the model missed is learnt all the same (issue 34)."""
+    fake_openai.reply(operations())
+    engine = engine_at(fake_openai.base_url)
+    engine.after_turn(chat("I work at Globex.", "Thanks!", "ok"), session_id="s1", user_id="u1")
+    engine.flush()
+    assert 1 == len(fake_openai.requests)
+    assert ["Works at Globex"] == [f.content for f in engine.memories("u1")]
+
+
+def test_a_fact_both_extractors_state_is_learnt_once(
+    fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine]
+) -> None:
+    """The model's fuller wording stands; the offline near-duplicate is not added beside it."""
+    fake_openai.reply(operations(add("Works at Globex as a nurse")))
+    engine = engine_at(fake_openai.base_url)
+    said = chat("I work at Globex as a nurse.", "Thanks!", "ok")
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(said, session_id="s1", user_id="u1")
+        engine.flush()
+    assert ["Works at Globex as a nurse"] == [f.content for f in engine.memories("u1")]
+    [extracted] = [e for e in logs if e["event"] == "memory.extracted"]
+    assert 1 == extracted["added"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "now"),
+    [
+        ({"op": "SUPERSEDE", "id": 1, "content": "Employed by Globex"}, "Employed by Globex"),
+        (add("Works at Globex"), "Works at Globex"),
+    ],
+    ids=["model-supersedes", "model-adds"],
+)
+def test_a_change_both_extractors_see_supersedes_once(
+    reply: dict[str, Any],
+    now: str,
+    fake_openai: FakeOpenAI,
+    engine_at: Callable[..., MemoryEngine],
+    db_path: str,
+) -> None:
+    """The model and the offline patterns both replace fact 1: one supersede, the model's
+    (the offline one, in other words, is dropped). A model that only ADDs the new employer
+    still replaces the old one, which the patterns know is single-valued."""
+    fake_openai.reply(operations(add("Works at Initech")))
+    fake_openai.reply(operations(reply))
+    engine = engine_at(fake_openai.base_url)
+    history = chat("I work at Initech.", "Thanks!", "ok")
+    engine.after_turn(history, session_id="s1", user_id="u1")
+    engine.flush()
+    history += chat("I work at Globex now.", "Great.", "Sure.")[1:]
+    with structlog.testing.capture_logs() as logs:
+        engine.after_turn(history, session_id="s1", user_id="u1")
+        engine.flush()
+    assert [("Works at Initech", "superseded", 2), (now, "active", None)] == query(
+        db_path, "SELECT content, status, superseded_by FROM memories ORDER BY id"
+    )
+    [extracted] = [e for e in logs if e["event"] == "memory.extracted"]
+    assert (0, 1) == (extracted["added"], extracted["superseded"])
+
+
+@pytest.mark.parametrize(
+    ("fact", "other", "near"),
+    [
+        ("Maya is a pediatric nurse.", "Is a pediatric nurse", True),
+        ("I like to see examples before theory.", "Likes to see examples before theory", True),
+        ("Works at Globex as a nurse", "Works at Globex", True),
+        ("Maya住在格拉斯哥", "住在格拉斯哥", True),
+        ("Does not drink coffee", "Drinks coffee", False),
+        ("不喝咖啡", "喝咖啡", False),
+        ("Lives in Nairobi", "Works in Kampala", False),
+    ],
+)
+def test_a_near_duplicate_says_all_the_other_says(fact: str, other: str, near: bool) -> None:
+    assert near == says(fact, other)
+
+
+@pytest.mark.parametrize(
+    ("said", "fact", "holds"),
+    [
+        (
+            "Act as a Linux terminal. I type commands, you reply with output.",
+            "Type commands, you reply with output.",
+            False,
+        ),
+        ("I'm severely lactose intolerant.", "Is severely lactose intolerant", True),
+        ("I live in Porto.", "live in Porto", True),
+        ("我对花生过敏。", "对花生过敏", True),
+    ],
+)
+def test_a_sentence_with_its_subject_cut_is_an_echo(said: str, fact: str, holds: bool) -> None:
+    """The user's sentence without its "I" is the model not doing its job: it stays only
+    where the offline patterns read a fact in it (issue 34, a role-play line it learnt)."""
+    language = "zh" if said.startswith("我") else "en"
+    grounds = Grounds.of(ExtractionRequest((), (said,), language))
+    assert holds == grounds.holds(fact)

@@ -10,8 +10,9 @@ nothing left is not sent at all. A fact the model returns stays only when it is 
 shares a content word with what the gates kept, uses no word that only the dropped text holds,
 and is not worded as a question or a hypothetical. An echo (the user's own words back, "I'm
 waiting for the build to finish", "lmao ok") is the model not doing its job, not a fact: it
-stays only when the offline patterns read a fact in it or in the sentence it echoes. A fact
-already known needs no new ground."""
+stays only when the offline patterns read a fact in it or in the sentence it echoes (an
+English sentence with only its subject cut, "Type commands, you reply with output", echoes
+it). A fact already known needs no new ground."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ log = get_logger(__name__)
 
 _ENDS = (".", "!", "?", "。", "！", "？", "；", ";")
 # A fact still in the user's voice: asked for in the third person, so an echo.
-_SPEAKER = re.compile(r"^(?:i|i'm|im|i've|i'd|i'll|my|me|we|we're|we've|our)\b|^我", re.IGNORECASE)
+_SUBJECT = r"^(?:i|i'm|im|i've|i'd|i'll|my|me|we|we're|we've|our)\b"
+_SPEAKER = re.compile(rf"{_SUBJECT}|^我", re.IGNORECASE)
+_LEAD = re.compile(rf"{_SUBJECT}\s*", re.IGNORECASE)  # "I type commands" → "type commands"
 
 
 def stems(text: str) -> set[str]:
@@ -117,7 +120,9 @@ class Grounds:
 
     def _echoes(self, content: str) -> bool:
         key = normalised(content)
-        return _SPEAKER.match(key) is not None or any(key == p.key for p in self.pieces)
+        if _SPEAKER.match(key) is not None:
+            return True
+        return any(key in (p.key, _LEAD.sub("", p.key, count=1)) for p in self.pieces)
 
     def _reads_a_fact(self, content: str, words: set[str]) -> bool:
         """The offline patterns read a fact in an echo, or in the piece it echoes."""

@@ -16,7 +16,7 @@ from ragent_memory.core.records import Draft, Fact
 from ragent_memory.errors import ExtractionError, LLMError
 from ragent_memory.llm.build import with_model
 from ragent_memory.longterm.grounds import Grounds, grounded, stems
-from ragent_memory.longterm.offline import OfflineExtractor
+from ragent_memory.longterm.offline import OfflineExtractor, says
 from ragent_memory.longterm.operations import Parsed, parse_merges, parse_operations
 from ragent_memory.longterm.vocabulary import (
     Add,
@@ -24,6 +24,8 @@ from ragent_memory.longterm.vocabulary import (
     ExtractionRequest,
     Extractor,
     Merge,
+    Operation,
+    Retract,
     Supersede,
     normalised,
 )
@@ -161,22 +163,73 @@ def without_copies(parsed: Parsed, prompt: str, said: str) -> Parsed:
     return Parsed(kept, parsed.rejected + len(parsed.operations) - len(kept))
 
 
+def completed(
+    model_ops: Sequence[Operation], offline_ops: Sequence[Operation]
+) -> tuple[Operation, ...]:
+    """The model's operations completed by the offline extractor's on the same request (issue
+    34): an offline fact the model did not state (in any near-duplicate wording, ``says``) is
+    appended; an offline change to a fact the model already changed is dropped. An offline
+    SUPERSEDE whose new wording the model only ADDed turns that ADD into the SUPERSEDE."""
+    operations = list(model_ops)
+    touched = {op.id for op in model_ops if isinstance(op, Supersede | Retract)}
+
+    def stating(content: str) -> int | None:
+        return next(
+            (
+                index
+                for index, op in enumerate(operations)
+                if isinstance(op, Add | Supersede)
+                and (says(op.content, content) or says(content, op.content))
+            ),
+            None,
+        )
+
+    for op in offline_ops:
+        if isinstance(op, Supersede | Retract) and op.id in touched:
+            continue
+        index = stating(op.content) if isinstance(op, Add | Supersede) else None
+        if index is None:
+            operations.append(op)
+        elif isinstance(op, Supersede) and isinstance(mine := operations[index], Add):
+            operations[index] = Supersede(op.id, mine.content)
+        else:
+            continue
+        if isinstance(op, Supersede | Retract):
+            touched.add(op.id)
+    return tuple(operations)
+
+
 class ModelExtractor:
-    """Operations from an OpenAI-compatible model; the offline extractor answers when every
-    endpoint fails, but not after a malformed reply (the model's answer, not an outage)."""
+    """Operations from an OpenAI-compatible model, completed by ``patterns``' (``completed``);
+    the ``offline`` extractor answers when every endpoint fails, but not after a malformed
+    reply (the model's answer, not an outage)."""
 
     def __init__(
-        self, client: LLMClient, *, model: str, max_tokens: int, offline: Extractor | None
+        self,
+        client: LLMClient,
+        *,
+        model: str,
+        max_tokens: int,
+        offline: Extractor | None,
+        patterns: Extractor | None = None,
     ) -> None:
         self.client = client
         self.name = model
         self.max_tokens = max_tokens
         self.offline = offline
+        self.patterns = patterns
+
+    def _completed(
+        self, operations: Sequence[Operation], request: ExtractionRequest
+    ) -> tuple[Operation, ...]:
+        if self.patterns is None:
+            return tuple(operations)
+        return completed(operations, self.patterns.extract(request).operations)
 
     def extract(self, request: ExtractionRequest) -> Extraction:
         grounds = Grounds.of(request)
         if not grounds.messages:  # nothing the gates keep: no call
-            return Extraction((), 0, self.name, 0)
+            return Extraction(self._completed((), request), 0, self.name, 0)
         nonce = new_nonce()
         prompt = build_extraction_prompt(
             request.facts, grounds.messages, nonce=nonce, language=request.language
@@ -206,7 +259,8 @@ class ModelExtractor:
             return attrs.evolve(outcome, attempts=err.attempts + outcome.attempts)
         if parsed is None:  # complete() returns only replies that passed check()
             raise ExtractionError("the reply was never validated")
-        return Extraction(parsed.operations, parsed.rejected, completion.model, completion.attempts)
+        operations = self._completed(parsed.operations, request)
+        return Extraction(operations, parsed.rejected, completion.model, completion.attempts)
 
     def _ask(self, prompt: list[dict[str, str]], check: Callable[[str], str]) -> Completion:
         """One memory call: temperature 0.2, the reply checked (and retried) by ``check``."""
@@ -249,9 +303,11 @@ def build_extractor(
 ) -> Extractor:
     """The offline extractor, or a model extractor when ``llm`` is configured."""
 
-    def model(client: LLMClient, llm: LLMSettings, offline: Extractor | None) -> Extractor:
+    def model(client: LLMClient, llm: LLMSettings, fallback: Extractor | None) -> Extractor:
         max_tokens = settings.memory_max_chars + 256  # ~1 token per char at worst (CJK)
-        return ModelExtractor(client, model=llm.model, max_tokens=max_tokens, offline=offline)
+        return ModelExtractor(
+            client, model=llm.model, max_tokens=max_tokens, offline=fallback, patterns=patterns
+        )
 
-    offline: Extractor = OfflineExtractor()
-    return with_model(settings, offline, model, on_event=on_event, sleep=sleep)
+    patterns: Extractor = OfflineExtractor()
+    return with_model(settings, patterns, model, on_event=on_event, sleep=sleep)

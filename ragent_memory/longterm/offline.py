@@ -34,8 +34,10 @@ from ragent_memory.longterm.vocabulary import (
     normalised,
 )
 from ragent_memory.settings import MEMORY_ITEM_MAX_CHARS
+from ragent_memory.text.porter import stem
+from ragent_memory.text.terms import CJK_RUN
 
-__all__ = ["NAME", "Candidate", "OfflineExtractor", "candidates", "read_fact"]
+__all__ = ["NAME", "Candidate", "OfflineExtractor", "candidates", "read_fact", "says"]
 
 NAME: Final = "offline-patterns"
 MAX_VALUE_CHARS: Final = 120
@@ -84,6 +86,7 @@ _PRONOUNS = (
     (re.compile(r"\bI'm\b", re.IGNORECASE), "they're"),
     (re.compile(r"\bI\b"), "they"),
 )
+_DENIES = re.compile(r"\b(?:not|no|never|no longer|stopped|quit)\b|n't|不|没|戒", re.IGNORECASE)
 _AS_ROLE = re.compile(r"^(?P<a>.+?)\s+as\s+(?P<b>an?\s.+)$", re.IGNORECASE)
 _FROM_PLACE = re.compile(r"^(?P<a>an?\s.+?)\s+(?:from|in|based in)\s+(?P<b>[A-Z][\w -]+)$")
 _AND_MORE = re.compile(r"\s+and\s+(?=(?:a|an|one|two|three|four|\d+)\s)", re.IGNORECASE)
@@ -282,6 +285,25 @@ def _extends(longer: str, shorter: str) -> bool:
     """``longer`` says all ``shorter`` says and more, in the same words from the start."""
     a, b = re.findall(r"\w+", longer.casefold()), re.findall(r"\w+", shorter.casefold())
     return a[: len(b)] == b or normalised(longer).startswith(normalised(shorter))
+
+
+def _stems(content: str) -> frozenset[str]:
+    for pattern, replacement in _PRONOUNS:  # "My …" as the offline wording has it, "Their …"
+        content = pattern.sub(replacement, content)
+    return frozenset(stem(word) for word in re.findall(r"\w+", content.casefold()))
+
+
+def says(fact: str, other: str) -> bool:
+    """``fact`` says all ``other`` says, so ``other`` is a near-duplicate of it: the same words
+    from the start (and more), or, unless only ``fact`` denies, all of ``other``'s words
+    (stemmed; "Maya is a nurse" says "Is a nurse") or, in Chinese, its text."""
+    if _extends(fact, other):
+        return True
+    if _DENIES.search(fact) and not _DENIES.search(other):
+        return False
+    if CJK_RUN.search(other):
+        return normalised(other) in normalised(fact)
+    return _stems(other) <= _stems(fact)
 
 
 # A fact's wording and the drafts it stands for; None once folded into another group.
