@@ -24,6 +24,7 @@ LATER_FEATURE_LINES = {
     "issue 33, speed: Messages and Responses translated back reusing the last request's (serve/wire.Translations)": 160,
     "issue 35 quality: relative time anchored in excerpts (text/relative.py), answer after a follow-up question, hits alone when room runs short": 160,
     "issue 35 flat: MaxScore pruning in recall's top-k (recall/topk.py)": 90,
+    "issue 35 ratio: a common term's count per row in recall's top-k (recall/topk.py, rank.py)": 50,
     "issue 34 model gates: the model extractor sees what the offline gates keep, keeps grounded facts (longterm/grounds.py)": 180,
     "issue 34 model+offline: the offline extractor completes the model's operations (longterm/model.py completed, offline.py says, grounds.py subject-cut echo)": 90,
 }

@@ -162,6 +162,29 @@ def test_a_common_term_adds_no_candidates(monkeypatch: pytest.MonkeyPatch) -> No
     assert sum(read) <= topk.FIRST_BLOCKS * topk.BLOCK_ROWS + 1_000  # not 20,000
 
 
+def test_a_common_terms_counts_per_row_rank_as_its_postings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A term in an eighth of the rows or more keeps its count per row (one byte, what its
+    postings say): a count past a byte's reach is read from the postings, and rows after the
+    last holding it count nothing: the ranking stays the exhaustive BM25."""
+    monkeypatch.setattr(topk, "WHOLE_POSTINGS", 0)
+    rng = random.Random(35)
+    docs = []
+    for row in range(3_000):
+        times = 300 if row % 97 == 5 or row == 2_799 else rng.choice((1, 2))
+        doc = ["wax"] * times if row < 2_800 else []
+        docs.append([*doc, *rng.choices(["wbx", "wcx", "wdx", "wex"], k=rng.randint(1, 6))])
+    unit, lengths = build(docs)
+    assert set(unit.dense) == {"wax", "wbx", "wcx", "wdx", "wex"}
+    assert len(unit.dense["wax"]) == 2_800  # up to the last row holding it
+    for query, limit in ((["wax", "wbx"], 40), (["wax"], 20), (["wcx", "wax", "wax"], 7)):
+        ranked = unit.rank(query_keys(query), session_id="x", visible_from=0, shown=(), limit=limit)
+        expected = exhaustive(docs, lengths, query, set(), limit)
+        assert [row for row, _ in ranked] == [row for row, _ in expected]
+        assert [-score for _, score in ranked] == pytest.approx([s for _, s in expected], rel=1e-12)
+
+
 def _user_rows(store: Backend, user: str, count: int, start: int = 0) -> None:
     texts = [f"{user} talked about painting number {start + i} at the lake" for i in range(count)]
     rows = [

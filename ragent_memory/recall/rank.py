@@ -40,8 +40,10 @@ from ragent_memory.recall.topk import (
     BUDGET_BLOCKS,
     COUNT_BITS,
     COUNT_MAX,
+    DENSE,
     K1,
     LONG,
+    SATURATED,
     B,
     Blocks,
     Norm,
@@ -128,6 +130,7 @@ class _Unit:
         # terms, numbers and ids, occur in one row), an array for more
         self.postings: dict[str, int | array[int]] = {}
         self.blocks: dict[str, Blocks] = {}  # a long term's block bounds (topk.py)
+        self.dense: dict[str, array[int]] = {}  # a common term's count per row (topk.Term)
         self.at: dict[int, int] = {}  # session number << 32 | position → newest row
         self.total = 0.0
         self._held = 0  # bytes of what the containers point at (``nbytes`` adds theirs)
@@ -139,7 +142,7 @@ class _Unit:
             *(self.ids, self.positions, self.codes, self.lengths, self.roles, self.dates),
             *(self.digests, self.names, self.numbers, self.dated, self.date_numbers),
             *(self.role_names, self.role_numbers),
-            *(self.postings, self.blocks, self.at),
+            *(self.postings, self.blocks, self.dense, self.at),
         )
         return self._held + sum(map(sys.getsizeof, containers))
 
@@ -197,6 +200,24 @@ class _Unit:
                 before = blocks.nbytes()
                 blocks.add(row, len(posting) - 1, count, length)
                 self._held += blocks.nbytes() - before
+                self._count(term, posting, row, count)
+
+    def _count(self, term: str, posting: array[int], row: int, count: int) -> None:
+        """A long term's count in ``row`` into its counts per row, which it gets once it is
+        in ``1/DENSE`` of the rows (from then on kept: the rows it is in only grow)."""
+        dense = self.dense.get(term)
+        if dense is None:
+            if len(posting) * DENSE <= row:
+                return
+            self.dense[term] = dense = array("B", bytes(row + 1))
+            for old in posting:
+                dense[old >> COUNT_BITS] = min(old & COUNT_MAX, SATURATED)
+            self._held += sys.getsizeof(dense)
+            return
+        before = sys.getsizeof(dense)
+        dense.frombytes(bytes(row - len(dense)))
+        dense.append(min(count, SATURATED))
+        self._held += sys.getsizeof(dense) - before
 
     def rank(
         self,
@@ -224,7 +245,9 @@ class _Unit:
                 postings = np.array([posting], dtype=np.int64)
             else:
                 postings = np.frombuffer(posting, dtype=np.int64)
-            terms.append(Term(weight, postings, self.blocks.get(key)))
+            dense = self.dense.get(key)
+            counts = None if dense is None else np.frombuffer(dense, dtype=np.uint8)
+            terms.append(Term(weight, postings, self.blocks.get(key), counts))
         if not terms or limit < 1:
             return []
         lengths = np.frombuffer(self.lengths, dtype=np.float64)

@@ -57,6 +57,8 @@ LONG: Final = 64  # a term in more rows than this keeps block bounds; fewer are 
 FIRST_BLOCKS: Final = 8  # blocks read in the first round (doubling each round)
 WHOLE_POSTINGS: Final = 8_192  # the rarest long terms are read whole while their postings fit
 BUDGET_BLOCKS: Final = 1 << 30  # blocks read at most: none by default, so top-k is exact
+DENSE: Final = 8  # a long term in 1/8 of the rows or more keeps its count per row (``Term``)
+SATURATED: Final = 255  # a kept count of this many or more: the postings say how many
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -96,11 +98,16 @@ class Blocks:
 
 class Term(NamedTuple):
     """One query term: its BM25 weight (idf × k1 + 1 × times asked), postings (each
-    ``row << COUNT_BITS | count``, by row) and block bounds (None: a short term)."""
+    ``row << COUNT_BITS | count``, by row), block bounds (None: a short term) and, for a
+    term in ``1/DENSE`` of the rows or more, its count in each row up to the last holding it
+    (``SATURATED`` at most; one byte a row, no more than its postings' eight bytes each):
+    a row's count is then one read, not a binary search in postings that grow with the
+    history (None: looked up in the postings)."""
 
     weight: float
     postings: Ints
     blocks: Blocks | None
+    counts: npt.NDArray[np.uint8] | None = None
 
 
 class Norm(NamedTuple):
@@ -111,12 +118,32 @@ class Norm(NamedTuple):
     base: float  # K1 * (1 - B)
 
 
-def _part(term: Term, rows: Ints, lengths: Floats) -> Floats:
-    """What ``term`` adds to each row's BM25 (rows sorted; ``lengths`` their length norm)."""
-    postings = term.postings
+def _looked_up(postings: Ints, rows: Ints) -> Ints:
+    """Each row's count in ``postings`` (0: not there), by binary search (rows sorted)."""
     at = np.minimum(postings.searchsorted(rows << COUNT_BITS), len(postings) - 1)
     found = postings[at]
-    freq = np.where((found >> COUNT_BITS) == rows, found & COUNT_MAX, 0).astype(np.float64)
+    counts: Ints = np.where((found >> COUNT_BITS) == rows, found & COUNT_MAX, 0)
+    return counts
+
+
+def _counts(term: Term, rows: Ints) -> Ints:
+    """``term``'s count in each of ``rows`` (sorted): one read each from its counts per row
+    if it keeps them (a saturated one looked up in its postings), else looked up."""
+    dense = term.counts
+    if dense is None:
+        return _looked_up(term.postings, rows)
+    inside = rows < len(dense)
+    counts = np.zeros(len(rows), dtype=np.int64)
+    counts[inside] = dense[rows[inside]]
+    full = np.flatnonzero(counts == SATURATED)
+    if len(full):
+        counts[full] = _looked_up(term.postings, rows[full])
+    return counts
+
+
+def _part(term: Term, rows: Ints, lengths: Floats) -> Floats:
+    """What ``term`` adds to each row's BM25 (rows sorted; ``lengths`` their length norm)."""
+    freq = _counts(term, rows).astype(np.float64)
     part: Floats = term.weight * freq / (freq + lengths)
     return part
 
