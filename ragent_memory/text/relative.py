@@ -120,10 +120,20 @@ def _meaning(match: re.Match[str], on: date) -> str:
     return _ago(match, on) if match["ago"] else _near(match, on)
 
 
+# A word every relative phrase holds: text without one is not scanned by ``_RELATIVE`` (most
+# excerpt lines hold none, and the scan was most of recall's rendering time).
+_TRIGGERS: Final = ("yesterday", "last", "tomorrow", "ago", "next", "this past")
+
+
 def anchored(text: str, dated: str) -> str:
     """``text`` with each relative time phrase followed by what it meant on ``dated`` (the
     message's date stamp), in brackets; ``text`` itself when the stamp names no date."""
-    on = stamp_date(dated) if dated else None
+    if not dated:
+        return text
+    folded = text.casefold()
+    if not any(word in folded for word in _TRIGGERS):
+        return text
+    on = stamp_date(dated)
     if on is None:
         return text
     return _RELATIVE.sub(lambda m: f"{m.group(0)} [{_meaning(m, on)}]", text)
