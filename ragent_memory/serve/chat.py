@@ -12,7 +12,7 @@ import orjson
 from starlette.responses import Response
 
 from ragent_memory.serve.http import RawHeaders, Reject, whole_response
-from ragent_memory.serve.wire import Translations, dumped_object
+from ragent_memory.serve.wire import Translations, dumped_object, json_object
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import TurnReport
@@ -37,12 +37,7 @@ def error_response(
 
 def parse(raw: bytes) -> dict[str, Any]:
     """The body as a dict with a ``messages`` list, or a 400 ``Reject`` saying what is wrong."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise Reject(400, f"malformed body: not JSON ({err})") from err
-    if not isinstance(body, dict):
-        raise Reject(400, "malformed body: expected a JSON object")
+    body = json_object(raw)
     if not isinstance(body.get("messages"), list):
         raise Reject(400, "malformed body: 'messages' must be a list of chat messages")
     return body

@@ -210,14 +210,20 @@ def _same(known: Any, source: Any) -> bool:
     return known is source
 
 
-def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
-    """A JSON object body whose ``key`` is present (``want`` says what it must be), or a 400."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that is a JSON object, or a 400 ``Reject`` saying what it is instead."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
         raise Reject(400, f"malformed body: not JSON ({err})") from err
     if not isinstance(body, dict):
         raise Reject(400, "malformed body: expected a JSON object")
+    return body
+
+
+def load_object(raw: bytes, key: str, want: str) -> dict[str, Any]:
+    """A JSON object body whose ``key`` is present (``want`` says what it must be), or a 400."""
+    body = json_object(raw)
     if key not in body:
         raise Reject(400, f"malformed body: '{key}' is required ({want})")
     return body
