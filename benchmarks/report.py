@@ -733,6 +733,17 @@ def caller_thread(row: dict[str, Any]) -> str:
     return f"{early} / {late} / **{row['thread_late_over_early']:.2f}**"
 
 
+def mid_window(row: dict[str, Any]) -> str:
+    """A long session's last 100 turns against the 100 before its midpoint: all threads,
+    caller's thread, and the excerpts shown there (— before it was measured)."""
+    if "late_over_mid" not in row:
+        return "—"
+    return (
+        f"{row['late_over_mid']:.2f} / {row['thread_late_over_mid']:.2f} "
+        f"({row['mid_recalled']:.1f} excerpts)"
+    )
+
+
 def scale_section(data: dict[str, Any]) -> list[str]:
     grown = data["growing"]
     rows = [
@@ -745,6 +756,8 @@ def scale_section(data: dict[str, Any]) -> list[str]:
             f"{row['index_bytes'] / 1e6:.1f} / {row['index_cap_bytes'] / 1e6:.0f}",
             f"{row['exact_share']:.2f}",
             f"{row['recall_at_k']:.3f}",
+            ms(row["rank_p50_ms"]) if "rank_p50_ms" in row else "—",
+            f"{row['excerpts_mean']:.1f}" if "excerpts_mean" in row else "—",
         ]
         for row in grown
     ]
@@ -756,6 +769,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
             f"**{row['late_over_early']:.2f}**",
             caller_thread(row),
             f"{row.get('early_recalled', 0):.1f} / {row.get('late_recalled', 0):.1f}",
+            mid_window(row),
         ]
         for row in data["sessions"]
     ]
@@ -771,7 +785,10 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "(the rest stopped at the read budget, none by default), *recall@40* the overlap with "
         "every block read. A 32-block budget (an earlier default) measured recall@40 0.881 at "
         "100,000 messages (p50 2.72 ms, 1.93x the 1,000's, at load 4-5) for 0.2 ms less ranking; "
-        "the default is exact since.",
+        "the default is exact since. *rank* is the top-k's own CPU time (p50, no second hop, "
+        "texts or excerpts) and *excerpts* the mean a question shows: the two parts of `prepare` "
+        "that grow with the history (a question's words match more rows, so more of its 40 "
+        "candidates and 10 second-hop hits exist to show).",
         "",
         recorded(data),
         "",
@@ -785,6 +802,8 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 "index MB / cap",
                 "exact",
                 "recall@40",
+                "rank",
+                "excerpts",
             ],
             rows,
         ),
@@ -796,7 +815,12 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "against the last 100 (target ≤ 1.3). The CPU time counts every thread, so the recall "
         "indexer's work on the previous turn lands in the next `prepare` when turns come back "
         "to back (a model call's time between turns would absorb it); *caller's thread* is the "
-        "same run's `prepare` on the calling thread alone (early / late ms, late ÷ early).",
+        "same run's `prepare` on the calling thread alone (early / late ms, late ÷ early). "
+        "*late ÷ mid* sets the last 100 turns against the 100 before the session's midpoint "
+        "(all threads / caller's thread): twice the history, recall in its steady state. At "
+        "B = 1,000,000 little has left the view by turn 200, so recall shows few excerpts there "
+        "(DESIGN §9b searches only what the view no longer shows) and late ÷ early counts the "
+        "excerpts shown more than the history grown.",
         "",
         table(
             [
@@ -806,6 +830,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 "late ÷ early",
                 "caller's thread",
                 "excerpts early / late",
+                "late ÷ mid",
             ],
             sessions,
         ),

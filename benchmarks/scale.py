@@ -6,9 +6,11 @@ Two measurements, recall on:
   places and dates, 50-turn sessions) indexed for one user up to 100,000 messages; at each
   size, ``prepare`` of a fresh question in a new session of that user (its words drawn from
   the same vocabulary, so its postings grow with the history): p50/p99, the process's RSS and
-  the in-process index's bytes per indexed message (``RecallMirror.memory``);
+  the in-process index's bytes per indexed message (``RecallMirror.memory``), and what
+  grows besides: the top-k's own CPU time and the excerpts a question shows;
 - **long sessions**: the 2,000- and 8,000-turn RAG sessions of ``benchmarks.versus``
-  (``simulate_session``), last-100 ÷ turns-100–200 of ``prepare``'s CPU time.
+  (``simulate_session``), last-100 ÷ turns-100–200 of ``prepare``'s CPU time, and last-100 ÷
+  the 100 turns before the midpoint (twice the history, recall in its steady state).
 
 Results go to ``benchmarks/results/scale.json``. ``python -m benchmarks.scale [--quick]``.
 """
@@ -113,28 +115,31 @@ def rss_mb() -> float:
     return pages * 4096 / 1e6
 
 
-def agreement(engine: MemoryEngine, question: str) -> tuple[bool, float] | None:
+def agreement(engine: MemoryEngine, question: str) -> tuple[bool, float, float] | None:
     """Whether the mirror's top 40 for ``question`` matches the exhaustive BM25 ranking
-    (every block read) exactly, and its recall@40 against it. It reads the engine's
-    in-process index directly: the one place a benchmark looks inside."""
+    (every block read) exactly, its recall@40 against it, and the CPU ms of the ranking
+    alone (the top-k, without the second hop, the texts and the excerpts). It reads the
+    engine's in-process index directly: the one place a benchmark looks inside."""
     mirror = engine._recaller.mirror  # type: ignore[union-attr]
     unit = mirror._units.get(("u", "u"))
     if unit is None:
         return None
     keys = query_keys(search_terms(question), mirror.stem)
     ask = {"session_id": "-", "visible_from": 0, "shown": (), "limit": CANDIDATES}
+    started = time.process_time()
     found = unit.rank(keys, **ask)
+    ranking = (time.process_time() - started) * 1000
     every = unit.rank(keys, budget=1 << 40, **ask)
     if not every:
         return None
     same = {row for row, _ in found} & {row for row, _ in every}
-    return found == every, len(same) / len(every)
+    return found == every, len(same) / len(every), ranking
 
 
 def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
     """``prepare`` of fresh questions, each in a new session of the user; then how the
     bounded ranking compares with the exhaustive one on them."""
-    timings, recalled, questions = [], 0, []
+    timings, recalled, shown, questions = [], 0, [], []
     for k in range(QUESTIONS):
         questions.append(chat.question())
         messages = [
@@ -145,6 +150,7 @@ def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
         prepared = engine.prepare(messages, session_id=f"q{size}-{k}", user_id="u")
         timings.append((time.process_time() - started) * 1000)
         recalled += prepared.report.recalled > 0
+        shown.append(prepared.report.recalled)
     timings.sort()
     memory = engine.recall_memory()
     compared = [c for c in map(functools.partial(agreement, engine), questions) if c]
@@ -157,8 +163,11 @@ def asked(engine: MemoryEngine, chat: Chat, size: int) -> dict[str, Any]:
         "index_bytes": memory["bytes"],
         "index_bytes_per_message": memory["bytes"] / max(memory["rows"], 1),
         "index_cap_bytes": memory["cap"],
-        "exact_share": sum(exact for exact, _ in compared) / max(len(compared), 1),
-        "recall_at_k": statistics.mean(r for _, r in compared) if compared else 1.0,
+        "exact_share": sum(exact for exact, _, _ in compared) / max(len(compared), 1),
+        "recall_at_k": statistics.mean(r for _, r, _ in compared) if compared else 1.0,
+        # what grows besides the ranking: the excerpts a question finds and renders
+        "rank_p50_ms": statistics.median(ms for _, _, ms in compared) if compared else 0.0,
+        "excerpts_mean": statistics.mean(shown),
     }
 
 
@@ -178,7 +187,8 @@ def growing(sizes: tuple[int, ...], tmp: Path) -> list[dict[str, Any]]:
             print(
                 f"{size:>8,} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['rss_mb']:>8.1f} "
                 f"{row['index_bytes_per_message']:>10.0f} {row['exact_share']:>6.2f} "
-                f"{row['recall_at_k']:>9.3f}",
+                f"{row['recall_at_k']:>9.3f} {row['rank_p50_ms']:>8.3f} "
+                f"{row['excerpts_mean']:>8.1f}",
                 flush=True,
             )
     return rows
@@ -201,8 +211,10 @@ def long_session(turns: int, seed: int, budget: int, tmp: Path) -> dict[str, Any
             recalled.append(prepared.report.recalled)
             history.extend(messages[1:])
             engine.after_turn(history, session_id="long")
+    half = turns // 2  # the mid window: the 100 turns before the session's midpoint
     early, late = statistics.median(timings[100:200]), statistics.median(timings[-100:])
     own_early, own_late = statistics.median(own[100:200]), statistics.median(own[-100:])
+    own_mid = statistics.median(own[half - 100 : half])
     return {
         "turns": turns,
         "context_window_chars": budget,
@@ -216,6 +228,13 @@ def long_session(turns: int, seed: int, budget: int, tmp: Path) -> dict[str, Any
         "thread_late_over_early": own_late / own_early,
         "early_recalled": statistics.mean(recalled[100:200]),
         "late_recalled": statistics.mean(recalled[-100:]),
+        # Twice the history at the same recall work: the last 100 turns against the 100
+        # before the midpoint (the early window can come before anything left the view,
+        # when recall has little to show: its ratio then counts excerpts, not history).
+        "mid_p50_ms": statistics.median(timings[half - 100 : half]),
+        "late_over_mid": late / statistics.median(timings[half - 100 : half]),
+        "thread_late_over_mid": own_late / own_mid,
+        "mid_recalled": statistics.mean(recalled[half - 100 : half]),
     }
 
 
@@ -227,7 +246,9 @@ def sessions(quick: bool, tmp: Path) -> Iterator[dict[str, Any]]:
             f"{row['turns']:>6,} turns, B = {budget:,}: early {row['early_p50_ms']:.3f} ms, "
             f"late {row['late_p50_ms']:.3f} ms, late/early {row['late_over_early']:.2f} "
             f"(caller's thread {row['thread_late_over_early']:.2f}) "
-            f"(excerpts recalled: {row['early_recalled']:.1f} early, {row['late_recalled']:.1f} late)",
+            f"(excerpts recalled: {row['early_recalled']:.1f} early, {row['mid_recalled']:.1f} mid, "
+            f"{row['late_recalled']:.1f} late); late/mid {row['late_over_mid']:.2f} "
+            f"(caller's thread {row['thread_late_over_mid']:.2f})",
             flush=True,
         )
         yield row
@@ -247,7 +268,7 @@ def main() -> None:
             print("one user, growing: prepare of a fresh question, recall on (CPU ms)")
             print(
                 f"{'indexed':>8} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>8} {'bytes/msg':>10} "
-                f"{'exact':>6} {'recall@40':>9}"
+                f"{'exact':>6} {'recall@40':>9} {'rank ms':>8} {'excerpts':>8}"
             )
             grown = growing(QUICK_SIZES if args.quick else SIZES, Path(tmp))
             payload["growing"] = grown
