@@ -47,11 +47,13 @@ def concept_vector(text: str) -> list[float]:
 
 class EmbeddingServer:
     """``POST /v1/embeddings`` answering bag-of-concepts vectors; records each request's
-    inputs and Authorization header."""
+    inputs and Authorization header. A request holding a text ``refuse`` picks is answered
+    400 as OpenAI answers bad input (the whole batch)."""
 
     def __init__(self) -> None:
         self.inputs: list[list[str]] = []
         self.authorizations: list[str | None] = []
+        self.refuse: Callable[[str], bool] = lambda text: False
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -60,6 +62,15 @@ class EmbeddingServer:
                 texts = body["input"]
                 server.inputs.append(list(texts))
                 server.authorizations.append(self.headers.get("Authorization"))
+                if any(map(server.refuse, texts)):
+                    error = {"message": "input is not valid", "type": "invalid_request_error"}
+                    raw = json.dumps({"error": error}).encode()
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 data = [
                     {"object": "embedding", "index": i, "embedding": concept_vector(t)}
                     for i, t in enumerate(texts)
@@ -191,6 +202,47 @@ def test_an_endpoint_down_leaves_bm25(
     assert "Rex" not in block(engine, QUESTION, "q2", "u1")
     memory = engine.recall_memory()
     assert memory["embed_failures"] >= 2 and memory["vectors"] == 0
+
+
+POISON = "A pasted blob the endpoint will not take: <|endoftext|>"
+
+
+def test_a_text_the_endpoint_refuses_does_not_hold_back_the_rest(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    server: EmbeddingServer,
+) -> None:
+    """The endpoint answers 400 to any batch holding one text: the batch is split until that
+    text is alone, the rows after it are embedded, and it is never sent again; the breaker
+    stays shut (the question's vector still comes). An endpoint that refuses everything marks
+    nothing: once it takes texts, every row is embedded."""
+    server.refuse = lambda text: "<|endoftext|>" in text
+    engine = make_engine(make_settings(recall=dense(server.base_url, batch_size=8)))
+    history: list[dict[str, Any]] = []
+    for text in (FILLER[0], POISON, REX, *FILLER[1:]):
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}]
+    engine.after_turn(history, session_id="a", user_id="u1")
+    engine.flush()
+    assert "Rex" in block(engine, QUESTION, "q", "u1")  # by meaning: its row has a vector
+    assert 1 <= server.texts().count(POISON) <= 4  # the batch, then halves down to itself
+    sent = len(server.texts())
+    more = [{"role": "user", "content": TOM}, {"role": "assistant", "content": "Noted."}]
+    engine.after_turn([*history, *more], session_id="a", user_id="u1")
+    engine.flush()
+    assert [TOM, "Noted."] == server.texts()[sent:]  # the new rows alone, not the refused one
+    assert "Tom" in block(engine, QUESTION, "q1", "u1")  # the vectors held read on a search
+    memory = engine.recall_memory()
+    assert memory["vectors"] == len(history) - 1 + 2 and memory["embed_failures"] >= 1
+
+    server.refuse = lambda text: True  # a wrong model name, say: nothing is taken
+    other = make_engine(make_settings(recall=dense(server.base_url, batch_size=8)))
+    tell(other, "u2", TOM, "b")
+    assert 0 == other.recall_memory()["vectors"]
+    server.refuse = lambda text: False
+    other.after_turn([{"role": "user", "content": "Back again."}], session_id="c", user_id="u2")
+    other.flush()
+    assert "Tom" in block(other, QUESTION, "q2", "u2")
+    assert 2 * (len(FILLER) + 1) + 1 == other.recall_memory()["vectors"]
 
 
 def test_vectors_survive_a_reopen(

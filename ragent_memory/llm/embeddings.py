@@ -3,7 +3,9 @@ DESIGN §9b): the official ``openai`` SDK's ``embeddings.create``, one HTTP call
 bounded by ``timeout_s`` and never retried (the SDK's ``max_retries=0``): dense recall is help,
 so a failure costs one call, counted, and the caller goes on without it. After
 ``BREAKER_FAILURES`` failures in a row the endpoint is skipped for ``BREAKER_COOLDOWN_S``
-(``CircuitBreaker``), so a server that is down does not cost every turn a timeout. The key is
+(``CircuitBreaker``), so a server that is down does not cost every turn a timeout. A batch the
+endpoint refuses as bad input (HTTP 400, 413 or 422) raises ``EmbeddingRejected``: the endpoint
+answered, so the breaker is not moved, and the caller can find the text it refuses. The key is
 read from ``api_key_env`` at call time, sent per request, and never in an error's text."""
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ _NO_KEY: Final = "unused"  # sent when no key is named (local servers)
 _DETAIL_CHARS: Final = 300
 MAX_INPUT_CHARS: Final = 2_000  # a text's head sent (embedding models take a few hundred tokens)
 
+REJECTED: Final = frozenset({400, 413, 422})  # the input, not the endpoint, is at fault
+
 Vectors = npt.NDArray[np.float32]
+
+
+class EmbeddingRejected(LLMError):
+    """The endpoint refused the texts themselves (a status in ``REJECTED``): sending them
+    again gets the same answer."""
 
 
 class EmbeddingClient:
@@ -51,6 +60,12 @@ class EmbeddingClient:
         self.calls = 0
         self.failures = 0  # failed calls, and calls skipped while the breaker was open
 
+    @property
+    def accepted(self) -> int:
+        """The calls that returned vectors."""
+        with self._lock:
+            return self.calls - self.failures
+
     def embed(self, texts: Sequence[str]) -> Vectors:
         """One vector per text (rows of a float32 matrix, in order); raises ``LLMError``."""
         if not texts:
@@ -70,9 +85,12 @@ class EmbeddingClient:
             vectors = _matrix(reply, len(texts))
         except (openai.OpenAIError, ValueError) as err:
             self._count(failed=True)
-            self._breaker.record_failure(key)
             detail = clip(str(err).replace(secret, "[redacted]"), _DETAIL_CHARS)
-            raise LLMError(f"recall.embeddings: {type(err).__name__}: {detail}") from None
+            message = f"recall.embeddings: {type(err).__name__}: {detail}"
+            if isinstance(err, openai.APIStatusError) and err.status_code in REJECTED:
+                raise EmbeddingRejected(message) from None
+            self._breaker.record_failure(key)
+            raise LLMError(message) from None
         self._count(failed=False)
         self._breaker.record_success(key)
         return vectors

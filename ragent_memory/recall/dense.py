@@ -6,7 +6,12 @@ as by their words, so a question in other words than the answer's still finds it
   the session's rows that have no vector from the configured model yet, ``batch_size`` texts a
   call, and keeps them in the store beside their rows (``store/vectors.py``). Rows that could
   not be embedded (the endpoint down) are embedded the next time their session is written;
-  rows with a vector are never embedded again, in this process or the next.
+  rows with a vector are never embedded again, in this process or the next. A batch the
+  endpoint refuses as bad input (``EmbeddingRejected``) is split in halves until the texts it
+  refuses are alone; once the endpoint has returned vectors for other texts, each of those is
+  kept with an empty vector (never sent again for this model, never ranked), so one text it
+  will not take cannot hold back the rows after it. An endpoint that has accepted nothing yet
+  (a wrong model name answered with 400) marks nothing: the rows wait, as when it is down.
 - **Ranking**: cosine similarity between the question's vector (one call in ``prepare``) and the
   vectors the question may see, scoped exactly as BM25 is (the user's rows, and this session's
   rows without a user; without a user, this session's rows; never another user's; not what
@@ -38,7 +43,7 @@ import numpy as np
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import LLMError, StoreError
-from ragent_memory.llm.embeddings import EmbeddingClient, Vectors
+from ragent_memory.llm.embeddings import EmbeddingClient, EmbeddingRejected, Vectors
 from ragent_memory.recall.excerpts import NEIGHBOURS, Ask, Known
 from ragent_memory.recall.rank import Found
 from ragent_memory.settings import EmbeddingSettings
@@ -88,7 +93,9 @@ class _Unit:
         for row in rows:
             self.seq = max(self.seq, row.seq)
             vector = np.frombuffer(row.vector[: len(row.vector) // 4 * 4], dtype="<f4")
-            if not len(vector) or (self.count and len(vector) != self.matrix.shape[1]):
+            if not len(vector):  # a text the endpoint refused (``DenseRecall._embed_rows``)
+                continue
+            if self.count and len(vector) != self.matrix.shape[1]:
                 log.warning("recall.vector_skipped", id=row.id, width=len(vector))
                 continue
             if self.count == len(self.matrix):
@@ -263,21 +270,40 @@ class DenseRecall:
         with self._lock:
             self._pending.discard(scope)  # rows written from now on schedule again
         user_id, session_id = (scope[1], "") if scope[0] == "u" else (None, scope[1])
-        size, model = self.settings.batch_size, self.settings.model
+        size = self.settings.batch_size
         try:
             for _ in range(MAX_BATCHES):
                 rows = self.store.unembedded(user_id=user_id, session_id=session_id, limit=size)
                 if not rows or self._closing:
                     return
-                vectors = self.client.embed([text for _, text in rows])
-                blobs = [vector.astype("<f4").tobytes() for vector in vectors]
-                self.store.store_vectors(model, list(zip((i for i, _ in rows), blobs, strict=True)))
+                refused = self._embed_rows(rows)
+                if refused and not self.client.accepted:  # the endpoint, not the texts
+                    raise LLMError(f"recall.embeddings: {len(refused)} texts refused, none taken")
+                for row_id, error in refused:
+                    log.warning("recall.embed_refused", id=row_id, error=error)
+                self.store.store_vectors(self.settings.model, [(i, b"") for i, _ in refused])
                 if len(rows) < size:
                     return
         except (LLMError, StoreError) as err:  # recall goes on with BM25 for these rows
             log.warning("recall.embed_failed", scope=scope[0], error=str(err))
         except Exception as err:  # the worker boundary
             log.error("recall.embed_failed", scope=scope[0], error=repr(err))
+
+    def _embed_rows(self, rows: Sequence[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Embed ``rows`` (id, text) and keep their vectors; a batch refused as bad input is
+        split in halves. Returns the rows refused alone, with the endpoint's answer."""
+        try:
+            vectors = self.client.embed([text for _, text in rows])
+        except EmbeddingRejected as err:
+            if len(rows) == 1:
+                return [(rows[0][0], str(err))]
+            half = len(rows) // 2
+            return self._embed_rows(rows[:half]) + self._embed_rows(rows[half:])
+        blobs = [vector.astype("<f4").tobytes() for vector in vectors]
+        self.store.store_vectors(
+            self.settings.model, list(zip((i for i, _ in rows), blobs, strict=True))
+        )
+        return []
 
     def fuse(self, found: Found, ask: Ask, known: Known) -> Found:
         """``found`` (BM25's hits, best first, and their neighbours) fused with the dense
