@@ -163,6 +163,14 @@ def test_an_excerpt_says_when_its_relative_time_was(store: Store) -> None:
     assert "the Alps last week." in block and "[the week" not in block
 
 
+def test_a_chinese_excerpt_says_when_in_chinese(store: Store) -> None:
+    """A Chinese session's date stamp anchors its "昨天" in Chinese."""
+    dated = chat("[2023年5月8日 下午1:56] 你好！", "你好！", "我昨天去了互助小组。")
+    index(store, dated, "s1", "u1")
+    block = find(store, "我什么时候去的互助小组？", session_id="q", user_id="u1")
+    assert "昨天 [2023年5月7日]去了互助小组" in block and "2023年5月8日" in block
+
+
 def test_the_answer_to_a_question_after_a_hit_is_shown(store: Store) -> None:
     """When the message after a hit asks a question, the one after that (its answer) is
     part of the excerpt; after a message that asks nothing, it is not."""
