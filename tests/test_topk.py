@@ -10,6 +10,7 @@ import tracemalloc
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -257,3 +258,32 @@ def test_the_mirror_keeps_the_recently_searched_users_within_its_cap(tmp_path: P
         assert mirror.memory()["rows"] == 800  # cy and bob (ann went when bob came back)
     finally:
         store.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    corpora,
+    st.lists(st.sampled_from(WORDS[:40]), min_size=1, max_size=6),
+    st.integers(min_value=1, max_value=40),
+)
+def test_the_bounded_experiments_threshold_algorithm_stops_exactly(
+    spec: tuple[int, int, int, int], query: list[str], limit: int
+) -> None:
+    """``benchmarks.topk_budget``'s bounded arm: where its bound stops the reading, its top k
+    is the exhaustive BM25's (the experiment's "exact stops" are exact), and a budget of one
+    round still returns ``limit`` rows when as many match."""
+    from benchmarks import topk_budget
+
+    docs = corpus(*spec)
+    unit, lengths = build(docs)
+    held = {
+        key: topk_budget.groups(np.frombuffer(p, dtype=np.int64), np.asarray(unit.lengths))
+        for key, p in unit.postings.items()
+        if not isinstance(p, int) and len(p) > topk.LONG
+    }
+    asked = topk_budget.Query(unit, query_keys(query), held)
+    expected = [row for row, _ in exhaustive(docs, lengths, query, set(), limit)]
+    rows, settled = topk_budget.bounded_top_k(asked, limit, budget=1 << 40)
+    assert settled and rows == expected
+    rows, _ = topk_budget.bounded_top_k(asked, limit, budget=1)
+    assert len(rows) == len(expected)
