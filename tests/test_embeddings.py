@@ -380,8 +380,67 @@ def test_vectors_held_stay_within_their_bound(tmp_path: Path) -> None:
         assert best["u2"] == tight.ranked(query, ask["u2"])
         assert len(rows) == tight.memory()["vectors"]  # u2's, the last searched
         assert tight.memory()["vectors_bytes"] <= one + one // 2
-        none = VectorCache(store, "m", max_bytes=one // 2)
-        assert best["u1"] == none.ranked(query, ask["u1"])
-        assert 0 == none.memory()["vectors"]
         texts = store.indexed_texts(best["u1"][:1])
         assert "Rex" in next(iter(texts.values()))
+
+
+def test_a_user_whose_vectors_do_not_fit_keeps_the_newest(tmp_path: Path) -> None:
+    """Past ``max_bytes`` alone a user's oldest vectors are left out: dense recall ranks the
+    newest that fit (the same ranking as over those alone), holds within the bound as more
+    come, and a search reads from the store only what was written since the last."""
+    width, rng = 32, np.random.default_rng(35)
+
+    def add(store: Store, start: int, count: int) -> None:
+        rows = [
+            IndexedMessage("s", i, "user", f"message {i}", digest=f"d{i}")
+            for i in range(start, start + count)
+        ]
+        store.index_messages("u", rows, [row.content for row in rows])
+        found = store.indexed_since(0, user_id="u", session_id="s")[start:]
+        vectors = rng.standard_normal((count, width)).astype("<f4")
+        store.store_vectors(
+            "m", [(m.id, v.tobytes()) for (m, _), v in zip(found, vectors, strict=True)]
+        )
+
+    with Store(str(tmp_path / "m.db")) as store:
+        add(store, 0, 200)
+        cap = 100 * (4 * width + 21) + 2_000  # about 100 rows
+        cache = VectorCache(store, "m", max_bytes=cap)
+        reads: list[int] = []
+        since = store.vectors_since
+        store.vectors_since = lambda after, **where: reads.append(after) or since(after, **where)  # type: ignore[method-assign]
+        query = rng.standard_normal(width).astype(np.float32)
+        ask = Ask("q", "other", "u", 10_000)
+        ranked = cache.ranked(query, ask)
+        held = cache.memory()
+        assert 50 <= held["vectors"] < 200 and held["vectors_left_out"] == 200 - held["vectors"]
+        assert held["vectors_bytes"] <= cap
+        every = since(0, user_id="u", session_id="", model="m")
+        newest = every[-held["vectors"] :]
+        matrix = np.stack([np.frombuffer(row.vector, dtype="<f4") for row in newest])
+        cosine = matrix @ query / np.linalg.norm(matrix, axis=1) / np.linalg.norm(query)
+        assert ranked == [newest[i].id for i in np.argsort(-cosine)[: len(ranked)]]
+        assert cache.ranked(query, ask) == ranked and reads[-1] == every[-1].seq  # nothing new
+        add(store, 200, 60)
+        again = cache.ranked(query, ask)
+        assert cache.memory()["vectors_bytes"] <= cap and reads[-1] == every[-1].seq
+        assert set(again) <= {
+            row.id for row in since(0, user_id="u", session_id="", model="m")[-held["vectors"] :]
+        }
+
+
+def test_a_search_reads_new_vectors_by_scope_and_write_order(tmp_path: Path) -> None:
+    """The read of what was written since a search's last one goes by an index on the scope
+    and the write number (by the scope alone it read every row of the user: a search's cost
+    grew with the history)."""
+    with Store(str(tmp_path / "m.db")) as store:
+        statements: list[str] = []
+        store.db.conn.set_trace_callback(statements.append)
+        store.vectors_since(7, user_id="u", session_id="", model="m")
+        store.vectors_since(7, user_id=None, session_id="s", model="m")
+        store.db.conn.set_trace_callback(None)
+        reads = [sql for sql in statements if "embedded >" in sql]
+        assert len(reads) == 2
+        for sql in reads:
+            plan = " ".join(str(row) for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+            assert "_id=? AND embedded>?)" in plan, plan

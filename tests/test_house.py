@@ -27,6 +27,8 @@ LATER_FEATURE_LINES = {
     "issue 35 ratio: a common term's count per row in recall's top-k (recall/topk.py, rank.py)": 50,
     "issue 34 model gates: the model extractor sees what the offline gates keep, keeps grounded facts (longterm/grounds.py)": 180,
     "issue 34 model+offline: the offline extractor completes the model's operations (longterm/model.py completed, offline.py says, grounds.py subject-cut echo)": 90,
+    "issue 35 zh: Chinese relative time anchored in Chinese, Chinese date stamps read (text/relative.py)": 90,
+    "issue 35 dense at scale: refused texts isolated, a user's newest vectors kept within the cap, vectors read by scope and write order (recall/dense.py, llm/embeddings.py, store schemas)": 110,
 }
 MAX_PACKAGE_LINES = 14_000 + sum(LATER_FEATURE_LINES.values())
 # Calls that build a mutable container; at module or class level they are shared state.

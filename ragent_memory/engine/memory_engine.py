@@ -373,9 +373,9 @@ class MemoryEngine:
         """What the in-process recall index holds (DESIGN §17): ``bytes`` (within ``cap``,
         ``recall_memory_mb``), ``units_bytes`` (the indexes, without the kept texts),
         ``rows`` (indexed messages) and ``users``; with ``recall.embeddings``, ``vectors``
-        held, their ``vectors_bytes`` (in ``bytes``), ``embed_calls`` and ``embed_failures``
-        (calls that failed or were skipped: recall went on with BM25); zeros when recall is
-        off."""
+        held, ``vectors_bytes`` (in ``bytes``), ``vectors_left_out``, ``embed_calls`` and
+        ``embed_failures`` (calls that failed or were skipped: recall went on with BM25);
+        zeros when recall is off."""
         if self._recaller is None:
             cap = self.settings.recall_memory_mb * 1_000_000
             keys = ("bytes", "units_bytes", "rows", "users", *DENSE_KEYS)

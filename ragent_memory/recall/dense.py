@@ -18,7 +18,11 @@ as by their words, so a question in other words than the answer's still finds it
   the view shows). The vectors are held in process per user or session (``VectorCache``), read
   from the store as they are written (by their write order) and dropped when rows go (the
   store's deletion epoch), within their share of ``recall_memory_mb``, least recently
-  searched first; a unit larger than that alone is read from the store for each search.
+  searched first. A unit whose vectors do not fit that share alone keeps its newest that do
+  (the oldest dropped as new ones come, an eighth of them at a time) and dense recall ranks
+  those, BM25 still every row: a search costs what the share holds, not the history (read
+  whole from the store each search, a user of 20,000 messages with 1,536-wide vectors cost
+  ~370 ms a turn). ``memory()`` counts the vectors left out.
 - **Fusion**: reciprocal rank fusion (Cormack, Clarke and Büttcher, "Reciprocal rank fusion
   outperforms Condorcet and individual rank learning methods", SIGIR 2009) of the BM25 hits
   and the dense top ``DENSE_HITS``: each row scores the sum of 1 / (k + rank) over the lists
@@ -69,11 +73,17 @@ def reciprocal_rank_fusion(*rankings: Sequence[int], k: int = RRF_K) -> list[int
     return sorted(scores, key=lambda key: -scores[key])
 
 
+# a row's id, position, session number and owned flag (21 bytes), with the arrays' slack
+ROW_BYTES: Final = 24
+
+
 class _Unit:
     """The vectors of one user (or one session): unit-length float32 rows and where each
-    row sits, grown in place as vectors are written."""
+    row sits, grown in place as vectors are written, the oldest dropped past ``max_bytes``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.dropped = 0  # vectors left out, oldest first, to stay within max_bytes
         self.seq = 0  # the last write number read
         self.ids = array("q")
         self.positions = array("q")
@@ -99,10 +109,7 @@ class _Unit:
                 log.warning("recall.vector_skipped", id=row.id, width=len(vector))
                 continue
             if self.count == len(self.matrix):
-                grown = np.zeros((max(_FIRST_CAPACITY, 2 * self.count), len(vector)), np.float32)
-                if self.count:
-                    grown[: self.count] = self.matrix[: self.count]
-                self.matrix = grown
+                self._make_room(len(vector))
             norm = float(np.linalg.norm(vector))
             self.matrix[self.count] = vector / norm if norm > 0 else vector
             self.count += 1
@@ -113,6 +120,43 @@ class _Unit:
             self.positions.append(row.position)
             self.codes.append(number)
             self.owned.append(row.owned)
+
+    def _make_room(self, width: int) -> None:
+        """Room for one more row: a larger matrix while the rows that fit ``max_bytes`` are
+        more, else the oldest eighth of the rows out."""
+        fit = self._fit(width)
+        if self.count < fit:
+            size = min(max(_FIRST_CAPACITY, 2 * self.count), fit)
+            grown = np.zeros((size, width), np.float32)
+            if self.count:
+                grown[: self.count] = self.matrix[: self.count]
+            self.matrix = grown
+            return
+        self._drop_oldest(max(1, self.count // 8))
+
+    def _fit(self, width: int) -> int:
+        """The rows that fit ``max_bytes`` beside what the unit holds besides its rows (a
+        sixteenth kept for the arrays' growth steps and new session names)."""
+        fixed = self.nbytes() - self.matrix.nbytes - self.count * ROW_BYTES  # names, headers
+        return max(1, (self.max_bytes - fixed) * 15 // 16 // (4 * width + ROW_BYTES))
+
+    def _drop_oldest(self, gone: int) -> None:
+        if not self.dropped:
+            log.info("recall.vectors_capped", kept=self.count - gone, max_bytes=self.max_bytes)
+        self.matrix[: self.count - gone] = self.matrix[gone : self.count]
+        for held in (self.ids, self.positions, self.codes, self.owned):
+            del held[:gone]
+        self.count -= gone
+        self.dropped += gone
+
+    def limit(self, max_bytes: int) -> None:
+        """Keep within ``max_bytes`` from now on: the oldest rows out now if over it."""
+        self.max_bytes = max_bytes
+        if self.count and self.nbytes() > max_bytes:
+            fit = self._fit(self.matrix.shape[1])
+            if self.count > fit:
+                self._drop_oldest(self.count - fit)
+            self.matrix = self.matrix[: self.count].copy()
 
     def best(self, query: Vectors, ask: Ask, *, unowned_only: bool) -> list[tuple[float, int]]:
         """(cosine, row id) of up to ``DENSE_HITS`` rows ``ask`` may see, best first."""
@@ -155,6 +199,7 @@ class VectorCache:
             return {
                 "vectors": sum(unit.count for unit in units),
                 "vectors_bytes": sum(unit.nbytes() for unit in units),
+                "vectors_left_out": sum(unit.dropped for unit in units),
             }
 
     def ranked(self, query: Vectors, ask: Ask) -> list[int]:
@@ -172,15 +217,20 @@ class VectorCache:
             if epoch != self._epoch:  # rows went: every unit may hold them
                 self._units.clear()
                 self._epoch = epoch
-            for key, unowned_only in wanted:
-                found += self._unit(key).best(query, ask, unowned_only=unowned_only)
-            self._bound()
+            used = 0  # this session's rows without a user first: few, and all kept
+            for key, unowned_only in reversed(wanted):
+                unit = self._unit(key, self.max_bytes - used)
+                used += unit.nbytes()
+                found += unit.best(query, ask, unowned_only=unowned_only)
+            self._bound({key for key, _ in wanted})
         found.sort(key=lambda pair: (-pair[0], -pair[1]))
         return list(dict.fromkeys(row_id for _, row_id in found))[:DENSE_HITS]
 
-    def _unit(self, key: tuple[str, str]) -> _Unit:
-        """The unit ``key`` names, with what was written since it was last read (lock held)."""
-        unit = self._units.get(key) or _Unit()
+    def _unit(self, key: tuple[str, str], max_bytes: int) -> _Unit:
+        """The unit ``key`` names, with what was written since it was last read, within
+        ``max_bytes`` (lock held)."""
+        unit = self._units.get(key) or _Unit(max_bytes)
+        unit.limit(max_bytes)
         self._units[key] = unit
         self._units.move_to_end(key)
         user, session = (key[1], "") if key[0] == "u" else (None, key[1])
@@ -189,13 +239,14 @@ class VectorCache:
         )
         return unit
 
-    def _bound(self) -> None:
-        """Least recently searched units out past ``max_bytes``, the one just searched
-        too if it alone is over (lock held)."""
+    def _bound(self, searched: set[tuple[str, str]]) -> None:
+        """Least recently searched units out past ``max_bytes``, but those just ``searched``
+        (together within it) (lock held)."""
         total = sum(unit.nbytes() for unit in self._units.values())
-        while total > self.max_bytes and self._units:
-            _, unit = self._units.popitem(last=False)
-            total -= unit.nbytes()
+        for key in [key for key in self._units if key not in searched]:
+            if total <= self.max_bytes:
+                break
+            total -= self._units.pop(key).nbytes()
 
 
 class DenseRecall:

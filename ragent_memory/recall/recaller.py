@@ -50,7 +50,13 @@ SENTENCE_CACHE_CHARS: Final = 8_000_000  # long texts kept split and stemmed, by
 CUT_CHARS: Final = 8_000_000  # long texts' cuts for a query's words kept, by text + cut
 KNOWN_CHARS: Final = 4_000_000  # summaries kept folded (a turn would fold its own again)
 HELD_CHARS: Final = 16_000_000  # whether a summary holds a hit, by the chars of both
-DENSE_KEYS: Final = ("vectors", "vectors_bytes", "embed_calls", "embed_failures")
+DENSE_KEYS: Final = (
+    "vectors",
+    "vectors_bytes",
+    "vectors_left_out",
+    "embed_calls",
+    "embed_failures",
+)
 EMPTY_SEARCH: Final = MappingProxyType(
     {
         "en": "[search_memory: nothing found for this query]",
@@ -266,7 +272,8 @@ class Recaller:
 
     def memory(self) -> dict[str, int]:
         """The mirror's ``memory()`` with dense recall's vectors in ``bytes`` (both within
-        ``cap``): ``vectors``, ``vectors_bytes``, ``embed_calls``, ``embed_failures``."""
+        ``cap``): ``vectors``, ``vectors_bytes``, ``vectors_left_out``, ``embed_calls``,
+        ``embed_failures``."""
         held = self.mirror.memory()
         dense = self.dense.memory() if self.dense is not None else dict.fromkeys(DENSE_KEYS, 0)
         held["cap"] = self.settings.recall_memory_mb * 1_000_000
