@@ -287,3 +287,31 @@ def test_the_bounded_experiments_threshold_algorithm_stops_exactly(
     assert settled and rows == expected
     rows, _ = topk_budget.bounded_top_k(asked, limit, budget=1)
     assert len(rows) == len(expected)
+
+
+def test_a_long_history_is_read_into_the_mirror_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's first search reads their rows from the store ``LOAD_ROWS`` at a time, not as
+    one list of the whole history; the unit holds them all and ranks as one read would."""
+    from ragent_memory.recall import rank
+
+    store = open_store(StoreSettings(path=str(tmp_path / "m.db")))
+    try:
+        _user_rows(store, "ann", 300)
+        whole = [m.position for m in _search(RecallMirror(store), "ann")]
+        reads: list[int] = []
+        since = store.indexed_since
+
+        def counted(after: int, **where):  # type: ignore[no-untyped-def]
+            rows = since(after, **where)
+            reads.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(store, "indexed_since", counted)
+        monkeypatch.setattr(rank, "LOAD_ROWS", 64)
+        mirror = RecallMirror(store)
+        assert [m.position for m in _search(mirror, "ann")] == whole
+        assert reads == [64, 64, 64, 64, 44] and mirror.memory()["rows"] == 300
+    finally:
+        store.close()

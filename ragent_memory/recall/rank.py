@@ -64,6 +64,7 @@ HOP_FROM: Final = 3  # a second hop starts from the best hits' texts
 HOP_TERMS: Final = 4  # and searches their rarest terms
 HOP_SOURCE_CHARS: Final = 2_000  # of what was said (a tool's dump names too much)
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
+LOAD_ROWS: Final = 4_096  # rows a unit reads from the store at a time
 
 # The best hits, and their neighbours by (session, position).
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
@@ -409,8 +410,22 @@ class RecallMirror:
         # This process's own rows being written are left to the refresh that follows the
         # write (read in off the caller's thread): the unit answers as before it.
         if unit.last < top and (not unit.last or key not in self._writing):
-            self._add(key, unit, self._since(unit.last, user_id, session_id))
+            self._load(key, unit, user_id, session_id)
         return self._units.get(key)
+
+    def _load(
+        self, key: tuple[str, str], unit: _Unit, user_id: str | None, session_id: str
+    ) -> None:
+        """The store's rows past the unit's last into it, ``LOAD_ROWS`` at a time: a first
+        search of a long history reads it in chunks, not as one list of every row and its
+        terms (that list, freed, left the process 100 MB larger at 100,000 messages) (lock
+        held). Each chunk moves ``unit.last`` on, so the loop ends."""
+        while self._units.get(key) is unit:
+            last = unit.last
+            rows = self._since(last, user_id, session_id, LOAD_ROWS)
+            self._add(key, unit, rows)
+            if len(rows) < LOAD_ROWS or unit.last == last:
+                return
 
     def _found(
         self, unit: _Unit, ranked: Sequence[tuple[int, float]], keep: Callable[[str], bool]
@@ -475,9 +490,12 @@ class RecallMirror:
             self._unowned[session_id] = (top, found)
         return found
 
-    def _since(self, last: int, user_id: str | None, session_id: str) -> list[_Row]:
-        """The store's rows past id ``last`` for a unit, with their terms counted."""
-        rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id)
+    def _since(
+        self, last: int, user_id: str | None, session_id: str, limit: int | None = None
+    ) -> list[_Row]:
+        """The store's rows past id ``last`` for a unit (the first ``limit``), with their
+        terms counted."""
+        rows = self.store.indexed_since(last, user_id=user_id, session_id=session_id, limit=limit)
         return [(m, o, *text_terms(m.content, self.stem.many)) for m, o in rows if m.id > last]
 
     def _add(self, key: tuple[str, str], unit: _Unit, rows: Sequence[_Row]) -> None:

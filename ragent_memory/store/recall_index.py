@@ -140,10 +140,10 @@ class RecallIndexTables(OffloadTables):
         return int(top or 0), str(epoch or "")
 
     def indexed_since(
-        self, after: int, *, user_id: str | None, session_id: str
+        self, after: int, *, user_id: str | None, session_id: str, limit: int | None = None
     ) -> list[tuple[IndexedMessage, bool]]:
-        """Rows with an id above ``after``, in id order, each with whether it has a user:
-        the user's rows, or without one, the session's."""
+        """Rows with an id above ``after``, in id order (the first ``limit``), each with
+        whether it has a user: the user's rows, or without one, the session's."""
         if user_id is not None:
             where, value = "m.user_id = ?", user_id
         else:
@@ -151,8 +151,8 @@ class RecallIndexTables(OffloadTables):
             where, value = f"{hint}m.session_id = ?", session_id
         rows = self._fetch(
             f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
-            f" WHERE m.id > ? AND {where} ORDER BY m.id",
-            [after, value],
+            f" WHERE m.id > ? AND {where} ORDER BY m.id LIMIT ?",
+            [after, value, (1 << 62) if limit is None else limit],
         )
         return [(IndexedMessage(*r[:-1]), bool(r[-1])) for r in rows]
 
