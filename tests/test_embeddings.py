@@ -21,6 +21,7 @@ from ragent_memory import Settings, StoreSettings
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import ConfigError
+from ragent_memory.recall import dense as dense_recall
 from ragent_memory.recall.dense import VectorCache, reciprocal_rank_fusion
 from ragent_memory.recall.excerpts import Ask
 from ragent_memory.settings import load_settings
@@ -384,10 +385,13 @@ def test_vectors_held_stay_within_their_bound(tmp_path: Path) -> None:
         assert "Rex" in next(iter(texts.values()))
 
 
-def test_a_user_whose_vectors_do_not_fit_keeps_the_newest(tmp_path: Path) -> None:
+def test_a_user_whose_vectors_do_not_fit_keeps_the_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past ``max_bytes`` alone a user's oldest vectors are left out: dense recall ranks the
     newest that fit (the same ranking as over those alone), holds within the bound as more
-    come, and a search reads from the store only what was written since the last."""
+    come; the first search reads them ``LOAD_VECTORS`` at a time, a later one only what was
+    written since the last."""
     width, rng = 32, np.random.default_rng(35)
 
     def add(store: Store, start: int, count: int) -> None:
@@ -406,6 +410,7 @@ def test_a_user_whose_vectors_do_not_fit_keeps_the_newest(tmp_path: Path) -> Non
         add(store, 0, 200)
         cap = 100 * (4 * width + 21) + 2_000  # about 100 rows
         cache = VectorCache(store, "m", max_bytes=cap)
+        monkeypatch.setattr(dense_recall, "LOAD_VECTORS", 64)
         reads: list[int] = []
         since = store.vectors_since
         store.vectors_since = lambda after, **where: reads.append(after) or since(after, **where)  # type: ignore[method-assign]
@@ -420,6 +425,8 @@ def test_a_user_whose_vectors_do_not_fit_keeps_the_newest(tmp_path: Path) -> Non
         matrix = np.stack([np.frombuffer(row.vector, dtype="<f4") for row in newest])
         cosine = matrix @ query / np.linalg.norm(matrix, axis=1) / np.linalg.norm(query)
         assert ranked == [newest[i].id for i in np.argsort(-cosine)[: len(ranked)]]
+        # this session's rows without a user (none), then the user's, 64 at a time
+        assert reads[:5] == [0, 0, *(every[k].seq for k in (63, 127, 191))]
         assert cache.ranked(query, ask) == ranked and reads[-1] == every[-1].seq  # nothing new
         add(store, 200, 60)
         again = cache.ranked(query, ask)

@@ -61,6 +61,7 @@ DENSE_HITS: Final = 20  # the dense list fused with BM25's
 MAX_BATCHES: Final = 1_000  # one embedding job's calls at most (the rest waits for the next)
 _FIRST_CAPACITY: Final = 16
 SEARCHED_KEPT: Final = 65_536  # users and sessions whose first search was seen
+LOAD_VECTORS: Final = 1_024  # vectors read from the store at a time
 
 
 def reciprocal_rank_fusion(*rankings: Sequence[int], k: int = RRF_K) -> list[int]:
@@ -234,10 +235,14 @@ class VectorCache:
         self._units[key] = unit
         self._units.move_to_end(key)
         user, session = (key[1], "") if key[0] == "u" else (None, key[1])
-        unit.add(
-            self.store.vectors_since(unit.seq, user_id=user, session_id=session, model=self.model)
-        )
-        return unit
+        while True:  # ``LOAD_VECTORS`` at a time: a first read is not one list of them all
+            seq = unit.seq
+            rows = self.store.vectors_since(
+                seq, user_id=user, session_id=session, model=self.model, limit=LOAD_VECTORS
+            )
+            unit.add(rows)
+            if len(rows) < LOAD_VECTORS or unit.seq == seq:  # each read moves ``seq`` on
+                return unit
 
     def _bound(self, searched: set[tuple[str, str]]) -> None:
         """Least recently searched units out past ``max_bytes``, but those just ``searched``

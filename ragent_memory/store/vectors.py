@@ -91,16 +91,16 @@ class VectorTables(StoreBase):
         return kept
 
     def vectors_since(
-        self, after: int, *, user_id: str | None, session_id: str, model: str
+        self, after: int, *, user_id: str | None, session_id: str, model: str, limit: int = 1 << 62
     ) -> list[VectorRow]:
-        """Vectors from ``model`` written after number ``after``, in that order: the user's
-        rows, or without one, the session's."""
+        """Vectors from ``model`` written after number ``after``, in that order (the first
+        ``limit``): the user's rows, or without one, the session's."""
         where, value = _scope(user_id, session_id)
         rows = self._fetch(
             "SELECT embedded, id, session_id, position, user_id IS NOT NULL, embedding"
             f" FROM recall_messages WHERE embedded > ? AND {where} AND embedding_model = ?"
-            " ORDER BY embedded",
-            [after, value, model],
+            " ORDER BY embedded LIMIT ?",
+            [after, value, model, limit],
         )
         return [
             VectorRow(int(r[0]), int(r[1]), r[2], int(r[3]), bool(r[4]), bytes(r[5])) for r in rows
