@@ -8,6 +8,8 @@ stems nor drops words, so English and Chinese match the same way they do in FTS5
 
 from __future__ import annotations
 
+from ragent_memory.store.schema import VECTORS_BY_SCOPE
+
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
         "001_schema",
@@ -195,15 +197,5 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
             WHERE embedded IS NULL;
         """,
     ),
-    (
-        # A search reads the vectors written since its last read (``vectors_since``): by the
-        # user's (or session's) rows alone the planner read every row of the scope, a scan
-        # growing with the history (31 ms a search at 20,000 messages); by scope and write
-        # order it reads only what is new.
-        "007_vectors_by_scope",
-        """
-        CREATE INDEX recall_messages_user_embedded ON recall_messages (user_id, embedded);
-        CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, embedded);
-        """,
-    ),
+    ("007_vectors_by_scope", VECTORS_BY_SCOPE),  # as SQLite's 011 (schema.py)
 )

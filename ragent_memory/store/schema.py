@@ -9,6 +9,15 @@ _COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason mod
     error created_at identifiers_kept identifiers_lost written_by"""
 COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
+# A search reads the vectors written since its last read (``vectors_since``): by the user's
+# (or session's) rows alone the planner read every row of the scope, a scan growing with the
+# history (31 ms a search at 20,000 messages); by scope and write order it reads only what is
+# new. The same statements on PostgreSQL (pg_schema.py).
+VECTORS_BY_SCOPE = """
+CREATE INDEX recall_messages_user_embedded ON recall_messages (user_id, embedded);
+CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, embedded);
+"""
+
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
         "001_core",
@@ -204,17 +213,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
             WHERE embedded IS NULL;
         """,
     ),
-    (
-        # A search reads the vectors written since its last read (``vectors_since``): by the
-        # user's (or session's) rows alone the planner read every row of the scope, a scan
-        # growing with the history (31 ms a search at 20,000 messages); by scope and write
-        # order it reads only what is new.
-        "011_vectors_by_scope",
-        """
-        CREATE INDEX recall_messages_user_embedded ON recall_messages (user_id, embedded);
-        CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, embedded);
-        """,
-    ),
+    ("011_vectors_by_scope", VECTORS_BY_SCOPE),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be
