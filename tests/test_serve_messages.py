@@ -251,13 +251,13 @@ def test_count_tokens_passes_through(
 def test_errors_are_anthropic_shaped(
     client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
-    """A bad turn is a one-line 400 the anthropic client reads; an upstream error keeps its
-    status and body."""
-    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]"):
+    """A turn no provider could read is a one-line 400 naming it that the anthropic client
+    reads; an upstream error keeps its status and body."""
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.role: 'critic'"):
         client_for(proxy).messages.create(
             model="m",
             max_tokens=8,
-            messages=[{"role": "system", "content": "x"}],  # type: ignore[list-item]
+            messages=[{"role": "critic", "content": "x"}],  # type: ignore[list-item, typeddict-item]
         )
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy upstream"}}
     upstream.enqueue(Answer(status=529, payload=error))
@@ -368,7 +368,7 @@ def test_recall_round_trip_happens_inside_the_proxy(
     assert [] == [b for b in reply.content if b.type == "tool_use"]
     assert "end_turn" == reply.stop_reason
     first, second = bodies(upstream)
-    assert ["recall_tool_result"] == [t["name"] for t in first["tools"]]
+    assert ["recall_tool_result", "search_memory"] == [t["name"] for t in first["tools"]]
     assert ARCHIVE not in json.dumps(first["messages"])
     asked, answer = second["messages"][-2:]
     assert thinking("I need the raw text.", SIGNATURE) == asked["content"][0]
@@ -482,23 +482,51 @@ def test_200_turn_tool_loop_stays_in_budget_paired_and_signed(
     assert int(raw.headers["x-ragent-generation"]) >= 1
 
 
-def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
+def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     client_for: ClientFor, proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """A reply that speaks first streams through; the proxy's later tool_use block is cut,
-    the blocks after it renumbered and the stop reason the app's: the SDK reads it whole."""
-    call = tool_use("toolu_late", "recall_tool_result", {"ref": "rm-x"})
+    answered, and the next round's blocks follow in the same message (its message_start
+    dropped, block indices going on): the SDK reads one message with the last round's stop
+    reason. The app's next request gets the model's call and its result spliced back in
+    place of the reply it kept, the same bytes on every later request."""
+    call = tool_use("toolu_late", "search_memory", {"query": "archive", "limit": 500})
     blocks = [{"type": "text", "text": "Let me look."}, call, {"type": "text", "text": " Done."}]
     upstream.enqueue(Answer.stream(anthropic_events(blocks)))
-    with client_for(proxy, "late-call").messages.stream(
-        model="m", max_tokens=64, messages=recall_history()
-    ) as stream:
+    upstream.enqueue(Answer.stream(anthropic_events([{"type": "text", "text": "Found it."}])))
+    client = client_for(proxy, "late-call")
+    with client.messages.stream(model="m", max_tokens=64, messages=recall_history()) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert "Let me look. Done." == text
-    assert ["text", "text"] == [block.type for block in final.content]
+    assert "Let me look. Done.Found it." == text
+    assert ["text", "text", "text"] == [block.type for block in final.content]
     assert "end_turn" == final.stop_reason
-    assert ["recall_tool_result"] == [t["name"] for t in bodies(upstream)[0]["tools"]]
+    first, second = bodies(upstream)
+    assert ["recall_tool_result", "search_memory"] == [t["name"] for t in first["tools"]]
+    asked, answered = second["messages"][-2:]
+    assert call == asked["content"][-1]
+    assert ("tool_result", "toolu_late") == tuple(
+        answered["content"][0][k] for k in ("type", "tool_use_id")
+    )
+
+    kept = {
+        "role": "assistant",
+        "content": [b.model_dump(exclude_none=True) for b in final.content],
+    }
+    later = [*recall_history(), kept, {"role": "user", "content": "thanks"}]
+    for _ in range(2):
+        upstream.enqueue(anthropic_reply([{"type": "text", "text": "You are welcome."}]))
+        client.messages.create(model="m", max_tokens=64, messages=later)
+        later = [
+            *later,
+            {"role": "assistant", "content": "You are welcome."},
+            {"role": "user", "content": "bye"},
+        ]
+    third, fourth = bodies(upstream)[2:]
+    assert [asked, answered] == third["messages"][-4:-2]  # the model's round, as it saw it
+    assert [{"type": "text", "text": "Found it."}] == third["messages"][-2]["content"]
+    spliced = json.dumps(third["messages"][:-1])
+    assert spliced == json.dumps(fourth["messages"][: len(third["messages"]) - 1])
 
 
 def test_upstreams_send_each_provider_to_its_own_url(

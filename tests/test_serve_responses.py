@@ -237,7 +237,7 @@ def test_recall_round_trip_happens_inside_the_proxy(
     assert "line 3: the archived figure is 21." == final.output_text
     assert [] == [item for item in final.output if item.type == "function_call"]
     first, second = bodies(upstream)
-    assert [("function", "recall_tool_result", False)] == [
+    assert [("function", "recall_tool_result", False), ("function", "search_memory", False)] == [
         (t["type"], t["name"], t["strict"]) for t in first["tools"]
     ]
     assert ARCHIVE not in json.dumps(first["input"])
@@ -248,23 +248,42 @@ def test_recall_round_trip_happens_inside_the_proxy(
     assert answer["output"].startswith(ARCHIVE[:300])
 
 
-def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
+def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
-    """A reply that speaks first streams through; the proxy's later call is cut, the items
-    after it renumbered, the final output without it: the SDK reads it whole."""
+    """A reply that speaks first streams through; the proxy's later call is cut, answered,
+    and the next round's items follow in the same stream (opening events dropped, items and
+    sequence numbers going on): the SDK reads one response. The app's next request gets
+    the model's call and its output spliced back in place of the reply it kept."""
     output = [
         text_item("Let me look."),
-        call_item("call_late", "recall_tool_result", '{"ref": "rm-x"}'),
+        call_item("call_late", "search_memory", '{"query": "archive", "limit": 999}'),
         text_item(" Done.", "msg_2"),
     ]
     upstream.enqueue(Answer.stream(responses_events(output)))
-    with client_for(proxy, "late-call").responses.stream(model="m", input=recall_input()) as stream:  # type: ignore[arg-type]
+    upstream.enqueue(Answer.stream(responses_events([text_item("Found it.", "msg_3")])))
+    client = client_for(proxy, "late-call")
+    with client.responses.stream(model="m", input=recall_input()) as stream:  # type: ignore[arg-type]
         numbers = [(e.type, e.sequence_number) for e in stream]
         final = stream.get_final_response()
-    assert "Let me look. Done." == final.output_text
-    assert ["message", "message"] == [item.type for item in final.output]
+    assert "Let me look. Done.Found it." == final.output_text
+    assert ["message", "message", "message"] == [item.type for item in final.output]
     assert list(range(len(numbers))) == [n for _, n in numbers]
+    assert 1 == [kind for kind, _ in numbers].count("response.created")
+    first, second = bodies(upstream)
+    round_items = second["input"][-4:]  # the model's two texts, its call and the answer
+    call, answer = round_items[-2:]
+    assert ("call_late", "search_memory") == (call["call_id"], call["name"])
+    assert ("function_call_output", "call_late") == (answer["type"], answer["call_id"])
+
+    upstream.enqueue(responses_reply([text_item("Anything else?", "msg_4")]))
+    kept = [item.model_dump(exclude_none=True) for item in final.output]
+    later = [*recall_input(), *kept, {"role": "user", "content": "thanks"}]
+    client.responses.create(model="m", input=later)  # type: ignore[arg-type]
+    third = bodies(upstream)[2]["input"]
+    assert round_items == third[-6:-2]  # the model's round, as it saw it
+    assert "Found it." == third[-2]["content"][0]["text"]
+    assert {"role": "user", "content": "thanks"} == third[-1]
 
 
 # ---------------------------------------------------------------------- a long tool loop

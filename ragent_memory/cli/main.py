@@ -469,7 +469,8 @@ def demo(config: str | None, turns: int, out_dir: str, db: str | None, chart: st
 def serve(
     ctx: click.Context, config: str | None, upstream: str | None, host: str | None, port: int | None
 ) -> None:
-    """Run the OpenAI-compatible proxy: point an app's base_url here, nothing else changes."""
+    """Run the proxy for chat completions, Anthropic Messages and OpenAI Responses: point an
+    app's base URL here, nothing else changes."""
     with user_errors():
         settings = _settings(config)
         given: dict[str, Any] = {"upstream": upstream, "host": host, "port": port}

@@ -16,6 +16,8 @@ the latest user turn, so the app's ``tools`` and ``system`` breakpoints keep the
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -42,6 +44,7 @@ MAX_BREAKPOINTS = 4  # cache_control blocks Anthropic accepts in one request
 NOT_IN_VIEW = "[ragent-memory: this tool's result is not in the current view]"
 _KINDS = MappingProxyType({"server_busy": "overloaded_error", "upstream_error": "api_error"})
 _HELD = frozenset({"thinking", "redacted_thinking"})  # say nothing about whose reply it is
+TURN_ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
 def _extras(block: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
@@ -107,6 +110,9 @@ def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list
     memo = memo or Translations()
     out: list[Message] = []
     system = body.get("system")
+    if system is not None and not _is_content(system):
+        shown = type(system).__name__
+        raise Reject(400, f"system: expected a string or a list of content blocks, got {shown}")
     if system:
         out += memo.reuse("system", system, _system_message, system)
     turns = body["messages"]
@@ -123,13 +129,39 @@ def _system_message(system: Any) -> list[Message]:
     return [{"role": "system", "content": system}]
 
 
+def _is_content(content: Any) -> bool:
+    """A string, or a list of blocks (objects): what any provider could read as content."""
+    return isinstance(content, str) or (
+        isinstance(content, list) and all(isinstance(block, dict) for block in content)
+    )
+
+
 def _turn(message: Any, index: int) -> list[Message]:
-    role = message.get("role") if isinstance(message, dict) else None
+    """One turn as engine messages; a turn no provider could read is refused, naming it. A
+    ``system`` or ``developer`` turn (anywhere: Claude Code sends them mid-conversation) is a
+    system message that remembers its turn's keys (``x_turn``) so it goes back in its place."""
+    if not isinstance(message, dict):
+        raise Reject(
+            400, f"messages[{index}]: expected a turn object, got {type(message).__name__}"
+        )
+    role, content = message.get("role"), message.get("content")
+    if role not in TURN_ROLES:
+        raise Reject(
+            400,
+            f"messages[{index}].role: {role!r} is not one of user, assistant, system, developer",
+        )
+    if not _is_content(content):
+        raise Reject(
+            400,
+            f"messages[{index}].content: expected a string or a list of content blocks, "
+            f"got {type(content).__name__}",
+        )
     if role == "user":
-        return _user(message.get("content"))
+        return _user(content)
     if role == "assistant":
-        return [assistant_message(message.get("content"))]
-    raise Reject(400, f"messages[{index}]: expected a user or assistant turn")
+        return [assistant_message(content)]
+    keys = {k: v for k, v in message.items() if k != "content"}
+    return [{"role": "system", "content": content, "x_turn": keys}]
 
 
 # ---------------------------------------------------------------------- back to the wire
@@ -182,44 +214,61 @@ def from_engine(
     messages: Sequence[Message], memo: Translations | None = None
 ) -> tuple[Any, list[dict[str, Any]], int]:
     """``(system, messages, cache_control marks in messages)`` of the upstream request
-    (system None when there is none). Each assistant message is a turn, each run of
-    user/tool messages between them one user turn, answered against the assistant turn
-    before it (``_answered``); what ``memo`` holds of the session's last request (the view's
-    same or equal messages) is reused."""
+    (system None when there is none). Each assistant message is a turn, each system or
+    developer turn the app sent goes back as that turn in its place, each run of user/tool
+    messages between them one user turn, answered against the assistant turn before it
+    (``_answered``); what ``memo`` holds of the session's last request (the view's same or
+    equal messages) is reused."""
     memo = memo or Translations()
     messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     lead = 0
-    while lead < len(messages) and messages[lead].get("role") == "system":
+    while lead < len(messages) and _is_leading_system(messages[lead]):
         lead += 1
     turns: list[dict[str, Any]] = []
     start, state, marks = memo.resume(None, messages, turns, "out")
-    before, marked = state or (None, 0)  # the assistant message before the run
+    before, asked, marked = state or (None, None, 0)  # the assistant message before the run
     run = start = max(start, lead)  # where the run of user/tool messages started
     for index in range(start, len(messages) + 1):
         message = messages[index] if index < len(messages) else None
-        if message is not None and message.get("role") != "assistant":
+        if message is not None and not _breaks_run(message):
             continue
         if run < index:
             source = (before, *messages[run:index])
-            asked = turns[-1] if before else None
             unit = memo.reuse(("out", *map(id, source)), source, _answered, asked, source[1:])
             turns.append(unit[0])
             marked += unit[1]
+            before = asked = None  # its calls are answered
         if message is None:
             break
-        unit = memo.reuse(("out", id(message)), message, _assistant_turn, message)
+        unit = memo.reuse(("out", id(message)), message, _own_turn, message)
         turns.append(unit[0])
-        before, marked, run = message, marked + unit[1], index + 1
-        marks.append((run, len(turns), (message, marked)))
+        marked += unit[1]
+        if message.get("role") == "assistant":
+            before, asked = message, unit[0]
+        run = index + 1
+        marks.append((run, len(turns), (before, asked, marked)))
     memo.keep_prefix(None, messages, turns, marks, "out")
     return (_system(messages[:lead]) if lead else None), turns, marked
+
+
+def _is_leading_system(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "system" and "x_turn" not in message
+
+
+def _breaks_run(message: Mapping[str, Any]) -> bool:
+    """An assistant message, or a system turn the app sent inside ``messages``."""
+    return message.get("role") == "assistant" or "x_turn" in message
 
 
 Unit = tuple[dict[str, Any], int]  # a turn and how many cache_control marks it holds
 
 
-def _assistant_turn(message: Mapping[str, Any]) -> Unit:
-    turn = _assistant(message)
+def _own_turn(message: Mapping[str, Any]) -> Unit:
+    """An assistant message, or a system turn the app sent, as its own turn."""
+    if message.get("role") == "assistant":
+        turn = _assistant(message)
+    else:
+        turn = {**message["x_turn"], "content": message.get("content")}
     return turn, _marks(turn)
 
 
@@ -363,27 +412,38 @@ def _apply(block: Block, delta: Mapping[str, Any], json_parts: list[str] | None)
 
 class Cutter:
     """Cuts the content blocks of the proxy's tool calls out of a stream, renumbering the
-    blocks after them so the app sees a gapless ``index``."""
+    blocks after them so the app sees a gapless ``index``; a round that continues the app's
+    reply (``follow``) loses its ``message_start`` and numbers its blocks on from there."""
 
-    def __init__(self, own: Mapping[str, Any]) -> None:
+    def __init__(self, own: Mapping[str, Any], offset: int = 0, *, following: bool = False) -> None:
         self.own = own
+        self.following = following  # a round after the first: its message_start dropped
+        self.offset = offset  # blocks the app saw in earlier rounds of this reply
         self._cut: set[int] = set()
+        self._shown = 0
         self._app_calls = False
+
+    def follow(self, dropped: int) -> Cutter:
+        """The cutter of the round that continues this one."""
+        return Cutter(self.own, self.offset + self._shown, following=True)
 
     def cut(self, chunk: dict[str, Any]) -> bool:
         kind, index = chunk.get("type"), chunk.get("index")
+        if self.following and kind in ("message_start", "ping"):
+            chunk.clear()  # the app's message started in an earlier round
+            return True
         if kind == "content_block_start" and isinstance(index, int):
             block = chunk.get("content_block") or {}
-            if block.get("type") == "tool_use":
-                if block.get("name") in self.own:
-                    self._cut.add(index)
-                else:
-                    self._app_calls = True
-        if isinstance(index, int) and self._cut:
+            if block.get("type") == "tool_use" and block.get("name") in self.own:
+                self._cut.add(index)
+            else:
+                self._shown += 1
+                self._app_calls = self._app_calls or block.get("type") == "tool_use"
+        if isinstance(index, int) and (self._cut or self.offset):
             if index in self._cut:
                 chunk.clear()  # nothing of it reaches the app
                 return True
-            shifted = index - sum(1 for cut in self._cut if cut < index)
+            shifted = index - sum(1 for cut in self._cut if cut < index) + self.offset
             if shifted != index:
                 chunk["index"] = shifted
                 return True
@@ -396,6 +456,38 @@ class Cutter:
 
 
 # ---------------------------------------------------------------------- the wire
+
+_LEGACY_USER_ID = re.compile(
+    r"user_(?P<device>[^_]*)_account_(?P<account>[^_]*)_session_(?P<session>.+)"
+)
+
+
+def client_ids(field: Any) -> tuple[str | None, str | None]:
+    """``(session, user)`` named by a request's ``metadata.user_id``. Claude Code sends a
+    JSON object as that string (``{"device_id", "account_uuid", "session_id"}``; before,
+    ``user_<device>_account_<account>_session_<session>``): its ``session_id`` is the
+    session and its ``account_uuid`` (else ``device_id``) the user. Any other non-empty
+    string names both, as the app meant it."""
+    if not isinstance(field, str) or not field:
+        return None, None
+    named: Any = None
+    if field.startswith("{"):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            named = orjson.loads(field)
+    elif legacy := _LEGACY_USER_ID.fullmatch(field):
+        named = {
+            "session_id": legacy["session"],
+            "account_uuid": legacy["account"],
+            "device_id": legacy["device"],
+        }
+    if not isinstance(named, dict):
+        return field, field
+    session, user = (
+        value if isinstance(value := named.get(key), str) and value else None
+        for key in ("session_id", "account_uuid")
+    )
+    device = named.get("device_id")
+    return session, user or (device if isinstance(device, str) and device else None)
 
 
 class AnthropicWire:
@@ -413,16 +505,16 @@ class AnthropicWire:
         return body
 
     def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
-        """X-Session-Id / X-User-Id; else ``metadata.user_id`` (Claude Code's names its
-        session); else the session derived from ``system`` and the first turn."""
+        """X-Session-Id / X-User-Id first; else what ``metadata.user_id`` names (see
+        ``client_ids``); else the session derived from ``system`` and the first turn."""
         metadata = body.get("metadata")
         field = metadata.get("user_id") if isinstance(metadata, dict) else None
-        field = field if isinstance(field, str) and field else None
-        session = headers.get("x-session-id") or field
+        named_session, named_user = client_ids(field)
+        session = headers.get("x-session-id") or named_session
         if not session:
             first = body["messages"][:1]
             session = derived_session("messages", [body.get("system"), *first])
-        return session, headers.get("x-user-id") or field
+        return session, headers.get("x-user-id") or named_user
 
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
@@ -488,6 +580,9 @@ class AnthropicWire:
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool:
         return bool(chunk)
+
+    def ends(self, chunk: Mapping[str, Any]) -> bool:
+        return chunk.get("type") in ("message_delta", "message_stop")
 
     def encode(self, chunk: Mapping[str, Any]) -> bytes:
         return named_event(chunk)

@@ -249,6 +249,10 @@ class CallCutter:
                 changed = True
         return changed
 
+    def follow(self, dropped: int) -> CallCutter:
+        """The cutter of the round that continues this one (the app saw no call yet)."""
+        return CallCutter(self.own)
+
     def _is_own(self, call: Any) -> bool:
         if not isinstance(call, dict) or not isinstance(call.get("index"), int):
             return False
@@ -319,6 +323,13 @@ class ChatWire:
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool:
         return has_substance(chunk)
+
+    def ends(self, chunk: Mapping[str, Any]) -> bool:
+        """The finish chunk, or a usage chunk after it (``[DONE]`` is the stream's)."""
+        choices = chunk.get("choices") or ()
+        if not choices:
+            return bool(chunk.get("usage"))
+        return any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
 
     def encode(self, chunk: Mapping[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(chunk) + b"\n\n"

@@ -54,6 +54,7 @@ _ASSISTANT_SIDE = frozenset(
 )
 _ARGUMENT_KEYS = MappingProxyType({"function_call": "arguments", "custom_tool_call": "input"})
 _STARTING = frozenset({"response.created", "response.in_progress", "response.queued"})
+_ENDING = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def _kind(item: Mapping[str, Any]) -> str:
@@ -392,37 +393,77 @@ class Builder:
 
 class Cutter:
     """Cuts the proxy's function calls out of a Responses stream: their events dropped, the
-    later ``output_index`` and ``sequence_number`` renumbered, the final output without them."""
+    later ``output_index`` and ``sequence_number`` renumbered, the final output without them.
+    A round that continues the app's reply (``follow``) loses its opening events and goes on
+    numbering from there; its final output holds the items of the earlier rounds first."""
 
-    def __init__(self, own: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        own: Mapping[str, Any],
+        prior: Sequence[Item] = (),
+        base: int = 0,
+        *,
+        following: bool = False,
+    ) -> None:
         self.own = own
+        self.following = following  # a round after the first: its opening events dropped
+        self.prior = list(prior)  # the items the app saw in earlier rounds of this reply
+        self.base = base  # the sequence number this round's first event gets
         self._cut: set[int] = set()
+        self._shown: dict[int, Item] = {}
         self._dropped = 0
+        self._last = base - 1
+
+    def follow(self, dropped: int) -> Cutter:
+        """The cutter of the round that continues this one (``dropped``: its ending events
+        the app never got)."""
+        shown = [self._shown[i] for i in sorted(self._shown)]
+        base = self._last + 1 - dropped
+        return Cutter(self.own, [*self.prior, *shown], base, following=True)
 
     def cut(self, chunk: dict[str, Any]) -> bool:
         index = chunk.get("output_index")
-        item = chunk.get("item")
-        added = chunk.get("type") == "response.output_item.added"
-        if added and isinstance(index, int) and _is_own(item, self.own):
-            self._cut.add(index)
-        if index in self._cut:
-            chunk.clear()
-            self._dropped += 1
-            return True
+        kind = chunk.get("type")
+        if self.following and kind in _STARTING:
+            return self._drop(chunk)
         changed = False
-        if isinstance(index, int) and self._cut:
-            chunk["output_index"] = index - sum(1 for cut in self._cut if cut < index)
-            changed = True
+        if isinstance(index, int):
+            if kind == "response.output_item.added" and _is_own(chunk.get("item"), self.own):
+                self._cut.add(index)
+            if index in self._cut:
+                return self._drop(chunk)
+            changed = self._renumber(chunk, index)
         response = chunk.get("response")
         if isinstance(response, dict) and isinstance(response.get("output"), list):
             kept = [i for i in response["output"] if not _is_own(i, self.own)]
-            if len(kept) != len(response["output"]):
-                response["output"] = kept
+            if self.prior or len(kept) != len(response["output"]):
+                response["output"] = [*self.prior, *kept]
                 changed = True
-        if self._dropped and isinstance(chunk.get("sequence_number"), int):
-            chunk["sequence_number"] -= self._dropped
-            changed = True
-        return changed
+        return self._number(chunk) or changed
+
+    def _renumber(self, chunk: dict[str, Any], index: int) -> bool:
+        """The app's ``output_index``: the proxy's items before it cut, the earlier rounds'
+        items counted; an item done is remembered for a round that may follow."""
+        shifted = index - sum(1 for cut in self._cut if cut < index) + len(self.prior)
+        chunk["output_index"] = shifted
+        if chunk.get("type") == "response.output_item.done" and isinstance(chunk.get("item"), dict):
+            self._shown[shifted] = chunk["item"]
+        return shifted != index
+
+    def _drop(self, chunk: dict[str, Any]) -> bool:
+        chunk.clear()
+        self._dropped += 1
+        return True
+
+    def _number(self, chunk: dict[str, Any]) -> bool:
+        number = chunk.get("sequence_number")
+        if not isinstance(number, int):
+            return False
+        self._last = number - self._dropped + self.base
+        if self._last == number:
+            return False
+        chunk["sequence_number"] = self._last
+        return True
 
 
 def _is_own(item: Any, own: Mapping[str, Any]) -> bool:
@@ -444,16 +485,16 @@ class ResponsesWire:
         return load_object(raw, "input", "a string or a list of items")
 
     def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
-        """X-Session-Id / X-User-Id; else ``user`` or ``safety_identifier``; else
-        ``prompt_cache_key`` (Codex CLI's conversation id); else the session derived from
-        ``instructions`` and the first input item."""
+        """X-Session-Id / X-User-Id first; else ``prompt_cache_key`` (Codex CLI's
+        conversation id) for the session, then ``user`` or ``safety_identifier`` (the user
+        too); else the session derived from ``instructions`` and the first input item."""
         field = next(
             (v for k in ("user", "safety_identifier") if isinstance(v := body.get(k), str) and v),
             None,
         )
-        session = headers.get("x-session-id") or field
-        if not session and isinstance(body.get("prompt_cache_key"), str):
-            session = body["prompt_cache_key"]
+        cache_key = body.get("prompt_cache_key")
+        cache_key = cache_key if isinstance(cache_key, str) and cache_key else None
+        session = headers.get("x-session-id") or cache_key or field
         if not session:
             items = body["input"]
             first = items[:1] if isinstance(items, list) else [items]
@@ -521,6 +562,9 @@ class ResponsesWire:
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool:
         return bool(chunk)
+
+    def ends(self, chunk: Mapping[str, Any]) -> bool:
+        return chunk.get("type") in _ENDING
 
     def encode(self, chunk: Mapping[str, Any]) -> bytes:
         return named_event(chunk)

@@ -1,16 +1,19 @@
 """A streamed reply relayed as it arrives, in any wire format (``wire``): server-sent events
 split, read along (the JSON chunk each carries) and forwarded byte for byte.
 
-Only events that say nothing yet (the role chunk, a message start, thinking) are held back. A reply that starts with a
-call of a proxy tool is read to its end and, when every call is the proxy's, answered and
-followed by the next round: the app sees one ordinary reply. Otherwise it streams through, any
-later proxy-tool call cut out: the app never sees a tool it did not declare.
+Only events that say nothing yet (the role chunk, a message start, thinking) are held back. A
+reply that starts with a call of a proxy tool is read to its end and, when every call is the
+proxy's, answered and followed by the next round. Otherwise it streams through, any later
+proxy-tool call cut out (the app never sees a tool it did not declare), and the events that end
+the reply are held back until it is known whether the model called only the proxy's tools
+after its text: then they are answered and the next round's events follow in the same stream,
+numbered on from the first (``Cutter.follow``), so the app sees one ordinary reply.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -52,6 +55,14 @@ class EventSplitter:
         return rest
 
 
+def _is_done(event: bytes) -> bool:
+    """The ``data: [DONE]`` event that ends a chat-completions stream."""
+    return any(
+        line.strip() == b"data: [DONE]" or line.strip() == b"data:[DONE]"
+        for line in event.splitlines()
+    )
+
+
 def chunk_of(event: bytes) -> dict[str, Any] | None:
     """The JSON chunk an event's ``data:`` lines carry; None for comments, ``[DONE]`` and
     non-JSON data."""
@@ -70,19 +81,35 @@ def chunk_of(event: bytes) -> dict[str, Any] | None:
     return chunk if isinstance(chunk, dict) else None
 
 
+class RoundFailed(Exception):
+    """The upstream refused a round of the proxy's own tools after the app's reply began."""
+
+
+NextRound = Callable[[chat.Message], Awaitable["aiohttp.ClientResponse | None"]]
+
+
 class StreamReader:
     """Reads one upstream SSE stream: holds back the events that say nothing yet, decides
-    whose reply it is, then yields the events as they come with proxy-tool calls cut out."""
+    whose reply it is, then yields the events as they come with proxy-tool calls cut out.
+    ``next_round`` hears the model's whole reply at the end of each upstream stream and
+    gives the stream that continues it, if any."""
 
     def __init__(
-        self, upstream: aiohttp.ClientResponse, own: Mapping[str, Any], wire: Wire
+        self,
+        upstream: aiohttp.ClientResponse,
+        own: Mapping[str, Any],
+        wire: Wire,
+        next_round: NextRound | None = None,
     ) -> None:
         self.upstream = upstream
         self.own = own
         self.wire = wire
+        self.next_round = next_round if own else None
         self.reply = wire.builder()  # what the client received
+        self.full = wire.builder()  # the model's whole reply of the current round
         self._events = self._split()
         self._held: list[bytes] = []
+        self._tail: list[tuple[bytes, dict[str, Any] | None]] = []  # the round's ending events
         self._cutter = wire.cutter(own)
 
     async def _split(self) -> AsyncIterator[bytes]:
@@ -115,24 +142,48 @@ class StreamReader:
         return builder.message()
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The held events, then the rest of the stream, proxy-tool calls cut out."""
+        """The held events, then the rest of the stream, proxy-tool calls cut out; then
+        each round that continues it; then the last round's ending events."""
         held, self._held = self._held, []
         for event in held:
             if out := self._filter(event):
                 yield out
-        while (following := await anext(self._events, None)) is not None:
-            if out := self._filter(following):
-                yield out
+        while True:
+            while (following := await anext(self._events, None)) is not None:
+                if out := self._filter(following):
+                    yield out
+            if (
+                self.next_round is None
+                or (upstream := await self.next_round(self.full.message())) is None
+            ):
+                break
+            self.close()
+            self.upstream, self._events = upstream, self._split()
+            self.full = self.wire.builder()
+            dropped = sum(1 for _, chunk in self._tail if chunk is not None)
+            self._cutter, self._tail = self._cutter.follow(dropped), []
+        for out, chunk in self._tail:
+            if chunk is not None:
+                self.reply.add(chunk)
+            yield out
 
     def _filter(self, event: bytes) -> bytes:
         chunk = chunk_of(event)
         if chunk is None:
+            if self.next_round is not None and _is_done(event):
+                self._tail.append((event, None))
+                return b""
             return event
+        self.full.add(chunk)
         cut = bool(self.own) and self._cutter.cut(chunk)
+        if cut and not self.wire.has_substance(chunk):
+            return b""
+        out = self.wire.encode(chunk) if cut else event
+        if self.next_round is not None and self.wire.ends(chunk):
+            self._tail.append((out, chunk))
+            return b""
         self.reply.add(chunk)
-        if not cut:
-            return event
-        return self.wire.encode(chunk) if self.wire.has_substance(chunk) else b""
+        return out
 
     def close(self) -> None:
         self.upstream.release()  # back to the pool when read whole; closed otherwise
@@ -148,23 +199,24 @@ class Relay:
     finish: Callable[[chat.Message | None], None]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        reply: chat.Message | None = None
+        finished = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             try:
                 async for event in self.reader.events():
                     await send({"type": "http.response.body", "body": event, "more_body": True})
-            except STREAM_ERRORS as err:
+            except (*STREAM_ERRORS, RoundFailed) as err:
                 log.warning("serve.stream_broken", error=type(err).__name__)
-                error = self.reader.wire.stream_error(
-                    f"upstream stream broke: {type(err).__name__}"
-                )
+                said = str(err) if isinstance(err, RoundFailed) else type(err).__name__
+                error = self.reader.wire.stream_error(f"upstream stream broke: {said}")
                 await send({"type": "http.response.body", "body": error, "more_body": True})
-            else:
-                reply = self.reader.reply.message()
+            else:  # before the last bytes: the app's next request finds what this turn kept
+                finished = True
+                self.finish(self.reader.reply.message())
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away
-            reply = None
+            pass
         finally:
             self.reader.close()
-            self.finish(reply)
+            if not finished:
+                self.finish(None)

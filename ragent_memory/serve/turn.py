@@ -19,7 +19,7 @@ import attrs
 import orjson
 from starlette.responses import Response
 
-from ragent_memory.core.chars import text_of
+from ragent_memory.core.chars import chars, total_chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
@@ -28,7 +28,9 @@ from ragent_memory.serve import chat
 from ragent_memory.serve.bodies import BodyCache, Memos
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
-from ragent_memory.serve.stream import Relay, StreamReader
+from ragent_memory.serve.own_tools import fitted, limited, without_calls
+from ragent_memory.serve.splice import Splices
+from ragent_memory.serve.stream import Relay, RoundFailed, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
 from ragent_memory.serve.wire import Translations, Wire
 from ragent_memory.settings import ServeSettings
@@ -70,8 +72,27 @@ class Turn:
     started: float  # perf_counter() when the request arrived
     on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
     memo: Translations  # the session's last request's translations, and this one's
+    budget: int  # B: the continued upstream requests stay within it
+    client_len: int  # how many engine messages the app's own history made (before splices)
+    start: int  # where the proxy's own rounds begin in ``messages`` (the prepared view's end)
     rounds: int = 0
     upstream_s: float = 0.0  # time spent waiting for the upstream
+    final: Message | None = None  # the model's last reply, as it stays (own calls answered or cut)
+
+    def seen(self, reply: Message) -> list[Message]:
+        """What the model said and was answered in this turn, in order: the proxy's rounds
+        and its last reply (``reply``, the one the app got, when the model's is not known)."""
+        return [*self.messages[self.start :], self.final or reply]
+
+    def reported(self) -> TurnReport:
+        """The ``TurnReport`` with ``chars_out`` what the last upstream request carried (the
+        proxy's rounds included)."""
+        added = total_chars(self.messages[self.start :])
+        if not added:
+            return self.report
+        out = self.report.chars_out + added
+        over = self.report.over_budget or out > self.budget
+        return attrs.evolve(self.report, chars_out=out, over_budget=over)
 
     def overhead_ms(self) -> float:
         """What the proxy itself added so far: time since arrival, upstream waits excluded."""
@@ -94,6 +115,7 @@ class Proxy:
         self.identity = Identity(settings, engine.store)
         self.bodies = BodyCache()  # keyed by the caller's credential and X-Session-Id
         self.memos = Memos()  # the same keys: each session's last translation to the engine
+        self.splices = Splices()  # what the model saw in place of replies the apps got
         self.in_flight = 0  # requests of every format (serve.max_concurrency)
         self.upstream = Upstream(
             settings.upstream, timeout_s=settings.timeout_s, limit=settings.max_concurrency
@@ -135,6 +157,8 @@ class Proxy:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise Reject(400, f"malformed body: {err!r}") from err
         self.memos.keep(origin.key, memo, origin.size)
+        client_len = len(history)
+        history = self.splices.apply(session_id, history)
         try:
             on_loop = not self._may_wait(history, session_id)
             if on_loop:
@@ -154,10 +178,13 @@ class Proxy:
             headers=forward,
             report=prepared.report,
             messages=list(prepared.messages),
-            own=self._offer(wire, body, prepared.report, user_id),
+            own=self._offer(wire, body),
             started=started,
             on_loop=on_loop,
             memo=memo,
+            budget=self.engine.settings.context_window_chars,
+            client_len=client_len,
+            start=len(prepared.messages),
         )
 
     def _may_wait(self, history: list[Message], session_id: str) -> bool:
@@ -189,97 +216,117 @@ class Proxy:
         future.add_done_callback(done)
         return await asyncio.wrap_future(future)
 
-    def _offer(
-        self, wire: Wire, body: Mapping[str, Any], report: TurnReport, user_id: str | None
-    ) -> dict[str, dict[str, Any]]:
-        """The proxy's own tools for this request: recall when the view shows a ref to read
-        back, search when there is earlier conversation it no longer shows. None when the app
-        pins its tools, and never one the app declares."""
+    def _offer(self, wire: Wire, body: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The proxy's own tools, the same on every request of a session (the prompt cache
+        keeps its prefix): recall, then search unless recall is off, after the app's tools.
+        None when the app pins its tools, and never one the app declares."""
         if wire.pins_tools(body):
             return {}
-        own: dict[str, dict[str, Any]] = {}
-        if report.trimmed or report.truncated or report.recalled:  # the view names refs
-            own[RECALL_TOOL_NAME] = self.engine.recall_tool()
-        earlier = report.generation or report.dropped_turns or user_id is not None
-        if self.engine.settings.recall_enabled and earlier:
+        own: dict[str, dict[str, Any]] = {RECALL_TOOL_NAME: self.engine.recall_tool()}
+        if self.engine.settings.recall_enabled:
             search = self.engine.search_tool()
             own[search["function"]["name"]] = search
         for name in wire.declared_tools(body) & own.keys():
             del own[name]
         return own
 
-    def _answer(self, turn: Turn, calls: Sequence[Message]) -> list[Message]:
+    def _answer(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> list[Message]:
         """The tool messages answering the proxy's own calls (run in a worker thread): the
-        arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read."""
-        answer = functools.partial(
-            call_tool, self.engine, session_id=turn.session_id, user_id=turn.user_id
-        )
-        return [
-            {
-                "role": "tool",
-                "tool_call_id": call.get("id"),
-                "content": answer(call["function"].get("name"), call["function"].get("arguments")),
-            }
-            for call in calls
-        ]
+        arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read;
+        each is clamped, and each answer fitted, to the room left under B in the request
+        that carries them."""
+        room = turn.budget - total_chars(turn.messages) - chars(assistant)
+        answers = []
+        for call in calls:
+            name, arguments = call["function"].get("name"), call["function"].get("arguments")
+            text = call_tool(
+                self.engine,
+                name,
+                limited(name, arguments, room),
+                session_id=turn.session_id,
+                user_id=turn.user_id,
+            )
+            text = fitted(text, room)
+            room -= len(text)
+            answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
+        return answers
 
     async def _continue(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> None:
         """Answer the proxy's own calls and add the round to what the upstream sees next."""
         loop = asyncio.get_running_loop()
-        answers = await loop.run_in_executor(self._workers, self._answer, turn, calls)
+        answers = await loop.run_in_executor(self._workers, self._answer, turn, assistant, calls)
         turn.messages += [assistant, *answers]
         turn.rounds += 1
 
+    async def _settle(self, turn: Turn, message: Message | None) -> bool:
+        """After a reply of the model: True when it called only the proxy's tools and they
+        are answered now (the upstream is to be asked again). Calls of the proxy's beside
+        the app's are answered too (the model sees the answers in the app's next request,
+        ``Splices``) and the reply goes to the app; past the last round they are cut."""
+        if message is None:
+            return False
+        mine, theirs = chat.split_calls(message, turn.own)
+        if mine and turn.rounds < self.settings.max_tool_rounds:
+            await self._continue(turn, message, mine)
+            return not theirs
+        turn.final = without_calls(message, turn.own) if mine else message
+        return False
+
     async def complete(self, turn: Turn) -> tuple[Response, Message | None]:
         """A non-streamed completion (own tool rounds inside) and the reply to record, if any."""
-        last_round = self.settings.max_tool_rounds
         while True:
-            payload = turn.payload(with_tools=turn.rounds < last_round)
+            payload = turn.payload(with_tools=turn.rounds < self.settings.max_tool_rounds)
             upstream, waited = await self.upstream.call(
                 "POST", turn.path, turn.headers, payload, base=turn.base
             )
             turn.upstream_s += waited
             data = chat.json_or_none(upstream.content) if upstream.status_code == 200 else None
             message = turn.wire.reply(data)
-            if message is None:  # an error, n > 1 choices or an odd reply: no tool rounds
-                if not isinstance(data, dict):
-                    return _relayed(upstream, turn), None
+            if message is None and not isinstance(data, dict):  # an error: no tool rounds
+                return _relayed(upstream, turn), None
+            if not await self._settle(turn, message):  # n > 1 choices or an odd reply: none
                 break
-            mine, theirs = chat.split_calls(message, turn.own)
-            if not mine or theirs or turn.rounds >= last_round:
-                break
-            await self._continue(turn, message, mine)
         content = upstream.content
         if isinstance(data, dict) and turn.own and turn.wire.strip(data, turn.own):
             content = orjson.dumps(data)
         ms = (b"x-ragent-proxy-ms", b"%.3f" % turn.overhead_ms())
-        return _relayed(upstream, turn, ms, content=content), turn.wire.record(data)
+        reply = turn.wire.record(data)
+        self._splice(turn, reply)  # before the app can send its next request
+        return _relayed(upstream, turn, ms, content=content), reply
 
     async def stream(self, turn: Turn) -> Response | Relay:
         """A streamed completion: the relay, or the upstream's error (see ``stream``)."""
         last_round = self.settings.max_tool_rounds
         while True:
-            sent = time.perf_counter()
-            payload = turn.payload(with_tools=turn.rounds < last_round)
-            upstream = await self.upstream.open(
-                "POST", turn.path, turn.headers, payload, base=turn.base
-            )
-            turn.upstream_s += time.perf_counter() - sent
+            upstream = await self._open(turn)
             if upstream.status != 200:
                 return _relayed(await self.upstream.read(upstream), turn)
-            reader = StreamReader(upstream, turn.own, turn.wire)
+            follow = functools.partial(self._next, turn)
+            reader = StreamReader(upstream, turn.own, turn.wire, follow)
             if not await self._own_round(reader, turn, last_round):
                 break
-        headers = response_headers(upstream.raw_headers, chat.report_raw(turn.report, turn.rounds))
+        report = chat.report_raw(turn.reported(), turn.rounds)
+        headers = response_headers(upstream.raw_headers, report)
         return Relay(reader, headers, functools.partial(self.done, turn, status=200))
 
+    async def _open(self, turn: Turn) -> Any:
+        """The upstream stream of the turn's next request."""
+        sent = time.perf_counter()
+        payload = turn.payload(with_tools=turn.rounds < self.settings.max_tool_rounds)
+        upstream = await self.upstream.open(
+            "POST", turn.path, turn.headers, payload, base=turn.base
+        )
+        turn.upstream_s += time.perf_counter() - sent
+        return upstream
+
     async def _own_round(self, reader: StreamReader, turn: Turn, last_round: int) -> bool:
-        """True when the stream was a round of the proxy's own calls, answered now."""
+        """True when the stream was a round of the proxy's own calls only (before anything
+        else was said), answered now: the app's stream starts with the next round."""
         try:
             if await reader.decide() == "own" and turn.rounds < last_round:
                 assistant = await reader.drain()
                 mine, theirs = chat.split_calls(assistant, turn.own)
-                if mine and not theirs and not text_of(assistant):
+                if mine and not theirs:
                     reader.close()
                     await self._continue(turn, assistant, mine)
                     return True
@@ -289,6 +336,19 @@ class Proxy:
             raise Reject(502, message, "upstream_error") from err
         return False
 
+    async def _next(self, turn: Turn, message: Message) -> Any:
+        """At the end of a relayed stream whose reply is ``message``: the next round's
+        upstream stream when the model called only the proxy's tools (answered now; the app
+        sees the rounds as one reply), else None (see ``_settle``)."""
+        if not await self._settle(turn, message):
+            return None
+        upstream = await self._open(turn)
+        if upstream.status != 200:
+            status = (await self.upstream.read(upstream)).status_code
+            log.warning("serve.round_failed", session_id=turn.session_id, status=status)
+            raise RoundFailed(f"upstream answered {status} to the proxy's tool round")
+        return upstream
+
     def done(self, turn: Turn, reply: Message | None, status: int) -> None:
         """Log the request; hand history + reply to ``after_turn``, off the request path."""
         log.info(
@@ -297,7 +357,7 @@ class Proxy:
             session_id=turn.session_id,
             status=status,
             chars_in=turn.report.chars_in,
-            chars_out=turn.report.chars_out,
+            chars_out=turn.reported().chars_out,
             generation=turn.report.generation,
             tool_rounds=turn.rounds,
             prepare_on_loop=turn.on_loop,
@@ -306,11 +366,23 @@ class Proxy:
         )
         if reply is None:
             return
-        history = [*turn.history, reply]
+        history = [*turn.history, *self._splice(turn, reply)]
         try:
             self._after.submit(self._after_turn, history, turn.session_id, turn.user_id)
         except RuntimeError:  # shutting down: the next request records these messages
             log.warning("serve.after_turn_skipped", session_id=turn.session_id)
+
+    def _splice(self, turn: Turn, reply: Message | None) -> list[Message]:
+        """What the model saw in place of ``reply`` (the reply the app got): when it saw
+        more (the proxy's rounds, its own calls answered), that is kept to stand in the
+        app's place in its next requests (``Splices``)."""
+        if reply is None:
+            return []
+        seen = turn.seen(reply)
+        if len(seen) == 1:
+            return [reply]
+        self.splices.record(turn.session_id, turn.client_len, reply, seen)
+        return seen
 
     def _after_turn(self, history: list[Message], session_id: str, user_id: str | None) -> None:
         try:
@@ -323,7 +395,7 @@ def _relayed(
     upstream: Reply, turn: Turn, *extra: tuple[bytes, bytes], content: bytes | None = None
 ) -> Response:
     """The upstream's reply as the app gets it, with the turn's report headers."""
-    ours = [*chat.report_raw(turn.report, turn.rounds), *extra]
+    ours = [*chat.report_raw(turn.reported(), turn.rounds), *extra]
     headers = response_headers(upstream.headers, ours)
     return whole_response(
         upstream.status_code, headers, upstream.content if content is None else content

@@ -42,6 +42,12 @@ class Cutter(Protocol):
 
     def cut(self, chunk: dict[str, Any]) -> bool: ...
 
+    def follow(self, dropped: int) -> Cutter:
+        """The cutter of a round that continues this stream's reply: its opening events
+        dropped, its numbering going on (``dropped``: this round's ending events the app
+        did not get)."""
+        ...
+
 
 class Wire(Protocol):
     """One wire format (see the module docstring)."""
@@ -103,6 +109,10 @@ class Wire(Protocol):
         ...
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool: ...
+
+    def ends(self, chunk: Mapping[str, Any]) -> bool:
+        """An event that ends a reply (held back while a round of the proxy may follow)."""
+        ...
 
     def encode(self, chunk: Mapping[str, Any]) -> bytes: ...
 

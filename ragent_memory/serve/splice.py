@@ -1,0 +1,85 @@
+"""What the model saw in place of a reply the app got (``Splices``).
+
+When the model calls the proxy's own tools, the app gets one reply it can continue from: the
+proxy's calls cut out, their answers never shown. The model saw more: its reply with the
+proxy's calls, the proxy's answers, and (after a round the proxy answered) its next reply. So
+that the model keeps seeing what it saw, the proxy remembers that sequence and, when the app
+sends the reply back in its next request's history, puts the sequence in its place: the same
+message objects on every later request of the session, so what goes upstream is byte-stable
+(the prompt cache holds) and the engine records the conversation the model had.
+
+A reply is known by where it sits in the app's history (the app appends to it) and by what it
+says (its text, whitespace aside, and its tool call ids): an app that edits or rewrites its
+history simply gets no splice there. Bounded: the latest ``PER_SESSION`` splices of each of
+the latest ``SESSIONS`` sessions (least recently used out); a splice that is dropped leaves the
+model the app's reply as it is.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from ragent_memory.core.chars import text_of
+
+Message = dict[str, Any]
+PER_SESSION = 256
+SESSIONS = 4096
+Key = tuple[str, tuple[Any, ...]]
+
+
+def fingerprint(message: Mapping[str, Any]) -> Key:
+    """What an assistant reply says, as the app may send it back: its text without
+    whitespace, and its tool call ids."""
+    calls = tuple(
+        call.get("id") for call in message.get("tool_calls") or () if isinstance(call, dict)
+    )
+    return "".join(text_of(message).split()), calls
+
+
+class Splices:
+    """Per session: the position of a reply in the app's history → (its fingerprint, what
+    the model saw in its place). Thread-safe."""
+
+    def __init__(self, per_session: int = PER_SESSION, sessions: int = SESSIONS) -> None:
+        self.per_session, self.sessions = per_session, sessions
+        self._by_session: collections.OrderedDict[Hashable, dict[int, tuple[Key, list[Message]]]]
+        self._by_session = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(
+        self, session: Hashable, position: int, reply: Mapping[str, Any], seen: Sequence[Message]
+    ) -> None:
+        """The app got ``reply`` at ``position`` of its history; the model saw ``seen``."""
+        with self._lock:
+            known = self._by_session.setdefault(session, {})
+            self._by_session.move_to_end(session)
+            known.pop(position, None)
+            known[position] = (fingerprint(reply), list(seen))
+            while len(known) > self.per_session:
+                del known[next(iter(known))]
+            while len(self._by_session) > self.sessions:
+                self._by_session.popitem(last=False)
+
+    def apply(self, session: Hashable, history: list[Message]) -> list[Message]:
+        """``history`` with every reply the session knows replaced by what the model saw in
+        its place (``history`` itself when there is none)."""
+        with self._lock:
+            known = self._by_session.get(session)
+            if not known:
+                return history
+            self._by_session.move_to_end(session)
+            found = sorted(known.items(), reverse=True)
+        out = history
+        for position, (key, seen) in found:
+            if position >= len(history):
+                continue
+            message = history[position]
+            if message.get("role") != "assistant" or fingerprint(message) != key:
+                continue
+            if out is history:
+                out = list(history)
+            out[position : position + 1] = seen
+        return out
