@@ -289,7 +289,9 @@ def test_recall_round_trip_happens_inside_the_proxy(
     assert "1" == raw.headers["x-ragent-truncated"]
     assert "1" == raw.headers["x-ragent-tool-rounds"]
     first, second = (r.body for r in upstream.requests)
-    assert ["recall_tool_result"] == [t["function"]["name"] for t in first["tools"]]
+    assert ["recall_tool_result", "search_memory"] == [
+        t["function"]["name"] for t in first["tools"]
+    ]
     assert ARCHIVE not in json.dumps(first["messages"])
     answer = second["messages"][-1]
     assert ("tool", RECALL_ID) == (answer["role"], answer["tool_call_id"])
@@ -333,28 +335,39 @@ def test_streamed_recall_round_trip(proxy: ProxyProcess, upstream: FakeOpenAI) -
     assert 2 == len(upstream.requests)
 
 
-def test_streamed_text_then_a_proxy_call_keeps_the_text_only(
+def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
-    """Once text has gone out, a later call of the proxy's tool in that streamed reply is cut
-    out of the events (and the finish reason no longer says tool_calls)."""
-    arguments = '{"ref": "rm-00000000000000000000"}'
-    events = sse_events(["Let me check."], tool_calls=[("recall_tool_result", arguments)])
+    """Once text has gone out, a later call of the proxy's tool in that streamed reply is
+    cut out of the events, answered, and the next round streams on in the same reply: one
+    finish reason (the last round's), one [DONE]."""
+    arguments = '{"query": "archive"}'
+    events = sse_events(["Let me check."], tool_calls=[("search_memory", arguments)])
     upstream.enqueue(Answer.stream(events))
+    upstream.enqueue(Answer.stream(sse_events([" It is", " there."], chunk_id="two")))
     stream = client_for(proxy, "late-call").chat.completions.create(
         model="m", messages=recall_history(), stream=True
     )
     chunks = [c for c in stream if c.choices]
 
-    assert "Let me check." == "".join(c.choices[0].delta.content or "" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "Let me check. It is there." == text
     assert all(c.choices[0].delta.tool_calls is None for c in chunks)
-    assert "stop" == chunks[-1].choices[0].finish_reason
-    assert 1 == len(upstream.requests)
+    assert ["stop"] == [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    first, second = (r.body for r in upstream.requests)
+    asked, answer = second["messages"][-2:]
+    assert ("Let me check.", "search_memory") == (
+        asked["content"],
+        asked["tool_calls"][0]["function"]["name"],
+    )
+    assert ("tool", asked["tool_calls"][0]["id"]) == (answer["role"], answer["tool_call_id"])
 
 
 def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:
-    """With tool_choice "none" the proxy adds no tool; a proxy-tool call mixed with the
-    app's own calls is cut out, so the app only sees tools it declared."""
+    """With tool_choice "none" the proxy adds no tool. A proxy-tool call beside the app's own
+    calls is answered and cut out, so the app only sees tools it declared and continues
+    from its reply; its next request reaches the model with the proxy's call and answer
+    spliced back in place: every call answered, in the order the model made them."""
     app_tool = {
         "type": "function",
         "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
@@ -364,7 +377,7 @@ def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeO
         {
             "id": "c2",
             "type": "function",
-            "function": {"name": "recall_tool_result", "arguments": '{"ref": "rm-x"}'},
+            "function": {"name": "search_memory", "arguments": '{"query": "archive"}'},
         },
     ]
     upstream.enqueue(Answer.reply(None, "tool_calls", tool_calls=calls))
@@ -376,10 +389,22 @@ def test_app_tools_and_choice_are_respected(proxy: ProxyProcess, upstream: FakeO
     )
     assert ["lookup"] == [c.function.name for c in message.tool_calls or []]
     offered = [t["function"]["name"] for t in upstream.requests[0].body["tools"]]
-    assert ["lookup", "recall_tool_result"] == offered
+    assert ["lookup", "recall_tool_result", "search_memory"] == offered
+    assert 1 == len(upstream.requests)
+
+    kept = message.model_dump(exclude_none=True)
+    result = {"role": "tool", "tool_call_id": "c1", "content": "looked up"}
+    upstream.reply("all done")
+    client.chat.completions.create(
+        model="m", messages=[*recall_history(), kept, result], tools=[app_tool]
+    )
+    asked, ours, theirs = upstream.requests[1].body["messages"][-3:]
+    assert ["c1", "c2"] == [c["id"] for c in asked["tool_calls"]]
+    assert ("tool", "c2") == (ours["role"], ours["tool_call_id"])
+    assert result == theirs
 
     client.chat.completions.create(model="m", messages=recall_history(), tool_choice="none")
-    assert "tools" not in upstream.requests[1].body
+    assert "tools" not in upstream.requests[2].body
 
 
 def test_several_choices_never_show_proxy_calls(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:

@@ -304,7 +304,8 @@ class ChatWire:
         return pins_tools(body)
 
     def reply(self, data: Any) -> Message | None:
-        return only_message(data)
+        message = only_message(data)  # a copy: ``strip`` edits the reply the app gets
+        return None if message is None else dict(message)
 
     def record(self, data: Any) -> Message | None:
         return first_message(data)

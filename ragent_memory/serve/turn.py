@@ -78,11 +78,14 @@ class Turn:
     rounds: int = 0
     upstream_s: float = 0.0  # time spent waiting for the upstream
     final: Message | None = None  # the model's last reply, as it stays (own calls answered or cut)
+    answered_last: bool = False  # the last reply's own calls were answered beside the app's
 
     def seen(self, reply: Message) -> list[Message]:
         """What the model said and was answered in this turn, in order: the proxy's rounds
-        and its last reply (``reply``, the one the app got, when the model's is not known)."""
-        return [*self.messages[self.start :], self.final or reply]
+        and its last reply (``reply``, the one the app got, when the model's is not known;
+        nothing more when the last round is the proxy's answers beside the app's calls)."""
+        last = [] if self.answered_last else [self.final or reply]
+        return [*self.messages[self.start :], *last]
 
     def reported(self) -> TurnReport:
         """The ``TurnReport`` with ``chars_out`` what the last upstream request carried (the
@@ -268,6 +271,7 @@ class Proxy:
         mine, theirs = chat.split_calls(message, turn.own)
         if mine and turn.rounds < self.settings.max_tool_rounds:
             await self._continue(turn, message, mine)
+            turn.answered_last = bool(theirs)
             return not theirs
         turn.final = without_calls(message, turn.own) if mine else message
         return False
