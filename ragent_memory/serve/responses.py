@@ -53,6 +53,7 @@ _ASSISTANT_SIDE = frozenset(
     }
 )
 _ARGUMENT_KEYS = MappingProxyType({"function_call": "arguments", "custom_tool_call": "input"})
+INSTALLATION = "x-codex-installation-id"  # Codex CLI's client_metadata key: one per install
 _STARTING = frozenset({"response.created", "response.in_progress", "response.queued"})
 _ENDING = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -487,19 +488,20 @@ class ResponsesWire:
     def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
         """X-Session-Id / X-User-Id first; else ``prompt_cache_key`` (Codex CLI's
         conversation id) for the session, then ``user`` or ``safety_identifier`` (the user
-        too); else the session derived from ``instructions`` and the first input item."""
+        too); else the session derived from ``instructions`` and the first input item. The
+        user without those: Codex CLI's installation id (``client_metadata``)."""
         field = next(
             (v for k in ("user", "safety_identifier") if isinstance(v := body.get(k), str) and v),
             None,
         )
-        cache_key = body.get("prompt_cache_key")
-        cache_key = cache_key if isinstance(cache_key, str) and cache_key else None
-        session = headers.get("x-session-id") or cache_key or field
+        session = headers.get("x-session-id") or _text(body.get("prompt_cache_key")) or field
         if not session:
             items = body["input"]
             first = items[:1] if isinstance(items, list) else [items]
             session = derived_session("responses", [body.get("instructions"), *first])
-        return session, headers.get("x-user-id") or field
+        metadata = body.get("client_metadata")
+        installation = metadata.get(INSTALLATION) if isinstance(metadata, dict) else None
+        return session, headers.get("x-user-id") or field or _text(installation)
 
     def managed(self, body: Mapping[str, Any]) -> bool:
         return not (body.get("previous_response_id") or body.get("conversation"))
@@ -577,6 +579,10 @@ class ResponsesWire:
         self, status: int, message: str, kind: str, headers: Sequence[tuple[bytes, bytes]] = ()
     ) -> Response:
         return error_response(status, message, kind, headers)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _tool(schema: Mapping[str, Any]) -> dict[str, Any]:
