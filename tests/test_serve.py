@@ -354,7 +354,7 @@ def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     assert "Let me check. It is there." == text
     assert all(c.choices[0].delta.tool_calls is None for c in chunks)
     assert ["stop"] == [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
-    first, second = (r.body for r in upstream.requests)
+    _, second = (r.body for r in upstream.requests)
     asked, answer = second["messages"][-2:]
     assert ("Let me check.", "search_memory") == (
         asked["content"],

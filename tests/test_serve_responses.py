@@ -270,7 +270,7 @@ def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     assert ["message", "message", "message"] == [item.type for item in final.output]
     assert list(range(len(numbers))) == [n for _, n in numbers]
     assert 1 == [kind for kind, _ in numbers].count("response.created")
-    first, second = bodies(upstream)
+    _, second = bodies(upstream)
     round_items = second["input"][-4:]  # the model's two texts, its call and the answer
     call, answer = round_items[-2:]
     assert ("call_late", "search_memory") == (call["call_id"], call["name"])
