@@ -643,3 +643,72 @@ def test_a_stream_round_after_text_in_chat_completions_goes_on(
         for c in chunks
         if c["choices"] and c["choices"][0]["finish_reason"]
     ]
+
+
+def test_streamed_proxy_calls_beside_the_apps_in_responses_and_chat(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """Responses and chat completions, streamed: the proxy's call beside the app's is cut
+    (the app's renumbered, gapless) and answered; the app's next request carries it and its
+    answer in place, every call answered."""
+    output = [
+        text_item("Both."),
+        call_item("call_ours", "search_memory", '{"query": "x"}', "fc_o"),
+        call_item("call_app", "shell", '{"cmd": "ls"}', "fc_a"),
+    ]
+    upstream.enqueue(Answer.stream(responses_events(output)))
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0, timeout=60)
+    start = [{"role": "user", "content": "Go."}]
+    with (
+        client,
+        client.responses.stream(model="m", input=start, prompt_cache_key="mixed-rs") as stream,
+    ):  # type: ignore[arg-type]
+        indices = [e.output_index for e in stream if e.type == "response.output_item.added"]
+        final = stream.get_final_response()
+    assert ([0, 1], ["message", "function_call"]) == (indices, [i.type for i in final.output])
+    upstream.enqueue(responses_reply([text_item("ok")]))
+    kept = [i.model_dump(exclude_none=True) for i in final.output]
+    done = {"type": "function_call_output", "call_id": "call_app", "output": "a.py"}
+    body = {"model": "m", "input": [*start, *kept, done], "prompt_cache_key": "mixed-rs"}
+    post(proxy, "/v1/responses", body)
+    sent = sent_to(upstream, "/v1/responses")[1]["input"]
+    assert ["call_ours", "call_app", "call_ours", "call_app"] == [
+        i["call_id"] for i in sent if "call_id" in i
+    ]
+
+    upstream.reset()
+    calls = [("search_memory", '{"query": "y"}'), ("lookup", "{}")]
+    upstream.enqueue(Answer.stream(sse_events(["Both."], tool_calls=calls, chunk_id="m")))
+    chat = [{"role": "user", "content": "Go."}]
+    with httpx2.stream(
+        "POST",
+        proxy.base_url + "/chat/completions",
+        json={"model": "m", "stream": True, "messages": chat},
+        headers={"authorization": f"Bearer {KEY}", "X-Session-Id": "mixed-chat"},
+        timeout=60,
+    ) as raw:
+        streamed = b"".join(raw.iter_bytes()).decode()
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    seen = [c for ch in chunks for c in ch["choices"][0]["delta"].get("tool_calls") or ()]
+    assert ["lookup"] == [c["function"]["name"] for c in seen]
+    assert "tool_calls" == chunks[-1]["choices"][0]["finish_reason"]
+    kept_call = {
+        "id": seen[0]["id"],
+        "type": "function",
+        "function": {"name": "lookup", "arguments": "{}"},
+    }
+    upstream.reply("fine")
+    later = [
+        *chat,
+        {"role": "assistant", "content": "Both.", "tool_calls": [kept_call]},
+        {"role": "tool", "tool_call_id": seen[0]["id"], "content": "found"},
+    ]
+    post(
+        proxy,
+        "/v1/chat/completions",
+        {"model": "m", "messages": later},
+        **{"X-Session-Id": "mixed-chat"},
+    )
+    asked, ours, theirs = upstream.requests[1].body["messages"][-3:]
+    assert ["search_memory", "lookup"] == [c["function"]["name"] for c in asked["tool_calls"]]
+    assert (ours["role"], theirs) == ("tool", later[-1])
