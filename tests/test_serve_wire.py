@@ -712,3 +712,29 @@ def test_streamed_proxy_calls_beside_the_apps_in_responses_and_chat(
     asked, ours, theirs = upstream.requests[1].body["messages"][-3:]
     assert ["search_memory", "lookup"] == [c["function"]["name"] for c in asked["tool_calls"]]
     assert (ours["role"], theirs) == ("tool", later[-1])
+
+
+def test_a_refused_round_after_text_ends_the_stream_with_an_error(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """When the upstream refuses the round that would follow the app's streamed text, the
+    stream ends with the format's error event saying so, not a reply cut short silently."""
+    blocks = [
+        {"type": "text", "text": "Let me search."},
+        tool_use("toolu_f", "search_memory", {"query": "q"}),
+    ]
+    upstream.enqueue(Answer.stream(anthropic_events(blocks)))
+    upstream.status(500)
+    body = {
+        "model": "m",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": "q?"}],
+    }
+    said = post(proxy, "/v1/messages", body, **{"X-Session-Id": "refused-round"}).text
+    events = [json.loads(line[6:]) for line in said.splitlines() if line.startswith("data: ")]
+    deltas = [e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta"]
+    assert "Let me search." == "".join(deltas)
+    assert said.rstrip().endswith("}") and "event: error" in said
+    assert "upstream answered 500 to the proxy's tool round" in said
+    assert "message_stop" not in said

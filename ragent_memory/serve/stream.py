@@ -192,7 +192,8 @@ class StreamReader:
 @attrs.define
 class Relay:
     """An ASGI response streaming the reader's events as they come; ``finish`` runs once, with
-    the reply the client received (None when the stream broke or the client left)."""
+    the reply the client received, before the stream's last bytes (so the client's next
+    request finds what the turn kept); with None when the stream broke or the client left."""
 
     reader: StreamReader
     headers: RawHeaders

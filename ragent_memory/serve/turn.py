@@ -346,11 +346,14 @@ class Proxy:
         sees the rounds as one reply), else None (see ``_settle``)."""
         if not await self._settle(turn, message):
             return None
-        upstream = await self._open(turn)
-        if upstream.status != 200:
-            status = (await self.upstream.read(upstream)).status_code
-            log.warning("serve.round_failed", session_id=turn.session_id, status=status)
-            raise RoundFailed(f"upstream answered {status} to the proxy's tool round")
+        try:
+            upstream = await self._open(turn)
+            if upstream.status != 200:
+                status = (await self.upstream.read(upstream)).status_code
+                raise Reject(status, f"upstream answered {status} to the proxy's tool round")
+        except Reject as err:
+            log.warning("serve.round_failed", session_id=turn.session_id, status=err.status)
+            raise RoundFailed(err.message) from err
         return upstream
 
     def done(self, turn: Turn, reply: Message | None, status: int) -> None:
