@@ -253,7 +253,8 @@ def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
 ) -> None:
     """A reply that speaks first streams through; the proxy's later call is cut, answered,
     and the next round's items follow in the same stream (opening events dropped, items and
-    sequence numbers going on): the SDK reads one response. The app's next request gets
+    sequence numbers going on, the first round's response id kept): the SDK reads one
+    response. The app's next request gets
     the model's call and its output spliced back in place of the reply it kept."""
     output = [
         text_item("Let me look."),
@@ -261,12 +262,14 @@ def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
         text_item(" Done.", "msg_2"),
     ]
     upstream.enqueue(Answer.stream(responses_events(output)))
-    upstream.enqueue(Answer.stream(responses_events([text_item("Found it.", "msg_3")])))
+    second_round = responses_events([text_item("Found it.", "msg_3")])
+    upstream.enqueue(Answer.stream([e.replace(b"resp_fake", b"resp_two") for e in second_round]))
     client = client_for(proxy, "late-call")
     with client.responses.stream(model="m", input=recall_input()) as stream:  # type: ignore[arg-type]
         numbers = [(e.type, e.sequence_number) for e in stream]
         final = stream.get_final_response()
     assert "Let me look. Done.Found it." == final.output_text
+    assert "resp_fake" == final.id
     assert ["message", "message", "message"] == [item.type for item in final.output]
     assert list(range(len(numbers))) == [n for _, n in numbers]
     assert 1 == [kind for kind, _ in numbers].count("response.created")

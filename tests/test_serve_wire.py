@@ -621,7 +621,7 @@ def test_a_stream_round_after_text_in_chat_completions_goes_on(
     proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
     """Chat completions, streamed: the next round's chunks follow the first round's text
-    in one stream, with one [DONE]."""
+    in one stream, under the first round's id, with one [DONE]."""
     upstream.enqueue(
         Answer.stream(sse_events(["Checking."], tool_calls=[("search_memory", '{"query": "q"}')]))
     )
@@ -638,6 +638,7 @@ def test_a_stream_round_after_text_in_chat_completions_goes_on(
     chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert "Checking. Nothing." == text
+    assert {"chatcmpl-s"} == {c["id"] for c in chunks}  # the second round's as the first's
     assert ["stop"] == [
         c["choices"][0]["finish_reason"]
         for c in chunks

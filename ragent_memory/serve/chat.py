@@ -219,14 +219,21 @@ class CallCutter:
     """Cuts the deltas of proxy-tool calls out of one stream's chunks, remembering which
     tool-call indices are the proxy's."""
 
-    def __init__(self, own: Mapping[str, Any]) -> None:
+    def __init__(self, own: Mapping[str, Any], chunk_id: Any = None) -> None:
         self.own = own
+        self.chunk_id = chunk_id  # the id the app's reply started with (a later round's: set)
+        self._following = chunk_id is not None
         self._own_indices: set[int] = set()
         self._app_calls = False
 
     def cut(self, chunk: dict[str, Any]) -> bool:
         """Remove the proxy's calls from ``chunk`` in place; True if it changed."""
         changed = False
+        if not self._following:
+            self.chunk_id = chunk.get("id") if self.chunk_id is None else self.chunk_id
+        elif "id" in chunk and chunk["id"] != self.chunk_id:
+            chunk["id"] = self.chunk_id  # a later round goes on as the reply the app began
+            changed = True
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
@@ -251,7 +258,7 @@ class CallCutter:
 
     def follow(self, dropped: int) -> CallCutter:
         """The cutter of the round that continues this one (the app saw no call yet)."""
-        return CallCutter(self.own)
+        return CallCutter(self.own, self.chunk_id if self.chunk_id is not None else "")
 
     def _is_own(self, call: Any) -> bool:
         if not isinstance(call, dict) or not isinstance(call.get("index"), int):

@@ -396,7 +396,8 @@ class Cutter:
     """Cuts the proxy's function calls out of a Responses stream: their events dropped, the
     later ``output_index`` and ``sequence_number`` renumbered, the final output without them.
     A round that continues the app's reply (``follow``) loses its opening events and goes on
-    numbering from there; its final output holds the items of the earlier rounds first."""
+    numbering from there; its final output holds the items of the earlier rounds first, and
+    the response keeps the first round's id."""
 
     def __init__(
         self,
@@ -405,9 +406,11 @@ class Cutter:
         base: int = 0,
         *,
         following: bool = False,
+        response_id: Any = None,
     ) -> None:
         self.own = own
         self.following = following  # a round after the first: its opening events dropped
+        self.response_id = response_id  # the id the app's response started with
         self.prior = list(prior)  # the items the app saw in earlier rounds of this reply
         self.base = base  # the sequence number this round's first event gets
         self._cut: set[int] = set()
@@ -420,7 +423,9 @@ class Cutter:
         the app never got)."""
         shown = [self._shown[i] for i in sorted(self._shown)]
         base = self._last + 1 - dropped
-        return Cutter(self.own, [*self.prior, *shown], base, following=True)
+        return Cutter(
+            self.own, [*self.prior, *shown], base, following=True, response_id=self.response_id
+        )
 
     def cut(self, chunk: dict[str, Any]) -> bool:
         index = chunk.get("output_index")
@@ -434,12 +439,7 @@ class Cutter:
             if index in self._cut:
                 return self._drop(chunk)
             changed = self._renumber(chunk, index)
-        response = chunk.get("response")
-        if isinstance(response, dict) and isinstance(response.get("output"), list):
-            kept = [i for i in response["output"] if not _is_own(i, self.own)]
-            if self.prior or len(kept) != len(response["output"]):
-                response["output"] = [*self.prior, *kept]
-                changed = True
+        changed = self._response(chunk.get("response")) or changed
         return self._number(chunk) or changed
 
     def _renumber(self, chunk: dict[str, Any], index: int) -> bool:
@@ -450,6 +450,25 @@ class Cutter:
         if chunk.get("type") == "response.output_item.done" and isinstance(chunk.get("item"), dict):
             self._shown[shifted] = chunk["item"]
         return shifted != index
+
+    def _response(self, response: Any) -> bool:
+        """The response a chunk carries, as the app's: the proxy's items cut from its output,
+        the earlier rounds' items first, the first round's id."""
+        if not isinstance(response, dict):
+            return False
+        changed = False
+        if self.response_id is None:
+            self.response_id = response.get("id")
+        elif response.get("id") != self.response_id:
+            response["id"] = self.response_id
+            changed = True
+        output = response.get("output")
+        if isinstance(output, list):
+            kept = [i for i in output if not _is_own(i, self.own)]
+            if self.prior or len(kept) != len(output):
+                response["output"] = [*self.prior, *kept]
+                changed = True
+        return changed
 
     def _drop(self, chunk: dict[str, Any]) -> bool:
         chunk.clear()
