@@ -1,13 +1,13 @@
-"""The proxy's own tool calls made safe to answer: arguments clamped to what fits under B,
-answers fitted to the room left, and a reply's own calls cut from the message that stays."""
+"""The proxy's own tool calls answered inside B: arguments clamped to what fits, answers
+fitted to the room left, and a reply's own calls cut from the message that stays."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragent_memory.core.chars import clip
-from ragent_memory.engine.tools import as_int, parse_arguments
+from ragent_memory.engine.tools import ToolHost, as_int, call_tool, parse_arguments
 from ragent_memory.recall.recaller import SEARCH_TOOL_NAME
 from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME
 from ragent_memory.serve.chat import split_calls
@@ -20,6 +20,30 @@ NO_ROOM = (
     "[ragent-memory: no room left under this request's budget for more; "
     "answer from what the conversation shows]"
 )
+
+
+def answer_calls(
+    engine: ToolHost,
+    calls: Sequence[Mapping[str, Any]],
+    room: int,
+    session_id: str,
+    user_id: str | None,
+) -> list[dict[str, Any]]:
+    """The tool messages answering ``calls`` of the proxy's tools, all of them within
+    ``room`` chars: each call's arguments ``limited`` to the room left, each answer
+    ``fitted`` to it. The arguments are the model's: ``call_tool`` refuses bad ones with a
+    line it can read."""
+    answers = []
+    for call in calls:
+        function = call.get("function") or {}
+        name, arguments = str(function.get("name")), function.get("arguments")
+        text = call_tool(
+            engine, name, limited(name, arguments, room), session_id=session_id, user_id=user_id
+        )
+        text = fitted(text, room)
+        room -= len(text)
+        answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
+    return answers
 
 
 def limited(name: Any, arguments: Any, room: int) -> Any:

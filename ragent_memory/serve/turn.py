@@ -21,14 +21,13 @@ from starlette.responses import Response
 
 from ragent_memory.core.chars import chars, total_chars
 from ragent_memory.core.logs import get_logger
-from ragent_memory.engine.tools import call_tool
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
 from ragent_memory.serve.bodies import BodyCache, Memos
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
-from ragent_memory.serve.own_tools import fitted, limited, without_calls
+from ragent_memory.serve.own_tools import answer_calls, without_calls
 from ragent_memory.serve.splice import Splices
 from ragent_memory.serve.stream import Relay, RoundFailed, StreamReader
 from ragent_memory.serve.upstream import STREAM_ERRORS, Reply, Upstream
@@ -234,25 +233,10 @@ class Proxy:
         return own
 
     def _answer(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> list[Message]:
-        """The tool messages answering the proxy's own calls (run in a worker thread): the
-        arguments are the model's, so ``call_tool`` refuses bad ones with a line it can read;
-        each is clamped, and each answer fitted, to the room left under B in the request
-        that carries them."""
+        """The tool messages answering the proxy's own calls (run in a worker thread), inside
+        the room left under B in the request that carries them (``own_tools``)."""
         room = turn.budget - total_chars(turn.messages) - chars(assistant)
-        answers = []
-        for call in calls:
-            name, arguments = call["function"].get("name"), call["function"].get("arguments")
-            text = call_tool(
-                self.engine,
-                name,
-                limited(name, arguments, room),
-                session_id=turn.session_id,
-                user_id=turn.user_id,
-            )
-            text = fitted(text, room)
-            room -= len(text)
-            answers.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
-        return answers
+        return answer_calls(self.engine, calls, room, turn.session_id, turn.user_id)
 
     async def _continue(self, turn: Turn, assistant: Message, calls: Sequence[Message]) -> None:
         """Answer the proxy's own calls and add the round to what the upstream sees next."""
