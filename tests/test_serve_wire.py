@@ -503,6 +503,26 @@ def test_text_then_a_proxy_call_in_a_whole_reply_is_answered(
     assert "toolu_s" == answered["content"][0]["tool_use_id"]
 
 
+def test_text_then_a_proxy_call_in_a_whole_response_is_answered(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """Responses, not streamed: a message then a search_memory call is answered and the model
+    asked again; the app gets the last response only."""
+    said = [
+        text_item("Let me search.", "msg_s"),
+        call_item("call_s", "search_memory", '{"query": "x"}'),
+    ]
+    upstream.enqueue(responses_reply(said))
+    upstream.enqueue(responses_reply([text_item("Nothing earlier.", "msg_t")]))
+    body = {"model": "m", "input": "Did we talk?", "prompt_cache_key": "whole-r"}
+    got = post(proxy, "/v1/responses", body).json()
+    assert ["msg_t"] == [item["id"] for item in got["output"]]
+    sent = sent_to(upstream, "/v1/responses")[1]["input"]
+    assert ["message", "message", "function_call", "function_call_output"] == [
+        i.get("type", "message") for i in sent
+    ]
+
+
 def test_a_streamed_proxy_call_beside_the_apps_is_answered_and_spliced(
     proxy: ProxyProcess, upstream: FakeOpenAI
 ) -> None:
