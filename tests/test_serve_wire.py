@@ -109,7 +109,8 @@ def test_claude_codes_own_request_goes_upstream_as_sent(
 def test_claude_codes_metadata_names_the_session_and_the_user() -> None:
     """metadata.user_id as Claude Code sends it (a JSON string, or the older
     user_…_account_…_session_… form): its session_id is the session, its account_uuid
-    (else device_id) the user; any other string names both; the headers win."""
+    (else device_id) the user; any other string names both; the headers win; without a
+    session there, Claude Code's X-Claude-Code-Session-Id header names it."""
     wire = AnthropicWire()
     captured = fixture("claude_code_request.json")["body"]
     named = json.loads(captured["metadata"]["user_id"])
@@ -129,6 +130,7 @@ def test_claude_codes_metadata_names_the_session_and_the_user() -> None:
     no_session = {**captured, "metadata": {"user_id": json.dumps({"device_id": "dev-2"})}}
     session, user = wire.ids({}, no_session)
     assert session.startswith("messages-") and "dev-2" == user
+    assert ("cc-7", "dev-2") == wire.ids({"x-claude-code-session-id": "cc-7"}, no_session)
 
 
 def test_codex_requests_go_upstream_as_sent(proxy: ProxyProcess, upstream: FakeOpenAI) -> None:

@@ -506,11 +506,14 @@ class AnthropicWire:
 
     def ids(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str | None]:
         """X-Session-Id / X-User-Id first; else what ``metadata.user_id`` names (see
-        ``client_ids``); else the session derived from ``system`` and the first turn."""
+        ``client_ids``); else Claude Code's X-Claude-Code-Session-Id; else the session
+        derived from ``system`` and the first turn."""
         metadata = body.get("metadata")
         field = metadata.get("user_id") if isinstance(metadata, dict) else None
         named_session, named_user = client_ids(field)
-        session = headers.get("x-session-id") or named_session
+        session = (
+            headers.get("x-session-id") or named_session or headers.get("x-claude-code-session-id")
+        )
         if not session:
             first = body["messages"][:1]
             session = derived_session("messages", [body.get("system"), *first])
