@@ -620,6 +620,29 @@ def test_splices_stand_in_place_of_the_reply_the_app_kept() -> None:
     assert history == splices.apply("s", history)  # position 1 was the oldest: dropped
 
 
+def test_splices_are_bounded_in_characters_and_sessions() -> None:
+    """Past the character bound the least recently used session's splices go first; past
+    the session bound the least recently used session goes; the count stays true."""
+    reply = {"role": "assistant", "content": "r"}
+    seen = [
+        {"role": "assistant", "content": "x" * 100},
+        {"role": "tool", "tool_call_id": "c", "content": "y"},
+    ]
+    splices = Splices(max_chars=250, sessions=3)
+    for session in ("a", "b"):
+        splices.record(session, 1, reply, seen)
+    assert 202 == splices.chars
+    splices.apply("a", [reply, reply])  # a is now the most recently used
+    splices.record("c", 1, reply, seen)
+    history = [{"role": "user", "content": "q"}, reply]
+    assert (202, history) == (splices.chars, splices.apply("b", history))
+    assert seen == splices.apply("a", history)[1:]
+    for session in ("d", "e", "f"):
+        splices.record(session, 1, {"role": "assistant", "content": "s"}, [reply, reply])
+    assert history == splices.apply("a", history)
+    assert 6 == splices.chars
+
+
 def test_the_way_back_keeps_system_turns_where_they_were() -> None:
     """A system or developer turn translated to the engine is a system message that goes
     back as that turn in its place, even first in messages; a top-level system stays top

@@ -11,8 +11,9 @@ message objects on every later request of the session, so what goes upstream is 
 A reply is known by where it sits in the app's history (the app appends to it) and by what it
 says (its text, whitespace aside, and its tool call ids): an app that edits or rewrites its
 history simply gets no splice there. Bounded: the latest ``PER_SESSION`` splices of each of
-the latest ``SESSIONS`` sessions (least recently used out); a splice that is dropped leaves the
-model the app's reply as it is.
+the latest ``SESSIONS`` sessions, at most ``MAX_CHARS`` characters of messages in all (least
+recently used sessions out first); a splice that is dropped leaves the model the app's reply as
+it is.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from ragent_memory.core.chars import text_of
+from ragent_memory.core.chars import text_of, total_chars
 
 Message = dict[str, Any]
 PER_SESSION = 256
 SESSIONS = 4096
+MAX_CHARS = 64_000_000
 Key = tuple[str, tuple[Any, ...]]
+Entry = tuple[Key, list[Message], int]  # fingerprint, what the model saw, its chars
 
 
 def fingerprint(message: Mapping[str, Any]) -> Key:
@@ -43,9 +46,12 @@ class Splices:
     """Per session: the position of a reply in the app's history → (its fingerprint, what
     the model saw in its place). Thread-safe."""
 
-    def __init__(self, per_session: int = PER_SESSION, sessions: int = SESSIONS) -> None:
-        self.per_session, self.sessions = per_session, sessions
-        self._by_session: collections.OrderedDict[Hashable, dict[int, tuple[Key, list[Message]]]]
+    def __init__(
+        self, per_session: int = PER_SESSION, sessions: int = SESSIONS, max_chars: int = MAX_CHARS
+    ) -> None:
+        self.per_session, self.sessions, self.max_chars = per_session, sessions, max_chars
+        self.chars = 0  # what all kept splices hold
+        self._by_session: collections.OrderedDict[Hashable, dict[int, Entry]]
         self._by_session = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -53,15 +59,28 @@ class Splices:
         self, session: Hashable, position: int, reply: Mapping[str, Any], seen: Sequence[Message]
     ) -> None:
         """The app got ``reply`` at ``position`` of its history; the model saw ``seen``."""
+        size = total_chars(seen)
         with self._lock:
             known = self._by_session.setdefault(session, {})
             self._by_session.move_to_end(session)
-            known.pop(position, None)
-            known[position] = (fingerprint(reply), list(seen))
+            if (old := known.pop(position, None)) is not None:
+                self.chars -= old[2]
+            known[position] = (fingerprint(reply), list(seen), size)
+            self.chars += size
             while len(known) > self.per_session:
-                del known[next(iter(known))]
-            while len(self._by_session) > self.sessions:
-                self._by_session.popitem(last=False)
+                self.chars -= known.pop(next(iter(known)))[2]
+            while self._by_session and (
+                len(self._by_session) > self.sessions or self.chars > self.max_chars
+            ):
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """The oldest splice of the least recently used session out (its session with it
+        when it was the last)."""
+        session, known = next(iter(self._by_session.items()))
+        self.chars -= known.pop(next(iter(known)))[2]
+        if not known:
+            del self._by_session[session]
 
     def apply(self, session: Hashable, history: list[Message]) -> list[Message]:
         """``history`` with every reply the session knows replaced by what the model saw in
@@ -73,7 +92,7 @@ class Splices:
             self._by_session.move_to_end(session)
             found = sorted(known.items(), reverse=True)
         out = history
-        for position, (key, seen) in found:
+        for position, (key, seen, _) in found:
             if position >= len(history):
                 continue
             message = history[position]
