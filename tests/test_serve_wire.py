@@ -784,3 +784,49 @@ def test_a_refused_round_after_text_ends_the_stream_with_an_error(
     assert said.rstrip().endswith("}") and "event: error" in said
     assert "upstream answered 500 to the proxy's tool round" in said
     assert "message_stop" not in said
+
+
+def searching_model(body: Any) -> Answer:
+    """Says something and searches again whenever the proxy's tools are offered."""
+    if "tools" not in body:
+        return Answer.reply("Final answer.")
+    rounds = sum(1 for m in body["messages"] if m["role"] == "tool")
+    call = {
+        "id": f"call_{rounds}",
+        "type": "function",
+        "function": {"name": "search_memory", "arguments": json.dumps({"query": f"q{rounds}"})},
+    }
+    return Answer.reply(f"Searching {rounds}.", "tool_calls", tool_calls=[call])
+
+
+def test_every_round_the_model_saw_comes_back_in_the_apps_next_request(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """A model that keeps searching gets serve.max_tool_rounds rounds, then a last request
+    without the proxy's tools; the app gets the last reply, and its next request carries
+    every round (text, call, answer) before that reply, in order."""
+    upstream.default = searching_model
+    client = openai.OpenAI(
+        base_url=proxy.base_url,
+        api_key=KEY,
+        default_headers={"X-Session-Id": "rounds"},
+        max_retries=0,
+        timeout=60,
+    )
+    start = [{"role": "user", "content": "Find it."}]
+    with client:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=start)
+        kept = raw.parse().choices[0].message.model_dump(exclude_none=True)
+        client.chat.completions.create(
+            model="m", messages=[*start, kept, {"role": "user", "content": "Thanks."}]
+        )
+    assert ("Final answer.", "3") == (kept["content"], raw.headers["x-ragent-tool-rounds"])
+    assert 8 == len(upstream.requests)  # the next request searches three times again
+    last_round = upstream.requests[3].body["messages"]
+    assert "tools" not in upstream.requests[3].body
+    again = upstream.requests[4].body["messages"]
+    assert last_round[1:] == again[1 : len(last_round)]  # the three rounds, as the model saw them
+    assert ["Searching 0.", "Searching 1.", "Searching 2."] == [
+        m["content"] for m in again if m["role"] == "assistant" and m.get("tool_calls")
+    ]
+    assert {"role": "assistant", "content": "Final answer."} == again[len(last_round)]
