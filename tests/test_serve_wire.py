@@ -525,21 +525,22 @@ def test_text_then_a_proxy_call_in_a_whole_response_is_answered(
     ]
 
 
+@pytest.mark.parametrize("text", [True, False])
 def test_a_streamed_proxy_call_beside_the_apps_is_answered_and_spliced(
-    proxy: ProxyProcess, upstream: FakeOpenAI
+    proxy: ProxyProcess, upstream: FakeOpenAI, text: bool
 ) -> None:
-    """Messages, streamed: text, a search_memory call and the app's Bash call in one reply.
-    The app sees its own call only (stop_reason tool_use, gapless indices) and continues;
-    its next request reaches the model with the proxy's call beside the app's and both
-    results in the next user turn."""
+    """Messages, streamed: (text,) a search_memory call and the app's Bash call in one
+    reply. The app sees its own blocks only (stop_reason tool_use, gapless indices) and
+    continues; its next request reaches the model with the proxy's call beside the app's
+    and both results in the next user turn."""
     ours = tool_use("toolu_ours", "search_memory", {"query": "earlier"})
     theirs = tool_use("toolu_app", "Bash", {"command": "ls"})
-    blocks = [{"type": "text", "text": "Two things."}, ours, theirs]
+    blocks = [{"type": "text", "text": "Two things."}, ours, theirs][0 if text else 1 :]
     upstream.enqueue(Answer.stream(anthropic_events(blocks)))
     client = anthropic.Anthropic(
         base_url=proxy.root_url,
         api_key=KEY,
-        default_headers={"X-Session-Id": "mixed-stream"},
+        default_headers={"X-Session-Id": f"mixed-stream-{text}"},
         max_retries=0,
         timeout=60,
     )
@@ -550,8 +551,8 @@ def test_a_streamed_proxy_call_beside_the_apps_is_answered_and_spliced(
         client.messages.stream(model="m", max_tokens=64, messages=history, tools=[bash]) as stream,
     ):  # type: ignore[list-item]
         final = stream.get_final_message()
-    assert ["text", "tool_use"] == [b.type for b in final.content]
-    assert ("toolu_app", "tool_use") == (final.content[1].id, final.stop_reason)  # type: ignore[union-attr]
+    assert ["text", "tool_use"][0 if text else 1 :] == [b.type for b in final.content]
+    assert ("toolu_app", "tool_use") == (final.content[-1].id, final.stop_reason)  # type: ignore[union-attr]
     assert 1 == len(upstream.requests)
 
     upstream.enqueue(anthropic_reply([{"type": "text", "text": "Both seen."}]))
@@ -562,7 +563,7 @@ def test_a_streamed_proxy_call_beside_the_apps_is_answered_and_spliced(
     result = {"type": "tool_result", "tool_use_id": "toolu_app", "content": "a.py"}
     later = [*history, kept, {"role": "user", "content": [result]}]
     body = {"model": "m", "max_tokens": 64, "messages": later, "tools": [bash]}
-    post(proxy, "/v1/messages", body, **{"X-Session-Id": "mixed-stream"})
+    post(proxy, "/v1/messages", body, **{"X-Session-Id": f"mixed-stream-{text}"})
     asked, answered = sent_to(upstream, "/v1/messages")[1]["messages"][-2:]
     assert [b["type"] for b in blocks] == [b["type"] for b in asked["content"]]
     assert ["toolu_ours", "toolu_app"] == [b["tool_use_id"] for b in answered["content"]]
