@@ -9,7 +9,6 @@ engine's public API with that user id, so another user's rows never answer.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import socket
 from collections.abc import Callable
 from typing import Annotated
@@ -25,6 +24,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
 from ragent_memory.recall.refs import DEFAULT_LIMIT, FOOTER_MARK, RECALL_TOOL_NAME
+from ragent_memory.settings import is_loopback
 
 log = get_logger(__name__)
 
@@ -120,16 +120,6 @@ def memory_server(engine: MemoryEngine, speaker: Speaker) -> MCPServer:
     forgets = ToolAnnotations(destructive_hint=True, idempotent_hint=True, open_world_hint=False)
     server.add_tool(tools.forget_fact, annotations=forgets)
     return server
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (``localhost`` or a loopback address)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def run_server(
