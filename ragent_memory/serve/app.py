@@ -236,7 +236,7 @@ def serve(
     """Run the proxy under uvicorn until SIGINT/SIGTERM; ``ready`` gets the base URL once the
     socket listens."""
     import uvicorn
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol  # what uvicorn itself picks
 
     config = settings.serve  # the socket first: it listens (port 0: a free one) once told
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -251,7 +251,7 @@ def serve(
     server = uvicorn.Server(
         uvicorn.Config(
             doorman.app(create_app(settings)),
-            http=cast("type[asyncio.Protocol]", doorman.protocol(H11Protocol)),
+            http=cast("type[asyncio.Protocol]", doorman.protocol(AutoHTTPProtocol)),
             log_level="info" if verbose else "warning",
             access_log=verbose,
             timeout_graceful_shutdown=30,
