@@ -159,6 +159,17 @@ async def forward_untouched(
     return response
 
 
+def models_path(model: str | None) -> str:
+    """The upstream path of ``/v1/models`` or ``/v1/models/{model}`` (``model`` decoded, as
+    routed): each segment encoded again on its own, so a ``..`` that came encoded is still a
+    ``..`` segment, which the upstream client refuses."""
+    if model is None:
+        return "/models"
+    return "/models/" + "/".join(
+        urllib.parse.quote(p, safe=_SEGMENT_SAFE) for p in model.split("/")
+    )
+
+
 async def healthz(request: Request) -> Response:
     return Response(b'{"status":"ok"}\n', media_type="application/json")
 
@@ -199,14 +210,8 @@ def create_app(settings: Settings, *, engine: MemoryEngine | None = None) -> Sta
         return whole_response(reply.status_code, headers, reply.content)
 
     async def models(request: Request) -> Response:
-        """``GET /v1/models`` (and ``/v1/models/{id}``, an id's segments re-encoded one by
-        one, so an encoded ``..`` or slash stays one, and is refused) passed through."""
-        model = request.path_params.get("model")
-        path = "/models"
-        if model is not None:
-            path += "/" + "/".join(
-                urllib.parse.quote(part, safe=_SEGMENT_SAFE) for part in model.split("/")
-            )
+        """``GET /v1/models`` (and ``/v1/models/{id}``) passed through."""
+        path = models_path(request.path_params.get("model"))
         try:
             reply, _ = await proxy.upstream.call("GET", path, forward_headers(request.headers.raw))
         except Reject as err:

@@ -25,18 +25,19 @@ STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)  # a stream that broke while
 
 
 def target(base: str, path: str) -> yarl.URL:
-    """``base`` + ``path`` (percent-encoded, maybe with a query) as sent, never normalised: a
-    400 ``Reject`` naming the path when a segment is ``.`` or ``..`` or holds an encoded
-    slash or a backslash (in any encoding), so no path leaves ``base``'s own."""
-    url = yarl.URL(base.rstrip("/") + path, encoded=True)
+    """``base`` + ``path`` (percent-encoded, maybe with a query): a 400 ``Reject`` naming the
+    path when a segment of it, as sent, is ``.`` or ``..`` or holds a slash or a backslash once
+    decoded, so no path leaves ``base``'s own; then the URL as aiohttp would make it."""
+    sent = yarl.URL(base.rstrip("/") + path, encoded=True)
     root = yarl.URL(base, encoded=True).raw_path.rstrip("/")
     shown = path.partition("?")[0]
-    for segment in url.raw_path[len(root) :].split("/")[1:]:
+    for segment in sent.raw_path[len(root) :].split("/")[1:]:
         plain = urllib.parse.unquote(segment)
         if plain in (".", "..") or "/" in plain or "\\" in plain:
             message = f"path {shown!r}: segment {plain!r} would leave the upstream's base path"
             raise Reject(400, message)
-    if not url.raw_path.startswith(root + "/"):
+    url = yarl.URL(base.rstrip("/") + path)  # encoded as before; no dot segment is left
+    if not (sent.raw_path.startswith(root + "/") and url.raw_path.startswith(root + "/")):
         raise Reject(400, f"path {shown!r}: not under the upstream's base path {root or '/'!r}")
     return url
 
