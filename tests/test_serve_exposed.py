@@ -314,3 +314,43 @@ def test_an_exposed_anonymous_server_warns_at_start(workdir: Path, upstream: Fak
 def test_a_loopback_server_starts_without_exposure_warnings(attacked: ProxyProcess) -> None:
     """On 127.0.0.1 neither warning is given."""
     assert "beyond_loopback" not in attacked.log, attacked.log
+
+
+# ---------------------------------------------------------------------- settings and counting
+
+
+@pytest.mark.parametrize(
+    ("section", "key_path"),
+    [
+        ({"header_timeout_s": 0}, "serve.header_timeout_s"),
+        ({"header_timeout_s": 86_400}, "serve.header_timeout_s"),
+        ({"body_timeout_s": -1}, "serve.body_timeout_s"),
+        ({"body_timeout_s": float("inf")}, "serve.body_timeout_s"),
+        ({"max_connections_per_peer": 0}, "serve.max_connections_per_peer"),
+        ({"max_connections_per_peer": True}, "serve.max_connections_per_peer"),
+    ],
+)
+def test_bound_settings_out_of_range_name_the_key(section: dict[str, Any], key_path: str) -> None:
+    """A time or connection bound out of its range fails at load, naming the key."""
+    from ragent_memory import ConfigError
+    from ragent_memory.settings import settings_from_dict
+
+    with pytest.raises(ConfigError) as caught:
+        settings_from_dict({"serve": section})
+    assert key_path == caught.value.key_path
+
+
+def test_trusted_proxies_are_not_counted_per_address() -> None:
+    """A peer in serve.trusted_proxies (a gateway every client comes through) is never refused
+    for its number of connections; any other address is, past the bound, until one closes."""
+    from ragent_memory.serve.connections import Doorman
+
+    doorman = Doorman(per_peer=2, header_timeout_s=60, exempt=("10.0.0.0/8",))
+    gateway = [doorman.admit(("10.1.2.3", port), object()) for port in range(1, 6)]
+    other = [doorman.admit(("192.0.2.7", port), object()) for port in range(1, 4)]
+    assert [True] * 5 == gateway
+    assert [True, True, False] == other
+    assert 1 == doorman.refused
+    doorman.release(("192.0.2.7", 1))
+    assert doorman.admit(("192.0.2.7", 9), object())
+    assert {"192.0.2.7": 2} == doorman.open
