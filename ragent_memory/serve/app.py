@@ -17,7 +17,8 @@ memory, each session's last body (``bodies``). The caller's headers reach the up
 never logged or stored. ``X-Ragent-*`` response headers carry the ``TurnReport`` figures.
 A request the engine cannot manage (a Responses chain kept by the provider) and
 ``/v1/messages/count_tokens`` are forwarded untouched (``X-Ragent-Managed: false``).
-This module: the Starlette app, its routes, a request's bounds, running it under uvicorn.
+This module: the Starlette app, its routes, a request's bounds, running it under uvicorn
+(behind ``connections``: each head in time, connections per client address bounded).
 """
 
 from __future__ import annotations
