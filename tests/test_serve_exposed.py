@@ -161,7 +161,8 @@ def test_slow_senders_hold_no_slot_and_one_address_holds_few_connections(
         assert {"status": "ok"} == httpx2.get(attacked.root_url + "/healthz").json()
 
         go_on = threading.Event()
-        upstream.enqueue(Answer.stream(sse_events(["a", "b"]), hold=go_on), times=SLOTS)
+        events = sse_events(["a", "b"])  # held after its first text (the role chunk says nothing)
+        upstream.enqueue(Answer.stream(events, hold=go_on, hold_after=2), times=SLOTS)
         firsts = [threading.Event() for _ in range(SLOTS)]
         outs: list[list[Any]] = [[] for _ in range(SLOTS)]
         threads = [

@@ -278,8 +278,11 @@ def test_what_no_provider_could_accept_is_refused_by_name(
         reply = post(proxy, "/v1/messages", {"model": "m", "max_tokens": 8, **extra})
         assert 400 == reply.status_code
         assert said in reply.json()["error"]["message"]
-    with pytest.raises(openai.BadRequestError, match=r"input\[1\]: unknown message role 'critic'"):
-        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0, timeout=60)
+    with (
+        client,
+        pytest.raises(openai.BadRequestError, match=r"input\[1\]: unknown message role 'critic'"),
+    ):
         client.responses.create(model="m", input=[hi, {"role": "critic", "content": "x"}])  # type: ignore[list-item, misc]
     assert [] == upstream.requests
 

@@ -43,7 +43,6 @@ Block = dict[str, Any]
 MAX_BREAKPOINTS = 4  # cache_control blocks Anthropic accepts in one request
 NOT_IN_VIEW = "[ragent-memory: this tool's result is not in the current view]"
 _KINDS = MappingProxyType({"server_busy": "overloaded_error", "upstream_error": "api_error"})
-_HELD = frozenset({"thinking", "redacted_thinking"})  # say nothing about whose reply it is
 TURN_ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
@@ -572,14 +571,12 @@ class AnthropicWire:
 
     def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
         kind = chunk.get("type")
-        if kind in ("message_start", "ping", "content_block_delta", "content_block_stop"):
-            return None  # deltas and stops of a held (thinking) block
-        if kind != "content_block_start":
-            return "pass"
-        block = chunk.get("content_block") or {}
-        if block.get("type") == "tool_use":
+        if kind in ("message_start", "ping"):
+            return None  # nothing said yet
+        block = chunk.get("content_block") if kind == "content_block_start" else None
+        if isinstance(block, dict) and block.get("type") == "tool_use":
             return "own" if block.get("name") in own else "pass"
-        return None if block.get("type") in _HELD else "pass"
+        return "pass"  # text, thinking (it streams live; a call after it: see ``follow``)
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool:
         return bool(chunk)

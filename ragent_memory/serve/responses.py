@@ -486,6 +486,10 @@ class Cutter:
         return True
 
 
+def _is_call_item(item: Any) -> bool:
+    return isinstance(item, dict) and _kind(item) == "function_call"
+
+
 def _is_own(item: Any, own: Mapping[str, Any]) -> bool:
     return isinstance(item, dict) and _kind(item) == "function_call" and item.get("name") in own
 
@@ -571,15 +575,12 @@ class ResponsesWire:
 
     def verdict(self, chunk: dict[str, Any], own: Mapping[str, Any]) -> str | None:
         kind = chunk.get("type")
-        if not isinstance(kind, str) or kind in _STARTING or kind.startswith("response.reasoning"):
-            return None
+        if not isinstance(kind, str) or kind in _STARTING:
+            return None  # nothing said yet
         item = chunk.get("item")
-        if kind.startswith("response.output_item.") and isinstance(item, dict):
-            if _kind(item) == "reasoning":
-                return None  # held: it says nothing about whose reply this is
-            if kind.endswith(".added") and _kind(item) == "function_call":
-                return "own" if item.get("name") in own else "pass"
-        return "pass"
+        if kind == "response.output_item.added" and _is_call_item(item):
+            return "own" if _is_own(item, own) else "pass"
+        return "pass"  # a message, reasoning (it streams live; a call after it: ``follow``)
 
     def has_substance(self, chunk: Mapping[str, Any]) -> bool:
         return bool(chunk)

@@ -1,9 +1,9 @@
 """A streamed reply relayed as it arrives, in any wire format (``wire``): server-sent events
 split, read along (the JSON chunk each carries) and forwarded byte for byte.
 
-Only events that say nothing yet (the role chunk, a message start, thinking) are held back. A
-reply that starts with a call of a proxy tool is read to its end and, when every call is the
-proxy's, answered and followed by the next round. Otherwise it streams through, any later
+Only events that say nothing yet (the role chunk, a message start) are held back; thinking and
+reasoning stream live. A reply that starts with a call of a proxy tool is read to its end and,
+when every call is the proxy's, answered and followed by the next round. Otherwise it streams through, any later
 proxy-tool call cut out (the app never sees a tool it did not declare), and the events that end
 the reply are held back until it is known whether the model called only the proxy's tools
 after its text: then they are answered and the next round's events follow in the same stream,
