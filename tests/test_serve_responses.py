@@ -283,6 +283,7 @@ def test_a_proxy_call_after_text_is_answered_and_the_stream_goes_on(
     kept = [item.model_dump(exclude_none=True) for item in final.output]
     later = [*recall_input(), *kept, {"role": "user", "content": "thanks"}]
     client.responses.create(model="m", input=later)  # type: ignore[arg-type]
+    client.close()
     third = bodies(upstream)[2]["input"]
     assert round_items == third[-6:-2]  # the model's round, as it saw it
     assert "Found it." == third[-2]["content"][0]["text"]
