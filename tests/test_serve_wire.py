@@ -834,3 +834,16 @@ def test_every_round_the_model_saw_comes_back_in_the_apps_next_request(
         m["content"] for m in again if m["role"] == "assistant" and m.get("tool_calls")
     ]
     assert {"role": "assistant", "content": "Final answer."} == again[len(last_round)]
+
+
+def test_a_stream_of_several_choices_gets_no_rounds(
+    proxy: ProxyProcess, upstream: FakeOpenAI
+) -> None:
+    """Chat completions with n = 2, streamed: the proxy's call after text is cut, not
+    answered (which choice would the next round continue?), as for a whole reply."""
+    calls = [("search_memory", '{"query": "q"}')]
+    upstream.enqueue(Answer.stream(sse_events(["Checking."], tool_calls=calls)))
+    body = {"model": "m", "stream": True, "n": 2, "messages": [{"role": "user", "content": "q?"}]}
+    streamed = post(proxy, "/v1/chat/completions", body, **{"X-Session-Id": "two-choices"}).text
+    assert 1 == len(upstream.requests)
+    assert "search_memory" not in streamed and streamed.rstrip().endswith("data: [DONE]")

@@ -328,6 +328,8 @@ class Proxy:
         """At the end of a relayed stream whose reply is ``message``: the next round's
         upstream stream when the model called only the proxy's tools (answered now; the app
         sees the rounds as one reply), else None (see ``_settle``)."""
+        if turn.body.get("n") not in (None, 1):  # several choices: no rounds (as whole)
+            return None
         if not await self._settle(turn, message):
             return None
         try:
