@@ -69,6 +69,10 @@ class StaleCompaction(RagentMemoryError):
     """A finished summary whose session moved on meanwhile; it is not committed."""
 
 
+class Leased(RagentMemoryError):
+    """Another holder took the session's lease while this compaction waited to run."""
+
+
 @attrs.frozen
 class Job:
     """Everything a worker needs, captured on the caller's thread."""
@@ -314,8 +318,9 @@ Submit = Callable[..., "Future[SessionState | None] | None"]
 
 class Compactions:
     """One session's compaction in flight (at most one, across hosts too: a lease in the
-    store, DESIGN §10), run on the engine's pool. ``start`` waits at most
-    ``compaction_timeout_s``; a generation that finishes later is ``finished`` next turn."""
+    store, taken when the job starts running, never while it waits in the pool's queue),
+    run on the engine's pool. ``start`` waits at most ``compaction_timeout_s``; a generation
+    that finishes later is ``finished`` next turn."""
 
     def __init__(
         self,
@@ -354,7 +359,7 @@ class Compactions:
         if self._cooling_down(job):
             return "cooling_down"
         try:
-            if not self.store.claim_compaction(session_id):
+            if self.store.compaction_leased(session_id):
                 log.info("compaction.skipped", session_id=session_id, reason="leased")
                 return "in_progress"
         except StoreError as err:
@@ -362,13 +367,14 @@ class Compactions:
             return "failed"
         future = self.submit(self._leased, job)
         if future is None:
-            self._release()
             return "closed"
         self.future = future
         if not wait([future], timeout=timeout_s).done:
             log.warning("compaction.timeout", session_id=session_id, timeout_s=timeout_s)
             return "timeout"
         self.future = None
+        if isinstance(future.exception(), Leased):
+            return "in_progress"
         state = self._outcome(future)
         return "failed" if state is None else state
 
@@ -410,8 +416,17 @@ class Compactions:
         return True
 
     def _leased(self, job: Job) -> SessionState | None:
-        """``run`` under the lease, released before its result is seen (the next host to get
-        the session finds the lease free)."""
+        """``run`` under the lease, taken now that the job runs (``Leased`` when another
+        holder has it) and released before its result is seen (the next host to get the
+        session finds the lease free)."""
+        session_id = self.session_id
+        try:
+            if not self.store.claim_compaction(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                raise Leased(session_id)
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return None
         try:
             return run(job, **self.run_kwargs)
         finally:
@@ -425,6 +440,8 @@ class Compactions:
 
     def _outcome(self, future: Future[SessionState | None]) -> SessionState | None:
         crash = future.exception()
+        if isinstance(crash, Leased):  # another holder compacts it
+            return None
         if crash is not None:  # ``run`` audits its own failures: this is a bug
             log.error("compaction.crashed", session_id=self.session_id, error=repr(crash))
             return None

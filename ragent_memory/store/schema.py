@@ -380,5 +380,7 @@ _CREATED_TABLE = re.compile(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)
 
 
 def tables_created(migrations: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    """Every table ``migrations`` create, in the order they create them."""
-    return tuple(name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))
+    """Every table ``migrations`` create, in the order they first create them (a table made
+    again by a later migration is named once)."""
+    names = (name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))
+    return tuple(dict.fromkeys(names))
