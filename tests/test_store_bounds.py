@@ -62,9 +62,11 @@ def test_a_bad_id_is_refused_naming_its_field_before_anything_is_written(
 
 def test_max_id_chars_moves_the_limit(tmp_path: Path) -> None:
     """The limit is the setting's: 40 characters refused at 32, taken at 64."""
-    with engine_on(tmp_path / "a.db", max_id_chars=32) as engine:
-        with pytest.raises(InvalidIdError, match="over the limit of 32"):
-            engine.prepare(MESSAGES[:1], session_id="s" * 40)
+    with (
+        engine_on(tmp_path / "a.db", max_id_chars=32) as engine,
+        pytest.raises(InvalidIdError, match="over the limit of 32"),
+    ):
+        engine.prepare(MESSAGES[:1], session_id="s" * 40)
     with engine_on(tmp_path / "b.db", max_id_chars=64) as engine:
         assert engine.prepare(MESSAGES[:1], session_id="s" * 40).messages == MESSAGES[:1]
 

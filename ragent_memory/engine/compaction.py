@@ -356,15 +356,9 @@ class Compactions:
         or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``,
         ``cooling_down``)."""
         session_id = self.session_id
-        if self._cooling_down(job):
-            return "cooling_down"
-        try:
-            if self.store.compaction_leased(session_id):
-                log.info("compaction.skipped", session_id=session_id, reason="leased")
-                return "in_progress"
-        except StoreError as err:
-            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
-            return "failed"
+        refused = self._refused(job)
+        if refused is not None:
+            return refused
         future = self.submit(self._leased, job)
         if future is None:
             return "closed"
@@ -377,6 +371,21 @@ class Compactions:
             return "in_progress"
         state = self._outcome(future)
         return "failed" if state is None else state
+
+    def _refused(self, job: Job) -> str | None:
+        """Why ``job`` cannot start now (``cooling_down``, ``in_progress`` while another
+        holder has the lease, ``failed`` when the store cannot say), or None."""
+        session_id = self.session_id
+        if self._cooling_down(job):
+            return "cooling_down"
+        try:
+            if self.store.compaction_leased(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                return "in_progress"
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return "failed"
+        return None
 
     def _cooling_down(self, job: Job) -> bool:
         """Whether the model summarizer has every endpoint cooling down after repeated

@@ -23,7 +23,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, id_key, key_of, utc_now
+from ragent_memory.store.base import Clock, id_key, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
 from ragent_memory.store.recall_index import COLUMNS, NAMED, IndexedTables
 from ragent_memory.store.vectors import VectorTables
@@ -193,7 +193,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable):
             owner, owners = "m.session_key = ?", [session]
         else:
             owner = "(m.user_key = ? OR (m.session_key = ? AND m.user_key IS NULL))"
-            owners = [key_of(user_id), session]
+            owners = [id_key(user_id), session]
         shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
         rows = self._fetch(
             f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
