@@ -8,25 +8,29 @@ stems nor drops words, so English and Chinese match the same way they do in FTS5
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from ragent_memory.store.schema import KEYED_INDEXES, VECTORS_BY_SCOPE
 
 # SQLite's 012 (schema.py) in PostgreSQL's terms: columns change type in place.
 _ID_KEY = "substring(sha256(convert_to({}, 'UTF8')) from 1 for 16)"
 # Per table: its id columns, and the key it had on them (PRIMARY KEY or UNIQUE) made again.
-_KEYED = {
-    "sessions": (("session_id", "user_id"), "PRIMARY KEY (session_key)"),
-    "substitutions": (("session_id",), "PRIMARY KEY (session_key, key)"),
-    "offloads": (("session_id",), "PRIMARY KEY (session_key, ref)"),
-    "dropped_sessions": (("session_id",), "PRIMARY KEY (session_key)"),
-    "memories": (("user_id", "session_id"), ""),
-    "memory_fts": (("user_id", "session_id"), ""),
-    "memory_pending": (("user_id", "session_id"), ""),
-    "memory_cursors": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key)"),
-    "memory_seen": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key, digest)"),
-    "memory_versions": (("user_id",), "PRIMARY KEY (user_key)"),
-    "session_writes": (("session_id",), "PRIMARY KEY (session_key)"),
-    "recall_messages": (("user_id", "session_id"), "UNIQUE (session_key, position, digest)"),
-}
+_KEYED = MappingProxyType(
+    {
+        "sessions": (("session_id", "user_id"), "PRIMARY KEY (session_key)"),
+        "substitutions": (("session_id",), "PRIMARY KEY (session_key, key)"),
+        "offloads": (("session_id",), "PRIMARY KEY (session_key, ref)"),
+        "dropped_sessions": (("session_id",), "PRIMARY KEY (session_key)"),
+        "memories": (("user_id", "session_id"), ""),
+        "memory_fts": (("user_id", "session_id"), ""),
+        "memory_pending": (("user_id", "session_id"), ""),
+        "memory_cursors": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key)"),
+        "memory_seen": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key, digest)"),
+        "memory_versions": (("user_id",), "PRIMARY KEY (user_key)"),
+        "session_writes": (("session_id",), "PRIMARY KEY (session_key)"),
+        "recall_messages": (("user_id", "session_id"), "UNIQUE (session_key, position, digest)"),
+    }
+)
 _NULLABLE = frozenset(
     {("sessions", "user_id"), ("memories", "session_id"), ("recall_messages", "user_id")}
 )

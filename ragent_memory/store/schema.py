@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 _COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason model attempts
     material_messages material_chars summary_chars chars_before chars_after duration_ms summary
@@ -25,78 +26,80 @@ CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, em
 # aside, made again, filled with ``id_key`` (a SQL function the store registers), dropped;
 # its AUTOINCREMENT counter carried over so no id is handed out twice. Leases start afresh,
 # now naming their holder (store/hosts.py).
-_KEYED_TABLES = {
-    "sessions": (
-        """session_key BLOB PRIMARY KEY, user_key BLOB,
+_KEYED_TABLES = MappingProxyType(
+    {
+        "sessions": (
+            """session_key BLOB PRIMARY KEY, user_key BLOB,
         generation INTEGER NOT NULL DEFAULT 0, last_generation INTEGER NOT NULL DEFAULT 0,
         summary TEXT NOT NULL DEFAULT '', body TEXT NOT NULL DEFAULT '',
         prefix_len INTEGER NOT NULL DEFAULT 0, covered INTEGER NOT NULL DEFAULT 0,
         covered_digest TEXT NOT NULL DEFAULT '', verbatim TEXT NOT NULL DEFAULT '[]',
         preserved TEXT NOT NULL DEFAULT '[]', updated_at TEXT NOT NULL""",
-        "id_key(session_id), id_key(user_id), generation, last_generation, summary, body,"
-        " prefix_len, covered, covered_digest, verbatim, preserved, updated_at",
-    ),
-    "substitutions": (
-        """session_key BLOB NOT NULL, key TEXT NOT NULL,
+            "id_key(session_id), id_key(user_id), generation, last_generation, summary, body,"
+            " prefix_len, covered, covered_digest, verbatim, preserved, updated_at",
+        ),
+        "substitutions": (
+            """session_key BLOB NOT NULL, key TEXT NOT NULL,
         kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate')), ref TEXT NOT NULL,
         message TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (session_key, key)""",
-        "id_key(session_id), key, kind, ref, message, created_at",
-    ),
-    "offloads": (
-        """session_key BLOB NOT NULL, ref TEXT NOT NULL, sha256 TEXT NOT NULL,
+            "id_key(session_id), key, kind, ref, message, created_at",
+        ),
+        "offloads": (
+            """session_key BLOB NOT NULL, ref TEXT NOT NULL, sha256 TEXT NOT NULL,
         content TEXT NOT NULL, chars INTEGER NOT NULL, created_at TEXT NOT NULL,
         expires_at TEXT NOT NULL, PRIMARY KEY (session_key, ref)""",
-        "id_key(session_id), ref, sha256, content, chars, created_at, expires_at",
-    ),
-    "dropped_sessions": (
-        "session_key BLOB PRIMARY KEY, dropped_at TEXT NOT NULL",
-        "id_key(session_id), dropped_at",
-    ),
-    "memories": (
-        """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
+            "id_key(session_id), ref, sha256, content, chars, created_at, expires_at",
+        ),
+        "dropped_sessions": (
+            "session_key BLOB PRIMARY KEY, dropped_at TEXT NOT NULL",
+            "id_key(session_id), dropped_at",
+        ),
+        "memories": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
         kind TEXT NOT NULL CHECK (kind IN ('fact', 'summary')), content TEXT NOT NULL,
         status TEXT NOT NULL
             CHECK (status IN ('active', 'superseded', 'retracted', 'evicted')),
         session_key BLOB, generation INTEGER, superseded_by INTEGER REFERENCES memories (id),
         created_at TEXT NOT NULL, updated_at TEXT NOT NULL""",
-        "id, id_key(user_id), kind, content, status, id_key(session_id), generation,"
-        " superseded_by, created_at, updated_at",
-    ),
-    "memory_pending": (
-        """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
+            "id, id_key(user_id), kind, content, status, id_key(session_id), generation,"
+            " superseded_by, created_at, updated_at",
+        ),
+        "memory_pending": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
         session_key BLOB NOT NULL, raw_index INTEGER NOT NULL, digest TEXT NOT NULL,
         content TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL""",
-        "id, id_key(user_id), id_key(session_id), raw_index, digest, content, attempts, created_at",
-    ),
-    "memory_cursors": (
-        """user_key BLOB NOT NULL, session_key BLOB NOT NULL, seen INTEGER NOT NULL,
+            "id, id_key(user_id), id_key(session_id), raw_index, digest, content, attempts, created_at",
+        ),
+        "memory_cursors": (
+            """user_key BLOB NOT NULL, session_key BLOB NOT NULL, seen INTEGER NOT NULL,
         last_digest TEXT NOT NULL, updated_at TEXT NOT NULL,
         PRIMARY KEY (user_key, session_key)""",
-        "id_key(user_id), id_key(session_id), seen, last_digest, updated_at",
-    ),
-    "memory_seen": (
-        """user_key BLOB NOT NULL, session_key BLOB NOT NULL, digest TEXT NOT NULL,
+            "id_key(user_id), id_key(session_id), seen, last_digest, updated_at",
+        ),
+        "memory_seen": (
+            """user_key BLOB NOT NULL, session_key BLOB NOT NULL, digest TEXT NOT NULL,
         PRIMARY KEY (user_key, session_key, digest)""",
-        "id_key(user_id), id_key(session_id), digest",
-    ),
-    "memory_versions": (
-        "user_key BLOB PRIMARY KEY, version INTEGER NOT NULL",
-        "id_key(user_id), version",
-    ),
-    "session_writes": (
-        "session_key BLOB PRIMARY KEY, writer TEXT NOT NULL, stamp INTEGER NOT NULL",
-        "id_key(session_id), writer, stamp",
-    ),
-    "recall_messages": (
-        """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB, session_key BLOB NOT NULL,
+            "id_key(user_id), id_key(session_id), digest",
+        ),
+        "memory_versions": (
+            "user_key BLOB PRIMARY KEY, version INTEGER NOT NULL",
+            "id_key(user_id), version",
+        ),
+        "session_writes": (
+            "session_key BLOB PRIMARY KEY, writer TEXT NOT NULL, stamp INTEGER NOT NULL",
+            "id_key(session_id), writer, stamp",
+        ),
+        "recall_messages": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB, session_key BLOB NOT NULL,
         position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
         dated TEXT NOT NULL DEFAULT '', digest TEXT NOT NULL, created_at TEXT NOT NULL,
         embedding BLOB, embedding_model TEXT, embedded INTEGER,
         UNIQUE (session_key, position, digest)""",
-        "id, id_key(user_id), id_key(session_id), position, role, content, dated, digest,"
-        " created_at, embedding, embedding_model, embedded",
-    ),
-}
+            "id, id_key(user_id), id_key(session_id), position, role, content, dated, digest,"
+            " created_at, embedding, embedding_model, embedded",
+        ),
+    }
+)
 _AUTOINCREMENT = ("memories", "memory_pending", "recall_messages")
 _WITHOUT_ROWID = ("memory_seen",)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -17,7 +18,7 @@ from ragent_memory.store.offloads import OffloadTables
 
 # The columns of ``sessions``, ``updated_at`` aside, are named after ``SessionState``'s fields,
 # the ids aside: ``session_key`` and ``user_key`` stand for them (``ids`` has their text).
-_KEYED = {"session_id": "session_key", "user_id": "user_key"}
+_KEYED = MappingProxyType({"session_id": "session_key", "user_id": "user_key"})
 _COLUMNS = tuple(field.name for field in attrs.fields(SessionState) if field.name not in _KEYED)
 
 

@@ -121,8 +121,10 @@ class Store(IndexedTables, VectorTables, AuditTable):
             ) from err
         if os.path.isdir(self.path):
             raise StoreError(f"cannot open store {self.path!r}: it is a directory")
-        try:
-            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+        try:  # a new file only: SQLite opens (and judges) one that exists
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
         except OSError as err:
             raise StoreError(f"cannot open store {self.path!r}: {err.strerror or err}") from err
 
