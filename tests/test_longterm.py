@@ -43,6 +43,7 @@ from ragent_memory.longterm.vocabulary import (
     fit_block,
 )
 from ragent_memory.store import Store
+from ragent_memory.store.base import id_key
 from ragent_memory.text.terms import fts_query, search_terms
 
 SAID_THREE = ("My name is Anna.", "I live in Lisbon.", "I like tea.")
@@ -55,7 +56,9 @@ def facts_of(engine: MemoryEngine, user_id: str = "u1") -> list[str]:
 def pending_attempts(db_path: str, user_id: str = "u1") -> list[int]:
     return [
         r[0]
-        for r in query(db_path, "SELECT attempts FROM memory_pending WHERE user_id = ?", user_id)
+        for r in query(
+            db_path, "SELECT attempts FROM memory_pending WHERE user_key = ?", id_key(user_id)
+        )
     ]
 
 
@@ -531,7 +534,8 @@ def test_after_turn_is_idempotent_and_restart_safe(
     assert ["Is called Anna", "Lives in Lisbon", "Likes tea"] == facts_of(second)
     second.after_turn(regenerated, session_id="s1", user_id="u1")
     assert [] == pending_attempts(db_path)
-    assert [(3,)] == query(db_path, "SELECT COUNT(*) FROM memory_seen WHERE user_id = 'u1'")
+    seen = query(db_path, "SELECT COUNT(*) FROM memory_seen WHERE user_key = ?", id_key("u1"))
+    assert [(3,)] == seen
 
 
 def test_the_engines_own_messages_are_never_learnt(remembered: MemoryEngine, db_path: str) -> None:
@@ -769,7 +773,9 @@ def test_summaries_reach_the_users_other_sessions(
     with MemoryEngine(make_settings(context_window_chars=12_000)) as engine:
         assert engine.prepare(offsite_history(), session_id="s1", user_id="u1").report.compacted
         [(kind, session_id, generation)] = query(
-            db_path, "SELECT kind, session_id, generation FROM memories WHERE status = 'active'"
+            db_path,
+            "SELECT kind, ids.value, generation FROM memories JOIN ids ON ids.key = session_key"
+            " WHERE status = 'active'",
         )
         question = [{"role": "user", "content": "What was the budget for the Lisbon offsite?"}]
         new_session = engine.prepare(question, session_id="s2", user_id="u1")
@@ -809,8 +815,10 @@ def test_forget_erases_everything(make_settings: Callable[..., Settings], db_pat
         assert ([], 4) == (engine.memories("u1"), len(engine.memories("u2")))
     assert (question, 0) == (after.messages, after.report.memory_chars)
     for table in ("memories", "memory_fts", "memory_pending", "memory_versions"):
-        assert [(0,)] == query(db_path, f"SELECT COUNT(*) FROM {table} WHERE user_id = 'u1'"), table
-    assert [(4,)] == query(db_path, "SELECT COUNT(*) FROM memories WHERE user_id = 'u2'")
+        count = f"SELECT COUNT(*) FROM {table} WHERE user_key = ?"
+        assert [(0,)] == query(db_path, count, id_key("u1")), table
+    count = "SELECT COUNT(*) FROM memories WHERE user_key = ?"
+    assert [(4,)] == query(db_path, count, id_key("u2"))
 
 
 def test_forget_beats_an_extraction_in_flight(

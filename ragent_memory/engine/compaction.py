@@ -69,6 +69,10 @@ class StaleCompaction(RagentMemoryError):
     """A finished summary whose session moved on meanwhile; it is not committed."""
 
 
+class Leased(RagentMemoryError):
+    """Another holder took the session's lease while this compaction waited to run."""
+
+
 @attrs.frozen
 class Job:
     """Everything a worker needs, captured on the caller's thread."""
@@ -314,8 +318,9 @@ Submit = Callable[..., "Future[SessionState | None] | None"]
 
 class Compactions:
     """One session's compaction in flight (at most one, across hosts too: a lease in the
-    store, DESIGN §10), run on the engine's pool. ``start`` waits at most
-    ``compaction_timeout_s``; a generation that finishes later is ``finished`` next turn."""
+    store, taken when the job starts running, never while it waits in the pool's queue),
+    run on the engine's pool. ``start`` waits at most ``compaction_timeout_s``; a generation
+    that finishes later is ``finished`` next turn."""
 
     def __init__(
         self,
@@ -351,26 +356,36 @@ class Compactions:
         or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``,
         ``cooling_down``)."""
         session_id = self.session_id
-        if self._cooling_down(job):
-            return "cooling_down"
-        try:
-            if not self.store.claim_compaction(session_id):
-                log.info("compaction.skipped", session_id=session_id, reason="leased")
-                return "in_progress"
-        except StoreError as err:
-            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
-            return "failed"
+        refused = self._refused(job)
+        if refused is not None:
+            return refused
         future = self.submit(self._leased, job)
         if future is None:
-            self._release()
             return "closed"
         self.future = future
         if not wait([future], timeout=timeout_s).done:
             log.warning("compaction.timeout", session_id=session_id, timeout_s=timeout_s)
             return "timeout"
         self.future = None
+        if isinstance(future.exception(), Leased):
+            return "in_progress"
         state = self._outcome(future)
         return "failed" if state is None else state
+
+    def _refused(self, job: Job) -> str | None:
+        """Why ``job`` cannot start now (``cooling_down``, ``in_progress`` while another
+        holder has the lease, ``failed`` when the store cannot say), or None."""
+        session_id = self.session_id
+        if self._cooling_down(job):
+            return "cooling_down"
+        try:
+            if self.store.compaction_leased(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                return "in_progress"
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return "failed"
+        return None
 
     def _cooling_down(self, job: Job) -> bool:
         """Whether the model summarizer has every endpoint cooling down after repeated
@@ -410,8 +425,17 @@ class Compactions:
         return True
 
     def _leased(self, job: Job) -> SessionState | None:
-        """``run`` under the lease, released before its result is seen (the next host to get
-        the session finds the lease free)."""
+        """``run`` under the lease, taken now that the job runs (``Leased`` when another
+        holder has it) and released before its result is seen (the next host to get the
+        session finds the lease free)."""
+        session_id = self.session_id
+        try:
+            if not self.store.claim_compaction(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                raise Leased(session_id)
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return None
         try:
             return run(job, **self.run_kwargs)
         finally:
@@ -425,6 +449,8 @@ class Compactions:
 
     def _outcome(self, future: Future[SessionState | None]) -> SessionState | None:
         crash = future.exception()
+        if isinstance(crash, Leased):  # another holder compacts it
+            return None
         if crash is not None:  # ``run`` audits its own failures: this is a bug
             log.error("compaction.crashed", session_id=self.session_id, error=repr(crash))
             return None
