@@ -287,22 +287,10 @@ class ServeSettings:
     )
     # How long a caller may take to send a request's head, and then its body (whole); past
     # it a 408 and the connection closed. A body being read holds no in-flight slot.
-    header_timeout_s: float = _field(
-        "serve.header_timeout_s",
-        60.0,
-        lambda v: _positive(v) and v <= 3600,
-        "a number in (0, 3600]",
-    )
-    body_timeout_s: float = _field(
-        "serve.body_timeout_s", 60.0, lambda v: _positive(v) and v <= 3600, "a number in (0, 3600]"
-    )
+    header_timeout_s: float = _seconds("serve.header_timeout_s", 60.0, 3600)
+    body_timeout_s: float = _seconds("serve.body_timeout_s", 60.0, 3600)
     # Open connections from one client address (trusted_proxies are not counted).
-    max_connections_per_peer: int = _field(
-        "serve.max_connections_per_peer",
-        64,
-        lambda v: is_int(v) and 1 <= v <= 100_000,
-        "1..100000",
-    )
+    max_connections_per_peer: int = _count("serve.max_connections_per_peer", 64, 1, 100_000)
     # Who a request speaks for (serve/identity.py): its credential, or trusted headers.
     identity: str = _field(
         "serve.identity", "credential", IDENTITIES.__contains__, "credential or headers"
