@@ -28,10 +28,10 @@ from ragent_memory.settings import DEFAULT_HARNESS_MARKERS, DEFAULT_STANDING_MAR
 __all__ = [
     "DEFAULT_HARNESS_MARKERS",
     "DEFAULT_STANDING_MARKERS",
+    "TAGGED",
     "Markers",
     "Segment",
     "Source",
-    "TAGGED",
     "latest_standing",
     "source_tag",
 ]
@@ -157,6 +157,10 @@ class Markers:
         if message.get("role") != "user":
             return []
         return [s for s in self.segments(message) if s.standing]
+
+    def standing_keys(self, messages: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+        """The standing instructions (by key) ``messages`` carry."""
+        return frozenset(s.standing for m in messages for s in self.standing(m))
 
     def user_words(self, message: Message) -> Message:
         """``message`` as the user said it: a user message's harness text taken out of its

@@ -72,6 +72,11 @@ def summary_message(summary: str, language: str, standing: Sequence[str] = ()) -
     return {"role": "user", "content": parts}
 
 
+def state_message(state: SessionState, language: str) -> Message:
+    """The summary message of a session's state, its standing instructions first."""
+    return summary_message(state.summary, language, standing_texts(state))
+
+
 def standing_texts(state: SessionState) -> tuple[str, ...]:
     """The standing instructions a session's summary carries (kept with the preserved tool
     outputs, as ``{"standing": key, "i": raw index, "text": …}`` entries)."""
@@ -179,7 +184,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
         model=outcome.model,
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
-        chars_after=job.chars_out(chars(summary_message(summary, language, standing_texts(state)))),
+        chars_after=job.chars_out(chars(state_message(state, language))),
         identifiers_kept=len(wanted) - len(lost),
         identifiers_lost=len(lost),
         written_by=outcome.written_by,

@@ -16,7 +16,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.background import Background
-from ragent_memory.engine.session import Session
+from ragent_memory.engine.session import KeptBlock, Session
 from ragent_memory.engine.session import digest as message_digest
 from ragent_memory.errors import StoreError
 from ragent_memory.longterm.batch import run_extraction
@@ -34,17 +34,6 @@ from ragent_memory.store import Backend
 from ragent_memory.text.terms import fts_query, search_terms
 
 log = get_logger(__name__)
-
-
-@attrs.frozen
-class KeptBlock:
-    """The memory block a session shows, and what it was built from."""
-
-    user_id: str
-    version: int  # the user's memory version last seen
-    generation: int  # the session's summary generation it was built at
-    text: str
-    fact_ids: tuple[int, ...]
 
 # The headers of the blocks the engine writes into a prompt: never learned from, never indexed.
 ENGINE_HEADERS = (

@@ -44,7 +44,6 @@ import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import EventCallback, get_logger
-from ragent_memory.core.provenance import Markers
 from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.compaction import Compactions, Submit
 from ragent_memory.engine.ladder import Ladder
@@ -97,6 +96,17 @@ class TurnReport:
 
 
 @attrs.frozen
+class KeptBlock:
+    """The long-term memory block a session shows, and what it was built from."""
+
+    user_id: str
+    version: int  # the user's memory version last seen
+    generation: int  # the session's summary generation it was built at
+    text: str
+    fact_ids: tuple[int, ...]
+
+
+@attrs.frozen
 class PreparedContext:
     messages: list[Message]
     report: TurnReport
@@ -145,7 +155,6 @@ class Session:
             },
         )
         self.ladder = Ladder(self)
-        self.markers = Markers.from_settings(settings)
         self.turn_recall = TurnRecall(session_id, settings, self.raw, services.recaller)
         self.view: View | None = None  # last turn's, extended in place by the next
         self.callers = 0  # calls holding this session (guarded by the engine's sessions lock)
@@ -154,9 +163,8 @@ class Session:
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.returned_generation = state.generation
         self.left_out = 0  # raw indexes below this, left out by the ceiling, were reported
-        # The memory block this session shows (``engine.memory.KeptBlock``): built at its
-        # first prepare and at compaction events only, so the prefix stays stable.
-        self.memory: Any = None
+        # The memory block shown, rebuilt at compaction events (``engine.memory``).
+        self.memory: KeptBlock | None = None
 
     @property
     def session_id(self) -> str:
@@ -346,9 +354,7 @@ class Session:
             messages = raw.messages[:prefix_len]
             sizes = raw.sizes[:prefix_len]
             if state.generation:
-                summary = compact.summary_message(
-                    state.summary, self.settings.language, compact.standing_texts(state)
-                )
+                summary = compact.state_message(state, self.settings.language)
                 messages.append(summary)
                 sizes.append(chars(summary))
             view = View(
@@ -410,7 +416,7 @@ class Session:
             new_covered=stop,
             covered_digest=raw.chain(prefix_len, stop),
             plan=decision,
-            shown_standing=self.standing_keys(stop),
+            shown_standing=self.turn_recall.markers.standing_keys(raw.messages[stop:]),
             chars_out=self.ladder.predict(view, decision),
         )
         outcome = self.compactions.start(job, self.settings.compaction_timeout_s)
@@ -419,14 +425,6 @@ class Session:
         self._apply(outcome, user_id)
         self.verified_digest = outcome.covered_digest
         return None
-
-
-    def standing_keys(self, start: int) -> frozenset[str]:
-        """The standing instructions (by key) the raw messages from ``start`` on carry."""
-        markers = self.markers
-        return frozenset(
-            s.standing for m in self.raw.messages[start:] for s in markers.standing(m)
-        )
 
 
 def report_fields(

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 
 from ragent_memory.core.chars import Message, text_of
-from ragent_memory.core.provenance import TAGGED, Source, source_tag
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
+from ragent_memory.core.provenance import TAGGED, Source, source_tag
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.validate import fit_sections
