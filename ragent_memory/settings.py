@@ -47,6 +47,7 @@ DEFAULT_HARNESS_MARKERS = (
 # (``standing_markers``).
 DEFAULT_STANDING_MARKERS = (
     "Codebase and user instructions are shown below",  # Claude Code's CLAUDE.md reminder
+    "You have been invoked in the following environment",  # Claude Code's environment block
     "# AGENTS.md instructions for",
     "<user_instructions>",
     "<environment_context>",
