@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import MemoryEngine, Settings
 from ragent_memory.core.chars import Message, chars, text_of
@@ -22,7 +23,6 @@ from ragent_memory.engine.compaction import SUMMARY_HEADERS
 from ragent_memory.errors import ConfigError
 from ragent_memory.longterm.vocabulary import EXCERPTS_LABEL, HEADERS
 from ragent_memory.settings import LLMSettings, load_settings
-from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 
 CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "harness" / "clients.json").read_text())
 CLAUDE_MD = "MARKER-INSTRUCTIONS-7Q2X"  # in the project's CLAUDE.md / AGENTS.md
