@@ -353,3 +353,22 @@ def test_offline_tool_counts_are_true_over_many_generations(
             counts = usage.findall(summary_of(prepared.messages))
             assert [str(n + 1 - shown)] == counts
     assert generations >= 5
+
+
+# ---------------------------------------------------------------------------- recall
+
+
+def test_recall_never_indexes_the_harness_as_the_users_words(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """A later session's search finds the user's prompts, never CLAUDE.md or a reminder
+    under the user's name."""
+    with MemoryEngine(make_settings(context_window_chars=20_000)) as engine:
+        for history in claude_session(4):
+            engine.after_turn(history, session_id="cc", user_id="dev")
+        engine.flush()
+        found = engine.search("new", "parser refactor MARKER-FIRSTPROMPT-9ZK4", user_id="dev")
+        harness = engine.search("new", "British English CLAUDE.md skills", user_id="dev")
+    assert "MARKER-FIRSTPROMPT-9ZK4" in found
+    assert "British English" not in harness and "system-reminder" not in harness
+    assert "system-reminder" not in found
