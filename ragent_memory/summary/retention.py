@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
-from ragent_memory.core.provenance import TAGGED, Source, source_tag
+from ragent_memory.core.provenance import Source, source_tag
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.validate import fit_sections
@@ -135,7 +135,7 @@ def _additions(
         if hit is not None:
             text = _window(hit[1], identifier)
             tag = tags[hit[0]] if hit[0] < len(tags) else ""
-            if tag and not TAGGED.match(text):
+            if tag and not text.startswith(f"{tag} "):  # a tool's "(user) …" stays the tool's
                 text = f"{tag} {text}"
             additions.append("- " + text)
             room -= len(additions[-1]) + 1
