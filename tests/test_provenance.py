@@ -180,6 +180,22 @@ def test_the_harness_is_never_learnt_as_the_users_facts(
         assert harness not in learnt, facts
 
 
+def test_codex_agents_md_is_never_learnt_as_the_users_facts(
+    make_engine: Callable[..., MemoryEngine],
+) -> None:
+    """AGENTS.md's "Always answer in British English." and the environment block are not
+    learnt about the user; the user's own standing instruction is."""
+    engine = make_engine()
+    for history in codex_session(5, 3):
+        history = [*history, {"role": "user", "content": "Please always answer in Spanish."}]
+        engine.after_turn(history, session_id="cx", user_id="dev")
+    engine.flush(extract_pending=True)
+    facts = " ".join(f.content for f in engine.memories("dev")).lower()
+    assert "spanish" in facts
+    for harness in ("british english", "rm without", "cwd", "bash", "project rules"):
+        assert harness not in facts, facts
+
+
 def test_the_model_extractor_and_summarizer_never_read_the_harness(
     make_settings: Callable[..., Settings], fake_openai: FakeOpenAI
 ) -> None:
