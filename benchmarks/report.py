@@ -454,6 +454,54 @@ def pg_section(data: dict[str, Any]) -> list[str]:
     ]
 
 
+BEAM_KINDS = {
+    "information_extraction": "a detail said once",
+    "knowledge_update": "the latest value",
+    "multi_session_reasoning": "sessions put together",
+    "temporal_reasoning": "when",
+    "event_ordering": "the order of events",
+}
+BEAM_ARMS = {
+    "full": "full history",
+    "truncation": "truncation",
+    "engine": "engine",
+    "sessions": "fresh session",
+}
+
+
+def beam_section(data: dict[str, Any]) -> list[str]:
+    out = [
+        "## BEAM retention (long technical chats)",
+        "",
+        "`benchmarks/beam.py`: the ten shared chats of BEAM's 500K split (long assistant replies "
+        "about code and configuration), driven as LoCoMo's are; two questions of each of five "
+        "kinds per chat. An answer counts when its gold words, less the question's own words and "
+        "words about the conversation, lightly stemmed, are all in the prepared messages.",
+        "",
+        recorded(data),
+        "",
+    ]
+    arms = [a for a in BEAM_ARMS if a in data.get("arms", BEAM_ARMS)]
+    for budget, row in data["mean"].items():
+        rows = [
+            [label, *(_share(row[a]["by_kind"][kind]) for a in arms)]
+            for kind, label in BEAM_KINDS.items()
+        ]
+        rows.append(["**all**", *(_share(row[a]["answers"]) for a in arms)])
+        rows.append(["mean chars sent", *(f"{row[a]['mean_chars'] or 0:,}" for a in arms)])
+        out += [
+            f"B = {int(budget):,}:",
+            "",
+            table(["kind", *(BEAM_ARMS[a] for a in arms)], rows),
+            "",
+        ]
+    return out
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def locomo_section(data: dict[str, Any]) -> list[str]:
     budgets = list(data["mean"])
     pooled = [
@@ -854,7 +902,8 @@ with the machine and its load.
 
 def render() -> str:
     parts = {
-        part: load(part) for part in ("run", "scale", "versus", "proxy", "pg", "locomo", "facts")
+        part: load(part)
+        for part in ("run", "scale", "versus", "proxy", "pg", "locomo", "beam", "facts")
     }
     sections = {
         "run": run_section,
@@ -863,6 +912,7 @@ def render() -> str:
         "proxy": proxy_section,
         "pg": pg_section,
         "locomo": locomo_section,
+        "beam": beam_section,
         "facts": lambda data: facts_section(data, load("facts_model")),
     }
     out = [INTRO]

@@ -296,6 +296,24 @@ class ServeSettings:
     max_tool_rounds: int = _field(
         "serve.max_tool_rounds", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10"
     )
+    # How long a caller may take to send a request's head, and then its body (whole); past
+    # it a 408 and the connection closed. A body being read holds no in-flight slot.
+    header_timeout_s: float = _field(
+        "serve.header_timeout_s",
+        60.0,
+        lambda v: _positive(v) and v <= 3600,
+        "a number in (0, 3600]",
+    )
+    body_timeout_s: float = _field(
+        "serve.body_timeout_s", 60.0, lambda v: _positive(v) and v <= 3600, "a number in (0, 3600]"
+    )
+    # Open connections from one client address (trusted_proxies are not counted).
+    max_connections_per_peer: int = _field(
+        "serve.max_connections_per_peer",
+        64,
+        lambda v: is_int(v) and 1 <= v <= 100_000,
+        "1..100000",
+    )
     # Who a request speaks for (serve/identity.py): its credential, or trusted headers.
     identity: str = _field(
         "serve.identity", "credential", IDENTITIES.__contains__, "credential or headers"
@@ -316,11 +334,7 @@ class ServeSettings:
     )
 
     def __attrs_post_init__(self) -> None:
-        try:
-            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            loopback = False
-        if self.identity == "headers" and not (self.trusted_proxies or loopback):
+        if self.identity == "headers" and not (self.trusted_proxies or is_loopback(self.host)):
             raise ConfigError(
                 "serve.trusted_proxies", f"required for identity: headers on host {self.host}"
             )
@@ -335,6 +349,16 @@ class ServeSettings:
         if value and len(value) < MIN_SECRET_CHARS:
             raise ConfigError("serve.secret_env", f"under {MIN_SECRET_CHARS} characters")
         return value.encode() or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost`` or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def env_value(key_path: str, name: str) -> str:

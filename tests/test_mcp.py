@@ -4,21 +4,25 @@ store filled through the public ``MemoryEngine`` API first (and once through the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import openai
 import pytest
 from fake_openai import FakeOpenAI
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 from serve_process import ProxyProcess
 from sessions import run_cli
@@ -252,6 +256,13 @@ def test_command_line_errors_are_one_line(store: tuple[Path, dict[str, list[str]
         (["--db", str(tmp_path / "none.db"), "--user", "a"], f"no store at {tmp_path}"),
         (["--db", str(db), "--user", "a", "--http", "8090"], "expected HOST:PORT"),
         (["--db", str(db), "--user", "a", "--key-env", "RAGENT_TEST_UNSET"], "RAGENT_TEST_UNSET"),
+        (["--db", str(db), "--user", "a", "--http", "0.0.0.0:0"], "needs a bearer token"),
+        (["--db", str(db), "--user", "a", "--http", "[::]:0"], "--token-env"),
+        (["--db", str(db), "--user", "a", "--token-env", TOKEN_ENV], "guards --http only"),
+        (
+            ["--db", str(db), "--user", "a", "--http", "127.0.0.1:0", "--token-env", "RAGENT_NO"],
+            "--token-env: environment variable RAGENT_NO is not set",
+        ),
     ]
     for args, says in cases:
         done = run_cli("mcp", *args, timeout_s=WAIT_S)
@@ -309,18 +320,25 @@ def test_key_env_finds_what_the_proxy_kept(upstream: FakeOpenAI, tmp_path: Path)
 READY = re.compile(r"ragent-memory mcp: (http://\S+/mcp) ")
 
 
-def test_streamable_http(store: tuple[Path, dict[str, list[str]]]):
-    """``--http 127.0.0.1:0``: the server says where it listens, the SDK's client talks to it
-    there, and SIGTERM ends it."""
-    db, facts = store
-    args = [sys.executable, "-m", "ragent_memory", "mcp", "--db", str(db), "--user", "bob"]
+TOKEN_ENV = "RAGENT_TEST_MCP_TOKEN"
+TOKEN = "mcp-token-5b1e0c9a7d3f42e8"
+
+
+@contextlib.contextmanager
+def http_server(
+    db: Path, user: str, where: str, *more: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, list[str], subprocess.Popen[str]]]:
+    """``ragent-memory mcp --http where`` as a subprocess: the URL it says it serves, its
+    stderr lines (read as they come) and the process; SIGTERM at the end, every wait bounded."""
+    args = [sys.executable, "-m", "ragent_memory", "mcp", "--db", str(db), "--user", user]
     process = subprocess.Popen(
-        [*args, "--http", "127.0.0.1:0"],
+        [*args, "--http", where, *more],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     lines: list[str] = []
     ready = threading.Event()
@@ -336,12 +354,7 @@ def test_streamable_http(store: tuple[Path, dict[str, list[str]]]):
     reader.start()
     try:
         assert ready.wait(WAIT_S) and READY.search("".join(lines)), "".join(lines)
-        url = READY.search("".join(lines)).group(1)  # type: ignore[union-attr]
-
-        async def listed(client: Client) -> list[dict[str, Any]]:
-            return facts_of(await client.call_tool("list_facts", {}))
-
-        assert facts["bob"] == [fact["content"] for fact in session(url, listed)]
+        yield READY.search("".join(lines)).group(1), lines, process  # type: ignore[union-attr]
     finally:
         process.terminate()
         try:
@@ -351,9 +364,58 @@ def test_streamable_http(store: tuple[Path, dict[str, list[str]]]):
             process.wait(WAIT_S)
         reader.join(WAIT_S)
         process.stderr.close()  # type: ignore[union-attr]
+
+
+async def listed(client: Client) -> list[dict[str, Any]]:
+    return facts_of(await client.call_tool("list_facts", {}))
+
+
+def test_streamable_http(store: tuple[Path, dict[str, list[str]]]):
+    """``--http 127.0.0.1:0``: the server says where it listens and warns that it takes no
+    token, the SDK's client talks to it there, and SIGTERM ends it."""
+    db, facts = store
+    with http_server(db, "bob", "127.0.0.1:0") as (url, lines, process):
+        assert facts["bob"] == [fact["content"] for fact in session(url, listed)]
     log = "".join(lines)
     assert -signal.SIGTERM == process.returncode, log  # uvicorn's graceful stop re-raises it
     assert "Traceback" not in log
+    assert "mcp.http_without_token" in log and "--token-env" in log
+
+
+@contextlib.asynccontextmanager
+async def with_token(url: str, authorization: str | None) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport to ``url``, sending ``authorization`` (if any)."""
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=WAIT_S) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
+
+
+def test_a_token_guards_the_http_server(store: tuple[Path, dict[str, list[str]]]):
+    """``--http 0.0.0.0:0 --token-env VAR``: the SDK's client with the token gets the facts;
+    without it, or with a wrong one, every request is a 401 and the client gets nothing."""
+    db, facts = store
+    env = {TOKEN_ENV: TOKEN}
+    with http_server(db, "bob", "0.0.0.0:0", "--token-env", TOKEN_ENV, env=env) as (url, lines, _):
+        url = url.replace("0.0.0.0", "127.0.0.1")
+        got = session(with_token(url, f"Bearer {TOKEN}"), listed)
+        assert facts["bob"] == [fact["content"] for fact in got]
+        wrong = [None, f"Bearer {TOKEN[:-1]}X", f"Bearer {TOKEN}X", f"Basic {TOKEN}", "Bearer x"]
+        for authorization in wrong:
+            with pytest.raises(ExceptionGroup) as refused:
+                session(with_token(url, authorization), listed)
+            assert refused.group_contains(MCPError, depth=None), refused.value
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            headers = {"Accept": "application/json, text/event-stream"}
+            headers |= {"Authorization": authorization} if authorization is not None else {}
+            answer = httpx2.post(url, json=ping, headers=headers, timeout=WAIT_S)
+            assert 401 == answer.status_code, answer.text
+            assert "Bearer" in answer.headers["www-authenticate"]
+            assert "--token-env" in answer.json()["error_description"]
+    assert "mcp.http_without_token" not in "".join(lines)
+    assert TOKEN not in "".join(lines)  # never logged
 
 
 def test_the_documented_config_block_runs(store: tuple[Path, dict[str, list[str]]], tmp_path):

@@ -21,7 +21,13 @@ import structlog
 
 from ragent_memory.core.logs import EVENT_ATTR, ROOT
 from ragent_memory.errors import ConfigError, RagentMemoryError, StoreError
-from ragent_memory.settings import Settings, StoreSettings, env_value, load_settings
+from ragent_memory.settings import (
+    MIN_SECRET_CHARS,
+    Settings,
+    StoreSettings,
+    env_value,
+    load_settings,
+)
 
 if TYPE_CHECKING:
     from ragent_memory.mcp import Speaker
@@ -504,6 +510,18 @@ def _host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _mcp_token(token_env: str | None, http: str | None) -> str | None:
+    """The bearer token ``--token-env`` names (None without it)."""
+    if token_env is None:
+        return None
+    if http is None:
+        raise click.ClickException("--token-env: a token guards --http only; stdio needs none")
+    token = env_value("--token-env", token_env)
+    if len(token) < MIN_SECRET_CHARS:
+        raise ConfigError("--token-env", f"{token_env} holds under {MIN_SECRET_CHARS} characters")
+    return token
+
+
 def _mcp_speaker(store: Backend, settings: Settings, user: str, key_env: str | None) -> Speaker:
     """Whom the MCP server answers for: ``user`` as given, or with ``key_env`` the ids the
     proxy keeps for that API key (serve/identity.py decides them, as for a request)."""
@@ -538,8 +556,19 @@ def _mcp_speaker(store: Backend, settings: Settings, user: str, key_env: str | N
     metavar="HOST:PORT",
     help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (PORT 0: a free one).",
 )
+@click.option(
+    "--token-env",
+    metavar="VAR",
+    help="With --http: environment variable holding the bearer token every request must send "
+    f"({MIN_SECRET_CHARS} characters or more). Without it, --http binds loopback hosts only.",
+)
 def mcp_command(
-    config: str | None, db: str | None, user_id: str | None, key_env: str | None, http: str | None
+    config: str | None,
+    db: str | None,
+    user_id: str | None,
+    key_env: str | None,
+    http: str | None,
+    token_env: str | None,
 ) -> None:
     """Serve one user's memory to MCP clients (Claude Desktop, Cursor): search, recall, facts."""
     from ragent_memory.engine.memory_engine import MemoryEngine
@@ -547,6 +576,7 @@ def mcp_command(
     with user_errors():
         user = _user(user_id)
         where = _host_port(http) if http else None
+        token = _mcp_token(token_env, http)
         settings = _settings(config, db)
         try:
             from ragent_memory.mcp import run_server
@@ -562,6 +592,7 @@ def mcp_command(
                 engine,
                 speaker,
                 http=where,
+                token=token,
                 ready=lambda at: click.echo(f"ragent-memory mcp: {at} · user {user}", err=True),
             )
 

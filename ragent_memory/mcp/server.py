@@ -9,7 +9,7 @@ engine's public API with that user id, so another user's rows never answer.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
+import hmac
 import socket
 from collections.abc import Callable
 from typing import Annotated
@@ -20,16 +20,23 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME
 from ragent_memory.recall.refs import DEFAULT_LIMIT, FOOTER_MARK, RECALL_TOOL_NAME
+from ragent_memory.settings import is_loopback
 
 log = get_logger(__name__)
 
 MCP_PATH = "/mcp"  # where streamable HTTP is served
 MAX_SEARCH_LIMIT = 20  # as the engine's search_memory schema says
+UNAUTHORIZED = (
+    "send the server's token: Authorization: Bearer <the value of --token-env's variable>"
+)
 
 INSTRUCTIONS = (
     "Long-term memory of one user, kept by ragent-memory from their earlier conversations. "
@@ -122,14 +129,26 @@ def memory_server(engine: MemoryEngine, speaker: Speaker) -> MCPServer:
     return server
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (``localhost`` or a loopback address)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+class BearerToken:
+    """ASGI middleware: a 401 for an HTTP request whose ``Authorization`` is not ``Bearer
+    <token>`` (compared in constant time), before the MCP app sees it."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = token.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._admits(Headers(scope=scope)):
+            body = {"error": "unauthorized", "error_description": UNAUTHORIZED}
+            challenge = {"WWW-Authenticate": 'Bearer realm="ragent-memory"'}
+            await JSONResponse(body, 401, challenge)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _admits(self, headers: Headers) -> bool:
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        sent = given.strip().encode("utf-8", "surrogateescape")
+        return scheme.lower() == "bearer" and hmac.compare_digest(sent, self.expected)
 
 
 def run_server(
@@ -137,23 +156,38 @@ def run_server(
     speaker: Speaker,
     *,
     http: tuple[str, int] | None = None,
+    token: str | None = None,
     ready: Callable[[str], None] = lambda where: None,
 ) -> None:
     """Serve until the client goes (stdio: stdin closes) or, over HTTP, until SIGINT/SIGTERM
     (uvicorn shuts down gracefully, then re-raises the signal).
-    ``http``: ``(host, port)``, port 0 picks a free one; ``ready`` hears where it listens."""
+    ``http``: ``(host, port)``, port 0 picks a free one; ``ready`` hears where it listens.
+    ``token``: the bearer token every HTTP request must carry. Without one the server binds
+    loopback hosts only (a ``ValueError`` for any other) and warns."""
     server = memory_server(engine, speaker)
     if http is None:
         ready("stdio")
         server.run("stdio")
         return
     host, port = (http[0].strip("[]"), http[1])
-    if not is_loopback(host):
-        log.warning("mcp.http_beyond_loopback", host=host, authentication="none")
+    if token is None:
+        if not is_loopback(host):
+            raise ValueError(
+                f"--http {http[0]}:{port}: serving beyond loopback needs a bearer token "
+                "(--token-env VAR); without one, bind 127.0.0.1"
+            )
+        log.warning(
+            "mcp.http_without_token",
+            host=host,
+            risk="every process and user of this machine can read and erase this user's memory",
+            fix="--token-env VAR",
+        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)  # listening before ready is told
     shown = f"[{host}]" if ":" in host else host
-    app = server.streamable_http_app(host=host)  # DNS-rebinding checks on for a loopback host
+    app: ASGIApp = server.streamable_http_app(host=host)  # DNS-rebinding checks on loopback
+    if token is not None:
+        app = BearerToken(app, token)
     ready(f"http://{shown}:{sock.getsockname()[1]}{MCP_PATH}")
     with contextlib.closing(sock):
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

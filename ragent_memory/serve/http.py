@@ -3,6 +3,7 @@ request body read within its bound, and which headers cross the proxy each way."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 
 from starlette.requests import Request
@@ -27,30 +28,48 @@ RESPONSE_DROP = frozenset({
 RawHeaders = list[tuple[bytes, bytes]]
 
 
-class Reject(Exception):
-    """A request the proxy answers itself with an error status and one line."""
+CLOSE = (b"connection", b"close")
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+
+class Reject(Exception):
+    """A request the proxy answers itself with an error status and one line (and ``headers``,
+    e.g. ``CLOSE`` to end the connection after it)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
         self.status = status
         self.message = message
         self.kind = kind
+        self.headers = tuple(headers)
         super().__init__(message)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The request body, a 413 ``Reject`` past ``limit`` bytes (``serve.max_body_bytes``), before
-    a byte is read when ``Content-Length`` says so; ``ClientDisconnect`` when the client leaves."""
+    a byte is read when ``Content-Length`` says so; a 408 that closes the connection when it is
+    not all in within ``timeout_s`` (``serve.body_timeout_s``); ``ClientDisconnect`` when the
+    client leaves."""
     too_big = Reject(413, f"request body over {limit} bytes (serve.max_body_bytes)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_big
     parts = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_big
-        parts.append(part)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise too_big
+                parts.append(part)
+    except TimeoutError:
+        late = f"request body not received within {timeout_s:g} s (serve.body_timeout_s)"
+        raise Reject(408, late, "timeout_error", [CLOSE]) from None
     return b"".join(parts)
 
 

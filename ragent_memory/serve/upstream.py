@@ -4,21 +4,42 @@ passed-through routes, over kept-alive connections.
 Bounds: ``min(10 s, timeout_s)`` to open a connection, ``timeout_s`` between two reads of a
 response. Failures become the ``Reject`` the app gets: 504 past a bound, 502 when the upstream
 cannot be reached or its reply broke off. No cookie jar: an upstream's cookies go to the
-caller they were set for, never to the next one.
+caller they were set for, never to the next one. Every path is kept under the upstream's
+base path (``target``): no ``..``, encoded or not, reaches it.
 """
 
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Sequence
 
 import aiohttp
 import attrs
+import yarl
 
 from ragent_memory.serve.http import RawHeaders, Reject
 
 Headers = Sequence[tuple[str, str]]
 STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)  # a stream that broke while relayed
+
+
+def target(base: str, path: str) -> yarl.URL:
+    """``base`` + ``path`` (percent-encoded, maybe with a query): a 400 ``Reject`` naming the
+    path when a segment of it, as sent, is ``.`` or ``..`` or holds a slash or a backslash once
+    decoded, so no path leaves ``base``'s own; then the URL as aiohttp would make it."""
+    sent = yarl.URL(base.rstrip("/") + path, encoded=True)
+    root = yarl.URL(base, encoded=True).raw_path.rstrip("/")
+    shown = path.partition("?")[0]
+    for segment in sent.raw_path[len(root) :].split("/")[1:]:
+        plain = urllib.parse.unquote(segment)
+        if plain in (".", "..") or "/" in plain or "\\" in plain:
+            message = f"path {shown!r}: segment {plain!r} would leave the upstream's base path"
+            raise Reject(400, message)
+    url = yarl.URL(base.rstrip("/") + path)  # encoded as before; no dot segment is left
+    if not (sent.raw_path.startswith(root + "/") and url.raw_path.startswith(root + "/")):
+        raise Reject(400, f"path {shown!r}: not under the upstream's base path {root or '/'!r}")
+    return url
 
 
 @attrs.frozen
@@ -71,7 +92,7 @@ class Upstream:
         its headers read; the caller releases it."""
         if self._session is None:
             raise RuntimeError("the proxy is not started")
-        url = (base.rstrip("/") if base else self.base) + path
+        url = target(base or self.base, path)
         try:
             return await self._session.request(method, url, data=body, headers=list(headers))
         except TimeoutError as err:
