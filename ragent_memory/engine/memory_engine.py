@@ -294,10 +294,8 @@ class MemoryEngine:
         await asyncio.to_thread(self.after_turn, messages, session_id=session_id, user_id=user_id)
 
     def memories(self, user_id: str) -> list[Fact]:
-        """The user's active facts, oldest first: a fact learnt is listed at once, while a
-        running session's memory block shows it from that session's next compaction on (the
-        block is fixed between compactions so the prompt prefix stays cached); only facts
-        learnt from the user's own words, never from the harness's text or a tool result."""
+        """The user's active facts (learnt from the user's own words only), oldest first;
+        a running session's memory block shows a new one from its next compaction on."""
         self._check_open()
         _check_id("user_id", user_id)
         return self.store.facts(user_id)
