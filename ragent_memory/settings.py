@@ -30,6 +30,31 @@ MEMORY_ITEM_MAX_CHARS = 500
 TRANSCRIPT_CLIP_OVER_CHARS = 1_200
 NON_TEXT_PART_CHARS = 2_000
 
+# What the known agent harnesses inject into user turns (``harness_markers``): a marker written
+# as a tag covers each ``<tag>…</tag>`` block of a text; any other marker is a prefix that makes
+# a text starting with it the harness's whole.
+DEFAULT_HARNESS_MARKERS = (
+    "<system-reminder>",  # Claude Code: skills list, task-tool nudges, CLAUDE.md contents
+    "<environment_context>",  # Codex: cwd, sandbox, approval policy, shell
+    "<user_instructions>",  # Codex (older releases): AGENTS.md contents
+    "# AGENTS.md instructions for",  # Codex: AGENTS.md contents in an <INSTRUCTIONS> block
+    "<local-command-caveat>",  # Claude Code: the output of a local slash command follows
+    "Here is a summary of the conversation to date:",  # LangChain SummarizationMiddleware
+    "You are in the middle of a conversation that has been summarized.",  # deepagents
+    "[SYSTEM] Goal ",  # deepagents: goal state and control messages
+)
+# Harness text holding one of these is a standing instruction, kept in every view
+# (``standing_markers``).
+DEFAULT_STANDING_MARKERS = (
+    "Codebase and user instructions are shown below",  # Claude Code's CLAUDE.md reminder
+    "You have been invoked in the following environment",  # Claude Code's environment block
+    "# AGENTS.md instructions for",
+    "<user_instructions>",
+    "<environment_context>",
+)
+MAX_MARKERS = 64
+MAX_MARKER_CHARS = 200
+
 LANGUAGES = ("en", "zh")
 # A compaction lease not renewed for this long lapses (store.lease_s); its holder renews it
 # every third of that while the work runs, and a holder found dead on this host loses it at once.
@@ -350,6 +375,23 @@ def _tool_names(value: Any) -> bool:
     return isinstance(value, tuple) and all(_non_empty_str(v) for v in value)
 
 
+def _markers(key: str) -> Callable[[Any, Any, Any], None]:
+    """A validator of a marker list, naming the entry at fault (``harness_markers[2]``)."""
+
+    def validate(_instance: Any, _attribute: Any, value: Any) -> None:
+        if not isinstance(value, tuple) or len(value) > MAX_MARKERS:
+            raise ConfigError(key, f"expected a list of at most {MAX_MARKERS} strings")
+        for index, marker in enumerate(value):
+            if not _non_empty_str(marker) or len(marker) > MAX_MARKER_CHARS:
+                raise ConfigError(
+                    f"{key}[{index}]",
+                    f"expected a non-empty string of at most {MAX_MARKER_CHARS} chars,"
+                    f" got {marker!r}",
+                )
+
+    return validate
+
+
 def _nested(key: str, value: Any) -> Any:
     """Settings built in code may give a nested section as a mapping, as in the YAML file
     (``store={"path": "m.db"}``), or the store as a bare path."""
@@ -419,6 +461,16 @@ class Settings:
         default=(),
         converter=_to_tuple,
         validator=_check("preserved_tools", _tool_names, "a list of tool names"),
+    )
+    # Provenance: text the agent harness injects into user turns is never the user's words;
+    # harness text holding a standing marker is kept in every view, never summarized.
+    harness_markers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_HARNESS_MARKERS, converter=_to_tuple, validator=_markers("harness_markers")
+    )
+    standing_markers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_STANDING_MARKERS,
+        converter=_to_tuple,
+        validator=_markers("standing_markers"),
     )
     recall: RecallSettings = attrs.field(
         factory=RecallSettings,
@@ -495,6 +547,9 @@ def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
     if cls is Settings and key in ("evictable_tools", "preserved_tools"):
         if not isinstance(value, list):
             raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+    elif cls is Settings and key in ("harness_markers", "standing_markers"):
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of strings, got {value!r}")
     elif cls is RecallSettings and key == "embeddings":
         return None if value is None else _build(EmbeddingSettings, value, key_path)
     elif cls is LLMSettings and key == "fallbacks":

@@ -13,7 +13,7 @@ thread pool; any failure is audited ``failed`` and leaves the session as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from types import MappingProxyType
 from typing import Any
@@ -22,6 +22,7 @@ import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers, latest_standing
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
@@ -60,9 +61,26 @@ SUMMARY_HEADERS = MappingProxyType(
 )
 
 
-def summary_message(summary: str, language: str) -> Message:
-    """The message that stands for the covered turns: role ``user``, header + summary."""
-    return {"role": "user", "content": f"{SUMMARY_HEADERS[language]}\n\n{summary}"}
+def summary_message(summary: str, language: str, standing: Sequence[str] = ()) -> Message:
+    """The message that stands for the covered turns: role ``user``, header + summary; the
+    standing instructions the covered turns carried (CLAUDE.md, AGENTS.md, the environment
+    block — ``standing_texts``) go first, each a text part as the harness wrote it."""
+    text = f"{SUMMARY_HEADERS[language]}\n\n{summary}"
+    if not standing:
+        return {"role": "user", "content": text}
+    parts = [{"type": "text", "text": t} for t in (*standing, text)]
+    return {"role": "user", "content": parts}
+
+
+def state_message(state: SessionState, language: str) -> Message:
+    """The summary message of a session's state, its standing instructions first."""
+    return summary_message(state.summary, language, standing_texts(state))
+
+
+def standing_texts(state: SessionState) -> tuple[str, ...]:
+    """The standing instructions a session's summary carries (kept with the preserved tool
+    outputs, as ``{"standing": key, "i": raw index, "text": …}`` entries)."""
+    return tuple(str(e["text"]) for e in state.preserved if "standing" in e)
 
 
 class StaleCompaction(RagentMemoryError):
@@ -84,6 +102,8 @@ class Job:
     new_covered: int
     covered_digest: str
     plan: CutPlan
+    # Standing-instruction keys the kept tail holds (a newer version than any covered).
+    shown_standing: frozenset[str]
     # The chars_out of the turn that applies this generation, from its summary message's
     # chars: what the audit row's chars_after records (DESIGN §10).
     chars_out: Callable[[int], int]
@@ -108,18 +128,37 @@ class SummaryDraft:
     written_by: str = ""  # model | offline | offline_fallback (SummaryOutcome.written_by)
 
 
+def carried(job: Job, markers: Markers, tools: Sequence[str]) -> tuple[dict[str, Any], ...]:
+    """What the next generation carries verbatim: the latest result of each preserved tool,
+    then the latest version of each standing instruction the tail does not show."""
+    previous = job.previous.preserved
+    outputs = update_preserved([e for e in previous if "tool" in e], job.material, tools)
+    standing = latest_standing(
+        [e for e in previous if "standing" in e],
+        job.material,
+        markers,
+        shown=job.shown_standing,
+    )
+    return (*outputs, *standing)
+
+
 def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> SummaryDraft:
-    """Ask the summarizer for the next generation and add the user's own words."""
+    """Ask the summarizer for the next generation and add the user's own words. The
+    summarizer reads the user's turns as the user wrote them: the harness's text is not
+    summarized (standing instructions are carried whole, the rest is not the conversation)."""
     previous = job.previous
     generation = previous.last_generation + 1
     language = settings.language
-    verbatim = update_verbatim(previous.verbatim, job.material)
+    markers = Markers.from_settings(settings)
+    said = tuple((i, markers.user_words(m)) for i, m in job.material)
+    verbatim = update_verbatim(previous.verbatim, said)
     block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
-    preserved = update_preserved(previous.preserved, job.material, settings.preserved_tools)
-    kept = render_preserved(preserved, budget=settings.preserved_max_chars, language=language)
+    preserved = carried(job, markers, settings.preserved_tools)
+    outputs = [e for e in preserved if "tool" in e]
+    kept = render_preserved(outputs, budget=settings.preserved_max_chars, language=language)
     room = settings.summary_max_chars - (len(kept) + 2 if kept else 0)
     request = SummaryRequest(
-        material_of(job),
+        tuple(m for _, m in said),
         previous.body,
         language,
         room - len(block) - 2,
@@ -149,7 +188,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
         model=outcome.model,
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
-        chars_after=job.chars_out(chars(summary_message(summary, language))),
+        chars_after=job.chars_out(chars(state_message(state, language))),
         identifiers_kept=len(wanted) - len(lost),
         identifiers_lost=len(lost),
         written_by=outcome.written_by,
@@ -187,9 +226,14 @@ def checked_summary(
             except SummaryError:
                 pass
     if lost:
-        sources = [*reversed(retention.material_texts(material)), previous]
+        sources, tags = retention.tagged_sources(material, previous)
         body = retention.restore(
-            outcome.body, lost, sources, language=request.language, max_chars=request.max_chars
+            outcome.body,
+            lost,
+            sources,
+            language=request.language,
+            max_chars=request.max_chars,
+            tags=tags,
         )
         outcome = attrs.evolve(outcome, body=body)
     return attrs.evolve(outcome, attempts=attempts), wanted
@@ -203,10 +247,6 @@ def commit(
         raise StaleCompaction(
             "the session changed while summarizing (invalidated, compacted or dropped)"
         )
-
-
-def material_of(job: Job) -> tuple[Message, ...]:
-    return tuple(m for _, m in job.material)
 
 
 def run(

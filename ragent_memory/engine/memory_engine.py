@@ -313,7 +313,8 @@ class MemoryEngine:
         await asyncio.to_thread(self.after_turn, messages, session_id=session_id, user_id=user_id)
 
     def memories(self, user_id: str) -> list[Fact]:
-        """The user's active facts, oldest first."""
+        """The user's active facts (learnt from the user's own words only), oldest first;
+        a running session's memory block shows a new one from its next compaction on."""
         self._check_open()
         _check_id("user_id", user_id, self.settings.max_id_chars)
         return self.store.facts(user_id)

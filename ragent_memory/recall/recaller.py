@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.recall.dense import DenseRecall
@@ -152,6 +153,7 @@ class Recaller:
         self.indexer = Indexer(
             store,
             engine_headers=headers,
+            markers=Markers.from_settings(settings),
             mirror=self.mirror,
             on_left=self._ready,
             on_written=self.dense.schedule if self.dense is not None else None,
