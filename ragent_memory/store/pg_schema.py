@@ -8,7 +8,7 @@ stems nor drops words, so English and Chinese match the same way they do in FTS5
 
 from __future__ import annotations
 
-from ragent_memory.store.schema import VECTORS_BY_SCOPE
+from ragent_memory.store.schema import TURNS, VECTORS_BY_SCOPE
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -198,4 +198,5 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     ("007_vectors_by_scope", VECTORS_BY_SCOPE),  # as SQLite's 011 (schema.py)
+    ("009_turns", TURNS),  # as SQLite's 013 (schema.py)
 )
