@@ -71,9 +71,13 @@ def _named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
     return [s for s in spans.get_finished_spans() if s.name == name]
 
 
-def test_prepare_is_a_span_with_the_turn_report(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+def test_prepare_is_a_span_with_the_turn_report(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
     """Each prepare is one span carrying the TurnReport's fields and B."""
-    settings = Settings(context_window_chars=60_000, store=StoreSettings(path=str(tmp_path / "t.db")))
+    settings = Settings(
+        context_window_chars=60_000, store=StoreSettings(path=str(tmp_path / "t.db"))
+    )
     with MemoryEngine(settings) as engine:
         report = engine.prepare(_turns(2), session_id="s1", user_id="u1").report
     (span,) = _named(spans, "ragent_memory.prepare")
@@ -147,7 +151,9 @@ def test_a_failed_model_call_is_an_error_span(
 
 def test_a_search_is_a_span(spans: InMemorySpanExporter, tmp_path: Path) -> None:
     """search_memory is a span with its size and what it found, not the user's words."""
-    settings = Settings(context_window_chars=60_000, store=StoreSettings(path=str(tmp_path / "t.db")))
+    settings = Settings(
+        context_window_chars=60_000, store=StoreSettings(path=str(tmp_path / "t.db"))
+    )
     with MemoryEngine(settings) as engine:
         history = _turns(3)
         engine.prepare(history, session_id="s1", user_id="u1")
@@ -161,9 +167,7 @@ def test_a_search_is_a_span(spans: InMemorySpanExporter, tmp_path: Path) -> None
     assert "harbour" not in str(attributes)
 
 
-def test_the_proxy_joins_the_callers_trace(
-    spans: InMemorySpanExporter, tmp_path: Path
-) -> None:
+def test_the_proxy_joins_the_callers_trace(spans: InMemorySpanExporter, tmp_path: Path) -> None:
     """A request with a traceparent header: the proxy's prepare span is in that trace, a child
     of the caller's span."""
     with FakeOpenAI() as upstream:

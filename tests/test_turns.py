@@ -29,9 +29,7 @@ def test_each_prepare_is_one_turn_row(make_engine: Callable[..., MemoryEngine]) 
     """A row per prepare, numbered from 1, holding that turn's report, B and the history's
     length."""
     engine = make_engine()
-    reports = [
-        engine.prepare(_history(n), session_id="s1", user_id="u1").report for n in range(3)
-    ]
+    reports = [engine.prepare(_history(n), session_id="s1", user_id="u1").report for n in range(3)]
     rows = engine.store.turns("s1")
     assert [1, 2, 3] == [r["turn"] for r in rows]
     assert [r.chars_out for r in reports] == [r["chars_out"] for r in rows]
@@ -74,5 +72,8 @@ def test_session_list_counts_and_filters_by_scope(make_engine: Callable[..., Mem
         engine.prepare(_history(1), session_id=f"{scope}:mine", user_id=f"{scope}:u")
     listed = {r["session_id"]: r for r in engine.store.session_list()}
     assert {"plain", f"{scope}:mine"} == set(listed)
-    assert (2, f"{scope}:u") == (listed[f"{scope}:mine"]["turns"], listed[f"{scope}:mine"]["user_id"])
+    assert (2, f"{scope}:u") == (
+        listed[f"{scope}:mine"]["turns"],
+        listed[f"{scope}:mine"]["user_id"],
+    )
     assert [f"{scope}:mine"] == [r["session_id"] for r in engine.store.session_list(scope)]

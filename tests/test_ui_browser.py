@@ -70,8 +70,7 @@ def _open(driver: webdriver.Chrome, ui: UiProcess, path: str) -> None:
 def _active_facts(db: Path) -> list[tuple[int, str]]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT id, content FROM memories WHERE kind = 'fact' AND status = 'active'"
-            " ORDER BY id"
+            "SELECT id, content FROM memories WHERE kind = 'fact' AND status = 'active' ORDER BY id"
         ).fetchall()
     conn.close()
     return rows

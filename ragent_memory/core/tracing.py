@@ -52,7 +52,9 @@ def attributes(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def span(name: str, values: Mapping[str, Any] = (), *, client: bool = False) -> Iterator[Any]:
+def span(
+    name: str, values: Mapping[str, Any] | None = None, *, client: bool = False
+) -> Iterator[Any]:
     """A span named ``name`` around the block, current inside it (None when not tracing); an
     exception leaving the block is recorded on it and marks it an error."""
     trace = _trace()
@@ -61,7 +63,7 @@ def span(name: str, values: Mapping[str, Any] = (), *, client: bool = False) -> 
         return
     kind = trace.SpanKind.CLIENT if client else trace.SpanKind.INTERNAL
     tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(name, kind=kind, attributes=attributes(dict(values))) as s:
+    with tracer.start_as_current_span(name, kind=kind, attributes=attributes(values or {})) as s:
         yield s
 
 

@@ -104,6 +104,34 @@ def _recall_index(
     return recaller, leave
 
 
+def finish_turn(
+    store: Backend,
+    session: Session,
+    user_id: str | None,
+    fields: dict[str, Any],
+    memory_chars: int,
+    started: float,
+    span: Any,
+) -> TurnReport:
+    """The turn's report, its row for the audit page (``turns``) and its span's attributes;
+    a failed write is logged, never raised: the turn stands."""
+    duration_ms = (time.perf_counter() - started) * 1000
+    report = TurnReport(**fields, memory_chars=memory_chars, duration_ms=duration_ms)
+    row = {
+        **attrs.asdict(report),
+        "user_id": user_id,
+        "messages": len(session.raw.messages),
+        "budget_chars": session.settings.context_window_chars,
+        "covered": session.state.covered,
+    }
+    tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in row.items()})
+    try:
+        store.record_turn(session.session_id, row)
+    except StoreError as err:
+        log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
+    return report
+
+
 class MemoryEngine:
     """The memory engine. One instance serves many threads and sessions."""
 
@@ -215,39 +243,16 @@ class MemoryEngine:
         started = time.perf_counter()
         self._check_open()
         _check_ids(session_id, user_id)
-        with (
-            tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id}) as span,
-            self._sessions.held(session_id) as session,
-            session.lock,
-        ):
+        span = tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id})
+        with span as current, self._sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
             view, fields = session.run(messages, user_id, verify=verify)
             session.plain = len(messages) if messages is given else 0
             block = self._memory.block(session, user_id)
             out = hand_out(view, session, block, strict=self.settings.strict_alternation)
-            duration_ms = (time.perf_counter() - started) * 1000
-            report = TurnReport(**fields, memory_chars=len(block), duration_ms=duration_ms)
-            self._record_turn(session, user_id, len(messages), report, span)
+            report = finish_turn(self.store, session, user_id, fields, len(block), started, current)
         return PreparedContext(out, report)
-
-    def _record_turn(
-        self, session: Session, user_id: str | None, count: int, report: TurnReport, span: Any
-    ) -> None:
-        """The turn's row for the audit page (``turns``) and its span's attributes; a failed
-        write is logged, never raised: the turn stands."""
-        fields = {
-            **attrs.asdict(report),
-            "user_id": user_id,
-            "messages": count,
-            "budget_chars": self.settings.context_window_chars,
-            "covered": session.state.covered,
-        }
-        tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in fields.items()})
-        try:
-            self.store.record_turn(session.session_id, fields)
-        except StoreError as err:
-            log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
 
     async def aprepare(
         self,
