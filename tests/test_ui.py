@@ -3,6 +3,7 @@ scope, escaping, and forgetting one fact only through the confirmed form."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import urllib.parse
@@ -66,8 +67,6 @@ def test_session_page_shows_each_generation_and_its_probes(page: UiProcess, demo
     assert rows[0] == body.count('class="generation"')
     assert "<svg" in body and 'class="compaction"' in body
     probe = run_cli("probe", "--db", str(demo_db), "--session", "demo", "--json")
-    import json
-
     totals = json.loads(probe.stdout)["totals"]
     _, survived = page.get("/probes?session=demo")
     shown = re.search(r'id="totals">.*?(\d+) kept.*?(\d+) recallable.*?(\d+) lost', survived, re.S)

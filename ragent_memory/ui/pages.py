@@ -3,19 +3,23 @@ no HTTP here. ``scope``, when set, is the one proxy scope whose sessions and use
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
-from ragent_memory.audit import SessionProbes, probe_session
+from ragent_memory.audit import GenerationProbes, SessionProbes
+from ragent_memory.audit.probes import probe_generation
 from ragent_memory.serve.identity import is_scope
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend
+from ragent_memory.text.memo import Memo
 
 TURN_ROWS: Final = 200  # the newest turns listed under the chart (the chart draws them all)
 DIFF_LINES: Final = 400
+GENERATIONS_KEPT: Final = 512  # generations whose probes a page keeps
 
 
 class NotFound(LookupError):
@@ -28,11 +32,19 @@ def scope_of(identifier: str | None) -> str:
     return head if sep and is_scope(head) else ""
 
 
-@attrs.frozen
 class Pages:
-    store: Backend
-    settings: Settings
-    scope: str | None = None
+    """The pages' data over ``store``. The probes of each generation are kept (bounded) until
+    the recall index loses rows: a page opened again does not search again."""
+
+    def __init__(self, store: Backend, settings: Settings, scope: str | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.scope = scope
+        self._probed: Memo[tuple[str, tuple[tuple[str, Any], ...]], GenerationProbes] = Memo(
+            lambda key: probe_generation(store, settings, dict(key[1])),
+            GENERATIONS_KEPT,
+            lambda _key: 1,
+        )
 
     def _check(self, identifier: str) -> None:
         if self.scope is not None and not identifier.startswith(f"{self.scope}:"):
@@ -62,12 +74,15 @@ class Pages:
             "scope": scope_of(session_id),
             "turns": turns,
             "recent": turns[-TURN_ROWS:][::-1],
-            "generations": _with_diffs(rows),
+            "generations": [{**row, "turns": _turns_of(row, turns)} for row in _with_diffs(rows)],
         }
 
     def probes(self, session_id: str) -> SessionProbes:
         self._check(session_id)
-        return probe_session(self.store, self.settings, session_id)
+        epoch = self.store.recall_mark()[1]  # replaced by every delete of index rows
+        rows = [r for r in self.store.compactions(session_id) if r["status"] == "applied"]
+        keys = [(epoch, tuple(sorted(row.items()))) for row in rows]
+        return SessionProbes(session_id, tuple(self._probed.many(keys)))
 
     def message(self, session_id: str, position: int) -> dict[str, Any]:
         """One raw message of the session, as the recall index keeps it."""
@@ -122,3 +137,17 @@ def _diff(before: str, after: str) -> list[tuple[str, str]]:
     tags = {"+": "add", "-": "remove", " ": "same"}
     diff = [(tags[line[0]], line[2:]) for line in lines if line[:1] in tags]
     return diff[:DIFF_LINES]
+
+
+def _turns_of(row: dict[str, Any], turns: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
+    """The recorded turns whose new messages a generation covered: the first turn whose
+    history reached past ``covered_from`` to the first that reached ``covered_to``."""
+    start, stop = row.get("covered_from") or 0, row.get("covered_to") or 0
+    if stop <= start or not turns:
+        return None
+    counts = [t["messages"] for t in turns]
+    first = bisect.bisect_right(counts, start)
+    last = bisect.bisect_left(counts, stop)
+    if first >= len(turns) or last >= len(turns):
+        return None
+    return turns[first]["turn"], turns[last]["turn"]
