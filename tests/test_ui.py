@@ -43,6 +43,18 @@ def test_ready_line_names_the_session_page(page: UiProcess) -> None:
     assert page.shown.startswith("http://127.0.0.1:")
 
 
+def test_the_demo_ends_with_the_command_that_opens_its_session(demo_db: Path) -> None:
+    """The demo's last line is a `ragent-memory ui` command; run as printed, its page is the
+    demo session's."""
+    last = (demo_db.parent / "demo-stdout.txt").read_text(encoding="utf-8").splitlines()[-1]
+    command = last.split(": ", 1)[1].split()
+    assert ["ragent-memory", "ui", "--db", str(demo_db), "--session", "demo"] == command
+    with UiProcess(*command[2:]) as ui:
+        status, body = ui.get(ui.shown.removeprefix(ui.url))
+    assert 200 == status
+    assert "Session demo" in body
+
+
 def test_every_page_answers(page: UiProcess) -> None:
     """The sessions, a session, what survived, a message and a user's facts are pages."""
     for path, needle in (

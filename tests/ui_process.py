@@ -118,6 +118,7 @@ def demo_store(folder: Path) -> Path:
     db = folder / "demo.db"
     result = run_cli("demo", "--turns", "120", "--out", str(folder), "--db", str(db))
     assert 0 == result.returncode, result.stderr
+    (folder / "demo-stdout.txt").write_text(result.stdout, encoding="utf-8")
     engine = MemoryEngine(Settings(context_window_chars=60_000, store=StoreSettings(path=str(db))))
     with engine:
         for scope, name in ((SCOPE_A, "alpha"), (SCOPE_B, "beta")):
