@@ -15,6 +15,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 from ui_process import SCOPE_A, SCOPE_B, UiProcess, copy_store, demo_store
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "ui"
@@ -47,6 +48,7 @@ def browser() -> Iterator[webdriver.Chrome]:
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     driver.set_page_load_timeout(60)
+    driver.implicitly_wait(30)  # an element of a page still loading is waited for
     try:
         yield driver
     finally:
@@ -65,6 +67,13 @@ def _shot(driver: webdriver.Chrome, name: str, capsys: pytest.CaptureFixture[str
 
 def _open(driver: webdriver.Chrome, ui: UiProcess, path: str) -> None:
     driver.get(ui.url + path)
+
+
+def _shows(driver: webdriver.Chrome, element_id: str, needle: str) -> str:
+    """The text of ``element_id`` once it holds ``needle`` (a page a click opened may still
+    be loading); fails after 30 s."""
+    WebDriverWait(driver, 30).until(lambda d: needle in d.find_element(By.ID, element_id).text)
+    return str(driver.find_element(By.ID, element_id).text)
 
 
 def _active_facts(db: Path) -> list[tuple[int, str]]:
@@ -96,15 +105,15 @@ def test_each_page_loads_and_shows_generations_and_probes(
         _shot(browser, "session", capsys)
 
         browser.find_element(By.LINK_TEXT, "what survived").click()
-        totals = browser.find_element(By.ID, "totals").text
-        assert "kept" in totals and "recallable" in totals and "lost" in totals
+        totals = _shows(browser, "totals", "kept")
+        assert "recallable" in totals and "lost" in totals
         probes = browser.find_elements(By.CSS_SELECTOR, "tr.probe")
         assert probes
         _shot(browser, "probes", capsys)
 
         probes[0].find_element(By.CSS_SELECTOR, "a").click()
+        assert _shows(browser, "content", "")
         assert "Message #" in browser.find_element(By.TAG_NAME, "h1").text
-        assert browser.find_element(By.ID, "content").text
         _shot(browser, "message", capsys)
 
 
@@ -123,12 +132,14 @@ def test_forget_button_removes_that_fact_only(
         _shot(browser, "user", capsys)
         row = browser.find_element(By.ID, f"fact-{target_id}")
         row.find_element(By.CSS_SELECTOR, "a.forget").click()
-        assert target_text == browser.find_element(By.ID, "fact").text
+        assert target_text == _shows(browser, "fact", target_text)
         assert before == _active_facts(db)  # asking is not forgetting
         _shot(browser, "forget-confirm", capsys)
         browser.find_element(By.ID, "confirm").click()
-        assert f"#{target_id} was forgotten" in browser.find_element(By.ID, "forgot").text
+        _shows(browser, "forgot", f"#{target_id} was forgotten")
+        browser.implicitly_wait(0)  # absent on purpose: no wait
         assert not browser.find_elements(By.ID, f"fact-{target_id}")
+        browser.implicitly_wait(30)
         left = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "tr.fact.active .content")]
     assert before[1:] == _active_facts(db)
     assert sorted(text for _, text in before[1:]) == sorted(left)
@@ -146,4 +157,4 @@ def test_a_page_for_one_scope_lists_no_other_scope(
         assert not [name for name in listed if name.startswith(SCOPE_B) or name == "demo"]
         _shot(browser, "scoped-sessions", capsys)
         _open(browser, ui, "/session?" + urllib.parse.urlencode({"id": f"{SCOPE_B}:beta"}))
-        assert "not found" in browser.find_element(By.ID, "error").text
+        assert "not found" in _shows(browser, "error", "not found")
