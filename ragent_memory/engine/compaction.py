@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Markers, latest_standing
@@ -259,7 +260,6 @@ def run(
 ) -> SessionState | None:
     """Summarize, then commit with the audit row. Returns the new state, or None when the
     compaction failed (audited ``failed``; the session stays as it was)."""
-    started = time.perf_counter()
     base = {
         "session_id": job.previous.session_id,
         "user_id": job.user_id,
@@ -267,7 +267,27 @@ def run(
         "material_messages": len(job.material),
         "material_chars": job.material_chars,
         "chars_before": job.plan.total_chars,
+        "covered_from": job.material[0][0] if job.material else job.new_covered,
+        "covered_to": job.new_covered,
     }
+    values = {f"ragent_memory.{k}": v for k, v in base.items()}
+    with tracing.span("ragent_memory.compaction", values) as span:
+        return _run(
+            job, base, span, summarizer=summarizer, store=store, settings=settings, emit=emit
+        )
+
+
+def _run(
+    job: Job,
+    base: dict[str, Any],
+    span: Any,
+    *,
+    summarizer: Summarizer,
+    store: Backend,
+    settings: Settings,
+    emit: Callable[[str, dict[str, Any]], None],
+) -> SessionState | None:
+    started = time.perf_counter()
     emit("before_summarize", {**base})
     try:
         draft = summarize(job, summarizer=summarizer, settings=settings)
@@ -291,10 +311,12 @@ def run(
     except Exception as err:  # the worker boundary: any failure is audited, never raised
         fail(store, base, err, model=summarizer.name, started=started)
         emit("after_summarize", {**base, "status": "failed", "error": str(err)})
+        tracing.failed(span, type(err).__name__, str(err))
         return None
     if settings.long_term_enabled and job.user_id:
         remember_summary(store, job.user_id, draft.state)
     fields = {k: v for k, v in applied.items() if k not in ("status", "reason", "summary")}
+    tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in fields.items()})
     # chars_in/chars_out: the TurnReport names, for log queries.
     log.info(
         "compaction.applied", **fields, chars_in=job.plan.total_chars, chars_out=draft.chars_after
@@ -399,7 +421,7 @@ class Compactions:
         refused = self._refused(job)
         if refused is not None:
             return refused
-        future = self.submit(self._leased, job)
+        future = self.submit(tracing.carried(self._leased), job)
         if future is None:
             return "closed"
         self.future = future

@@ -14,6 +14,7 @@ from typing import Any, Self
 
 import attrs
 
+from ragent_memory.core import tracing
 from ragent_memory.core.alternation import alternate
 from ragent_memory.core.chars import Message, validate_messages
 from ragent_memory.core.inputs import Inputs
@@ -120,6 +121,34 @@ def _recall_index(
             callback(*args)
 
     return recaller, leave
+
+
+def finish_turn(
+    store: Backend,
+    session: Session,
+    user_id: str | None,
+    fields: dict[str, Any],
+    memory_chars: int,
+    started: float,
+    span: Any,
+) -> TurnReport:
+    """The turn's report, its row for the audit page (``turns``) and its span's attributes;
+    a failed write is logged, never raised: the turn stands."""
+    duration_ms = (time.perf_counter() - started) * 1000
+    report = TurnReport(**fields, memory_chars=memory_chars, duration_ms=duration_ms)
+    row = {
+        **attrs.asdict(report),
+        "user_id": user_id,
+        "messages": len(session.raw.messages),
+        "budget_chars": session.settings.context_window_chars,
+        "covered": session.state.covered,
+    }
+    tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in row.items()})
+    try:
+        store.record_turn(session.session_id, row, user_id)
+    except StoreError as err:
+        log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
+    return report
 
 
 class MemoryEngine:
@@ -233,15 +262,15 @@ class MemoryEngine:
         started = time.perf_counter()
         self._check_open()
         _check_ids(session_id, user_id, self.settings.max_id_chars)
-        with self._sessions.held(session_id) as session, session.lock:
+        span = tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id})
+        with span as current, self._sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
             view, fields = session.run(messages, user_id, verify=verify)
             session.plain = len(messages) if messages is given else 0
             block = self._memory.block(session, user_id)
             out = hand_out(view, session, block, strict=self.settings.strict_alternation)
-        duration_ms = (time.perf_counter() - started) * 1000
-        report = TurnReport(**fields, memory_chars=len(block), duration_ms=duration_ms)
+            report = finish_turn(self.store, session, user_id, fields, len(block), started, current)
         return PreparedContext(out, report)
 
     async def aprepare(

@@ -5,7 +5,7 @@ the recall room needs. Its value types live in :mod:`ragent_memory.core.records`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ragent_memory.core.records import (
@@ -129,6 +129,13 @@ class Backend(VectorIndex, Protocol):
     def compactions(
         self, session_id: str | None = None, *, scope: str | None = None
     ) -> list[dict[str, Any]]: ...
+
+    # What each prepare measured, and the sessions the store knows (``turns.py``).
+    def record_turn(
+        self, session_id: str, fields: Mapping[str, Any], user_id: str | None = None
+    ) -> int: ...
+    def turns(self, session_id: str) -> list[dict[str, Any]]: ...
+    def session_list(self, scope: str | None = None) -> list[dict[str, Any]]: ...
 
     # Many hosts on one store: compaction leases, who wrote a session last (``hosts.py``).
     def claim_compaction(self, session_id: str) -> bool: ...

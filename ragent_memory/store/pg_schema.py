@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ragent_memory.store.schema import KEYED_INDEXES, VECTORS_BY_SCOPE
+from ragent_memory.store.schema import KEYED_INDEXES, TURNS_TEMPLATE, VECTORS_BY_SCOPE
 
 # SQLite's 012 (schema.py) in PostgreSQL's terms: columns change type in place.
 _ID_KEY = "substring(sha256(convert_to({}, 'UTF8')) from 1 for 16)"
@@ -259,4 +259,5 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ),
     ("007_vectors_by_scope", VECTORS_BY_SCOPE),  # as SQLite's 011 (schema.py)
     ("008_keyed_ids", KEYED_IDS),  # as SQLite's 012
+    ("009_turns", TURNS_TEMPLATE.format(blob="BYTEA")),  # as SQLite's 013 (schema.py)
 )

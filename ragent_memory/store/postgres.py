@@ -26,6 +26,7 @@ from ragent_memory.store.audit import AuditTable
 from ragent_memory.store.base import Clock, id_key, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
 from ragent_memory.store.recall_index import COLUMNS, NAMED, IndexedTables
+from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
@@ -83,7 +84,7 @@ class _ThreadConnection:
         return conn
 
 
-class PostgresStore(IndexedTables, VectorTables, AuditTable):
+class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     """The PostgreSQL store. Thread-safe; use as a context manager or call :meth:`close`.
 
     ``url`` must not hold a password; give it as ``password`` (read from the environment by

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 _COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason model attempts
     material_messages material_chars summary_chars chars_before chars_after duration_ms summary
-    error created_at identifiers_kept identifiers_lost written_by"""
+    error created_at identifiers_kept identifiers_lost written_by covered_from covered_to"""
 COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
 # A search reads the vectors written since its last read (``vectors_since``): by the user's
@@ -175,6 +175,39 @@ KEYED_IDS = (
     """
     + KEYED_INDEXES
 )
+
+# One row per ``prepare`` of a session (store/turns.py): what the audit page's chart draws.
+# Bounded per session (``turns.TURNS_KEPT``) and dropped with the session; keyed like every
+# table by the ids' keys. ``covered_from``/``covered_to``: the raw indexes [from, to) an
+# audited compaction summarized (0, 0 on rows written before). ``{blob}``: the dialect's
+# bytes type.
+TURNS_TEMPLATE = """
+CREATE TABLE turns (
+    session_key {blob} NOT NULL,
+    turn INTEGER NOT NULL,
+    user_key {blob},
+    messages INTEGER NOT NULL,
+    chars_raw INTEGER NOT NULL,
+    chars_in INTEGER NOT NULL,
+    chars_out INTEGER NOT NULL,
+    budget_chars INTEGER NOT NULL,
+    trimmed INTEGER NOT NULL,
+    truncated INTEGER NOT NULL,
+    reclaimed_chars INTEGER NOT NULL,
+    compacted INTEGER NOT NULL,
+    skipped_reason TEXT,
+    generation INTEGER NOT NULL,
+    covered INTEGER NOT NULL,
+    dropped_turns INTEGER NOT NULL,
+    recalled_chars INTEGER NOT NULL,
+    memory_chars INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (session_key, turn)
+);
+ALTER TABLE compactions ADD COLUMN covered_from INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE compactions ADD COLUMN covered_to INTEGER NOT NULL DEFAULT 0;
+"""
+TURNS = TURNS_TEMPLATE.format(blob="BLOB")
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -373,6 +406,9 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ),
     ("011_vectors_by_scope", VECTORS_BY_SCOPE),
     ("012_keyed_ids", KEYED_IDS),
+    # The audit page (ragent_memory/ui): one row per prepare, and the raw messages each
+    # generation covered. The same statements on PostgreSQL (pg_schema.py).
+    ("013_turns", TURNS),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

@@ -132,13 +132,13 @@ class SessionTables(OffloadTables, HostTables):
         )
 
     def drop_session(self, session_id: str) -> None:
-        """Drop a session: its summary state and substitutions go now (so the id, used again,
+        """Drop a session: its summary state, substitutions and turns go now (so the id, used again,
         starts fresh), its refs stop resolving at once, and :meth:`gc` deletes its offloads.
         Audit rows stay."""
         with self._locked("write"), self.db.atomic():
             self._mark_written(session_id)
             key = id_key(session_id)
-            for table in ("substitutions", "sessions"):
+            for table in ("substitutions", "sessions", "turns"):
                 self.db.execute(f"DELETE FROM {table} WHERE session_key = ?", [key])
             self.db.execute(
                 "INSERT INTO dropped_sessions (session_key, dropped_at) VALUES (?, ?)"

@@ -23,6 +23,7 @@ from ragent_memory.store.audit import AuditTable
 from ragent_memory.store.base import Clock, key_of, utc_now
 from ragent_memory.store.recall_index import IndexedTables
 from ragent_memory.store.schema import MIGRATIONS
+from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
 
 log = get_logger(__name__)
@@ -73,7 +74,7 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-class Store(IndexedTables, VectorTables, AuditTable):
+class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
     """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`.
     Opening checks what every turn needs (directory, file, migrations, writable, every table)
     and raises a :class:`StoreError` naming the path and reason, not logged on every turn."""
