@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,chart,serve,postgres,langchain,pydantic-ai,openai-agents,mcp]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,chart,serve,postgres,langchain,pydantic-ai,openai-agents,mcp,ui,otel,browser-tests]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -19,6 +19,7 @@ from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, Tu
 from ragent_memory.errors import (
     ConfigError,
     EngineClosedError,
+    InvalidIdError,
     InvalidMessagesError,
     LLMError,
     RagentMemoryError,
@@ -45,6 +46,7 @@ __all__ = [
     "EngineClosedError",
     "Fact",
     "GCReport",
+    "InvalidIdError",
     "InvalidMessagesError",
     "LLMError",
     "LLMSettings",

@@ -5,6 +5,7 @@
     RagentMemoryError
     ├── ConfigError            (also a ValueError)  bad settings; ``key_path`` names the key
     ├── InvalidMessagesError   (also a ValueError)  bad chat history; ``index`` names the message
+    │   └── InvalidIdError                          a bad session or user id; ``field`` names it
     ├── SummaryError                                a summary was rejected (``reason``)
     │   └── ExtractionError                         memory operations were rejected
     ├── LLMError                                    every endpoint failed (``attempts``)
@@ -37,6 +38,20 @@ class InvalidMessagesError(RagentMemoryError, ValueError):
         self.problem = problem
         where = "messages" if index is None else f"messages[{index}]"
         super().__init__(f"{where}: {problem}")
+
+
+class InvalidIdError(InvalidMessagesError):
+    """A session or user id is not a non-empty string of valid text within ``max_id_chars``;
+    ``field`` is ``session_id`` or ``user_id``, ``limit`` the length bound."""
+
+    def __init__(self, field: str, problem: str, *, limit: int) -> None:
+        super().__init__(None, problem)
+        self.field = field
+        self.limit = limit
+        self.args = (f"{field}: {problem}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class SummaryError(RagentMemoryError):

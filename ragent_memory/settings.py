@@ -30,8 +30,41 @@ MEMORY_ITEM_MAX_CHARS = 500
 TRANSCRIPT_CLIP_OVER_CHARS = 1_200
 NON_TEXT_PART_CHARS = 2_000
 
+# What the known agent harnesses inject into user turns (``harness_markers``): a marker written
+# as a tag covers each ``<tag>…</tag>`` block of a text; any other marker is a prefix that makes
+# a text starting with it the harness's whole.
+DEFAULT_HARNESS_MARKERS = (
+    "<system-reminder>",  # Claude Code: skills list, task-tool nudges, CLAUDE.md contents
+    "<environment_context>",  # Codex: cwd, sandbox, approval policy, shell
+    "<user_instructions>",  # Codex (older releases): AGENTS.md contents
+    "# AGENTS.md instructions for",  # Codex: AGENTS.md contents in an <INSTRUCTIONS> block
+    "<local-command-caveat>",  # Claude Code: the output of a local slash command follows
+    "Here is a summary of the conversation to date:",  # LangChain SummarizationMiddleware
+    "You are in the middle of a conversation that has been summarized.",  # deepagents
+    "[SYSTEM] Goal ",  # deepagents: goal state and control messages
+)
+# Harness text holding one of these is a standing instruction, kept in every view
+# (``standing_markers``).
+DEFAULT_STANDING_MARKERS = (
+    "Codebase and user instructions are shown below",  # Claude Code's CLAUDE.md reminder
+    "You have been invoked in the following environment",  # Claude Code's environment block
+    "# AGENTS.md instructions for",
+    "<user_instructions>",
+    "<environment_context>",
+)
+MAX_MARKERS = 64
+MAX_MARKER_CHARS = 200
+
 LANGUAGES = ("en", "zh")
-DEFAULT_LEASE_S = 600.0  # a host's hold on a session's compaction (store.lease_s)
+# A compaction lease not renewed for this long lapses (store.lease_s); its holder renews it
+# every third of that while the work runs, and a holder found dead on this host loses it at once.
+DEFAULT_LEASE_S = 30.0
+DEFAULT_MAX_ID_CHARS = 256  # max_id_chars: the longest session or user id taken
+# Upper bounds of the numeric keys: past them a value passes nothing useful and overflows
+# somewhere later (a date a TTL away, a thread wait's timeout, a pool size).
+MAX_TIMEOUT_S = 86_400.0  # a day
+MAX_TTL_DAYS = 36_500  # a century
+MAX_CONTEXT_WINDOW_CHARS = 1_000_000_000
 IDENTITIES = ("credential", "headers")  # serve.identity
 _ENV_NAME = "an environment variable name"
 MIN_SECRET_CHARS = 16  # serve.secret_env's value
@@ -60,8 +93,21 @@ def _flag(key: str, *, default: bool) -> Any:
     return _field(key, default, lambda v: isinstance(v, bool), "true or false")
 
 
-def _positive(value: Any) -> bool:
-    return _is_number(value) and value > 0
+def _count(key: str, default: int, low: int, high: int) -> Any:
+    """An integer field refusing values outside ``low..high``."""
+    return _field(
+        key, default, lambda v: is_int(v) and low <= v <= high, f"an integer {low}..{high}"
+    )
+
+
+def _seconds(key: str, default: float, high: float = MAX_TIMEOUT_S, *, zero: bool = False) -> Any:
+    """A number field refusing values ≤ 0 (below 0 with ``zero``) or above ``high``."""
+    low = ">= 0" if zero else "> 0"
+
+    def ok(v: Any) -> bool:
+        return _is_number(v) and (v >= 0 if zero else v > 0) and v <= high
+
+    return _field(key, default, ok, f"a number {low} and <= {high:g}")
 
 
 def _check(key: str, ok: Callable[[Any], bool], want: str) -> Callable[[Any, Any, Any], None]:
@@ -102,11 +148,9 @@ class LLMSettings:
     base_url: str = attrs.field(validator=_check("llm.base_url", _non_empty_str, "a URL string"))
     model: str = attrs.field(validator=_check("llm.model", _non_empty_str, "a model name"))
     api_key_env: str | None = _field("llm.api_key_env", None, _env_name, _ENV_NAME)
-    timeout_s: float = _field("llm.timeout_s", 60.0, _positive, "a number > 0")
+    timeout_s: float = _seconds("llm.timeout_s", 60.0)
     max_retries: int = _field("llm.max_retries", 3, lambda v: is_int(v) and 0 <= v <= 10, "0..10")
-    max_input_chars: int = _field(
-        "llm.max_input_chars", 200_000, lambda v: is_int(v) and v >= 10_000, "an integer ≥ 10000"
-    )
+    max_input_chars: int = _count("llm.max_input_chars", 200_000, 10_000, MAX_CONTEXT_WINDOW_CHARS)
     offline_fallback: bool = _flag("llm.offline_fallback", default=True)
     # After a summary lost identifiers, ask the model once more naming them (a second call);
     # off, the engine restores them itself from the material (DESIGN §6).
@@ -135,8 +179,8 @@ class StoreSettings:
     path: str = _field("store.path", "ragent-memory.db", _non_empty_str, "a file path")
     url: str | None = attrs.field(default=None, validator=lambda _i, _a, v: _check_pg_url(v))
     password_env: str | None = _field("store.password_env", None, _env_name, _ENV_NAME)
-    pool_size: int = _field("store.pool_size", 8, lambda v: is_int(v) and v >= 1, "≥ 1")
-    lease_s: float = _field("store.lease_s", DEFAULT_LEASE_S, _positive, "a number > 0")
+    pool_size: int = _count("store.pool_size", 8, 1, 1_000)
+    lease_s: float = _seconds("store.lease_s", DEFAULT_LEASE_S, 3_600.0)
 
     def __attrs_post_init__(self) -> None:
         if self.url is None and self.password_env is not None:
@@ -175,7 +219,7 @@ class EmbeddingSettings:
         validator=_check("recall.embeddings.model", _non_empty_str, "a model name")
     )
     api_key_env: str | None = _field("recall.embeddings.api_key_env", None, _env_name, _ENV_NAME)
-    timeout_s: float = _field("recall.embeddings.timeout_s", 10.0, _positive, "a number > 0")
+    timeout_s: float = _seconds("recall.embeddings.timeout_s", 10.0)
     batch_size: int = _field(
         "recall.embeddings.batch_size", 64, lambda v: is_int(v) and 1 <= v <= 2048, "1..2048"
     )
@@ -258,13 +302,8 @@ class ServeSettings:
     )
     host: str = _field("serve.host", "127.0.0.1", _non_empty_str, "a host name")
     port: int = _field("serve.port", 8089, lambda v: is_int(v) and 0 <= v <= 65535, "0..65535")
-    max_body_bytes: int = _field(
-        "serve.max_body_bytes",
-        32 * 1024 * 1024,
-        lambda v: is_int(v) and v >= 1024,
-        "an integer ≥ 1024",
-    )
-    timeout_s: float = _field("serve.timeout_s", 600.0, _positive, "a number > 0")
+    max_body_bytes: int = _count("serve.max_body_bytes", 32 * 1024 * 1024, 1024, 1 << 31)
+    timeout_s: float = _seconds("serve.timeout_s", 600.0)
     max_concurrency: int = _field(
         "serve.max_concurrency", 64, lambda v: is_int(v) and 1 <= v <= 10_000, "1..10000"
     )
@@ -273,22 +312,10 @@ class ServeSettings:
     )
     # How long a caller may take to send a request's head, and then its body (whole); past
     # it a 408 and the connection closed. A body being read holds no in-flight slot.
-    header_timeout_s: float = _field(
-        "serve.header_timeout_s",
-        60.0,
-        lambda v: _positive(v) and v <= 3600,
-        "a number in (0, 3600]",
-    )
-    body_timeout_s: float = _field(
-        "serve.body_timeout_s", 60.0, lambda v: _positive(v) and v <= 3600, "a number in (0, 3600]"
-    )
+    header_timeout_s: float = _seconds("serve.header_timeout_s", 60.0, 3600)
+    body_timeout_s: float = _seconds("serve.body_timeout_s", 60.0, 3600)
     # Open connections from one client address (trusted_proxies are not counted).
-    max_connections_per_peer: int = _field(
-        "serve.max_connections_per_peer",
-        64,
-        lambda v: is_int(v) and 1 <= v <= 100_000,
-        "1..100000",
-    )
+    max_connections_per_peer: int = _count("serve.max_connections_per_peer", 64, 1, 100_000)
     # Who a request speaks for (serve/identity.py): its credential, or trusted headers.
     identity: str = _field(
         "serve.identity", "credential", IDENTITIES.__contains__, "credential or headers"
@@ -348,6 +375,23 @@ def _tool_names(value: Any) -> bool:
     return isinstance(value, tuple) and all(_non_empty_str(v) for v in value)
 
 
+def _markers(key: str) -> Callable[[Any, Any, Any], None]:
+    """A validator of a marker list, naming the entry at fault (``harness_markers[2]``)."""
+
+    def validate(_instance: Any, _attribute: Any, value: Any) -> None:
+        if not isinstance(value, tuple) or len(value) > MAX_MARKERS:
+            raise ConfigError(key, f"expected a list of at most {MAX_MARKERS} strings")
+        for index, marker in enumerate(value):
+            if not _non_empty_str(marker) or len(marker) > MAX_MARKER_CHARS:
+                raise ConfigError(
+                    f"{key}[{index}]",
+                    f"expected a non-empty string of at most {MAX_MARKER_CHARS} chars,"
+                    f" got {marker!r}",
+                )
+
+    return validate
+
+
 def _nested(key: str, value: Any) -> Any:
     """Settings built in code may give a nested section as a mapping, as in the YAML file
     (``store={"path": "m.db"}``), or the store as a bare path."""
@@ -384,11 +428,8 @@ _DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep
 class Settings:
     """Every setting of the engine. Construct in code or with :func:`load_settings`."""
 
-    context_window_chars: int = _field(
-        "context_window_chars",
-        1_200_000,
-        lambda v: is_int(v) and v >= MIN_CONTEXT_WINDOW_CHARS,
-        f"an integer ≥ {MIN_CONTEXT_WINDOW_CHARS}",
+    context_window_chars: int = _count(
+        "context_window_chars", 1_200_000, MIN_CONTEXT_WINDOW_CHARS, MAX_CONTEXT_WINDOW_CHARS
     )
     summary_enabled: bool = _flag("summary_enabled", default=True)
     long_term_enabled: bool = _flag("long_term_enabled", default=True)
@@ -403,26 +444,33 @@ class Settings:
         converter=_store_section,
         validator=_check("store", lambda v: isinstance(v, StoreSettings), "StoreSettings"),
     )
-    compaction_timeout_s: float = _field(
-        "compaction_timeout_s", 120.0, lambda v: _is_number(v) and v >= 0, "a number >= 0"
-    )
+    compaction_timeout_s: float = _seconds("compaction_timeout_s", 120.0, zero=True)
     compaction_workers: int = _field(
         "compaction_workers", 2, lambda v: is_int(v) and 1 <= v <= 64, "an integer 1..64"
     )
-    session_cache_size: int = _field(
-        "session_cache_size", 1000, lambda v: is_int(v) and v >= 1, "an integer >= 1"
-    )
-    offload_ttl_days: float = _field("offload_ttl_days", 7, _positive, "a number > 0")
+    session_cache_size: int = _count("session_cache_size", 1000, 1, 10_000_000)
+    offload_ttl_days: float = _seconds("offload_ttl_days", 7, MAX_TTL_DAYS)
     strict_alternation: bool = _flag("strict_alternation", default=False)
     recall_enabled: bool = _flag("recall_enabled", default=True)
     # the in-process recall index's memory (§9b, §17): least recently searched users out first
-    recall_memory_mb: int = _field(
-        "recall_memory_mb", 128, lambda v: is_int(v) and v >= 1, "an integer >= 1"
-    )
+    recall_memory_mb: int = _count("recall_memory_mb", 128, 1, 1 << 20)
+    # The longest session or user id ``prepare`` and its siblings take (the proxy's scope
+    # prefix counts): a longer one is refused before anything is written.
+    max_id_chars: int = _count("max_id_chars", DEFAULT_MAX_ID_CHARS, 32, 1 << 20)
     preserved_tools: tuple[str, ...] = attrs.field(
         default=(),
         converter=_to_tuple,
         validator=_check("preserved_tools", _tool_names, "a list of tool names"),
+    )
+    # Provenance: text the agent harness injects into user turns is never the user's words;
+    # harness text holding a standing marker is kept in every view, never summarized.
+    harness_markers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_HARNESS_MARKERS, converter=_to_tuple, validator=_markers("harness_markers")
+    )
+    standing_markers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_STANDING_MARKERS,
+        converter=_to_tuple,
+        validator=_markers("standing_markers"),
     )
     recall: RecallSettings = attrs.field(
         factory=RecallSettings,
@@ -499,6 +547,9 @@ def _value(cls: type[Any], key: str, value: Any, key_path: str) -> Any:
     if cls is Settings and key in ("evictable_tools", "preserved_tools"):
         if not isinstance(value, list):
             raise ConfigError(key_path, f"expected a list of tool names, got {value!r}")
+    elif cls is Settings and key in ("harness_markers", "standing_markers"):
+        if not isinstance(value, list):
+            raise ConfigError(key_path, f"expected a list of strings, got {value!r}")
     elif cls is RecallSettings and key == "embeddings":
         return None if value is None else _build(EmbeddingSettings, value, key_path)
     elif cls is LLMSettings and key == "fallbacks":

@@ -83,6 +83,14 @@ class ProxyProcess:
             self._process.stderr.close()
         return self._process.returncode
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no shutdown, no flush, leases and connections left as they are."""
+        self._process.kill()
+        self._process.wait(SHUTDOWN_S)
+        self._reader.join(SHUTDOWN_S)
+        if self._process.stderr is not None:
+            self._process.stderr.close()
+
     def __enter__(self) -> ProxyProcess:
         return self
 

@@ -450,4 +450,4 @@ def test_a_search_reads_new_vectors_by_scope_and_write_order(tmp_path: Path) -> 
         assert len(reads) == 2
         for sql in reads:
             plan = " ".join(str(row) for row in store.db.execute(f"EXPLAIN QUERY PLAN {sql}"))
-            assert "_id=? AND embedded>?)" in plan, plan
+            assert "_key=? AND embedded>?)" in plan, plan

@@ -18,6 +18,7 @@ from ragent_memory import Settings
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.recall.refs import FOOTER_MARK, find_refs
 from ragent_memory.store import GCReport
+from ragent_memory.store.base import id_key
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -58,7 +59,7 @@ def rows(db_path: str, table: str, session_id: str) -> int:
     with sqlite3.connect(db_path) as conn:
         return int(
             conn.execute(
-                f"SELECT COUNT(*) FROM {table} WHERE session_id = ?", [session_id]
+                f"SELECT COUNT(*) FROM {table} WHERE session_key = ?", [id_key(session_id)]
             ).fetchone()[0]
         )
 

@@ -45,7 +45,7 @@ def test_sections_and_content() -> None:
     body = summarize_offline(material("refunds"), "", "en", 6000)
     assert list(SECTIONS["en"]) == [line for line in body.splitlines() if line.startswith("## ")]
     items = parse_sections(body, "en")
-    assert "Look up refunds 2, please." == items[1][0]  # newest to-do first
+    assert "(user) Look up refunds 2, please." == items[1][0]  # newest to-do first
     assert any("search_knowledge" in t for t in items[4])
     assert any("No results" in t for t in items[5])
     assert any("Done: refunds" in t for t in items[6])
@@ -62,9 +62,9 @@ def test_merges_with_previous_new_first() -> None:
     first = summarize_offline(material("alpha"), "", "en", 6000)
     second = summarize_offline(material("beta"), first, "en", 6000)
     sections = parse_sections(second, "en")
-    assert sections[1][0].startswith("Look up beta")
+    assert sections[1][0].startswith("(user) Look up beta")
     assert any("alpha" in t for t in sections[1])
-    assert sections[4][0].startswith('search_knowledge ×6, latest: {"q": "beta"}')
+    assert sections[4][0].startswith('(tool: search_knowledge) ×6, latest: {"q": "beta"}')
 
 
 def test_clamped_and_valid_under_small_target() -> None:
@@ -79,7 +79,7 @@ def test_clamped_and_valid_under_small_target() -> None:
 def test_chinese_sections() -> None:
     """language zh uses the Chinese titles and 无 for empty sections."""
     body = summarize_offline([{"role": "user", "content": "帮我查一下退款政策"}], "", "zh", 3000)
-    assert body.startswith("## 用户诉求\n无\n\n## 待办\n- 帮我查一下退款政策")
+    assert body.startswith("## 用户诉求\n无\n\n## 待办\n- (user) 帮我查一下退款政策")
     assert "## 走不通的路\n无" in body
 
 

@@ -62,6 +62,19 @@ def test_wheel_ships_license_and_default_config(wheel: tuple[Path, str]) -> None
     assert (ROOT / "config" / "ragent-memory.yaml").read_bytes() == shipped
 
 
+def test_wheel_ships_the_audit_page_templates(wheel: tuple[Path, str]) -> None:
+    """Every template of the audit page is in the wheel, byte for byte."""
+    path, _output = wheel
+    folder = ROOT / "ragent_memory" / "ui" / "templates"
+    with zipfile.ZipFile(path) as whl:
+        shipped = {
+            name.rsplit("/", 1)[1]: whl.read(name)
+            for name in whl.namelist()
+            if name.startswith("ragent_memory/ui/templates/")
+        }
+    assert {p.name: p.read_bytes() for p in folder.glob("*.html")} == shipped
+
+
 @pytest.mark.slow
 def test_fresh_venv_install_has_version_and_init(wheel: tuple[Path, str], tmp_path: Path) -> None:
     """In a fresh venv: ``__version__`` is set and ``ragent-memory init`` writes the config."""

@@ -266,9 +266,13 @@ def audit_consistent(db: str) -> tuple[str, int]:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         if not {"sessions", "compactions"} <= tables:  # killed before its first migration
             return str(integrity), 0
+        # A session's id is kept once, in ids (killed before that migration: in sessions).
+        named = "ids.value AS id FROM sessions s JOIN ids ON ids.key = s.session_key"
+        if "ids" not in tables:
+            named = "s.session_id AS id FROM sessions s"
         broken = conn.execute(
-            "SELECT COUNT(*) FROM sessions s WHERE s.generation > 0 AND 1 != (SELECT COUNT(*)"
-            " FROM compactions c WHERE c.session_id = s.session_id"
+            f"SELECT COUNT(*) FROM (SELECT s.generation, {named} WHERE s.generation > 0) AS s"
+            " WHERE 1 != (SELECT COUNT(*) FROM compactions c WHERE c.session_id = s.id"
             " AND c.generation = s.generation AND c.status = 'applied')"
         ).fetchone()[0]
     return str(integrity), int(broken)

@@ -203,3 +203,71 @@ def test_serve_secret_is_read_from_the_named_variable(monkeypatch: pytest.Monkey
         assert value is None or value not in str(info.value)
     monkeypatch.setenv("RAGENT_TEST_SCOPE_SECRET", "k" * 16)
     assert b"k" * 16 == section.secret()
+
+
+LLM = {"base_url": "http://x/v1", "model": "m"}
+EMBEDDINGS = {"base_url": "http://x/v1", "model": "e"}
+
+
+@pytest.mark.parametrize(
+    ("data", "key_path", "bound"),
+    [
+        ({"offload_ttl_days": 3_000_000}, "offload_ttl_days", "<= 36500"),
+        ({"offload_ttl_days": 0}, "offload_ttl_days", "> 0"),
+        ({"compaction_timeout_s": 1e300}, "compaction_timeout_s", "<= 86400"),
+        ({"context_window_chars": 10**12}, "context_window_chars", "8000..1000000000"),
+        ({"session_cache_size": 10**9}, "session_cache_size", "1..10000000"),
+        ({"recall_memory_mb": 10**9}, "recall_memory_mb", "1..1048576"),
+        ({"max_id_chars": 8}, "max_id_chars", "32..1048576"),
+        ({"max_id_chars": 10**7}, "max_id_chars", "32..1048576"),
+        ({"store": {"url": "postgresql://db/a", "lease_s": 1e9}}, "store.lease_s", "<= 3600"),
+        ({"store": {"url": "postgresql://db/a", "pool_size": 10**6}}, "store.pool_size", "1..1000"),
+        ({"llm": {**LLM, "timeout_s": 1e12}}, "llm.timeout_s", "<= 86400"),
+        ({"llm": {**LLM, "max_input_chars": 10**12}}, "llm.max_input_chars", "10000..1000000000"),
+        (
+            {"recall": {"embeddings": {**EMBEDDINGS, "timeout_s": 1e12}}},
+            "recall.embeddings.timeout_s",
+            "<= 86400",
+        ),
+        ({"serve": {"timeout_s": 1e12}}, "serve.timeout_s", "<= 86400"),
+        ({"serve": {"max_body_bytes": 1 << 40}}, "serve.max_body_bytes", "1024..2147483648"),
+    ],
+)
+def test_numbers_past_their_bound_fail_at_load(
+    data: dict[str, object], key_path: str, bound: str
+) -> None:
+    """A number past its key's bound (one that would overflow a date or a timeout later, on
+    every turn) is a ConfigError at load naming the key path and the bound."""
+    with pytest.raises(ConfigError) as info:
+        settings_from_dict(data)
+    assert key_path == info.value.key_path
+    assert bound in str(info.value)
+
+
+def test_the_longest_ttl_still_offloads(tmp_path: Path) -> None:
+    """offload_ttl_days at its bound gives a date the store can write: a prepare that
+    offloads succeeds (3,000,000 days failed every such prepare with OverflowError)."""
+    from ragent_memory import MemoryEngine
+
+    settings = settings_from_dict(
+        {
+            "context_window_chars": 8_000,
+            "offload_ttl_days": 36_500,
+            "store": {"path": str(tmp_path / "m.db")},
+        }
+    )
+    result = "x" * 20_000
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": result},
+    ]
+    with MemoryEngine(settings) as engine:
+        prepared = engine.prepare(messages, session_id="s")
+    assert prepared.report.truncated == 1

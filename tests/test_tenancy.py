@@ -173,7 +173,10 @@ def test_no_credential_is_a_401_unless_anonymous_is_allowed(
     assert "401 - no credential: send your API key (Authorization" in caught.value.message
     assert 1 == len(caught.value.response.text.strip().splitlines())
     assert 200 == by_header.status_code
-    scoped = rows(tmp_path / "keyed.db", "SELECT DISTINCT session_id FROM recall_messages")
+    scoped = rows(
+        tmp_path / "keyed.db",
+        "SELECT DISTINCT ids.value FROM recall_messages JOIN ids ON ids.key = session_key",
+    )
     assert [(f"{scope_of(b's' * 32, ALICE)}:s",)] == scoped  # serve.secret_env's scope
 
     config = write_config(tmp_path, "open", allow_anonymous=True)
@@ -181,7 +184,10 @@ def test_no_credential_is_a_401_unless_anonymous_is_allowed(
         reply = ask(anonymous, "unused", "s", None, question, extra_headers=keyless).parse()
         anonymous.stop()
     assert "Noted." == reply.choices[0].message.content
-    scoped = rows(tmp_path / "open.db", "SELECT DISTINCT session_id FROM recall_messages")
+    scoped = rows(
+        tmp_path / "open.db",
+        "SELECT DISTINCT ids.value FROM recall_messages JOIN ids ON ids.key = session_key",
+    )
     assert [("anonymous:s",)] == scoped
 
 
@@ -450,7 +456,9 @@ def test_every_format_is_scoped_by_the_callers_key(
         for end in range(2, len(history) + 1, 2):
             ask_in(wire, first, ALICE, history[:end], field="alice")
         first.stop()
-    scoped = rows(db, "SELECT DISTINCT session_id FROM recall_messages")
+    scoped = rows(
+        db, "SELECT DISTINCT ids.value FROM recall_messages JOIN ids ON ids.key = session_key"
+    )
     assert [(f"{store_scope(db, ALICE)}:alice",)] == scoped
 
     upstream.reset()

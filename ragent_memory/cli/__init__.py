@@ -1,5 +1,6 @@
 """The ``ragent-memory`` command line (DESIGN §14): commands, the demo, transcripts."""
 
+from ragent_memory.cli import page  # noqa: F401 - registers ``ui`` and ``probe``
 from ragent_memory.cli.main import cli, main
 
 __all__ = ["cli", "main"]

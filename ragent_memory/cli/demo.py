@@ -176,6 +176,8 @@ def run_demo(
     _print_summary(settings, reports, audit_rows, db_path, recalled)
     _print_memory(facts, fresh.report.memory_chars)
     _chart(reports, settings, chart_path or out_dir / "context.png")
+    # The last line: the command that opens this session in the audit page.
+    click.echo(f"\n  see what each compaction kept: ragent-memory ui --db {db_path} --session demo")
 
 
 def _print_summary(

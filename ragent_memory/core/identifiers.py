@@ -135,11 +135,17 @@ class Sentences:
 
     def shortest(self, identifier: str) -> str | None:
         """The shortest sentence holding ``identifier`` in the first text that has one."""
+        found = self.find(identifier)
+        return None if found is None else found[1]
+
+    def find(self, identifier: str) -> tuple[int, str] | None:
+        """The index of the first text holding ``identifier`` and its shortest sentence
+        holding it."""
         key = normalise(identifier)
         for index, text in enumerate(self._texts):
             if index not in self._split:
                 self._split[index] = [(s, normalise(s)) for s in sentences(text)]
             holding = [s for s, flat in self._split[index] if key in flat]
             if holding:
-                return min(holding, key=len)
+                return index, min(holding, key=len)
         return None

@@ -13,15 +13,17 @@ thread pool; any failure is audited ``failed`` and leaves the session as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 
+from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers, latest_standing
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
@@ -60,13 +62,34 @@ SUMMARY_HEADERS = MappingProxyType(
 )
 
 
-def summary_message(summary: str, language: str) -> Message:
-    """The message that stands for the covered turns: role ``user``, header + summary."""
-    return {"role": "user", "content": f"{SUMMARY_HEADERS[language]}\n\n{summary}"}
+def summary_message(summary: str, language: str, standing: Sequence[str] = ()) -> Message:
+    """The message that stands for the covered turns: role ``user``, header + summary; the
+    standing instructions the covered turns carried (CLAUDE.md, AGENTS.md, the environment
+    block — ``standing_texts``) go first, each a text part as the harness wrote it."""
+    text = f"{SUMMARY_HEADERS[language]}\n\n{summary}"
+    if not standing:
+        return {"role": "user", "content": text}
+    parts = [{"type": "text", "text": t} for t in (*standing, text)]
+    return {"role": "user", "content": parts}
+
+
+def state_message(state: SessionState, language: str) -> Message:
+    """The summary message of a session's state, its standing instructions first."""
+    return summary_message(state.summary, language, standing_texts(state))
+
+
+def standing_texts(state: SessionState) -> tuple[str, ...]:
+    """The standing instructions a session's summary carries (kept with the preserved tool
+    outputs, as ``{"standing": key, "i": raw index, "text": …}`` entries)."""
+    return tuple(str(e["text"]) for e in state.preserved if "standing" in e)
 
 
 class StaleCompaction(RagentMemoryError):
     """A finished summary whose session moved on meanwhile; it is not committed."""
+
+
+class Leased(RagentMemoryError):
+    """Another holder took the session's lease while this compaction waited to run."""
 
 
 @attrs.frozen
@@ -80,6 +103,8 @@ class Job:
     new_covered: int
     covered_digest: str
     plan: CutPlan
+    # Standing-instruction keys the kept tail holds (a newer version than any covered).
+    shown_standing: frozenset[str]
     # The chars_out of the turn that applies this generation, from its summary message's
     # chars: what the audit row's chars_after records (DESIGN §10).
     chars_out: Callable[[int], int]
@@ -104,18 +129,37 @@ class SummaryDraft:
     written_by: str = ""  # model | offline | offline_fallback (SummaryOutcome.written_by)
 
 
+def carried(job: Job, markers: Markers, tools: Sequence[str]) -> tuple[dict[str, Any], ...]:
+    """What the next generation carries verbatim: the latest result of each preserved tool,
+    then the latest version of each standing instruction the tail does not show."""
+    previous = job.previous.preserved
+    outputs = update_preserved([e for e in previous if "tool" in e], job.material, tools)
+    standing = latest_standing(
+        [e for e in previous if "standing" in e],
+        job.material,
+        markers,
+        shown=job.shown_standing,
+    )
+    return (*outputs, *standing)
+
+
 def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> SummaryDraft:
-    """Ask the summarizer for the next generation and add the user's own words."""
+    """Ask the summarizer for the next generation and add the user's own words. The
+    summarizer reads the user's turns as the user wrote them: the harness's text is not
+    summarized (standing instructions are carried whole, the rest is not the conversation)."""
     previous = job.previous
     generation = previous.last_generation + 1
     language = settings.language
-    verbatim = update_verbatim(previous.verbatim, job.material)
+    markers = Markers.from_settings(settings)
+    said = tuple((i, markers.user_words(m)) for i, m in job.material)
+    verbatim = update_verbatim(previous.verbatim, said)
     block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
-    preserved = update_preserved(previous.preserved, job.material, settings.preserved_tools)
-    kept = render_preserved(preserved, budget=settings.preserved_max_chars, language=language)
+    preserved = carried(job, markers, settings.preserved_tools)
+    outputs = [e for e in preserved if "tool" in e]
+    kept = render_preserved(outputs, budget=settings.preserved_max_chars, language=language)
     room = settings.summary_max_chars - (len(kept) + 2 if kept else 0)
     request = SummaryRequest(
-        material_of(job),
+        tuple(m for _, m in said),
         previous.body,
         language,
         room - len(block) - 2,
@@ -145,7 +189,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
         model=outcome.model,
         attempts=outcome.attempts,
         material_chars=sent if sent is not None else job.material_chars,
-        chars_after=job.chars_out(chars(summary_message(summary, language))),
+        chars_after=job.chars_out(chars(state_message(state, language))),
         identifiers_kept=len(wanted) - len(lost),
         identifiers_lost=len(lost),
         written_by=outcome.written_by,
@@ -183,9 +227,14 @@ def checked_summary(
             except SummaryError:
                 pass
     if lost:
-        sources = [*reversed(retention.material_texts(material)), previous]
+        sources, tags = retention.tagged_sources(material, previous)
         body = retention.restore(
-            outcome.body, lost, sources, language=request.language, max_chars=request.max_chars
+            outcome.body,
+            lost,
+            sources,
+            language=request.language,
+            max_chars=request.max_chars,
+            tags=tags,
         )
         outcome = attrs.evolve(outcome, body=body)
     return attrs.evolve(outcome, attempts=attempts), wanted
@@ -201,10 +250,6 @@ def commit(
         )
 
 
-def material_of(job: Job) -> tuple[Message, ...]:
-    return tuple(m for _, m in job.material)
-
-
 def run(
     job: Job,
     *,
@@ -215,7 +260,6 @@ def run(
 ) -> SessionState | None:
     """Summarize, then commit with the audit row. Returns the new state, or None when the
     compaction failed (audited ``failed``; the session stays as it was)."""
-    started = time.perf_counter()
     base = {
         "session_id": job.previous.session_id,
         "user_id": job.user_id,
@@ -223,7 +267,27 @@ def run(
         "material_messages": len(job.material),
         "material_chars": job.material_chars,
         "chars_before": job.plan.total_chars,
+        "covered_from": job.material[0][0] if job.material else job.new_covered,
+        "covered_to": job.new_covered,
     }
+    values = {f"ragent_memory.{k}": v for k, v in base.items()}
+    with tracing.span("ragent_memory.compaction", values) as span:
+        return _run(
+            job, base, span, summarizer=summarizer, store=store, settings=settings, emit=emit
+        )
+
+
+def _run(
+    job: Job,
+    base: dict[str, Any],
+    span: Any,
+    *,
+    summarizer: Summarizer,
+    store: Backend,
+    settings: Settings,
+    emit: Callable[[str, dict[str, Any]], None],
+) -> SessionState | None:
+    started = time.perf_counter()
     emit("before_summarize", {**base})
     try:
         draft = summarize(job, summarizer=summarizer, settings=settings)
@@ -247,10 +311,12 @@ def run(
     except Exception as err:  # the worker boundary: any failure is audited, never raised
         fail(store, base, err, model=summarizer.name, started=started)
         emit("after_summarize", {**base, "status": "failed", "error": str(err)})
+        tracing.failed(span, type(err).__name__, str(err))
         return None
     if settings.long_term_enabled and job.user_id:
         remember_summary(store, job.user_id, draft.state)
     fields = {k: v for k, v in applied.items() if k not in ("status", "reason", "summary")}
+    tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in fields.items()})
     # chars_in/chars_out: the TurnReport names, for log queries.
     log.info(
         "compaction.applied", **fields, chars_in=job.plan.total_chars, chars_out=draft.chars_after
@@ -314,8 +380,9 @@ Submit = Callable[..., "Future[SessionState | None] | None"]
 
 class Compactions:
     """One session's compaction in flight (at most one, across hosts too: a lease in the
-    store, DESIGN §10), run on the engine's pool. ``start`` waits at most
-    ``compaction_timeout_s``; a generation that finishes later is ``finished`` next turn."""
+    store, taken when the job starts running, never while it waits in the pool's queue),
+    run on the engine's pool. ``start`` waits at most ``compaction_timeout_s``; a generation
+    that finishes later is ``finished`` next turn."""
 
     def __init__(
         self,
@@ -351,26 +418,36 @@ class Compactions:
         or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``,
         ``cooling_down``)."""
         session_id = self.session_id
-        if self._cooling_down(job):
-            return "cooling_down"
-        try:
-            if not self.store.claim_compaction(session_id):
-                log.info("compaction.skipped", session_id=session_id, reason="leased")
-                return "in_progress"
-        except StoreError as err:
-            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
-            return "failed"
-        future = self.submit(self._leased, job)
+        refused = self._refused(job)
+        if refused is not None:
+            return refused
+        future = self.submit(tracing.carried(self._leased), job)
         if future is None:
-            self._release()
             return "closed"
         self.future = future
         if not wait([future], timeout=timeout_s).done:
             log.warning("compaction.timeout", session_id=session_id, timeout_s=timeout_s)
             return "timeout"
         self.future = None
+        if isinstance(future.exception(), Leased):
+            return "in_progress"
         state = self._outcome(future)
         return "failed" if state is None else state
+
+    def _refused(self, job: Job) -> str | None:
+        """Why ``job`` cannot start now (``cooling_down``, ``in_progress`` while another
+        holder has the lease, ``failed`` when the store cannot say), or None."""
+        session_id = self.session_id
+        if self._cooling_down(job):
+            return "cooling_down"
+        try:
+            if self.store.compaction_leased(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                return "in_progress"
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return "failed"
+        return None
 
     def _cooling_down(self, job: Job) -> bool:
         """Whether the model summarizer has every endpoint cooling down after repeated
@@ -410,8 +487,17 @@ class Compactions:
         return True
 
     def _leased(self, job: Job) -> SessionState | None:
-        """``run`` under the lease, released before its result is seen (the next host to get
-        the session finds the lease free)."""
+        """``run`` under the lease, taken now that the job runs (``Leased`` when another
+        holder has it) and released before its result is seen (the next host to get the
+        session finds the lease free)."""
+        session_id = self.session_id
+        try:
+            if not self.store.claim_compaction(session_id):
+                log.info("compaction.skipped", session_id=session_id, reason="leased")
+                raise Leased(session_id)
+        except StoreError as err:
+            log.error("compaction.lease_failed", session_id=session_id, error=repr(err))
+            return None
         try:
             return run(job, **self.run_kwargs)
         finally:
@@ -425,6 +511,8 @@ class Compactions:
 
     def _outcome(self, future: Future[SessionState | None]) -> SessionState | None:
         crash = future.exception()
+        if isinstance(crash, Leased):  # another holder compacts it
+            return None
         if crash is not None:  # ``run`` audits its own failures: this is a bug
             log.error("compaction.crashed", session_id=self.session_id, error=repr(crash))
             return None

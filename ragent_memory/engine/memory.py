@@ -9,11 +9,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ragent_memory.core.chars import Message, text_of, validate_message, validate_messages
+import attrs
+
+from ragent_memory.core.chars import Message, validate_message, validate_messages
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers
 from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.background import Background
-from ragent_memory.engine.session import Session
+from ragent_memory.engine.session import KeptBlock, Session
 from ragent_memory.engine.session import digest as message_digest
 from ragent_memory.errors import StoreError
 from ragent_memory.longterm.batch import run_extraction
@@ -40,19 +43,13 @@ ENGINE_HEADERS = (
 )
 
 
-def own_text(message: Message) -> str:
+def own_text(message: Message, markers: Markers | None = None) -> str:
     """The user's own words in a user message: text parts only (never a tool result), the
-    engine's blocks (memory, summary, recall excerpts) left out — a recall block rides as a
-    leading text part of the user's message, which is still learnt from; a text that starts
-    with a block (strict alternation merges them) is left out whole."""
-    content = message.get("content")
-    parts = [content] if isinstance(content, str) else []
-    if isinstance(content, list):
-        parts = [
-            p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"
-        ]
-    kept = [p.strip() for p in parts if p.strip() and not p.lstrip().startswith(ENGINE_HEADERS)]
-    return "\n".join(kept)
+    harness's text (``markers``) and the engine's blocks (memory, summary, recall excerpts)
+    left out — a recall block rides as a leading text part of the user's message, which is
+    still learnt from; a text that starts with a block (strict alternation merges them) is
+    left out whole."""
+    return (markers or Markers()).user_text(message, ENGINE_HEADERS)
 
 
 class LongTermMemory:
@@ -62,50 +59,75 @@ class LongTermMemory:
         self, store: Backend, settings: Settings, extractor: Extractor, background: Background
     ) -> None:
         self.store, self.settings, self.extractor = store, settings, extractor
+        self.markers = Markers.from_settings(settings)
         self._background = background
         self._lock = threading.Lock()
         self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
         self._pending_users: set[str] = set()  # users with messages recorded by this engine
 
     def block(self, session: Session, user_id: str | None) -> str:
-        """The user's memory block for this session ("" for none), built again only when the
-        user's memories changed since it was last built (a version in the store): the
-        prompt's prefix stays the same from turn to turn. The caller holds ``session.lock``."""
+        """The user's memory block for this session ("" for none). It is built at the
+        session's first ``prepare`` and again only at a compaction event (a new summary
+        generation, or the summary dropped), so it never moves bytes the previous call sent:
+        facts learnt mid-session wait for the next compaction. One exception: facts erased
+        (``forget``, ``forget_fact``) leave the block at once. The caller holds
+        ``session.lock``."""
         if not user_id or not self.settings.long_term_enabled:
             return ""
         try:
             version = self.store.memory_version(user_id)
             kept = session.memory
-            if kept is not None and kept[:2] == (user_id, version):
-                return kept[2]
-            block = self._build(session, user_id) if version else ""
+            if kept is not None and (kept.user_id, kept.generation) == (
+                user_id,
+                session.state.generation,
+            ):
+                if kept.version == version:
+                    return kept.text
+                if version and not self._erased(user_id, kept.fact_ids):
+                    session.memory = attrs.evolve(kept, version=version)
+                    return kept.text
+            built = self._build(session, user_id) if version else ("", ())
         except StoreError as err:  # memory is background: a store failure must not break a turn
             log.error("memory.read_failed", user_id=user_id, error=repr(err))
             return ""
-        session.memory = (user_id, version, block)
-        return block
+        session.memory = KeptBlock(user_id, version, session.state.generation, *built)
+        return built[0]
 
-    def _build(self, session: Session, user_id: str) -> str:
+    def _erased(self, user_id: str, fact_ids: Sequence[int]) -> bool:
+        """Whether a fact the block shows was erased since (its row is gone)."""
+        if not fact_ids:
+            return False
+        rows = {row["id"] for row in self.store.memory_rows(user_id, kind="fact")}
+        return not set(fact_ids) <= rows
+
+    def _build(self, session: Session, user_id: str) -> tuple[str, tuple[int, ...]]:
         """The user's facts, then excerpts of their other sessions' summaries matching the
-        latest user message while there is room."""
+        latest words of the user while there is room; with the ids of the facts."""
         language, cap = self.settings.language, self.settings.memory_max_chars
-        facts = [f.content for f in self.store.facts(user_id)]
+        stored = self.store.facts(user_id)
+        facts = [f.content for f in stored]
+        ids = tuple(f.id for f in stored)
         block = fit_block(facts, (), language=language, max_chars=cap)
         if cap - len(block) < MIN_EXCERPT_ROOM:
-            return block
+            return block, ids
         latest = next(
-            (text_of(m) for m in reversed(session.raw.messages) if m.get("role") == "user"), ""
+            (
+                text
+                for m in reversed(session.raw.messages)
+                if (text := self.markers.user_text(m, ENGINE_HEADERS))
+            ),
+            "",
         )
         terms = search_terms(latest)
         if not terms:
-            return block
+            return block, ids
         excerpts = self.store.search_summaries(
             user_id,
             fts_query(terms),
             exclude_session=session.state.session_id,
             limit=EXCERPT_CANDIDATES,
         )
-        return fit_block(facts, excerpts, language=language, max_chars=cap)
+        return fit_block(facts, excerpts, language=language, max_chars=cap), ids
 
     def record(self, user_id: str, session_id: str, messages: Sequence[Message]) -> bool:
         """Record the user's messages not recorded before (validating what is new) and, with
@@ -134,7 +156,7 @@ class LongTermMemory:
         items = []
         for index in range(start, len(messages)):
             message = messages[index]
-            text = own_text(message) if message.get("role") == "user" else ""
+            text = own_text(message, self.markers)
             if text:
                 items.append((index, message_digest(message, index), utf8(text)))
         return self.store.record_user_messages(

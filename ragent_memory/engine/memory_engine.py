@@ -14,6 +14,7 @@ from typing import Any, Self
 
 import attrs
 
+from ragent_memory.core import tracing
 from ragent_memory.core.alternation import alternate
 from ragent_memory.core.chars import Message, validate_messages
 from ragent_memory.core.inputs import Inputs
@@ -32,7 +33,11 @@ from ragent_memory.engine.session import (
 )
 from ragent_memory.engine.sessions import Sessions, Validated
 from ragent_memory.engine.tools import as_int
-from ragent_memory.errors import EngineClosedError, InvalidMessagesError, StoreError
+from ragent_memory.errors import (
+    EngineClosedError,
+    InvalidIdError,
+    StoreError,
+)
 from ragent_memory.longterm.model import build_extractor
 from ragent_memory.longterm.vocabulary import Extractor, memory_message
 from ragent_memory.recall.excerpts import place
@@ -53,15 +58,30 @@ __all__ = ["MemoryEngine", "PreparedContext", "TurnReport", "leading_system_coun
 log = get_logger(__name__)
 
 
-def _check_id(name: str, value: Any) -> None:
+def _check_id(name: str, value: Any, limit: int) -> None:
+    """Refuse an id the store must not keep (before anything is written): not a non-empty
+    string, longer than ``limit`` (``max_id_chars``), or not valid text (a lone surrogate,
+    a NUL)."""
     if not isinstance(value, str) or not value:
-        raise InvalidMessagesError(None, f"{name} must be a non-empty string, got {value!r}")
+        raise InvalidIdError(name, f"must be a non-empty string, got {value!r:.80}", limit=limit)
+    if len(value) > limit:
+        problem = f"{len(value)} characters, over the limit of {limit} (max_id_chars)"
+        raise InvalidIdError(name, problem, limit=limit)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        problem = f"not valid text: a lone surrogate at index {err.start}"
+        raise InvalidIdError(name, problem, limit=limit) from None
+    if "\x00" in value:
+        raise InvalidIdError(
+            name, f"not valid text: NUL at index {value.index(chr(0))}", limit=limit
+        )
 
 
-def _check_ids(session_id: Any, user_id: Any = None) -> None:
-    _check_id("session_id", session_id)
+def _check_ids(session_id: Any, user_id: Any, limit: int) -> None:
+    _check_id("session_id", session_id, limit)
     if user_id is not None:
-        _check_id("user_id", user_id)
+        _check_id("user_id", user_id, limit)
 
 
 def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
@@ -101,6 +121,34 @@ def _recall_index(
             callback(*args)
 
     return recaller, leave
+
+
+def finish_turn(
+    store: Backend,
+    session: Session,
+    user_id: str | None,
+    fields: dict[str, Any],
+    memory_chars: int,
+    started: float,
+    span: Any,
+) -> TurnReport:
+    """The turn's report, its row for the audit page (``turns``) and its span's attributes;
+    a failed write is logged, never raised: the turn stands."""
+    duration_ms = (time.perf_counter() - started) * 1000
+    report = TurnReport(**fields, memory_chars=memory_chars, duration_ms=duration_ms)
+    row = {
+        **attrs.asdict(report),
+        "user_id": user_id,
+        "messages": len(session.raw.messages),
+        "budget_chars": session.settings.context_window_chars,
+        "covered": session.state.covered,
+    }
+    tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in row.items()})
+    try:
+        store.record_turn(session.session_id, row, user_id)
+    except StoreError as err:
+        log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
+    return report
 
 
 class MemoryEngine:
@@ -213,16 +261,16 @@ class MemoryEngine:
         an edit is caught when the next compaction is due."""
         started = time.perf_counter()
         self._check_open()
-        _check_ids(session_id, user_id)
-        with self._sessions.held(session_id) as session, session.lock:
+        _check_ids(session_id, user_id, self.settings.max_id_chars)
+        span = tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id})
+        with span as current, self._sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
             view, fields = session.run(messages, user_id, verify=verify)
             session.plain = len(messages) if messages is given else 0
             block = self._memory.block(session, user_id)
             out = hand_out(view, session, block, strict=self.settings.strict_alternation)
-        duration_ms = (time.perf_counter() - started) * 1000
-        report = TurnReport(**fields, memory_chars=len(block), duration_ms=duration_ms)
+            report = finish_turn(self.store, session, user_id, fields, len(block), started, current)
         return PreparedContext(out, report)
 
     async def aprepare(
@@ -273,14 +321,14 @@ class MemoryEngine:
         ``long_term_enabled: false``, it only validates ``messages``.
         """
         self._check_open()
-        _check_id("session_id", session_id)
+        _check_id("session_id", session_id, self.settings.max_id_chars)
         given, seen = messages, self._validated.seen(session_id, messages)
         messages = self._inputs.accept(given, plain=seen)
         recorded = True
         if user_id is None or not self.settings.long_term_enabled:
             validate_messages(messages, seen)
         else:
-            _check_id("user_id", user_id)
+            _check_id("user_id", user_id, self.settings.max_id_chars)
             recorded = self._memory.record(user_id, session_id, messages)
         if recorded:
             self._validated.keep(session_id, given, messages)
@@ -294,9 +342,10 @@ class MemoryEngine:
         await asyncio.to_thread(self.after_turn, messages, session_id=session_id, user_id=user_id)
 
     def memories(self, user_id: str) -> list[Fact]:
-        """The user's active facts, oldest first."""
+        """The user's active facts (learnt from the user's own words only), oldest first;
+        a running session's memory block shows a new one from its next compaction on."""
         self._check_open()
-        _check_id("user_id", user_id)
+        _check_id("user_id", user_id, self.settings.max_id_chars)
         return self.store.facts(user_id)
 
     def forget(self, user_id: str) -> None:
@@ -305,7 +354,7 @@ class MemoryEngine:
         block (blocks are kept keyed by the user's memory version, which the forget
         changes); an extraction in flight finds its batch gone and writes nothing."""
         self._check_open()
-        _check_id("user_id", user_id)
+        _check_id("user_id", user_id, self.settings.max_id_chars)
         forgotten = self.store.forget(user_id)
         log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
 
@@ -314,7 +363,7 @@ class MemoryEngine:
         versions it superseded; False when the user has no such active fact (another user's
         id included). The next ``prepare`` shows a block without it."""
         self._check_open()
-        _check_id("user_id", user_id)
+        _check_id("user_id", user_id, self.settings.max_id_chars)
         if not is_int(fact_id):
             raise ValueError(f"fact_id must be an integer, got {fact_id!r}")
         erased = self.store.forget_fact(user_id, fact_id)
@@ -364,7 +413,7 @@ class MemoryEngine:
         user's). A bad query or limit gets a clear refusal, never an exception; ``"5"`` and
         ``5.0`` are read as 5, as :meth:`recall` reads its numbers."""
         self._check_open()
-        _check_ids(session_id, user_id)
+        _check_ids(session_id, user_id, self.settings.max_id_chars)
         if self._recaller is None:
             return "[search_memory: recall is switched off for this engine]"
         return self._recaller.search(session_id, query, user_id, as_int(limit))

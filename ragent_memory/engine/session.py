@@ -96,6 +96,17 @@ class TurnReport:
 
 
 @attrs.frozen
+class KeptBlock:
+    """The long-term memory block a session shows, and what it was built from."""
+
+    user_id: str
+    version: int  # the user's memory version last seen
+    generation: int  # the session's summary generation it was built at
+    text: str
+    fact_ids: tuple[int, ...]
+
+
+@attrs.frozen
 class PreparedContext:
     messages: list[Message]
     report: TurnReport
@@ -152,9 +163,8 @@ class Session:
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.returned_generation = state.generation
         self.left_out = 0  # raw indexes below this, left out by the ceiling, were reported
-        # (user_id, memory version, block text) of the last memory block built for this
-        # session: rebuilt only when that user's memories change, so the prefix stays stable.
-        self.memory: tuple[str, int, str] | None = None
+        # The memory block shown, rebuilt at compaction events (``engine.memory``).
+        self.memory: KeptBlock | None = None
 
     @property
     def session_id(self) -> str:
@@ -344,7 +354,7 @@ class Session:
             messages = raw.messages[:prefix_len]
             sizes = raw.sizes[:prefix_len]
             if state.generation:
-                summary = compact.summary_message(state.summary, self.settings.language)
+                summary = compact.state_message(state, self.settings.language)
                 messages.append(summary)
                 sizes.append(chars(summary))
             view = View(
@@ -406,6 +416,7 @@ class Session:
             new_covered=stop,
             covered_digest=raw.chain(prefix_len, stop),
             plan=decision,
+            shown_standing=self.turn_recall.markers.standing_keys(raw.messages[stop:]),
             chars_out=self.ladder.predict(view, decision),
         )
         outcome = self.compactions.start(job, self.settings.compaction_timeout_s)

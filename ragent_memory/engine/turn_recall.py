@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ragent_memory.core.chars import text_of
+from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.view import View
 from ragent_memory.recall.excerpts import Recalled
@@ -46,6 +46,7 @@ class TurnRecall:
         self.settings = settings
         self.raw = raw
         self.recaller = recaller
+        self.markers = Markers.from_settings(settings)  # the question is the user's words
         self.block = ""
         self.at = -1
         self._turn = _TurnBlock()  # the same turn's later calls show it again while it fits
@@ -79,7 +80,7 @@ class TurnRecall:
         if role != "user" or view.messages[-1].get("role") != "user" or room <= 0:
             return 0, 0
         at = len(raw) - 1
-        text = text_of(raw[at])
+        text = self.markers.user_text(raw[at])
         covered, substituted = hidden(view)
         found = recaller.block(
             self.session_id,
@@ -101,7 +102,7 @@ class TurnRecall:
         at = self._turn_start(view)
         if (
             at < 0
-            or kept[:3] != (at, text_of(self.raw.messages[at]), user_id)
+            or kept[:3] != (at, self.markers.user_text(self.raw.messages[at]), user_id)
             or kept.epoch is None
             or kept.epoch != recaller.epoch()  # something forgotten or dropped since
         ):

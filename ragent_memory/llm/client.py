@@ -21,6 +21,7 @@ import attrs
 import openai
 from openai.types.chat import ChatCompletion
 
+from ragent_memory.core import tracing
 from ragent_memory.core.chars import clip
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.errors import LLMError, SummaryError
@@ -310,6 +311,27 @@ class LLMClient:
             return client
 
     def _call(self, endpoint: EndpointSettings, api_key: str, request: _Request) -> str | _Failure:
+        """One HTTP call, in a span when the app traces (the ``gen_ai.*`` conventions)."""
+        parts = urlsplit(endpoint.base_url)
+        values = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": endpoint.model,
+            "gen_ai.request.temperature": request.temperature,
+            "gen_ai.request.max_tokens": request.max_tokens,
+            "server.address": parts.hostname,
+            "server.port": parts.port,
+            "ragent_memory.purpose": request.purpose,
+        }
+        with tracing.span(f"chat {endpoint.model}", values, client=True) as span:
+            outcome = self._send(endpoint, api_key, request, span)
+            if isinstance(outcome, _Failure):
+                tracing.failed(span, outcome.error, outcome.detail)
+            return outcome
+
+    def _send(
+        self, endpoint: EndpointSettings, api_key: str, request: _Request, span: Any
+    ) -> str | _Failure:
         """One HTTP call: the accepted text, or what went wrong."""
         optional: dict[str, Any] = {"stop": list(request.stop)} if request.stop else {}
         try:
@@ -330,6 +352,7 @@ class LLMClient:
             return _Failure(type(err).__name__, _detail(str(err), request.secrets), True)
         except ValueError as err:  # a 200 whose JSON body does not parse
             return _Failure("BadReply", f"unparseable body ({type(err).__name__})", True)
+        tracing.annotate(span, _reply_attributes(reply))
         try:
             # A server may echo the key inside a valid reply: scrub it before anything keeps
             # the text (summaries, facts, the audit, logs).
@@ -390,6 +413,26 @@ def _api_key(endpoint: EndpointSettings) -> str | None:
     if endpoint.api_key_env is None:
         return _NO_KEY
     return os.environ.get(endpoint.api_key_env) or None
+
+
+def _reply_attributes(reply: object) -> dict[str, Any]:
+    """The ``gen_ai.*`` attributes of a reply: its model, id, finish reasons, token usage
+    (when the endpoint returns it), each read warily (a body may be anything)."""
+    usage = getattr(reply, "usage", None)
+    choices = getattr(reply, "choices", None)
+    reasons = [
+        str(r)
+        for r in (getattr(c, "finish_reason", None) for c in (choices or ()))
+        if r is not None
+    ]
+    values = {
+        "gen_ai.response.model": getattr(reply, "model", None),
+        "gen_ai.response.id": getattr(reply, "id", None),
+        "gen_ai.response.finish_reasons": reasons or None,
+        "gen_ai.usage.input_tokens": getattr(usage, "prompt_tokens", None),
+        "gen_ai.usage.output_tokens": getattr(usage, "completion_tokens", None),
+    }
+    return {k: v for k, v in values.items() if isinstance(v, str | int | list)}
 
 
 def _reply_text(reply: object, *, is_partial_ok: bool = False) -> tuple[str, str]:

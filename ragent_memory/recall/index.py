@@ -14,6 +14,7 @@ from typing import Final
 
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.store import RecallIndex
@@ -46,6 +47,7 @@ class Indexer:
         store: RecallIndex,
         *,
         engine_headers: Sequence[str] = (),
+        markers: Markers | None = None,
         mirror: RecallMirror | None = None,
         on_left: Callable[[Sequence[IndexedMessage]], None] | None = None,
         on_written: Callable[[str, str | None], None] | None = None,
@@ -55,6 +57,7 @@ class Indexer:
         self.on_left = on_left  # readies rows that left a view for their first recall
         self.on_written = on_written  # hears of each write (dense recall embeds it)
         self.engine_headers = tuple(engine_headers)
+        self.markers = markers or Markers()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-index")
         self._lock = threading.Lock()
         self._cursors: dict[str, tuple[int, Message]] = {}
@@ -63,14 +66,23 @@ class Indexer:
         self._dated: dict[str, str] = {}  # session → date stamp in force (worker thread only)
         self._last: Future[None] | None = None
 
+    def text(self, message: Message) -> str:
+        """What recall indexes of a message: a user message's own words (the harness's text
+        and the engine's blocks left out: they are not what the user said), an assistant's
+        or a tool's text unless it is one of the engine's blocks; "" for nothing."""
+        role = message.get("role")
+        if role == "user":
+            return self.markers.user_text(message, self.engine_headers)
+        text = text_of(message).strip() if role in INDEXED_ROLES else ""
+        return "" if text.startswith(self.engine_headers) else text
+
     def _items(self, pairs: Iterable[tuple[int, Message]]) -> list[_Item]:
-        """The messages recall indexes: user, assistant and tool text, not the engine's own."""
+        """The messages recall indexes (see ``text``), with their positions and roles."""
         items = []
         for position, message in pairs:
-            role = message.get("role")
-            text = text_of(message).strip() if role in INDEXED_ROLES else ""
-            if text and not text.startswith(self.engine_headers):
-                items.append((position, str(role), text))
+            text = self.text(message)
+            if text:
+                items.append((position, str(message.get("role")), text))
         return items
 
     def schedule(
@@ -134,7 +146,7 @@ class Indexer:
         if last is None or last.position >= len(messages):
             return 0
         message = messages[last.position]
-        if index_digest(str(message.get("role")), text_of(message).strip()) != last.digest:
+        if index_digest(str(message.get("role")), self.text(message)) != last.digest:
             return 0
         return last.position + 1
 

@@ -16,8 +16,10 @@ from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
+from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.provenance import Markers
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.recall.dense import DenseRecall
@@ -76,6 +78,22 @@ def search_tool_schema() -> dict[str, Any]:
         query={"type": "string", "description": "Words to look for."},
         limit=integer(1, DEFAULT_SEARCH_LIMIT, "How many excerpts to return at most.", maximum=20),
     )
+
+
+def _asked(ask: Ask) -> dict[str, Any]:
+    """A search's span attributes (its size, not its words: they are the user's)."""
+    return {
+        "ragent_memory.session_id": ask.session_id,
+        "ragent_memory.query_chars": len(ask.text),
+        "ragent_memory.max_chars": ask.max_chars,
+    }
+
+
+def _found(found: Recalled) -> dict[str, Any]:
+    return {
+        "ragent_memory.excerpts": found.excerpts,
+        "ragent_memory.recalled_chars": len(found.text),
+    }
 
 
 class Offloads:
@@ -152,6 +170,7 @@ class Recaller:
         self.indexer = Indexer(
             store,
             engine_headers=headers,
+            markers=Markers.from_settings(settings),
             mirror=self.mirror,
             on_left=self._ready,
             on_written=self.dense.schedule if self.dense is not None else None,
@@ -222,11 +241,14 @@ class Recaller:
         self.indexer.wait_for(session_id, visible_from, self.settings.compaction_timeout_s)
         language, shown = self.settings.language, frozenset(shown)
         ask = Ask(query, session_id, user_id, max_chars, language, visible_from, shown, known_text)
-        try:
-            return self._find(ask)
-        except StoreError as err:  # recall is help, never a reason to fail a turn
-            log.error("recall.failed", session_id=session_id, error=repr(err))
-            return Recalled()
+        with tracing.span("ragent_memory.recall", _asked(ask)) as span:
+            try:
+                found = self._find(ask)
+            except StoreError as err:  # recall is help, never a reason to fail a turn
+                log.error("recall.failed", session_id=session_id, error=repr(err))
+                return Recalled()
+            tracing.annotate(span, _found(found))
+            return found
 
     def search(self, session_id: str, query: str, user_id: str | None, limit: Any) -> str:
         """Model-driven search: text the model reads, never an exception."""
@@ -236,11 +258,15 @@ class Recaller:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             return f"[{SEARCH_TOOL_NAME}: limit must be an integer ≥ 1, got {limit!r}]"
         ask = Ask(query, session_id, user_id, self.settings.recall_max_chars, language, limit=limit)
-        try:
-            found = self._find(ask)
-        except StoreError as err:
-            log.error("search.failed", session_id=session_id, error=repr(err))
-            return f"[{SEARCH_TOOL_NAME}: the store could not be read just now; try again later]"
+        with tracing.span("ragent_memory.search", _asked(ask)) as span:
+            try:
+                found = self._find(ask)
+            except StoreError as err:
+                log.error("search.failed", session_id=session_id, error=repr(err))
+                return (
+                    f"[{SEARCH_TOOL_NAME}: the store could not be read just now; try again later]"
+                )
+            tracing.annotate(span, _found(found))
         return found.text or EMPTY_SEARCH[language]
 
     def epoch(self) -> str | None:

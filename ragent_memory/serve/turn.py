@@ -19,6 +19,7 @@ import attrs
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core import tracing
 from ragent_memory.core.chars import chars, total_chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import ConfigError, InvalidMessagesError
@@ -162,11 +163,12 @@ class Proxy:
         client_len = len(history)
         history = self.splices.apply(session_id, history)
         try:
-            on_loop = not self._may_wait(history, session_id)
-            if on_loop:
-                prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
-            else:
-                prepared = await self._prepare_in_worker(history, session_id, user_id)
+            with tracing.joined(headers):  # the caller's trace, when it sends a traceparent
+                on_loop = not self._may_wait(history, session_id)
+                if on_loop:
+                    prepared = self.engine.prepare(history, session_id=session_id, user_id=user_id)
+                else:
+                    prepared = await self._prepare_in_worker(history, session_id, user_id)
         except InvalidMessagesError as err:
             raise Reject(400, str(err)) from err
         return Turn(
@@ -202,7 +204,7 @@ class Proxy:
         """``prepare`` in a worker; the session counts as waiting until the thread is done,
         even when this request is cancelled meanwhile."""
         loop = asyncio.get_running_loop()
-        prepare = self.engine.prepare
+        prepare = tracing.carried(self.engine.prepare)
         future = self._workers.submit(prepare, history, session_id=session_id, user_id=user_id)
         self._waiting[session_id] += 1
 

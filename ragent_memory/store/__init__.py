@@ -7,6 +7,9 @@ settings. Value types are in :mod:`ragent_memory.core.records`.
 
 Tables not described where they are used:
 
+- ``ids``: each session and user id once, under its 16-byte key (``base.id_key``); every other
+  table and index holds the key, the ``compactions`` audit aside (it keeps the text).
+
 - ``substitutions``: sticky per-message replacements, keyed by the message's position plus its
   content digest (column ``key``), so a prompt prefix stays byte-stable across turns.
 - ``dropped_sessions``: sessions the app dropped; their refs stop resolving at once and the next

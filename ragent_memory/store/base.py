@@ -6,6 +6,7 @@ few that differ (the two searches, how offloads are stored and measured)."""
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 import secrets
 import sqlite3
@@ -27,6 +28,17 @@ def utc_now() -> datetime:
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def id_key(value: str) -> bytes:
+    """The 16 bytes a session or user id is kept under (the first half of its SHA-256): every
+    table but ``ids``, which maps a key back to its id, and the ``compactions`` audit."""
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()[:16]
+
+
+def key_of(value: str | None) -> bytes | None:
+    """``id_key`` of an optional id (None stays None)."""
+    return None if value is None else id_key(value)
 
 
 def _storable(text: str) -> str | bytes:
@@ -87,6 +99,14 @@ class StoreBase(abc.ABC):
                     "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     [version, name, iso(self.clock())],
                 )
+
+    def _keep_ids(self, *values: str | None) -> None:
+        """Inside a write transaction: keep each id once, under its key, for the reads that
+        give it back (a recall hit's session, a pending message's session, a session's user)."""
+        rows = [[id_key(value), value] for value in dict.fromkeys(values) if value is not None]
+        self.db.executemany(
+            "INSERT INTO ids (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING", rows
+        )
 
     def _load_secret(self, key: str = "secret") -> bytes:
         """A secret made by the store's first opener: for recall refs, or ``scope_secret``."""

@@ -21,7 +21,7 @@ SKIPPED = frozenset({"_migrations", "sqlite_sequence", *PER_HOST})
 IDENTITIES = ("compactions", "memories", "memory_pending", "recall_messages")
 _SELECT = MappingProxyType(
     {
-        "memory_fts": "SELECT rowid, terms, excerpt, user_id, session_id FROM memory_fts",
+        "memory_fts": "SELECT rowid, terms, excerpt, user_key, session_key FROM memory_fts",
         "recall_fts": "SELECT rowid, terms, scope FROM recall_fts",
     }
 )

@@ -8,7 +8,7 @@ from typing import Any
 
 from ragent_memory.core.records import Fact, Forgotten, PendingMessage, Plan
 from ragent_memory.errors import StoreError
-from ragent_memory.store.base import StoreBase, iso
+from ragent_memory.store.base import StoreBase, id_key, iso, key_of
 from ragent_memory.store.schema import FTS_ROWS_PER_MEMORY
 
 
@@ -20,22 +20,24 @@ class MemoryTables(StoreBase):
             "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'memory_seq'"
         )
         self.db.execute(
-            "INSERT INTO memory_versions (user_id, version) SELECT ?, CAST(value AS INTEGER)"
-            " FROM meta WHERE key = 'memory_seq' ON CONFLICT (user_id) DO UPDATE SET"
+            "INSERT INTO memory_versions (user_key, version) SELECT ?, CAST(value AS INTEGER)"
+            " FROM meta WHERE key = 'memory_seq' ON CONFLICT (user_key) DO UPDATE SET"
             " version = excluded.version",
-            [user_id],
+            [id_key(user_id)],
         )
 
     def memory_version(self, user_id: str) -> int:
         """Changes with every change to the user's memories (0: none stored)."""
-        rows = self._read_now("SELECT version FROM memory_versions WHERE user_id = ?", [user_id])
+        rows = self._read_now(
+            "SELECT version FROM memory_versions WHERE user_key = ?", [id_key(user_id)]
+        )
         return int(rows[0][0]) if rows else 0
 
     def memory_cursor(self, user_id: str, session_id: str) -> tuple[int, str] | None:
         """How many messages of the session's history were read, and the last one's digest."""
         rows = self._fetch(
-            "SELECT seen, last_digest FROM memory_cursors WHERE user_id = ? AND session_id = ?",
-            [user_id, session_id],
+            "SELECT seen, last_digest FROM memory_cursors WHERE user_key = ? AND session_key = ?",
+            [id_key(user_id), id_key(session_id)],
         )
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
@@ -51,37 +53,39 @@ class MemoryTables(StoreBase):
         """Record ``(raw index, digest, text)`` user messages as pending, unless the session
         recorded that digest before, and move the cursor; returns the user's pending count."""
         now = iso(self.clock())
+        user, session = id_key(user_id), id_key(session_id)
         with self._locked("write"), self.db.atomic():
+            self._keep_ids(session_id)
             for raw_index, digest, content in items:
                 cursor = self.db.execute(
-                    "INSERT INTO memory_seen (user_id, session_id, digest) VALUES (?, ?, ?)"
+                    "INSERT INTO memory_seen (user_key, session_key, digest) VALUES (?, ?, ?)"
                     " ON CONFLICT DO NOTHING",
-                    [user_id, session_id, digest],
+                    [user, session, digest],
                 )
                 if cursor.rowcount == 1:
                     self.db.execute(
-                        "INSERT INTO memory_pending (user_id, session_id, raw_index, digest,"
+                        "INSERT INTO memory_pending (user_key, session_key, raw_index, digest,"
                         " content, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                        [user_id, session_id, raw_index, digest, content, now],
+                        [user, session, raw_index, digest, content, now],
                     )
             self.db.execute(
-                "INSERT INTO memory_cursors (user_id, session_id, seen, last_digest, updated_at)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, session_id) DO UPDATE SET"
-                " seen = excluded.seen, last_digest = excluded.last_digest,"
+                "INSERT INTO memory_cursors (user_key, session_key, seen, last_digest,"
+                " updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_key, session_key)"
+                " DO UPDATE SET seen = excluded.seen, last_digest = excluded.last_digest,"
                 " updated_at = excluded.updated_at",
-                [user_id, session_id, seen, last_digest, now],
+                [user, session, seen, last_digest, now],
             )
             (count,) = self.db.execute(
-                "SELECT COUNT(*) FROM memory_pending WHERE user_id = ?", [user_id]
+                "SELECT COUNT(*) FROM memory_pending WHERE user_key = ?", [user]
             ).fetchone()
         return int(count)
 
     def pending_messages(self, user_id: str, *, limit: int) -> list[PendingMessage]:
         """The user's oldest pending messages, oldest first."""
         rows = self._fetch(
-            "SELECT id, session_id, raw_index, content, attempts FROM memory_pending"
-            " WHERE user_id = ? ORDER BY id LIMIT ?",
-            [user_id, limit],
+            "SELECT p.id, s.value, p.raw_index, p.content, p.attempts FROM memory_pending AS p"
+            " JOIN ids AS s ON s.key = p.session_key WHERE p.user_key = ? ORDER BY p.id LIMIT ?",
+            [id_key(user_id), limit],
         )
         return [PendingMessage(*row) for row in rows]
 
@@ -92,37 +96,38 @@ class MemoryTables(StoreBase):
         with self._locked("write"), self.db.atomic():
             self.db.execute(
                 f"UPDATE memory_pending SET attempts = attempts + 1"
-                f" WHERE user_id = ? AND id IN ({marks})",
-                [user_id, *ids],
+                f" WHERE user_key = ? AND id IN ({marks})",
+                [id_key(user_id), *ids],
             )
             cursor = self.db.execute(
-                f"DELETE FROM memory_pending WHERE user_id = ? AND id IN ({marks})"
+                f"DELETE FROM memory_pending WHERE user_key = ? AND id IN ({marks})"
                 f" AND attempts >= ?",
-                [user_id, *ids, max_attempts],
+                [id_key(user_id), *ids, max_attempts],
             )
         return int(cursor.rowcount)
 
     def facts(self, user_id: str) -> list[Fact]:
         """The user's active facts, oldest first."""
         rows = self._fetch(
-            "SELECT id, content, created_at FROM memories WHERE user_id = ? AND kind = 'fact'"
+            "SELECT id, content, created_at FROM memories WHERE user_key = ? AND kind = 'fact'"
             " AND status = 'active' ORDER BY id",
-            [user_id],
+            [id_key(user_id)],
         )
         return [Fact(int(r[0]), r[1], r[2]) for r in rows]
 
     def memory_rows(self, user_id: str, *, kind: str | None = None) -> list[dict[str, Any]]:
         """Every memory row of the user, whatever its status, oldest first."""
         sql = (
-            "SELECT id, kind, content, status, session_id, generation, superseded_by,"
-            " created_at, updated_at FROM memories WHERE user_id = ?"
+            "SELECT m.id, m.kind, m.content, m.status, s.value AS session_id, m.generation,"
+            " m.superseded_by, m.created_at, m.updated_at FROM memories AS m"
+            " LEFT JOIN ids AS s ON s.key = m.session_key WHERE m.user_key = ?"
         )
-        params: list[Any] = [user_id]
+        params: list[Any] = [id_key(user_id)]
         if kind is not None:
-            sql += " AND kind = ?"
+            sql += " AND m.kind = ?"
             params.append(kind)
         with self._locked("read"):
-            cursor = self.db.execute(sql + " ORDER BY id", params)
+            cursor = self.db.execute(sql + " ORDER BY m.id", params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -131,8 +136,8 @@ class MemoryTables(StoreBase):
     ) -> None:
         cursor = self.db.execute(
             "UPDATE memories SET status = ?, superseded_by = ?, updated_at = ?"
-            " WHERE id = ? AND user_id = ? AND kind = 'fact' AND status = 'active'",
-            [status, by, now, memory_id, user_id],
+            " WHERE id = ? AND user_key = ? AND kind = 'fact' AND status = 'active'",
+            [status, by, now, memory_id, id_key(user_id)],
         )
         if cursor.rowcount != 1:
             raise StoreError(f"fact {memory_id} is no longer active; the batch is stale")
@@ -146,18 +151,19 @@ class MemoryTables(StoreBase):
         now = iso(self.clock())
         marks = ", ".join("?" * len(pending_ids))
         with self._locked("memory write"), self.db.atomic():
+            self._keep_ids(session_id)
             cursor = self.db.execute(
-                f"DELETE FROM memory_pending WHERE user_id = ? AND id IN ({marks})",
-                [user_id, *pending_ids],
+                f"DELETE FROM memory_pending WHERE user_key = ? AND id IN ({marks})",
+                [id_key(user_id), *pending_ids],
             )
             if cursor.rowcount != len(pending_ids):
                 raise StoreError("the batch's pending messages changed meanwhile; it is stale")
             for draft in plan.new:
                 cursor = self.db.execute(
-                    "INSERT INTO memories (user_id, kind, content, status, session_id,"
+                    "INSERT INTO memories (user_key, kind, content, status, session_key,"
                     " created_at, updated_at) VALUES (?, 'fact', ?, 'active', ?, ?, ?)"
                     " RETURNING id",
-                    [user_id, draft.content, session_id, now, now],
+                    [id_key(user_id), draft.content, key_of(session_id), now, now],
                 )
                 new_id = int(cursor.fetchall()[0][0])
                 for replaced in sorted(draft.replaces):
@@ -179,19 +185,21 @@ class MemoryTables(StoreBase):
         """Keep an applied compaction summary as a ``summary`` memory of the user, searchable
         by its ``(terms, excerpt)`` pairs; it supersedes the session's previous one."""
         now = iso(self.clock())
+        user, session = id_key(user_id), id_key(session_id)
         with self._locked("memory write"), self.db.atomic():
+            self._keep_ids(session_id)
             cursor = self.db.execute(
-                "INSERT INTO memories (user_id, kind, content, status, session_id, generation,"
+                "INSERT INTO memories (user_key, kind, content, status, session_key, generation,"
                 " created_at, updated_at) VALUES (?, 'summary', ?, 'active', ?, ?, ?, ?)"
                 " RETURNING id",
-                [user_id, summary, session_id, generation, now, now],
+                [user, summary, session, generation, now, now],
             )
             memory_id = int(cursor.fetchall()[0][0])
             previous = self.db.execute(
                 "UPDATE memories SET status = 'superseded', superseded_by = ?, updated_at = ?"
-                " WHERE user_id = ? AND session_id = ? AND kind = 'summary' AND status = 'active'"
-                " AND id != ? RETURNING id",
-                [memory_id, now, user_id, session_id, memory_id],
+                " WHERE user_key = ? AND session_key = ? AND kind = 'summary'"
+                " AND status = 'active' AND id != ? RETURNING id",
+                [memory_id, now, user, session, memory_id],
             ).fetchall()
             for (old,) in previous:
                 self.db.execute(
@@ -200,9 +208,9 @@ class MemoryTables(StoreBase):
                 )
             for number, (terms, excerpt) in enumerate(excerpts[:FTS_ROWS_PER_MEMORY]):
                 self.db.execute(
-                    "INSERT INTO memory_fts (rowid, terms, excerpt, user_id, session_id)"
+                    "INSERT INTO memory_fts (rowid, terms, excerpt, user_key, session_key)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    [memory_id * FTS_ROWS_PER_MEMORY + number, terms, excerpt, user_id, session_id],
+                    [memory_id * FTS_ROWS_PER_MEMORY + number, terms, excerpt, user, session],
                 )
             self._bump_memory_version(user_id)
         return memory_id
@@ -212,9 +220,9 @@ class MemoryTables(StoreBase):
     ) -> list[str]:
         """The user's summary excerpts from other sessions best matching FTS5 ``query`` (BM25)."""
         rows = self._fetch(
-            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_id = ?"
-            " AND session_id != ? ORDER BY rank, rowid LIMIT ?",
-            [query, user_id, exclude_session, limit],
+            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_key = ?"
+            " AND session_key != ? ORDER BY rank, rowid LIMIT ?",
+            [query, id_key(user_id), id_key(exclude_session), limit],
             what="search",
         )
         return [str(r[0]) for r in rows]
@@ -225,10 +233,10 @@ class MemoryTables(StoreBase):
         with self._locked("forget"), self.db.atomic():
             found = self.db.execute(
                 "WITH RECURSIVE chain (id) AS (SELECT id FROM memories WHERE id = ?"
-                " AND user_id = ? AND kind = 'fact' AND status = 'active' UNION SELECT m.id"
+                " AND user_key = ? AND kind = 'fact' AND status = 'active' UNION SELECT m.id"
                 " FROM memories AS m JOIN chain ON m.superseded_by = chain.id"
-                " WHERE m.user_id = ?) SELECT id FROM chain",
-                [fact_id, user_id, user_id],
+                " WHERE m.user_key = ?) SELECT id FROM chain",
+                [fact_id, id_key(user_id), id_key(user_id)],
             ).fetchall()
             ids = [int(row[0]) for row in found]
             if ids:
@@ -241,9 +249,10 @@ class MemoryTables(StoreBase):
         """Erase the user's memories (any kind and status), their index and pending messages, in
         one transaction. Cursors and digests stay (no text): the app still holds those histories,
         and what was said before the forget must not be learnt again."""
+        user = id_key(user_id)
         with self._locked("forget"), self.db.atomic():
-            memories = self.db.execute("DELETE FROM memories WHERE user_id = ?", [user_id])
-            self.db.execute("DELETE FROM memory_fts WHERE user_id = ?", [user_id])
-            pending = self.db.execute("DELETE FROM memory_pending WHERE user_id = ?", [user_id])
-            self.db.execute("DELETE FROM memory_versions WHERE user_id = ?", [user_id])
+            memories = self.db.execute("DELETE FROM memories WHERE user_key = ?", [user])
+            self.db.execute("DELETE FROM memory_fts WHERE user_key = ?", [user])
+            pending = self.db.execute("DELETE FROM memory_pending WHERE user_key = ?", [user])
+            self.db.execute("DELETE FROM memory_versions WHERE user_key = ?", [user])
         return Forgotten(memories=int(memories.rowcount), pending=int(pending.rowcount))

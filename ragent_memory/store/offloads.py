@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ragent_memory.core.records import GCReport
-from ragent_memory.store.base import StoreBase, iso
+from ragent_memory.store.base import StoreBase, id_key, iso
 
 
 def _sha256(content: str) -> str:
@@ -31,25 +31,25 @@ class OffloadTables(StoreBase):
         now = self.clock()
         created, expires = iso(now), iso(now + timedelta(days=ttl_days))
         rows = []
+        key = id_key(session_id)
         for content in contents:
             ref, sha = self.ref_for(session_id, content), _sha256(content)
-            rows.append(
-                [session_id, ref, sha, self._storable(content), len(content), created, expires]
-            )
+            rows.append([key, ref, sha, self._storable(content), len(content), created, expires])
         self.db.executemany(
-            "INSERT INTO offloads (session_id, ref, sha256, content, chars, created_at,"
-            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, ref) DO UPDATE SET"
-            " expires_at = excluded.expires_at",
+            "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
+            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
+            " SET expires_at = excluded.expires_at",
             rows,
         )
 
     def read_offload(self, session_id: str, ref: str) -> str | None:
         """The original text behind ``ref`` in this session, or None (unknown, other session,
         expired, or the session was dropped)."""
+        key = id_key(session_id)
         rows = self._fetch(
-            "SELECT content FROM offloads WHERE session_id = ? AND ref = ? AND expires_at > ?"
-            " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_id = ?)",
-            [session_id, ref, iso(self.clock()), session_id],
+            "SELECT content FROM offloads WHERE session_key = ? AND ref = ? AND expires_at > ?"
+            " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = ?)",
+            [key, ref, iso(self.clock()), key],
         )
         if not rows:
             return None
@@ -64,16 +64,17 @@ class OffloadTables(StoreBase):
     def _revive(self, session_id: str) -> None:
         # A dropped session id used again starts a new life: what is left of the old one goes
         # now, so neither its refs nor the next gc touch the new life's offloads.
-        cursor = self.db.execute("DELETE FROM dropped_sessions WHERE session_id = ?", [session_id])
+        key = id_key(session_id)
+        cursor = self.db.execute("DELETE FROM dropped_sessions WHERE session_key = ?", [key])
         if cursor.rowcount:
-            self.db.execute("DELETE FROM offloads WHERE session_id = ?", [session_id])
+            self.db.execute("DELETE FROM offloads WHERE session_key = ?", [key])
 
     def gc(self, *, vacuum: bool = False) -> GCReport:
         """Delete expired offloads and the offloads of dropped sessions, in one transaction,
         then hand the freed pages back to the disk (:meth:`_shrink`)."""
         before = self.file_bytes()
         now = iso(self.clock())
-        dropped = "session_id IN (SELECT session_id FROM dropped_sessions)"
+        dropped = "session_key IN (SELECT session_key FROM dropped_sessions)"
         measure = f"SELECT COUNT(*), COALESCE(SUM({self._OCTETS}), 0) FROM offloads"
         with self._locked("gc"), self.db.atomic():
             expired, expired_bytes = self.db.execute(

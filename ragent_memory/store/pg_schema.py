@@ -8,7 +8,67 @@ stems nor drops words, so English and Chinese match the same way they do in FTS5
 
 from __future__ import annotations
 
-from ragent_memory.store.schema import VECTORS_BY_SCOPE
+from types import MappingProxyType
+
+from ragent_memory.store.schema import KEYED_INDEXES, TURNS_TEMPLATE, VECTORS_BY_SCOPE
+
+# SQLite's 012 (schema.py) in PostgreSQL's terms: columns change type in place.
+_ID_KEY = "substring(sha256(convert_to({}, 'UTF8')) from 1 for 16)"
+# Per table: its id columns, and the key it had on them (PRIMARY KEY or UNIQUE) made again.
+_KEYED = MappingProxyType(
+    {
+        "sessions": (("session_id", "user_id"), "PRIMARY KEY (session_key)"),
+        "substitutions": (("session_id",), "PRIMARY KEY (session_key, key)"),
+        "offloads": (("session_id",), "PRIMARY KEY (session_key, ref)"),
+        "dropped_sessions": (("session_id",), "PRIMARY KEY (session_key)"),
+        "memories": (("user_id", "session_id"), ""),
+        "memory_fts": (("user_id", "session_id"), ""),
+        "memory_pending": (("user_id", "session_id"), ""),
+        "memory_cursors": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key)"),
+        "memory_seen": (("user_id", "session_id"), "PRIMARY KEY (user_key, session_key, digest)"),
+        "memory_versions": (("user_id",), "PRIMARY KEY (user_key)"),
+        "session_writes": (("session_id",), "PRIMARY KEY (session_key)"),
+        "recall_messages": (("user_id", "session_id"), "UNIQUE (session_key, position, digest)"),
+    }
+)
+_NULLABLE = frozenset(
+    {("sessions", "user_id"), ("memories", "session_id"), ("recall_messages", "user_id")}
+)
+
+
+def _keyed(table: str, columns: tuple[str, ...], key: str) -> str:
+    sql = ""
+    for column in columns:
+        keyed = column.replace("_id", "_key")
+        sql += f"""
+        INSERT INTO ids (key, value) SELECT DISTINCT {_ID_KEY.format(column)}, {column}
+            FROM {table} WHERE {column} IS NOT NULL ON CONFLICT DO NOTHING;
+        ALTER TABLE {table} ADD COLUMN {keyed} BYTEA;
+        UPDATE {table} SET {keyed} = {_ID_KEY.format(column)};
+        ALTER TABLE {table} DROP COLUMN {column};
+        """
+        if (table, column) not in _NULLABLE:
+            sql += f"ALTER TABLE {table} ALTER COLUMN {keyed} SET NOT NULL;"
+    return sql + (f"ALTER TABLE {table} ADD {key};" if key else "")
+
+
+KEYED_IDS = (
+    "CREATE TABLE ids (key BYTEA PRIMARY KEY, value TEXT NOT NULL);"
+    + "".join(_keyed(table, *shape) for table, shape in _KEYED.items())
+    + """
+    CREATE INDEX memory_fts_user ON memory_fts (user_key, session_key);
+    DROP TABLE compaction_leases;
+    CREATE TABLE compaction_leases (
+        session_key BYTEA PRIMARY KEY,
+        owner TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    """
+    + KEYED_INDEXES
+)
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -198,4 +258,6 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     ("007_vectors_by_scope", VECTORS_BY_SCOPE),  # as SQLite's 011 (schema.py)
+    ("008_keyed_ids", KEYED_IDS),  # as SQLite's 012
+    ("009_turns", TURNS_TEMPLATE.format(blob="BYTEA")),  # as SQLite's 013 (schema.py)
 )

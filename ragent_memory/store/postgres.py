@@ -23,9 +23,10 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, utc_now
+from ragent_memory.store.base import Clock, id_key, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
-from ragent_memory.store.recall_index import COLUMNS, IndexedTables
+from ragent_memory.store.recall_index import COLUMNS, NAMED, IndexedTables
+from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
@@ -83,7 +84,7 @@ class _ThreadConnection:
         return conn
 
 
-class PostgresStore(IndexedTables, VectorTables, AuditTable):
+class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     """The PostgreSQL store. Thread-safe; use as a context manager or call :meth:`close`.
 
     ``url`` must not hold a password; give it as ``password`` (read from the environment by
@@ -154,6 +155,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable):
             raise StoreError(f"store {what} failed: {self._scrub(err)}") from None
 
     def close(self) -> None:
+        self._stop_host()
         self._pool.close()
 
     def _storable(self, text: str) -> str | bytes:
@@ -167,9 +169,9 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable):
         expression, params = tsquery(query)
         rows = self._fetch(
             f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
-            " WHERE tsv @@ q.query AND user_id = ? AND session_id != ?"
+            " WHERE tsv @@ q.query AND user_key = ? AND session_key != ?"
             " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
-            [*params, user_id, exclude_session, limit],
+            [*params, id_key(user_id), id_key(exclude_session), limit],
             what="search",
         )
         return [str(r[0]) for r in rows]
@@ -187,19 +189,20 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable):
         """As the SQLite index (``RecallIndexTables.search_index``), ranked by ``ts_rank``
         (``score`` is its negative: lower is better there too)."""
         expression, phrases = tsquery(query, "english")
+        session = id_key(session_id)
         if user_id is None:
-            owner, owners = "m.session_id = ?", [session_id]
+            owner, owners = "m.session_key = ?", [session]
         else:
-            owner = "(m.user_id = ? OR (m.session_id = ? AND m.user_id IS NULL))"
-            owners = [user_id, session_id]
+            owner = "(m.user_key = ? OR (m.session_key = ? AND m.user_key IS NULL))"
+            owners = [id_key(user_id), session]
         shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
         rows = self._fetch(
             f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
-            " FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid,"
+            f" FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid {NAMED},"
             f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
-            f" AND NOT (m.session_id = ? AND m.position >= ?{shown_sql})"
+            f" AND NOT (m.session_key = ? AND m.position >= ?{shown_sql})"
             " ORDER BY rank, m.id DESC LIMIT ?",
-            [*phrases, *owners, session_id, visible_from, *shown, limit],
+            [*phrases, *owners, session, visible_from, *shown, limit],
             what="search",
         )
         return [IndexedMessage(*r) for r in rows]

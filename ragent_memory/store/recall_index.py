@@ -19,13 +19,16 @@ import attrs
 import sqlite_utils
 
 from ragent_memory.core.records import Forgotten, IndexedMessage
-from ragent_memory.store.base import iso
+from ragent_memory.store.base import id_key, iso, key_of
 from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
 
-# In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``.
-COLUMNS = "m.session_id, m.position, m.role, m.content, m.dated, m.digest, m.id"
+# In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``,
+# read from ``ROWS`` (the session's id is kept once, in ``ids``).
+COLUMNS = "s.value, m.position, m.role, m.content, m.dated, m.digest, m.id"
+NAMED = "JOIN ids AS s ON s.key = m.session_key"
+ROWS = f"recall_messages AS m {NAMED}"
 
 
 def scope_token(kind: str, value: str) -> str:
@@ -36,12 +39,13 @@ def scope_token(kind: str, value: str) -> str:
 def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     """Delete the index rows whose ``column`` (``user_id`` or ``session_id``) is ``value``;
     the caller holds the lock and the transaction."""
-    where = {"user_id": "user_id = ?", "session_id": "session_id = ?"}[column]
+    where = {"user_id": "user_key = ?", "session_id": "session_key = ?"}[column]
+    key = id_key(value)
     db.execute(
         f"DELETE FROM recall_fts WHERE rowid IN (SELECT id FROM recall_messages WHERE {where})",
-        [value],
+        [key],
     )
-    db.execute(f"DELETE FROM recall_messages WHERE {where}", [value])
+    db.execute(f"DELETE FROM recall_messages WHERE {where}", [key])
     # A new epoch tells every process's mirror (recall/rank.py) that rows went.
     db.execute("DELETE FROM meta WHERE key = 'recall_epoch'")
     db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
@@ -56,13 +60,15 @@ class RecallIndexTables(OffloadTables):
         added."""
         now = iso(self.clock())
         added = []
+        user = key_of(user_id)
         with self._locked("index write"), self.db.atomic():
+            self._keep_ids(*(row.session_id for row in rows))
             for row, text in zip(rows, terms, strict=True):
                 inserted = self.db.execute(
-                    "INSERT INTO recall_messages (user_id, session_id, position, role, content,"
+                    "INSERT INTO recall_messages (user_key, session_key, position, role, content,"
                     " dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT DO NOTHING RETURNING id",
-                    [user_id, *attrs.astuple(row)[:6], now],  # session_id … digest
+                    [user, id_key(row.session_id), *attrs.astuple(row)[1:6], now],
                 ).fetchall()
                 if inserted:
                     scope = scope_token("s", row.session_id)
@@ -80,9 +86,9 @@ class RecallIndexTables(OffloadTables):
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
         rows = self._fetch(
-            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ?"
             " ORDER BY m.position DESC, m.id DESC LIMIT 1",
-            [session_id],
+            [id_key(session_id)],
         )
         return IndexedMessage(*rows[0]) if rows else None
 
@@ -103,22 +109,22 @@ class RecallIndexTables(OffloadTables):
         those in ``shown`` (shown as a placeholder or a preview)."""
         session_scope = f'scope : "{scope_token("s", session_id)}"'
         if user_id is None:
-            scope, owner = session_scope, "m.session_id = :session"
+            scope, owner = session_scope, "m.session_key = :session"
         else:
             scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
-            owner = "(m.user_id = :user OR (m.session_id = :session AND m.user_id IS NULL))"
+            owner = "(m.user_key = :user OR (m.session_key = :session AND m.user_key IS NULL))"
         sql = (
             f"SELECT {COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
-            " FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid"
+            f" FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid {NAMED}"
             f" WHERE recall_fts MATCH :match AND {owner}"
-            " AND NOT (m.session_id = :session AND m.position >= :visible"
+            " AND NOT (m.session_key = :session AND m.position >= :visible"
             " AND m.position NOT IN (SELECT value FROM json_each(:shown)))"
             " ORDER BY score, m.id DESC LIMIT :limit"
         )
         params = {
             "match": f"{scope} AND terms : ({query})",
-            "session": session_id,
-            "user": user_id,
+            "session": id_key(session_id),
+            "user": key_of(user_id),
             "visible": visible_from,
             "shown": json.dumps(sorted(shown)),
             "limit": limit,
@@ -145,12 +151,12 @@ class RecallIndexTables(OffloadTables):
         """Rows with an id above ``after``, in id order (the first ``limit``), each with
         whether it has a user: the user's rows, or without one, the session's."""
         if user_id is not None:
-            where, value = "m.user_id = ?", user_id
+            where, value = "m.user_key = ?", id_key(user_id)
         else:
             hint = self._BY_ID_ONLY if after else ""
-            where, value = f"{hint}m.session_id = ?", session_id
+            where, value = f"{hint}m.session_key = ?", id_key(session_id)
         rows = self._fetch(
-            f"SELECT {COLUMNS}, m.user_id IS NOT NULL FROM recall_messages AS m"
+            f"SELECT {COLUMNS}, m.user_key IS NOT NULL FROM {ROWS}"
             f" WHERE m.id > ? AND {where} ORDER BY m.id LIMIT ?",
             [after, value, (1 << 62) if limit is None else limit],
         )
@@ -161,8 +167,8 @@ class RecallIndexTables(OffloadTables):
         hint = self._BY_ID_ONLY if after else ""
         rows = self._fetch(
             "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
-            f" AND {hint}m.session_id = ? AND m.user_id IS NULL LIMIT 1",
-            [after, session_id],
+            f" AND {hint}m.session_key = ? AND m.user_key IS NULL LIMIT 1",
+            [after, id_key(session_id)],
         )
         return bool(rows)
 
@@ -182,9 +188,9 @@ class RecallIndexTables(OffloadTables):
             return []
         wanted = sorted(set(positions))
         rows = self._fetch(
-            f"SELECT {COLUMNS} FROM recall_messages AS m WHERE m.session_id = ?"
+            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ?"
             f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
-            [session_id, *wanted],
+            [id_key(session_id), *wanted],
         )
         return list({r[1]: IndexedMessage(*r) for r in rows}.values())
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 _COMPACTION_COLUMN_NAMES = """id session_id user_id generation status reason model attempts
     material_messages material_chars summary_chars chars_before chars_after duration_ms summary
-    error created_at identifiers_kept identifiers_lost written_by"""
+    error created_at identifiers_kept identifiers_lost written_by covered_from covered_to"""
 COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
 # A search reads the vectors written since its last read (``vectors_since``): by the user's
@@ -17,6 +18,196 @@ VECTORS_BY_SCOPE = """
 CREATE INDEX recall_messages_user_embedded ON recall_messages (user_id, embedded);
 CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, embedded);
 """
+
+# Session and user ids kept once: every table but ``compactions`` (the audit, read as text)
+# holds a 16-byte key (``base.id_key``: the first half of the id's SHA-256) and ``ids`` maps it
+# back. A long id stored again in every message row and in six indexes had one 115 KB request
+# grow the store by 431 MB. Each table is rebuilt (SQLite alters no column type): renamed
+# aside, made again, filled with ``id_key`` (a SQL function the store registers), dropped;
+# its AUTOINCREMENT counter carried over so no id is handed out twice. Leases start afresh,
+# now naming their holder (store/hosts.py).
+_KEYED_TABLES = MappingProxyType(
+    {
+        "sessions": (
+            """session_key BLOB PRIMARY KEY, user_key BLOB,
+        generation INTEGER NOT NULL DEFAULT 0, last_generation INTEGER NOT NULL DEFAULT 0,
+        summary TEXT NOT NULL DEFAULT '', body TEXT NOT NULL DEFAULT '',
+        prefix_len INTEGER NOT NULL DEFAULT 0, covered INTEGER NOT NULL DEFAULT 0,
+        covered_digest TEXT NOT NULL DEFAULT '', verbatim TEXT NOT NULL DEFAULT '[]',
+        preserved TEXT NOT NULL DEFAULT '[]', updated_at TEXT NOT NULL""",
+            "id_key(session_id), id_key(user_id), generation, last_generation, summary, body,"
+            " prefix_len, covered, covered_digest, verbatim, preserved, updated_at",
+        ),
+        "substitutions": (
+            """session_key BLOB NOT NULL, key TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate')), ref TEXT NOT NULL,
+        message TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (session_key, key)""",
+            "id_key(session_id), key, kind, ref, message, created_at",
+        ),
+        "offloads": (
+            """session_key BLOB NOT NULL, ref TEXT NOT NULL, sha256 TEXT NOT NULL,
+        content TEXT NOT NULL, chars INTEGER NOT NULL, created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL, PRIMARY KEY (session_key, ref)""",
+            "id_key(session_id), ref, sha256, content, chars, created_at, expires_at",
+        ),
+        "dropped_sessions": (
+            "session_key BLOB PRIMARY KEY, dropped_at TEXT NOT NULL",
+            "id_key(session_id), dropped_at",
+        ),
+        "memories": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('fact', 'summary')), content TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('active', 'superseded', 'retracted', 'evicted')),
+        session_key BLOB, generation INTEGER, superseded_by INTEGER REFERENCES memories (id),
+        created_at TEXT NOT NULL, updated_at TEXT NOT NULL""",
+            "id, id_key(user_id), kind, content, status, id_key(session_id), generation,"
+            " superseded_by, created_at, updated_at",
+        ),
+        "memory_pending": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB NOT NULL,
+        session_key BLOB NOT NULL, raw_index INTEGER NOT NULL, digest TEXT NOT NULL,
+        content TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL""",
+            "id, id_key(user_id), id_key(session_id), raw_index, digest, content, attempts, created_at",
+        ),
+        "memory_cursors": (
+            """user_key BLOB NOT NULL, session_key BLOB NOT NULL, seen INTEGER NOT NULL,
+        last_digest TEXT NOT NULL, updated_at TEXT NOT NULL,
+        PRIMARY KEY (user_key, session_key)""",
+            "id_key(user_id), id_key(session_id), seen, last_digest, updated_at",
+        ),
+        "memory_seen": (
+            """user_key BLOB NOT NULL, session_key BLOB NOT NULL, digest TEXT NOT NULL,
+        PRIMARY KEY (user_key, session_key, digest)""",
+            "id_key(user_id), id_key(session_id), digest",
+        ),
+        "memory_versions": (
+            "user_key BLOB PRIMARY KEY, version INTEGER NOT NULL",
+            "id_key(user_id), version",
+        ),
+        "session_writes": (
+            "session_key BLOB PRIMARY KEY, writer TEXT NOT NULL, stamp INTEGER NOT NULL",
+            "id_key(session_id), writer, stamp",
+        ),
+        "recall_messages": (
+            """id INTEGER PRIMARY KEY AUTOINCREMENT, user_key BLOB, session_key BLOB NOT NULL,
+        position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+        dated TEXT NOT NULL DEFAULT '', digest TEXT NOT NULL, created_at TEXT NOT NULL,
+        embedding BLOB, embedding_model TEXT, embedded INTEGER,
+        UNIQUE (session_key, position, digest)""",
+            "id, id_key(user_id), id_key(session_id), position, role, content, dated, digest,"
+            " created_at, embedding, embedding_model, embedded",
+        ),
+    }
+)
+_AUTOINCREMENT = ("memories", "memory_pending", "recall_messages")
+_WITHOUT_ROWID = ("memory_seen",)
+
+# The indexes on key columns, on both backends (PostgreSQL: pg_schema.py).
+KEYED_INDEXES = """
+CREATE INDEX memories_user ON memories (user_key, kind, status, id);
+CREATE INDEX memory_pending_user ON memory_pending (user_key, id);
+CREATE INDEX recall_messages_user ON recall_messages (user_key);
+CREATE INDEX recall_messages_unembedded_user ON recall_messages (user_key)
+    WHERE embedded IS NULL;
+CREATE INDEX recall_messages_unembedded_session ON recall_messages (session_key)
+    WHERE embedded IS NULL;
+CREATE INDEX recall_messages_user_embedded ON recall_messages (user_key, embedded);
+CREATE INDEX recall_messages_session_embedded ON recall_messages (session_key, embedded);
+"""
+
+
+def _rebuilt(table: str, columns: str, select: str) -> str:
+    """SQL moving ``table`` aside, making it again with ``columns`` and filling it."""
+    tail = " WITHOUT ROWID" if table in _WITHOUT_ROWID else ""
+    sql = f"""
+        ALTER TABLE {table} RENAME TO old_{table};
+        CREATE TABLE {table} ({columns}){tail};
+        INSERT INTO {table} SELECT {select} FROM old_{table};
+        """
+    if table in _AUTOINCREMENT:
+        sql += f"""
+        DELETE FROM sqlite_sequence WHERE name = '{table}';
+        UPDATE sqlite_sequence SET name = '{table}' WHERE name = 'old_{table}';
+        """
+    return sql + f"DROP TABLE old_{table};"
+
+
+def _id_sources() -> str:
+    """SQL keeping every id the old tables hold in ``ids`` (before they are rebuilt)."""
+    named = [
+        (table, column)
+        for table, (_, select) in _KEYED_TABLES.items()
+        for column in ("session_id", "user_id")
+        if f"id_key({column})" in select
+    ]
+    return "".join(
+        f"INSERT INTO ids (key, value) SELECT DISTINCT id_key({column}), {column}"
+        f" FROM {table} WHERE {column} IS NOT NULL ON CONFLICT DO NOTHING;\n"
+        for table, column in named
+    )
+
+
+KEYED_IDS = (
+    "CREATE TABLE ids (key BLOB PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;\n"
+    + _id_sources()
+    + "".join(_rebuilt(table, *shape) for table, shape in _KEYED_TABLES.items())
+    + """
+    ALTER TABLE memory_fts RENAME TO old_memory_fts;
+    CREATE VIRTUAL TABLE memory_fts USING fts5 (
+        terms, excerpt UNINDEXED, user_key UNINDEXED, session_key UNINDEXED,
+        tokenize = 'unicode61 remove_diacritics 2'
+    );
+    INSERT INTO memory_fts (rowid, terms, excerpt, user_key, session_key)
+        SELECT rowid, terms, excerpt, id_key(user_id), id_key(session_id) FROM old_memory_fts;
+    DROP TABLE old_memory_fts;
+    CREATE INDEX offloads_expiry ON offloads (expires_at);
+    CREATE INDEX recall_messages_embedded ON recall_messages (embedded);
+    DROP TABLE compaction_leases;
+    CREATE TABLE compaction_leases (
+        session_key BLOB PRIMARY KEY,
+        owner TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    """
+    + KEYED_INDEXES
+)
+
+# One row per ``prepare`` of a session (store/turns.py): what the audit page's chart draws.
+# Bounded per session (``turns.TURNS_KEPT``) and dropped with the session; keyed like every
+# table by the ids' keys. ``covered_from``/``covered_to``: the raw indexes [from, to) an
+# audited compaction summarized (0, 0 on rows written before). ``{blob}``: the dialect's
+# bytes type.
+TURNS_TEMPLATE = """
+CREATE TABLE turns (
+    session_key {blob} NOT NULL,
+    turn INTEGER NOT NULL,
+    user_key {blob},
+    messages INTEGER NOT NULL,
+    chars_raw INTEGER NOT NULL,
+    chars_in INTEGER NOT NULL,
+    chars_out INTEGER NOT NULL,
+    budget_chars INTEGER NOT NULL,
+    trimmed INTEGER NOT NULL,
+    truncated INTEGER NOT NULL,
+    reclaimed_chars INTEGER NOT NULL,
+    compacted INTEGER NOT NULL,
+    skipped_reason TEXT,
+    generation INTEGER NOT NULL,
+    covered INTEGER NOT NULL,
+    dropped_turns INTEGER NOT NULL,
+    recalled_chars INTEGER NOT NULL,
+    memory_chars INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (session_key, turn)
+);
+ALTER TABLE compactions ADD COLUMN covered_from INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE compactions ADD COLUMN covered_to INTEGER NOT NULL DEFAULT 0;
+"""
+TURNS = TURNS_TEMPLATE.format(blob="BLOB")
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -214,6 +405,10 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     ("011_vectors_by_scope", VECTORS_BY_SCOPE),
+    ("012_keyed_ids", KEYED_IDS),
+    # The audit page (ragent_memory/ui): one row per prepare, and the raw messages each
+    # generation covered. The same statements on PostgreSQL (pg_schema.py).
+    ("013_turns", TURNS),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be
@@ -224,5 +419,7 @@ _CREATED_TABLE = re.compile(r"CREATE (?:VIRTUAL )?TABLE (?:IF NOT EXISTS )?(\w+)
 
 
 def tables_created(migrations: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    """Every table ``migrations`` create, in the order they create them."""
-    return tuple(name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))
+    """Every table ``migrations`` create, in the order they first create them (a table made
+    again by a later migration is named once)."""
+    names = (name for _, sql in migrations for name in _CREATED_TABLE.findall(sql))
+    return tuple(dict.fromkeys(names))

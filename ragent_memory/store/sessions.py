@@ -5,24 +5,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 
 from ragent_memory.core.records import SessionState, Substitution
 from ragent_memory.store.audit import audit_record, insert_audit
-from ragent_memory.store.base import _json_text, iso
+from ragent_memory.store.base import _json_text, id_key, iso, key_of
 from ragent_memory.store.hosts import HostTables
 from ragent_memory.store.offloads import OffloadTables
 
-# The columns of ``sessions``, ``updated_at`` aside, are named after ``SessionState``'s fields.
-_COLUMNS = tuple(field.name for field in attrs.fields(SessionState))
+# The columns of ``sessions``, ``updated_at`` aside, are named after ``SessionState``'s fields,
+# the ids aside: ``session_key`` and ``user_key`` stand for them (``ids`` has their text).
+_KEYED = MappingProxyType({"session_id": "session_key", "user_id": "user_key"})
+_COLUMNS = tuple(field.name for field in attrs.fields(SessionState) if field.name not in _KEYED)
 
 
 class SessionTables(OffloadTables, HostTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
         rows = self._fetch(
-            "SELECT key, kind, ref, message FROM substitutions WHERE session_id = ?", [session_id]
+            "SELECT key, kind, ref, message FROM substitutions WHERE session_key = ?",
+            [id_key(session_id)],
         )
         return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
 
@@ -43,27 +47,30 @@ class SessionTables(OffloadTables, HostTables):
             self._offload(
                 session_id, [text for _, originals in items for text in originals], ttl_days
             )
+            key = id_key(session_id)
             self.db.executemany(
-                "INSERT INTO substitutions (session_id, key, kind, ref, message, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, key) DO UPDATE SET"
+                "INSERT INTO substitutions (session_key, key, kind, ref, message, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, key) DO UPDATE SET"
                 " kind = excluded.kind, ref = excluded.ref, message = excluded.message,"
                 " created_at = excluded.created_at",
                 [
-                    [session_id, sub.key, sub.kind, sub.ref, _json_text(sub.message), now]
+                    [key, sub.key, sub.kind, sub.ref, _json_text(sub.message), now]
                     for sub, _ in items
                 ],
             )
 
     def load_session(self, session_id: str) -> SessionState | None:
         rows = self._fetch(
-            f"SELECT {', '.join(_COLUMNS)} FROM sessions WHERE session_id = ?", [session_id]
+            f"SELECT u.value, {', '.join('s.' + name for name in _COLUMNS)} FROM sessions AS s"
+            " LEFT JOIN ids AS u ON u.key = s.user_key WHERE s.session_key = ?",
+            [id_key(session_id)],
         )
         if not rows:
             return None
-        fields = dict(zip(_COLUMNS, rows[0], strict=True))
+        fields = dict(zip(_COLUMNS, rows[0][1:], strict=True))
         for name in ("verbatim", "preserved"):
             fields[name] = tuple(json.loads(fields[name]))
-        return SessionState(**fields)
+        return SessionState(session_id=session_id, user_id=rows[0][0], **fields)
 
     def new_session(self, session_id: str) -> SessionState:
         """The state a session without a stored one starts from. A dropped id used again numbers
@@ -73,7 +80,7 @@ class SessionTables(OffloadTables, HostTables):
             return SessionState(session_id, last_generation=self._last_applied(session_id))
 
     def _last_applied(self, session_id: str) -> int:
-        row = self.db.execute(
+        row = self.db.execute(  # the audit keeps the id as text
             "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
             [session_id],
         ).fetchone()
@@ -92,12 +99,12 @@ class SessionTables(OffloadTables, HostTables):
         commits in the same transaction: a crash leaves both or neither (DESIGN §10)."""
         record = audit_record(audit, iso(self.clock())) if audit is not None else None
         with self._locked("write"), self.db.atomic():
+            key = id_key(state.session_id)
             dropped = self.db.execute(
-                "SELECT 1 FROM dropped_sessions WHERE session_id = ?", [state.session_id]
+                "SELECT 1 FROM dropped_sessions WHERE session_key = ?", [key]
             ).fetchone()
             row = self.db.execute(
-                "SELECT generation, last_generation FROM sessions WHERE session_id = ?",
-                [state.session_id],
+                "SELECT generation, last_generation FROM sessions WHERE session_key = ?", [key]
             ).fetchone()
             current = tuple(row) if row is not None else (0, self._last_applied(state.session_id))
             if dropped is not None or current != (previous.generation, previous.last_generation):
@@ -109,27 +116,32 @@ class SessionTables(OffloadTables, HostTables):
 
     def _write_session(self, state: SessionState) -> None:
         self._mark_written(state.session_id)
+        self._keep_ids(state.user_id)
         fields = attrs.asdict(state, recurse=False)
+        fields["session_id"] = id_key(fields["session_id"])
+        fields["user_id"] = key_of(fields["user_id"])
+        fields = {_KEYED.get(name, name): value for name, value in fields.items()}
         for name in ("verbatim", "preserved"):
             fields[name] = json.dumps(list(fields[name]), ensure_ascii=False)
         fields["updated_at"] = iso(self.clock())
         self.db.execute(
             f"INSERT INTO sessions ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})"
-            " ON CONFLICT (session_id) DO UPDATE SET "
+            " ON CONFLICT (session_key) DO UPDATE SET "
             + ", ".join(f"{name} = excluded.{name}" for name in list(fields)[1:]),
             list(fields.values()),
         )
 
     def drop_session(self, session_id: str) -> None:
-        """Drop a session: its summary state and substitutions go now (so the id, used again,
+        """Drop a session: its summary state, substitutions and turns go now (so the id, used again,
         starts fresh), its refs stop resolving at once, and :meth:`gc` deletes its offloads.
         Audit rows stay."""
         with self._locked("write"), self.db.atomic():
             self._mark_written(session_id)
-            for table in ("substitutions", "sessions"):
-                self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
+            key = id_key(session_id)
+            for table in ("substitutions", "sessions", "turns"):
+                self.db.execute(f"DELETE FROM {table} WHERE session_key = ?", [key])
             self.db.execute(
-                "INSERT INTO dropped_sessions (session_id, dropped_at) VALUES (?, ?)"
-                " ON CONFLICT (session_id) DO UPDATE SET dropped_at = excluded.dropped_at",
-                [session_id, iso(self.clock())],
+                "INSERT INTO dropped_sessions (session_key, dropped_at) VALUES (?, ?)"
+                " ON CONFLICT (session_key) DO UPDATE SET dropped_at = excluded.dropped_at",
+                [key, iso(self.clock())],
             )

@@ -20,9 +20,10 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, utc_now
+from ragent_memory.store.base import Clock, key_of, utc_now
 from ragent_memory.store.recall_index import IndexedTables
 from ragent_memory.store.schema import MIGRATIONS
+from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
 
 log = get_logger(__name__)
@@ -53,11 +54,27 @@ class _Database(sqlite_utils.Database):
             raise
 
 
+def _make_private_dirs(directory: Path) -> None:
+    """``mkdir -p`` with each directory it creates 0700 (``mkdir``'s mode is masked by the
+    umask, hence the ``chmod``)."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for created in reversed(missing):
+        with suppress(FileExistsError):  # another process made it meanwhile: theirs
+            created.mkdir(mode=0o700)
+            os.chmod(created, 0o700)
+
+
 def _connect(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(path, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    conn = sqlite3.connect(path, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    # Migration 012 keys the ids a store already holds with it (schema.py).
+    conn.create_function("id_key", 1, key_of, deterministic=True)
+    return conn
 
 
-class Store(IndexedTables, VectorTables, AuditTable):
+class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
     """The SQLite store. Thread-safe; use as a context manager or call :meth:`close`.
     Opening checks what every turn needs (directory, file, migrations, writable, every table)
     and raises a :class:`StoreError` naming the path and reason, not logged on every turn."""
@@ -91,10 +108,13 @@ class Store(IndexedTables, VectorTables, AuditTable):
             raise StoreError(f"cannot open store {self.path!r}: {err}") from err
 
     def _check_path(self) -> None:
+        """The directory (made owner-only when this creates it) and the file, created
+        owner-only whatever the umask: SQLite gives its -wal, -shm and -journal the file's
+        mode, and the store holds every conversation, the facts and the scope secrets."""
         if self.path == ":memory:":
             return
         try:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _make_private_dirs(Path(self.path).parent)
         except OSError as err:
             raise StoreError(
                 f"cannot open store {self.path!r}: its directory cannot be created "
@@ -102,6 +122,12 @@ class Store(IndexedTables, VectorTables, AuditTable):
             ) from err
         if os.path.isdir(self.path):
             raise StoreError(f"cannot open store {self.path!r}: it is a directory")
+        try:  # a new file only: SQLite opens (and judges) one that exists
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise StoreError(f"cannot open store {self.path!r}: {err.strerror or err}") from err
 
     def _configure(self) -> None:
         self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
@@ -192,6 +218,7 @@ class Store(IndexedTables, VectorTables, AuditTable):
             time.sleep(0.01)
 
     def close(self) -> None:
+        self._stop_host()
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()

@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.store.base import StoreBase
-from ragent_memory.store.recall_index import COLUMNS
+from ragent_memory.store.base import StoreBase, id_key
+from ragent_memory.store.recall_index import COLUMNS, ROWS
 
 
-def _scope(user_id: str | None, session_id: str) -> tuple[str, str]:
-    return ("user_id = ?", user_id) if user_id is not None else ("session_id = ?", session_id)
+def _scope(user_id: str | None, session_id: str) -> tuple[str, bytes]:
+    if user_id is not None:
+        return "m.user_key = ?", id_key(user_id)
+    return "m.session_key = ?", id_key(session_id)
 
 
 class VectorRow(NamedTuple):
@@ -40,7 +42,7 @@ class VectorTables(StoreBase):
         without one, the session's (a partial index holds just those rows)."""
         where, value = _scope(user_id, session_id)
         rows = self._fetch(
-            f"SELECT id, content FROM recall_messages WHERE {where} AND embedded IS NULL"
+            f"SELECT id, content FROM recall_messages AS m WHERE {where} AND embedded IS NULL"
             " ORDER BY id LIMIT ?",
             [value, limit],
         )
@@ -97,9 +99,9 @@ class VectorTables(StoreBase):
         ``limit``): the user's rows, or without one, the session's."""
         where, value = _scope(user_id, session_id)
         rows = self._fetch(
-            "SELECT embedded, id, session_id, position, user_id IS NOT NULL, embedding"
-            f" FROM recall_messages WHERE embedded > ? AND {where} AND embedding_model = ?"
-            " ORDER BY embedded LIMIT ?",
+            "SELECT m.embedded, m.id, s.value, m.position, m.user_key IS NOT NULL, m.embedding"
+            f" FROM {ROWS} WHERE m.embedded > ? AND {where} AND m.embedding_model = ?"
+            " ORDER BY m.embedded LIMIT ?",
             [after, value, model, limit],
         )
         return [
@@ -111,8 +113,7 @@ class VectorTables(StoreBase):
         if not ids:
             return []
         rows = self._fetch(
-            f"SELECT {COLUMNS} FROM recall_messages AS m"
-            f" WHERE m.id IN ({', '.join('?' * len(ids))})",
+            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.id IN ({', '.join('?' * len(ids))})",
             list(ids),
         )
         return [IndexedMessage(*r) for r in rows]

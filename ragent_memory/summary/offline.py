@@ -10,6 +10,7 @@ from itertools import zip_longest
 from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
+from ragent_memory.core.provenance import Source, source_tag
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.transcript import UNCLIPPED, Transcript
@@ -72,7 +73,8 @@ _REQUEST = re.compile(
 )
 # Metadata in front of a sentence: "(user) ", "[session 3 · 8 May] ", "Caroline: ".
 _META = re.compile(
-    r"^\s*(?:\((?:user|assistant)\)\s*)?(?:\[[^\]]{0,80}\]\s*)?(?:[A-Z][\w.'-]{0,30}:\s)?"
+    r"^\s*(?:\((?:user|assistant|harness|summary|tool: [^()\n]{1,80})\)\s*)?"
+    r"(?:\[[^\]]{0,80}\]\s*)?(?:[A-Z][\w.'-]{0,30}:\s)?"
 )
 _NUMBER = re.compile(r"\d+")
 _WORDS = re.compile(r"[^\W\d_]+", re.UNICODE)
@@ -154,28 +156,35 @@ def _merge(new: Sequence[str], old: Sequence[str] = (), limit: int | None = None
     return list(dict.fromkeys(filter(None, [*new, *old])))[:limit]
 
 
+ASSISTANT = source_tag(Source.ASSISTANT)
+USER = source_tag(Source.USER)
+
+
 def _said(text: str, found: dict[str, list[str]]) -> None:
-    """An assistant's text: its progress, and each sentence a dead end, done or a next step."""
-    found["progress"].append(_item(text, 320))
+    """An assistant's text: its progress, and each sentence a dead end, done or a next step
+    (each item tagged as the assistant's)."""
+    found["progress"].append(_item(f"{ASSISTANT} {text}", 320))
     for sentence in _sentences(text):
         for kind, pattern in (("dead_ends", _FAILURE), ("done", _DONE), ("next", _NEXT)):
             if pattern.search(sentence):
-                found[kind].append(_item(sentence))
+                found[kind].append(_item(f"{ASSISTANT} {sentence}"))
                 break
 
 
 def _tool_result(
     text: str, call: tuple[str, str], usage: dict[str, tuple[int, str]], found: dict[str, list[str]]
 ) -> None:
-    """A tool result: the tool's usage line, a salient finding, a failure as a dead end."""
+    """A tool result: the tool's usage line, a salient finding, a failure as a dead end —
+    each tagged as the tool's (``(tool: web_fetch)``), never as the user's."""
     name, arguments = call
+    tag = source_tag(Source.TOOL, name)
     finding = _item((_sentences(text) or [""])[0], 120)
     count = usage.pop(name, (0, ""))[0] + 1
     usage[name] = (count, f"{arguments} → {len(text)} chars: {finding}")
     if salience(finding) >= 2.0:
-        found["findings"].append(f"({name}) {finding}")
+        found["findings"].append(f"{tag} {finding}")
     if _FAILURE.search(text[:400]):
-        found["dead_ends"].append(_item(f"{name} {arguments}: {finding}"))
+        found["dead_ends"].append(_item(f"{tag} {arguments}: {finding}"))
 
 
 def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -194,7 +203,7 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             found["findings"].extend(_statements(str(role), text, when))
         if role == "user" and text:
             asked = [s for s in _sentences(text) if _REQUEST.search(s) and not is_small_talk(s)]
-            found["requests"].extend([_item(" ".join(asked), 160)] if asked else [])
+            found["requests"].extend([_item(f"{USER} {' '.join(asked)}", 167)] if asked else [])
         elif role == "assistant":
             for call in message.get("tool_calls") or ():
                 function = call.get("function") or {}
@@ -206,7 +215,7 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             call = calls.get(message.get("tool_call_id", ""), ("tool", ""))
             _tool_result(text, call, usage, found)
     requests = found["requests"]
-    usage_lines = [f"{n} ×{c}, latest: {latest}" for n, (c, latest) in reversed(usage.items())]
+    usage_lines = [_usage_line(n, c, latest) for n, (c, latest) in reversed(usage.items())]
     return [
         list(reversed(requests[:-1])),
         requests[-1:],  # the latest request is the to-do; earlier ones are user requests
@@ -218,25 +227,49 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     ]
 
 
-# One line per tool used: "search_knowledge ×12, latest: {"q": "x"} → 1408 chars: …".
-_USAGE = re.compile(r"^(\S+) ×(\d+), latest: (.*)$", re.DOTALL)
+# One line per tool used: "(tool: search_knowledge) ×12, latest: {"q": "x"} → 1408 chars: …"
+# (summaries written before the tag read "search_knowledge ×12, latest: …").
+_USAGE = re.compile(r"^(?:\(tool: ([^()\n]{1,80})\)|(\S+)) ×(\d+), latest: (.*)$", re.DOTALL)
+
+
+def _usage_line(name: str, count: int, latest: str) -> str:
+    return f"{source_tag(Source.TOOL, name)} ×{count}, latest: {latest}"
+
+
+def _usage(items: Sequence[str]) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    """The tool record of one generation's findings — each tool's first usage line, as
+    (calls, latest use) — and the other findings. A further usage line of the same tool (a
+    copy the retention check restored to keep an identifier of an older call) is no count:
+    it becomes an ordinary finding of that tool, so counts are never added twice."""
+    usage: dict[str, tuple[int, str]] = {}
+    others: list[str] = []
+    for item in items:
+        match = _USAGE.match(item)
+        if match is None:
+            others.append(item)
+            continue
+        name = match.group(1) or match.group(2)
+        if name in usage:
+            others.append(f"{source_tag(Source.TOOL, name)} earlier: {match.group(4)}")
+        else:
+            usage[name] = (int(match.group(3)), match.group(4))
+    return usage, others
 
 
 def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
-    """Tool usage lines first (counts added up, most recently used first), then the other
-    findings, so shrinking sheds the least salient finding and the tool record last."""
-    usage: dict[str, tuple[int, str]] = {}
-    # Newer first: its "latest" wins.
-    for match in filter(None, map(_USAGE.match, [*fresh, *earlier])):
-        name, count, latest = match.group(1), int(match.group(2)), match.group(3)
+    """Tool usage lines first (the two generations' counts added up, most recently used
+    first), then the other findings, so shrinking sheds the least salient finding and the
+    tool record last."""
+    new, new_others = _usage(fresh)
+    old, old_others = _usage(earlier)
+    usage = dict(new)  # newer first: its "latest" wins; the older latest stays a finding
+    for name, (count, latest) in old.items():
         known = usage.get(name)
         usage[name] = (count + known[0], known[1]) if known else (count, latest)
-    lines = [f"{name} ×{count}, latest: {latest}" for name, (count, latest) in usage.items()]
-
-    def others(items: Sequence[str]) -> list[str]:
-        return [item for item in items if _USAGE.match(item) is None]
-
-    return lines + _interleave(others(fresh), others(earlier))
+        if known and latest != known[1]:
+            old_others.insert(0, f"{source_tag(Source.TOOL, name)} earlier: {latest}")
+    lines = [_usage_line(name, count, latest) for name, (count, latest) in usage.items()]
+    return lines + _interleave(new_others, old_others)
 
 
 def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:

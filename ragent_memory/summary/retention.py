@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
+from ragent_memory.core.provenance import Source, source_tag
 from ragent_memory.errors import SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.validate import fit_sections
@@ -31,6 +32,30 @@ def material_texts(material: Sequence[Message]) -> list[str]:
         parts = [text_of(message), *((c.get("function") or {}).get("arguments") for c in calls)]
         texts.append("\n".join(p for p in parts if p))
     return texts
+
+
+def tagged_sources(material: Sequence[Message], previous: str) -> tuple[list[str], list[str]]:
+    """Where a lost identifier is looked for, newest first — the material's messages, then
+    each line of the previous summary — and the source tag each one's sentences carry when
+    restored: ``(user)``, ``(assistant)``, ``(tool: name)``; a line of the previous summary
+    keeps its own tag (a quoted line is the user's)."""
+    names: dict[str, str] = {}
+    tags: list[str] = []
+    for message in material:
+        for call in message.get("tool_calls") or ():
+            names[call.get("id", "")] = (call.get("function") or {}).get("name") or "tool"
+        role = message.get("role")
+        if role == "tool":
+            name = names.get(message.get("tool_call_id", "")) or message.get("name") or "tool"
+            tags.append(source_tag(Source.TOOL, str(name)))
+        else:
+            tags.append(source_tag(Source.USER if role == "user" else Source.ASSISTANT))
+    lines = [line for line in previous.splitlines() if line.strip()]
+    line_tags = [source_tag(Source.USER) if line.lstrip().startswith(">") else "" for line in lines]
+    return (
+        [*reversed(material_texts(material)), *lines],
+        [*reversed(tags), *line_tags],
+    )
 
 
 def wanted(material: Sequence[Message], previous: str) -> list[str]:
@@ -92,9 +117,12 @@ def _squeeze(lines: list[str], language: str) -> list[str]:
     return lines
 
 
-def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -> list[str]:
-    """The shortest source sentence of each missing identifier, as items, within what
-    squeezing can free at most (``max_chars``): no more could fit."""
+def _additions(
+    missing: Iterable[str], sources: Sequence[str], tags: Sequence[str], max_chars: int
+) -> list[str]:
+    """The shortest source sentence of each missing identifier, as items tagged with their
+    source (``tags``, parallel to ``sources``), within what squeezing can free at most
+    (``max_chars``): no more could fit."""
     additions: list[str] = []
     found = Sentences(sources)
     room = max_chars
@@ -103,9 +131,13 @@ def _additions(missing: Iterable[str], sources: Sequence[str], max_chars: int) -
             break
         if any(kept_in(identifier, a) for a in additions):
             continue
-        sentence = found.shortest(identifier)
-        if sentence is not None:
-            additions.append("- " + _window(sentence, identifier))
+        hit = found.find(identifier)
+        if hit is not None:
+            text = _window(hit[1], identifier)
+            tag = tags[hit[0]] if hit[0] < len(tags) else ""
+            if tag and not text.startswith(f"{tag} "):  # a tool's "(user) …" stays the tool's
+                text = f"{tag} {text}"
+            additions.append("- " + text)
             room -= len(additions[-1]) + 1
     return additions
 
@@ -147,13 +179,20 @@ def _made_room(
 
 
 def restore(
-    body: str, missing: Iterable[str], sources: Sequence[str], *, language: str, max_chars: int
+    body: str,
+    missing: Iterable[str],
+    sources: Sequence[str],
+    *,
+    language: str,
+    max_chars: int,
+    tags: Sequence[str] = (),
 ) -> str:
     """``body`` with the shortest source sentence of each missing identifier appended under
-    the findings section, ``sources`` searched in order (newest first), within ``max_chars``:
+    the findings section, ``sources`` searched in order (newest first), each sentence tagged
+    with its source's entry of ``tags`` (see ``tagged_sources``), within ``max_chars``:
     Done and Dead ends are emptied to make room, and when that is not enough the other
     lines are cut inside their sections (up to ``RESTORE_SHARE`` of the target restored)."""
-    additions = _additions(missing, sources, max_chars)
+    additions = _additions(missing, sources, tags, max_chars)
     if not additions:
         return body
     lines = body.splitlines()
@@ -178,4 +217,12 @@ def restore(
     return _placed(lines, title, fitted, language) if fitted else body
 
 
-__all__ = ["FINDINGS", "lost", "material_texts", "reject_repeat", "restore", "wanted"]
+__all__ = [
+    "FINDINGS",
+    "lost",
+    "material_texts",
+    "reject_repeat",
+    "restore",
+    "tagged_sources",
+    "wanted",
+]

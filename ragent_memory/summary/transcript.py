@@ -85,7 +85,7 @@ def _parts(material: Sequence[Mapping[str, Any]]) -> list[_Parts]:
             if called is None:
                 called = neutralise_tags(message.get("name") or "tool")
             parts.append(("tool", f"[tool result · {called}] ", text))
-        else:
+        elif text.strip():  # a user turn that held only the harness's text shows nothing
             kind = "user" if role == "user" else "assistant"
             parts.append((kind, f"[{role}] ", text))
         out.append(tuple(parts))
@@ -182,7 +182,7 @@ class Transcript:
             copy = dict(message)
             texts = iter([clip_text(text, clip.cap(kind)) for kind, _, text in parts])
             is_assistant = message.get("role") == "assistant"
-            if not is_assistant or text_of(message).strip():
+            if message.get("role") == "tool" or text_of(message).strip():
                 copy["content"] = next(texts)
             if is_assistant and message.get("tool_calls"):
                 copy["tool_calls"] = [
