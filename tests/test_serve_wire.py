@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,17 @@ def post(proxy: ProxyProcess, path: str, body: dict[str, Any], **headers: str) -
     """``body`` posted as exact JSON bytes, with the caller's key."""
     sent = {"x-api-key": KEY, "authorization": f"Bearer {KEY}", **headers}
     return httpx2.post(proxy.root_url + path, content=json.dumps(body), headers=sent, timeout=60)
+
+
+def logged(proxy: ProxyProcess, text: str, within_s: float = 30.0) -> bool:
+    """Whether the proxy's log (colours aside) says ``text`` within ``within_s`` (its stderr
+    is read by a thread: a line may come a moment after the response)."""
+    deadline = time.monotonic() + within_s
+    while text not in re.sub(r"\x1b\[[0-9;]*m", "", proxy.log):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def sent_to(upstream: FakeOpenAI, route: str) -> list[dict[str, Any]]:
@@ -150,7 +162,7 @@ def test_codex_requests_go_upstream_as_sent(proxy: ProxyProcess, upstream: FakeO
         assert body["input"] == sent["input"]
         assert body.get("instructions") == sent.get("instructions")
         assert [*names(body.get("tools", [])), *OWN_TOOLS] == names(sent["tools"])
-        assert f"session_id={body['prompt_cache_key']} " in re.sub(r"\x1b\[[0-9;]*m", "", proxy.log)
+        assert logged(proxy, f"session_id={body['prompt_cache_key']} ")
     assert "additional_tools" == body["input"][0]["type"]
 
 
