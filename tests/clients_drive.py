@@ -179,23 +179,30 @@ def installed() -> bool:
 # ---------------------------------------------------------------------- measures
 
 
-def _without_cache_marks(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_cache_marks(v) for k, v in value.items() if k != "cache_control"}
+def _as_cached(value: Any) -> Any:
+    """``value`` as the provider's cache reads it: ``cache_control`` marks left out, and a
+    turn's string ``content`` written as the one text block it stands for."""
     if isinstance(value, list):
-        return [_without_cache_marks(v) for v in value]
-    return value
+        return [_as_cached(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    found = {k: _as_cached(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(found.get("content"), str) and "role" in found:
+        found["content"] = [{"type": "text", "text": found["content"]}]
+    return found
 
 
 def serialised_prompt(body: dict[str, Any]) -> str:
     """A request's prompt in the order a provider's prompt cache reads it: tools, then the
     system prompt (``system`` / ``instructions``), then the conversation (``messages`` /
-    ``input``), as compact JSON. ``cache_control`` marks are left out: they say where a cache
-    entry ends, they are not prompt text (Claude Code moves its last one every turn)."""
+    ``input``), as compact JSON. Two things that are not prompt text are normalised: the
+    ``cache_control`` marks (they say where a cache entry ends; Claude Code moves its last one
+    every turn) and a turn's string ``content``, which the Messages API reads as one text block
+    (Claude Code sends its latest turn as blocks and the same turn later as a string)."""
     turns = body.get("messages") if "messages" in body else body.get("input")
     system = body.get("system") if "messages" in body else body.get("instructions")
     parts = [body.get("tools"), system, turns]
-    return json.dumps(_without_cache_marks(parts), ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(_as_cached(parts), ensure_ascii=False, separators=(",", ":"))
 
 
 def cached_prefix_share(previous: dict[str, Any], current: dict[str, Any]) -> float:

@@ -11,7 +11,9 @@ What it answers is decided from the request alone (``plan``), so a test needs no
 - a user prompt carrying ``TURN-<n>`` gets, by ``n``: a call of the client's shell tool, a
   file read (Claude Code's ``Read``; Codex reads with its shell), text then a call of the
   proxy's ``search_memory`` (text first: what real models do), text then
-  ``recall_tool_result`` of a ref the request shows, or a long text reply;
+  ``recall_tool_result`` of a ref the request shows, or a long text reply (the proxy-tool
+  calls ask for little, 2 excerpts or 1,000 characters, so no single call grows the prompt by
+  more than a few per cent);
 - anything else (a client's side request: a title, a quota probe) gets a short text.
 
 Each recorded request also notes the store's compaction and substitution counts at the moment
@@ -153,9 +155,11 @@ def plan(body: dict[str, Any], *, shell: str, read: str | None, share: float) ->
         case 2:
             return [Step(tool=shell, arguments={"command": "cat notes.txt"})]
         case 3 if "search_memory" in offered:
-            return [lead, Step(tool="search_memory", arguments={"query": "build log fixture"})]
+            search = {"query": "build log fixture", "limit": 2}
+            return [lead, Step(tool="search_memory", arguments=search)]
         case 4 if "recall_tool_result" in offered and refs:
-            return [lead, Step(tool="recall_tool_result", arguments={"ref": refs[-1]})]
+            recall = {"ref": refs[-1], "limit": 1_000}
+            return [lead, Step(tool="recall_tool_result", arguments=recall)]
     return [reply]
 
 
