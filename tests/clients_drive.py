@@ -20,6 +20,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ BIN = ROOT / "clients" / "node_modules" / ".bin"
 CLAUDE = BIN / "claude"
 CODEX = BIN / "codex"
 TURN_S = 90.0  # one client turn, proxy and upstream included, on a loaded machine
+SESSION_S = 200.0  # a whole 24-turn session (about 15 s unloaded)
+# No traffic leaves the machine: anything not for 127.0.0.1 goes to a closed local port.
+NOWHERE = "http://127.0.0.1:9"
 CODEX_MODEL = "gpt-5.2-codex"  # a model whose shell tool Codex offers as a plain function
 OFFLINE = {
     "DISABLE_AUTOUPDATER": "1",
@@ -39,10 +43,12 @@ OFFLINE = {
 
 
 def base_env(home: Path) -> dict[str, str]:
-    """A clean environment: PATH, a temporary HOME, nothing of the caller's (no real key, no
-    proxy variables)."""
+    """A clean environment: PATH, a temporary HOME, nothing of the caller's (no real key), and
+    every proxy variable at a closed port on 127.0.0.1 so a request for anywhere else fails
+    at once instead of leaving the machine."""
     path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
-    return {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", "NO_PROXY": "127.0.0.1"}
+    proxies = {name: NOWHERE for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")}
+    return {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", **proxies, "NO_PROXY": "127.0.0.1"}
 
 
 # ---------------------------------------------------------------------- Claude Code
@@ -92,18 +98,19 @@ class ClaudeSession:
         assert self._process.stderr is not None
         self.stderr = self._process.stderr.read()
 
-    def turn(self, text: str) -> dict[str, Any]:
+    def turn(self, text: str, timeout: float = TURN_S) -> dict[str, Any]:
         """The turn's ``result`` message (``subtype`` ``success`` and ``is_error`` false when it
-        went through)."""
+        went through); ``TimeoutError`` after ``timeout`` seconds."""
         assert self._process.stdin is not None
         message = {"type": "user", "message": {"role": "user", "content": text}}
         self._process.stdin.write(json.dumps(message) + "\n")
         self._process.stdin.flush()
+        end = time.monotonic() + timeout
         while True:
             try:
-                line = self._lines.get(timeout=TURN_S)
+                line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"claude gave no result in {TURN_S} s") from None
+                raise TimeoutError(f"claude gave no result in {timeout:.0f} s") from None
             if line is None:
                 raise RuntimeError(f"claude exited mid-turn:\n{self.stderr}")
             event = json.loads(line)
@@ -149,10 +156,10 @@ def codex_home(directory: Path, proxy_url: str) -> Path:
 
 
 def codex_turn(
-    project: Path, home: Path, key: str, text: str, thread: str | None
+    project: Path, home: Path, key: str, text: str, thread: str | None, timeout: float = TURN_S
 ) -> tuple[subprocess.CompletedProcess[str], str | None]:
     """One ``codex exec`` (or ``exec resume THREAD``) turn: the finished process and the thread
-    id it reported."""
+    id it reported (``subprocess.TimeoutExpired`` after ``timeout`` seconds)."""
     env = {**base_env(home), "CODEX_HOME": str(home), "RAGENT_TEST_OPENAI_KEY": key}
     flags = ["--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
     args = [str(CODEX), "exec", *(["resume", thread] if thread else []), *flags, text]
@@ -163,7 +170,7 @@ def codex_turn(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=TURN_S,
+        timeout=timeout,
         check=False,
     )
     for line in done.stdout.splitlines():

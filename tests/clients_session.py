@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients_drive import cached_prefix_share
+from clients_drive import cached_prefix_share, common_prefix_len, serialised_prompt
 from clients_upstream import ClientUpstream, Received, tool_names
 from serve_process import ProxyProcess, write_config
 
@@ -164,9 +164,9 @@ def answered(call_id: str, later: list[Received]) -> bool:
     return False
 
 
-def shares(main: list[Received]) -> list[tuple[int, float, bool]]:
-    """(request index, cached-prefix share against the request before, exempt) for every main
-    request after the first. A request is exempt when the store's applied compactions or
+def shares(main: list[Received]) -> list[tuple[int, float, bool, str]]:
+    """(request index, cached-prefix share against the request before, exempt, what the
+    previous prompt held where the two part) for every main request after the first. A request is exempt when the store's applied compactions or
     sticky substitutions changed between the two requests before it and itself: a compaction
     or a trim event may move bytes, and when its commit lands relative to the proxy's
     ``prepare`` is not visible from outside, so the one request after that is exempt too."""
@@ -174,5 +174,7 @@ def shares(main: list[Received]) -> list[tuple[int, float, bool]]:
     for i in range(1, len(main)):
         share = cached_prefix_share(main[i - 1].body, main[i].body)
         window = {main[j].events for j in range(max(0, i - 2), i + 1)}
-        found.append((i, share, len(window) > 1))
+        before, now = serialised_prompt(main[i - 1].body), serialised_prompt(main[i].body)
+        at = common_prefix_len(before, now)
+        found.append((i, share, len(window) > 1, before[at : at + 80]))
     return found

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from clients_drive import (
+    SESSION_S,
+    TURN_S,
     ClaudeSession,
     claude_env,
     codex_home,
@@ -50,9 +54,15 @@ def run_claude_code(workdir: Path) -> Recorded:
     home.mkdir()
     with recording(workdir) as (_upstream, proxy, record):
         session = ClaudeSession(project, claude_env(home, proxy.root_url, KEY))
+        deadline = time.monotonic() + SESSION_S
         try:
             for n in range(1, TURNS + 1):
-                result = session.turn(prompt(n))
+                try:
+                    left = max(0.1, min(TURN_S, deadline - time.monotonic()))
+                    result = session.turn(prompt(n), left)
+                except TimeoutError as err:
+                    record.turns.append({"ok": False, "error": str(err)})
+                    break
                 record.turns.append(
                     {
                         "ok": result.get("subtype") == "success" and not result.get("is_error"),
@@ -70,8 +80,14 @@ def run_codex(workdir: Path) -> Recorded:
     with recording(workdir) as (_upstream, proxy, record):
         home = codex_home(workdir / "codex-home", proxy.base_url)
         thread = None
+        deadline = time.monotonic() + SESSION_S
         for n in range(1, TURNS + 1):
-            done, thread = codex_turn(project, home, KEY, prompt(n), thread)
+            timeout = max(0.1, min(TURN_S, deadline - time.monotonic()))
+            try:
+                done, thread = codex_turn(project, home, KEY, prompt(n), thread, timeout)
+            except subprocess.TimeoutExpired as err:
+                record.turns.append({"ok": False, "error": f"no exit in {err.timeout:.0f} s"})
+                break
             kinds = [
                 json.loads(line)["type"] for line in done.stdout.splitlines() if line[:1] == "{"
             ]
@@ -190,5 +206,9 @@ def test_prompt_cache_prefix_holds(session: tuple[str, Recorded]) -> None:
     client, record = session
     main = record.main(CLIENT_TOOL[client])
     assert len(main) >= TURNS, f"only {len(main)} model requests reached the upstream"
-    low = [(i, round(s, 3)) for i, s, exempt in shares(main) if not exempt and s < MIN_SHARE]
+    low = [
+        (i, round(share, 3), parted)
+        for i, share, exempt, parted in shares(main)
+        if not exempt and share < MIN_SHARE
+    ]
     assert [] == low
