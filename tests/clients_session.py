@@ -75,7 +75,7 @@ class Recorded:
 
     turns: list[dict[str, Any]] = field(default_factory=list)  # per turn: exit code, details
     requests: list[Received] = field(default_factory=list)
-    our_calls: list[str] = field(default_factory=list)
+    our_calls: list[tuple[str, str]] = field(default_factory=list)  # (call id, tool)
     proxy_log: str = ""
     exit_code: int | None = None
     store: Path = Path()

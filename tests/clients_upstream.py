@@ -174,7 +174,7 @@ class ClientUpstream:
         self.share = share
         self.workdir = workdir
         self.requests: list[Received] = []
-        self.our_calls: list[str] = []  # ids of the proxy-tool calls this upstream made
+        self.our_calls: list[tuple[str, str]] = []  # (id, tool) of each proxy-tool call made
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -242,7 +242,7 @@ class ClientUpstream:
         call_id = f"{prefix}_{next(self._ids):04d}"
         if step.tool in OUR_TOOLS:
             with self._lock:
-                self.our_calls.append(call_id)
+                self.our_calls.append((call_id, step.tool))
         return call_id
 
     def _anthropic(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:

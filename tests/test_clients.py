@@ -177,15 +177,14 @@ def test_harness_text_is_never_the_users(session: tuple[str, Recorded]) -> None:
 
 
 def test_every_proxy_tool_call_is_answered(session: tuple[str, Recorded]) -> None:
-    """The model calls ``search_memory`` (after text) and ``recall_tool_result``; every such
-    call is answered by the proxy: a later upstream request carries its result."""
+    """The model calls ``search_memory`` (after text) and ``recall_tool_result`` (after text, on
+    a ref the request shows); every such call is answered by the proxy: a later upstream
+    request carries its result."""
     _client, record = session
-    assert record.our_calls, "the proxy's tools were never offered with a ref or a user"
-    unanswered = [
-        call
-        for call in record.our_calls
-        if not answered(call, [r for r in record.requests if isinstance(r.body, dict)])
-    ]
+    called = sorted({tool for _call, tool in record.our_calls})
+    assert sorted(OUR_TOOLS) == called, "the proxy's tools were not offered (or no ref shown)"
+    requests = [r for r in record.requests if isinstance(r.body, dict)]
+    unanswered = [(call, tool) for call, tool in record.our_calls if not answered(call, requests)]
     assert [] == unanswered
 
 
