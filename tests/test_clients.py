@@ -26,7 +26,7 @@ from clients_drive import (
     installed,
 )
 from clients_session import (
-    INSTRUCTIONS_MARKER,
+    INSTRUCTIONS,
     MIN_SHARE,
     PROMPT_MARKER,
     TURNS,
@@ -148,15 +148,17 @@ def test_session_is_compacted(session: tuple[str, Recorded]) -> None:
 
 def test_instructions_and_first_prompt_survive_compaction(session: tuple[str, Recorded]) -> None:
     """After the first compaction every model request still carries the project instructions
-    (CLAUDE.md / AGENTS.md, by their marker) and the user's first prompt (by its marker)."""
+    (CLAUDE.md / AGENTS.md whole, as written, not a summary's quote of their marker) and the
+    user's first prompt (by its marker)."""
     client, record = session
     after = [r for r in record.main(CLIENT_TOOL[client]) if r.events[0] >= 1]
     assert after, "no model request came after a compaction"
+    whole = json.dumps(INSTRUCTIONS, ensure_ascii=False)[1:-1]  # as it reads inside JSON
     missing = [
-        (number, marker)
+        (number, wanted[:40])
         for number, received in enumerate(after)
-        for marker in (INSTRUCTIONS_MARKER, PROMPT_MARKER)
-        if marker not in text_of(received)
+        for wanted in (whole, PROMPT_MARKER)
+        if wanted not in text_of(received)
     ]
     assert [] == missing
 
