@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench real-model docs lint clean
+.PHONY: test demo bench real-model docs lint clean clients
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check ragent_memory tests benchmarks
 	$(BIN)/mypy ragent_memory
 
-test: lint
+# The real Claude Code and Codex CLIs that tests/test_clients.py drives through the proxy, pinned
+# in clients/package-lock.json and installed once into clients/node_modules (npm registry only).
+CLIENTS := clients/node_modules/.installed
+
+$(CLIENTS): clients/package.json clients/package-lock.json
+	cd clients && npm ci --no-audit --no-fund --loglevel=error
+	clients/node_modules/.bin/claude --version && clients/node_modules/.bin/codex --version
+	touch $(CLIENTS)
+
+clients: $(CLIENTS)
+
+test: lint $(CLIENTS)
 	$(BIN)/pytest -q
 
 $(VENV)/.chart: $(STAMP)
@@ -54,4 +65,4 @@ docs: $(VENV)/.docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info clients/node_modules
