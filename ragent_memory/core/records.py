@@ -53,7 +53,7 @@ class Substitution:
     digest: the same content at another position (a repeated search) is not substituted."""
 
     key: str
-    kind: str  # "trim" | "truncate"
+    kind: str  # "trim" | "truncate" | "recall" (a turn's recall block on its user message)
     ref: str
     message: dict[str, Any]
 

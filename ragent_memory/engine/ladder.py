@@ -91,7 +91,9 @@ class Ladder:
         budget = self.settings.context_window_chars
         if view.total <= budget:
             return view, view.left.turns, None
-        self._trim_all(view, user_id)
+        self.session.sticky.drop_blocks(view, sorted(view.indexes("recall")))
+        if view.total > budget:
+            self._trim_all(view, user_id)
         mid_turn = None
         if view.total > budget:
             view, mid_turn = self._compact_mid_turn(view, user_id)

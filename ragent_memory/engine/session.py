@@ -52,6 +52,7 @@ from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
 from ragent_memory.engine.turn_recall import TurnRecall
 from ragent_memory.engine.view import View
+from ragent_memory.gates.ceiling import current_turn_start
 from ragent_memory.gates.compaction import CutPlan, plan_cut
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
@@ -69,6 +70,9 @@ __all__ = [  # what memory_engine imports from here
 ]
 
 log = get_logger(__name__)
+
+MIN_RECLAIM_SHARE = 0.2  # gate 1's: a trim must reclaim at least this share of the view
+
 
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view
 LeaveCallback = Callable[[str, "str | None", list[tuple[int, Message]]], None]
@@ -237,10 +241,10 @@ class Session:
         self._verify(user_id)
         view, chars_in = self._build(last)
         view, compacted, skipped, dropped_turns = self._gates(view, user_id)
-        recalled, recalled_chars = self.turn_recall.recall(view, user_id, self.state.summary)
-        return view, report_fields(
-            view, self, chars_in, (compacted, skipped, dropped_turns), (recalled, recalled_chars)
-        )
+        recall = self.turn_recall.recall(view, user_id, self.state.summary, self.sticky)
+        fields = report_fields(view, self, chars_in, (compacted, skipped, dropped_turns), recall)
+        self.turn_recall.keep(view, self.sticky)
+        return view, fields
 
     def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, str | None, int]:
         """reduce → trim → record → compact → ceiling on the view ``_build`` gave. Returns the
@@ -249,6 +253,7 @@ class Session:
         trimming = self.trimming
         new, state = trimming.trim(view, trimming.reduce(view))
         trimming.apply(view, new, state or view.trim_hint, lambda i: self.left(user_id, i))
+        self._evict_blocks(view, trimmed=any(sub.kind == "trim" for _, sub, _ in new))
         compacted, skipped = False, None
         if self.settings.summary_enabled:
             skipped = self._compact_if_due(view, user_id)
@@ -263,6 +268,30 @@ class Session:
         if mid_turn is not None:
             compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
         return view, compacted, skipped, dropped_turns
+
+    def _evict_blocks(self, view: View, *, trimmed: bool) -> None:
+        """Earlier turns' recall blocks leave their messages as old tool results do, all at
+        once: at a trim event (the prefix changes then anyway), or when the view is over the
+        trim trigger and they would reclaim at least the share gate 1 asks of a trim.
+        Between such events the bytes before the current turn stay as they are."""
+        if not view.counts.get("recall"):
+            return
+        turn_start = current_turn_start(view.messages, view.head)
+        old = sorted(i for i in view.indexes("recall") if i < turn_start)
+        if not old:
+            return
+        sizes = self.raw.sizes
+        reclaim = sum(view.sizes[i] - sizes[i + view.offset] for i in old)
+        settings = self.settings
+        over = view.total > settings.trim_trigger_chars
+        if trimmed or (over and reclaim >= view.total * MIN_RECLAIM_SHARE):
+            self.sticky.drop_blocks(view, old)
+            log.info(
+                "recall.blocks_evicted",
+                session_id=self.session_id,
+                blocks=len(old),
+                reclaimed_chars=reclaim,
+            )
 
     def rebuild(self) -> View:
         """The view built anew once a generation applied mid-turn (the ceiling's rung 2)."""
@@ -298,7 +327,7 @@ class Session:
         """Raw messages ``indexes`` left the view: those not shown as a substitution (which
         left it when substituted) are reported."""
         at = self.sticky.at
-        self.left(user_id, [i for i in indexes if at(i, prefix_len) is None])
+        self.left(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
 
     def left(self, user_id: str | None, indexes: Sequence[int]) -> None:
         """Report raw messages ``indexes`` as having left the view (``Services.on_leave``)."""
@@ -457,6 +486,12 @@ def report_fields(
         recalled=recalled,
         recalled_chars=recalled_chars,
     )
+
+
+def _shown_as_written(sub: Substitution | None) -> bool:
+    """Whether a message was shown as the caller wrote it (a recall block on it aside): only
+    then does it leave the view when a summary covers it."""
+    return sub is None or sub.kind == "recall"
 
 
 def _suspects(last: View) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ragent_memory.core.chars import chars
+from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.view import View
@@ -16,6 +16,17 @@ log = get_logger(__name__)
 
 # (view index, substitution, texts to offload) of a substitution not recorded yet
 NewSubstitution = tuple[int, Substitution, Sequence[str]]
+
+
+# What a consumer that joins a message's text parts puts between them (LangChain's OpenAI
+# conversion, many providers): a recall block, its own part before the user's words, costs it.
+PART_SEPARATOR = "\n"
+
+
+def shown_chars(sub: Substitution) -> int:
+    """What ``sub`` takes of B where it is shown: its chars, and for a recall block the
+    separator a consumer joining the message's parts puts after it."""
+    return chars(sub.message) + (len(PART_SEPARATOR) if sub.kind == "recall" else 0)
 
 
 class Sticky:
@@ -58,7 +69,7 @@ class Sticky:
         for raw_index in range(begin, len(self.raw.messages)):
             sub = self.at(raw_index, prefix_len)
             if sub is not None:
-                view.show(raw_index - view.offset, sub.message, sub.kind, chars(sub.message))
+                view.show(raw_index - view.offset, sub.message, sub.kind, shown_chars(sub))
 
     def record(
         self,
@@ -91,3 +102,35 @@ class Sticky:
                 )
         on_left(sorted(index + view.offset for index, _, _ in new))
         return True
+
+    def keep_block(self, view: View, index: int, message: Message, epoch: str) -> bool:
+        """Show ``message`` (the caller's message at view ``index`` with a turn's recall block
+        on it) there from now on, in this view and every later one, recorded with the recall
+        deletion ``epoch`` it was found under. Nothing leaves the view: the caller's words are
+        all still shown. False when the store refused it (the view is left as it was)."""
+        sub = Substitution(self.key(view, index), "recall", epoch, message)
+        try:
+            self.store.save_substitutions(self.session_id, [(sub, ())], ttl_days=self.ttl_days)
+        except RagentMemoryError as err:
+            log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
+            return False
+        self.subs[sub.key] = sub
+        self.positions.add(index + view.offset - view.prefix_len)
+        view.show(index, message, "recall", shown_chars(sub))
+        return True
+
+    def drop_blocks(self, view: View, indexes: Sequence[int]) -> None:
+        """The recall blocks shown at view ``indexes`` leave their messages (shown as written
+        again), in the store first: a block the store still held would come back later."""
+        keys = [self.key(view, i) for i in indexes]
+        if not keys:
+            return
+        try:
+            self.store.delete_substitutions(self.session_id, keys)
+        except RagentMemoryError as err:
+            log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
+            return
+        for index, key in zip(indexes, keys, strict=True):
+            self.subs.pop(key, None)
+            raw_index = index + view.offset
+            view.unshow(index, self.raw.sizes[raw_index])

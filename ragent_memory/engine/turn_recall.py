@@ -3,41 +3,42 @@ current turn's user message, within ``recall_max_chars`` and never past B."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
+from ragent_memory.engine.sticky import PART_SEPARATOR, Sticky
 from ragent_memory.engine.view import View
-from ragent_memory.recall.excerpts import Recalled
+from ragent_memory.recall.excerpts import place
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
+from ragent_memory.store import id_key
 
-PART_SEPARATOR = "\n"  # what a consumer that joins a message's text parts puts between them
 
-
-class _TurnBlock(NamedTuple):
-    """The block found for a turn's user message (``at``, a raw index; -1: none yet), and
-    what it depends on beyond the view's room: the question, the user whose sessions were
-    searched and the store's deletion epoch then (a ``forget`` or ``drop_session`` since, by
-    any process, replaces it)."""
-
-    at: int = -1
-    text: str = ""
-    user_id: str | None = None
-    epoch: str | None = None
-    found: Recalled = Recalled()
+def stamp(epoch: str | None, user_id: str | None) -> str | None:
+    """What a kept block was found under: the store's recall deletion epoch and the user whose
+    sessions were searched (a fixed-width key of the id; None: the store could not say)."""
+    if epoch is None:
+        return None
+    return f"{epoch}:{id_key(user_id).hex() if user_id is not None else '-'}"
 
 
 def hidden(view: View) -> tuple[range, frozenset[int]]:
     """Raw indexes the view no longer shows as written: those covered by the summary, and
-    those shown as a substitution (placeholder or preview)."""
+    those shown as a placeholder or preview (a message carrying a recall block is still
+    shown as written)."""
     covered = range(view.prefix_len, view.head + view.offset)
-    return covered, frozenset(i + view.offset for i in view.kinds)
+    return covered, frozenset(i + view.offset for i, k in view.kinds.items() if k != "recall")
 
 
 class TurnRecall:
-    """The block for the current turn (``block`` at raw index ``at``, which the engine puts on
-    its copy: the view itself, kept from turn to turn, never holds it)."""
+    """The block for the current turn: found when the last message is the user's, then kept
+    on that message (``keep``) as a sticky substitution, so every later call of the session
+    sends the same bytes before its own user message (a provider's prompt cache keeps
+    hitting). A kept block counts in the view like any message, and leaves it at a trim
+    event, when old blocks grow to a fifth of an over-trigger view, when the ceiling needs
+    the room, when a compaction covers its message, or when something is forgotten (the
+    store's recall deletion epoch it was found under has passed). ``block`` and ``at`` hold
+    a block the view could not keep, which the engine then puts on its copy for this call
+    alone."""
 
     def __init__(
         self, session_id: str, settings: Settings, raw: RawCache, recaller: Recaller | None
@@ -49,7 +50,7 @@ class TurnRecall:
         self.markers = Markers.from_settings(settings)  # the question is the user's words
         self.block = ""
         self.at = -1
-        self._turn = _TurnBlock()  # the same turn's later calls show it again while it fits
+        self.stamp: str | None = None  # what ``block`` was found under (``stamp``)
 
     def room(self, view: View) -> int:
         """What the block may take: at most ``recall_max_chars``, and B less what the view
@@ -60,64 +61,65 @@ class TurnRecall:
         free = settings.context_window_chars - view.total - len(PART_SEPARATOR)
         return min(settings.recall_max_chars, free)
 
-    def recall(self, view: View, user_id: str | None, summary: str) -> tuple[int, int]:
-        """The block for the final view: searched when the last message is the user's; in
-        the turn's tool loop (the last message is a tool result) that turn's block again, on
-        the same message, while it fits (cut to its leading excerpts when the loop's results
-        left less room), searching nothing: a session without the turn's block (a restart,
-        another host) shows none until the next user message. The block is not part of the
-        view (it never makes the view reach the compaction trigger). Returns (excerpts
-        shown, their chars)."""
-        kept, self._turn = self._turn, _TurnBlock()
-        self.block, self.at = "", -1
+    def recall(
+        self, view: View, user_id: str | None, summary: str, sticky: Sticky
+    ) -> tuple[int, int]:
+        """The block for the turn whose user message is last (searched once: a call that
+        sends the same user message again shows the block kept on it); the kept blocks of
+        an epoch that has passed leave first. The block is not part of the view yet (it
+        never makes this call's view reach the compaction trigger). Returns (excerpts
+        found, their chars)."""
+        self.block, self.at, self.stamp = "", -1, None
         recaller, raw = self.recaller, self.raw.messages
         if recaller is None or not self.settings.recall_enabled or not raw or not view.messages:
             return 0, 0
-        room = self.room(view)
-        role = raw[-1].get("role")
-        if role == "tool":
-            return self._again(view, kept, user_id, room, recaller)
-        if role != "user" or view.messages[-1].get("role") != "user" or room <= 0:
-            return 0, 0
         at = len(raw) - 1
-        text = self.markers.user_text(raw[at])
+        if raw[-1].get("role") != "user" or view.messages[-1].get("role") != "user":
+            if view.counts.get("recall"):
+                self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
+            return 0, 0
+        if view.kinds.get(at - view.offset) == "recall":  # this turn's, sent again
+            self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
+            if view.kinds.get(at - view.offset) == "recall":
+                return 0, 0
+        room = self.room(view)
+        if room <= 0:
+            return 0, 0
         covered, substituted = hidden(view)
         found = recaller.block(
             self.session_id,
             user_id,
-            text,
+            self.markers.user_text(raw[at]),
             visible_from=covered.stop,
             shown=substituted,
             max_chars=room,
             known_text=summary,
         )
+        self.stamp = stamp(recaller.searched_epoch(), user_id)
+        if view.counts.get("recall"):
+            self._forgotten(view, sticky, self.stamp)
         self.block, self.at = found.text, at
-        self._turn = _TurnBlock(at, text, user_id, recaller.searched_epoch(), found)
         return found.excerpts, len(found.text)
 
-    def _again(
-        self, view: View, kept: _TurnBlock, user_id: str | None, room: int, recaller: Recaller
-    ) -> tuple[int, int]:
-        """The turn's block shown again in its tool loop, cut to ``room``."""
-        at = self._turn_start(view)
-        if (
-            at < 0
-            or kept[:3] != (at, self.markers.user_text(self.raw.messages[at]), user_id)
-            or kept.epoch is None
-            or kept.epoch != recaller.epoch()  # something forgotten or dropped since
-        ):
-            return 0, 0
-        shown = kept.found.within(room, self.settings.language)
-        self._turn = kept._replace(found=shown)
-        self.block, self.at = shown.text, at
-        return shown.excerpts, len(shown.text)
+    def keep(self, view: View, sticky: Sticky) -> None:
+        """Put this turn's block on its user message in ``view`` (the session's, which the
+        next call extends) for good; left for the engine's copy when it cannot."""
+        at, found_under = self.at - view.offset, self.stamp
+        if not self.block or found_under is None or at in view.kinds or at >= len(view.messages):
+            return
+        if sticky.keep_block(view, at, place(view.messages[at], self.block), found_under):
+            self.block, self.at = "", -1
 
-    def _turn_start(self, view: View) -> int:
-        """The raw index of the current turn's user message (the last user message) when the
-        view shows it as written, else -1."""
-        raw = self.raw.messages
-        low = view.head + view.offset  # the first raw index the tail shows
-        for index in range(len(raw) - 1, low - 1, -1):
-            if raw[index].get("role") == "user":
-                return index
-        return -1
+    @staticmethod
+    def _forgotten(view: View, sticky: Sticky, now: str | None) -> None:
+        """Kept blocks found under another ``stamp`` leave: for another user (what they show
+        is not this one's), or under another deletion epoch (what they show may have been
+        forgotten since); None: the store cannot say now, they stay."""
+        if now is None:
+            return
+        stale = [
+            index
+            for index in sorted(view.indexes("recall"))
+            if (sub := sticky.at(index + view.offset, view.prefix_len)) is None or sub.ref != now
+        ]
+        sticky.drop_blocks(view, stale)

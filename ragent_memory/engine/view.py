@@ -114,6 +114,18 @@ class View:
         self.sizes[index] = size
         self._replaced(index)
 
+    def unshow(self, index: int, size: int) -> None:
+        """Show the caller's message at ``index`` as written again (``size``: its chars)."""
+        original = self.originals.pop(index, None)
+        kind = self.kinds.pop(index, None)
+        if original is None or kind is None:
+            return
+        self.counts[kind] -= 1
+        self.total += size - self.sizes[index]
+        self.messages[index] = original
+        self.sizes[index] = size
+        self._replaced(index)
+
     def _replaced(self, index: int) -> None:
         if index < len(self.handed):
             self.stale.add(index)

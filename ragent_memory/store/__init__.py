@@ -26,7 +26,7 @@ Tables not described where they are used:
 from ragent_memory.core.records import GCReport, SessionState, Substitution, substitution_key
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import StoreSettings
-from ragent_memory.store.base import Clock, iso, utc_now
+from ragent_memory.store.base import Clock, id_key, iso, utc_now
 from ragent_memory.store.contract import Backend, RecallIndex, VectorIndex
 from ragent_memory.store.schema import COMPACTION_COLUMNS, MIGRATIONS
 from ragent_memory.store.sqlite import Store
@@ -62,6 +62,7 @@ __all__ = [
     "Store",
     "Substitution",
     "VectorIndex",
+    "id_key",
     "iso",
     "open_store",
     "substitution_key",

@@ -260,4 +260,13 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("007_vectors_by_scope", VECTORS_BY_SCOPE),  # as SQLite's 011 (schema.py)
     ("008_keyed_ids", KEYED_IDS),  # as SQLite's 012
     ("009_turns", TURNS_TEMPLATE.format(blob="BYTEA")),  # as SQLite's 013 (schema.py)
+    # A turn's recall block kept on its message (engine/sticky.py); SQLite's 012 has the kind.
+    (
+        "010_recall_substitutions",
+        """
+        ALTER TABLE substitutions DROP CONSTRAINT substitutions_kind_check;
+        ALTER TABLE substitutions ADD CONSTRAINT substitutions_kind_check
+            CHECK (kind IN ('trim', 'truncate', 'recall'));
+        """,
+    ),
 )

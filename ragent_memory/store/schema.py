@@ -40,7 +40,7 @@ _KEYED_TABLES = MappingProxyType(
         ),
         "substitutions": (
             """session_key BLOB NOT NULL, key TEXT NOT NULL,
-        kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate')), ref TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('trim', 'truncate', 'recall')), ref TEXT NOT NULL,
         message TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (session_key, key)""",
             "id_key(session_id), key, kind, ref, message, created_at",
         ),

@@ -59,6 +59,19 @@ class SessionTables(OffloadTables, HostTables):
                 ],
             )
 
+    def delete_substitutions(self, session_id: str, keys: Sequence[str]) -> None:
+        """Remove sticky replacements (a turn's recall block leaving its message); what they
+        offloaded, if anything, expires as usual."""
+        if not keys:
+            return
+        with self._locked("write"), self.db.atomic():
+            self._mark_written(session_id)
+            key = id_key(session_id)
+            self.db.executemany(
+                "DELETE FROM substitutions WHERE session_key = ? AND key = ?",
+                [[key, k] for k in keys],
+            )
+
     def load_session(self, session_id: str) -> SessionState | None:
         rows = self._fetch(
             f"SELECT u.value, {', '.join('s.' + name for name in _COLUMNS)} FROM sessions AS s"
