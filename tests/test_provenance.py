@@ -258,6 +258,25 @@ def test_standing_instructions_stay_in_every_view_once(settings: Settings) -> No
     assert compacted >= 2
 
 
+def test_a_system_turn_inside_the_conversation_is_never_summarized(settings: Settings) -> None:
+    """A system turn mid-conversation (what Claude Code's default model sends) stays in its
+    place while the tail shows it, and once a compaction covers it, its latest version is
+    carried whole in every view, never folded into the summary."""
+    environment = {"role": "system", "content": "Environment: cwd /repo, MARKER-ENV-5T1R."}
+    sessions = list(claude_session(30))
+    seen_after = 0
+    with MemoryEngine(settings) as engine:
+        for history in sessions:
+            history = [history[0], history[1], environment, *history[2:]]
+            prepared = engine.prepare(history, session_id="env")
+            text = everything(prepared.messages)
+            assert 1 == text.count("MARKER-ENV-5T1R")
+            if prepared.report.generation:
+                seen_after += 1
+                assert "MARKER-ENV-5T1R" not in summary_of(prepared.messages)
+    assert seen_after >= 5
+
+
 def test_codex_keeps_agents_md_and_the_latest_environment(settings: Settings) -> None:
     """Codex's AGENTS.md and environment block survive compactions; once a newer
     environment block is covered, only it is carried."""

@@ -37,6 +37,11 @@ __all__ = [
 ]
 
 
+# Turns that instruct rather than converse: inside the conversation they are standing
+# instructions, carried whole across compactions, never summarized.
+INSTRUCTION_ROLES = frozenset({"system", "developer"})
+
+
 class Source(StrEnum):
     USER = "user"
     HARNESS = "harness"
@@ -153,8 +158,16 @@ class Markers:
         ).strip()
 
     def standing(self, message: Mapping[str, Any]) -> list[Segment]:
-        """The standing instructions a user message carries, in order."""
-        if message.get("role") != "user":
+        """The standing instructions a message carries, in order: a user message's marked
+        harness blocks; a system or developer turn inside the conversation (Claude Code's
+        environment turn) is one whole, keyed by its role and first line."""
+        role = message.get("role")
+        if role in INSTRUCTION_ROLES:
+            text = "\n".join(t for t in _texts(message) if t.strip()).strip()
+            if not text:
+                return []
+            return [Segment(Source.HARNESS, text, f"{role}: {text.splitlines()[0][:80]}")]
+        if role != "user":
             return []
         return [s for s in self.segments(message) if s.standing]
 

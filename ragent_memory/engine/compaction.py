@@ -23,7 +23,7 @@ import attrs
 from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
-from ragent_memory.core.provenance import Markers, latest_standing
+from ragent_memory.core.provenance import INSTRUCTION_ROLES, Markers, latest_standing
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
@@ -151,7 +151,11 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
     generation = previous.last_generation + 1
     language = settings.language
     markers = Markers.from_settings(settings)
-    said = tuple((i, markers.user_words(m)) for i, m in job.material)
+    said = tuple(
+        (i, markers.user_words(m))
+        for i, m in job.material
+        if m.get("role") not in INSTRUCTION_ROLES  # carried whole (``carried``)
+    ) or tuple(job.material)
     verbatim = update_verbatim(previous.verbatim, said)
     block = render_verbatim(verbatim, budget=settings.verbatim_max_chars, language=language)
     preserved = carried(job, markers, settings.preserved_tools)
