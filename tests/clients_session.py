@@ -166,10 +166,12 @@ def answered(call_id: str, later: list[Received]) -> bool:
 
 def shares(main: list[Received]) -> list[tuple[int, float, bool, str]]:
     """(request index, cached-prefix share against the request before, exempt, what the
-    previous prompt held where the two part) for every main request after the first. A request is exempt when the store's applied compactions or
-    sticky substitutions changed between the two requests before it and itself: a compaction
-    or a trim event may move bytes, and when its commit lands relative to the proxy's
-    ``prepare`` is not visible from outside, so the one request after that is exempt too."""
+    previous prompt held where the two part) for every main request after the first. A
+    request is exempt when the store's applied compactions, placeholders and previews, or
+    recall blocks taken off their messages changed between the two requests before it and
+    itself: a compaction or a trim event may move bytes, and when its commit lands relative
+    to the proxy's ``prepare`` is not visible from outside, so the one request after that is
+    exempt too. A recall block kept on its message is no event."""
     found = []
     for i in range(1, len(main)):
         share = cached_prefix_share(main[i - 1].body, main[i].body)

@@ -70,7 +70,9 @@ class Received:
     path: str
     headers: dict[str, str]  # lower-cased names
     body: Any  # parsed JSON, or None
-    events: tuple[int, int]  # (applied compactions, substitutions) in the store on arrival
+    # (applied compactions, placeholders and previews, recall blocks taken off so far) in the
+    # store on arrival
+    events: tuple[int, int, int]
 
 
 def long_text(n: int, size: int) -> str:
@@ -79,18 +81,21 @@ def long_text(n: int, size: int) -> str:
     return f"Turn {n} report. " + "".join(PARAGRAPH.format(n=n, k=k) for k in range(paragraphs))
 
 
-def store_events(path: Path) -> tuple[int, int]:
-    """The store's applied compactions and sticky substitutions so far ((0, 0) before it
-    exists)."""
+def store_events(path: Path) -> tuple[int, int, frozenset[tuple[bytes, str]]]:
+    """The store's applied compactions, its placeholders and previews, and the recall blocks
+    kept on their messages ((0, 0, none) before it exists). A kept block is no event; one
+    taken off its message is (the recorder counts those that disappear)."""
     if not path.exists():
-        return (0, 0)
+        return (0, 0, frozenset())
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
         try:
             applied = db.execute("SELECT count(*) FROM compactions WHERE status = 'applied'")
-            substituted = db.execute("SELECT count(*) FROM substitutions")
-            return (applied.fetchone()[0], substituted.fetchone()[0])
+            substituted = db.execute("SELECT count(*) FROM substitutions WHERE kind != 'recall'")
+            counts = (applied.fetchone()[0], substituted.fetchone()[0])
+            kept = db.execute("SELECT session_key, key FROM substitutions WHERE kind = 'recall'")
+            return (*counts, frozenset((bytes(k), str(p)) for k, p in kept.fetchall()))
         except sqlite3.OperationalError:  # not migrated yet
-            return (0, 0)
+            return (0, 0, frozenset())
 
 
 # ---------------------------------------------------------------------- reading a request
@@ -176,6 +181,8 @@ class ClientUpstream:
         self.requests: list[Received] = []
         self.our_calls: list[tuple[str, str]] = []  # (id, tool) of each proxy-tool call made
         self._lock = threading.Lock()
+        self._blocks: frozenset[tuple[bytes, str]] = frozenset()  # recall blocks kept now
+        self._blocks_off = 0  # recall blocks taken off their messages so far
         self._ids = itertools.count(1)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._thread = threading.Thread(
@@ -220,7 +227,11 @@ class ClientUpstream:
             body = None
         headers = {name.lower(): value for name, value in handler.headers.items()}
         with self._lock:
-            self.requests.append(Received(handler.path, headers, body, store_events(self.store)))
+            applied, substituted, kept = store_events(self.store)
+            self._blocks_off += len(self._blocks - kept)
+            self._blocks = kept
+            events = (applied, substituted, self._blocks_off)
+            self.requests.append(Received(handler.path, headers, body, events))
         route = handler.path.split("?", 1)[0]
         if not isinstance(body, dict):
             send_json(handler, 400, {"error": {"message": "body is not a JSON object"}})

@@ -36,7 +36,7 @@ def test_false_only_for_turns_that_start_no_compaction(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Any]
 ) -> None:
     """The demo session, as an app sends it (the reply appended, its tool loop after): every
-    turn said not to wait starts no compaction, and a third of the turns are said not to wait."""
+    turn said not to wait starts no compaction, and most turns are said not to wait."""
     summarizer = Watched()
     engine = make_engine(make_settings(context_window_chars=B), summarizer=summarizer)
     history: list[dict[str, Any]] = [SYSTEM]
@@ -55,7 +55,7 @@ def test_false_only_for_turns_that_start_no_compaction(
         history.append({"role": "assistant", "content": f"answer {turn}"})
         history.extend(messages[1:])
     assert compacting >= 3  # the session does compact
-    assert quiet >= 40  # recall blocks kept in the view bring more turns near the trigger
+    assert quiet >= 60
 
 
 def test_what_makes_a_turn_wait(

@@ -50,9 +50,8 @@ from ragent_memory.engine.ladder import Ladder
 from ragent_memory.engine.raw import RawCache, digest, leading_system_count
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
-from ragent_memory.engine.turn_recall import TurnRecall
+from ragent_memory.engine.turn_recall import TurnRecall, block_chars, sizes_as_written
 from ragent_memory.engine.view import View
-from ragent_memory.gates.ceiling import current_turn_start
 from ragent_memory.gates.compaction import CutPlan, plan_cut
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
@@ -70,8 +69,6 @@ __all__ = [  # what memory_engine imports from here
 ]
 
 log = get_logger(__name__)
-
-MIN_RECLAIM_SHARE = 0.2  # gate 1's: a trim must reclaim at least this share of the view
 
 
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view
@@ -97,6 +94,8 @@ class TurnReport:
     dropped_turns: int = 0  # oldest whole turns left out of the view by the ceiling (§4b)
     recalled: int = 0  # excerpts of earlier conversation shown (§9b)
     recalled_chars: int = 0
+    # earlier turns' recall blocks taken off their messages (like a trim, a prefix change)
+    recall_evicted: int = 0
 
 
 @attrs.frozen
@@ -190,8 +189,7 @@ class Session:
         return self.turn_recall.at
 
     def is_idle(self) -> bool:
-        """Nobody holds the session and no compaction of it is in flight: dropping it from
-        memory loses nothing the store does not keep."""
+        """Nobody holds it and no compaction of it runs: dropping it from memory loses nothing."""
         if self.callers or not self.lock.acquire(blocking=False):
             return False
         try:
@@ -222,7 +220,7 @@ class Session:
             return True
         settings = self.settings
         trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
-        return last.with_left_out + grown > trigger
+        return last.with_left_out - block_chars(last, raw.sizes) + grown > trigger
 
     # -------------------------------------------------------------- the pipeline
 
@@ -234,6 +232,7 @@ class Session:
         out; with it, the ``TurnReport`` fields but memory_chars and duration_ms. ``verify``
         compares the whole history by digest, not only by identity."""
         last, self.view = self.view, None  # a failure mid-turn leaves no half-updated view
+        self.sticky.dropped = 0
         self._sync(messages, last, verify=verify)
         finished = self.compactions.finished()
         if finished is not None:
@@ -253,7 +252,8 @@ class Session:
         trimming = self.trimming
         new, state = trimming.trim(view, trimming.reduce(view))
         trimming.apply(view, new, state or view.trim_hint, lambda i: self.left(user_id, i))
-        self._evict_blocks(view, trimmed=any(sub.kind == "trim" for _, sub, _ in new))
+        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: old blocks leave too
+            self.turn_recall.evict_earlier(view, self.sticky)
         compacted, skipped = False, None
         if self.settings.summary_enabled:
             skipped = self._compact_if_due(view, user_id)
@@ -268,30 +268,6 @@ class Session:
         if mid_turn is not None:
             compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
         return view, compacted, skipped, dropped_turns
-
-    def _evict_blocks(self, view: View, *, trimmed: bool) -> None:
-        """Earlier turns' recall blocks leave their messages as old tool results do, all at
-        once: at a trim event (the prefix changes then anyway), or when the view is over the
-        trim trigger and they would reclaim at least the share gate 1 asks of a trim.
-        Between such events the bytes before the current turn stay as they are."""
-        if not view.counts.get("recall"):
-            return
-        turn_start = current_turn_start(view.messages, view.head)
-        old = sorted(i for i in view.indexes("recall") if i < turn_start)
-        if not old:
-            return
-        sizes = self.raw.sizes
-        reclaim = sum(view.sizes[i] - sizes[i + view.offset] for i in old)
-        settings = self.settings
-        over = view.total > settings.trim_trigger_chars
-        if trimmed or (over and reclaim >= view.total * MIN_RECLAIM_SHARE):
-            self.sticky.drop_blocks(view, old)
-            log.info(
-                "recall.blocks_evicted",
-                session_id=self.session_id,
-                blocks=len(old),
-                reclaimed_chars=reclaim,
-            )
 
     def rebuild(self) -> View:
         """The view built anew once a generation applied mid-turn (the ceiling's rung 2)."""
@@ -315,8 +291,7 @@ class Session:
             raw.compare_digests(messages)
 
     def _apply(self, state: SessionState, user_id: str | None) -> None:
-        """Take an applied generation; what it newly covers has left the view (a message
-        shown as a substitution already left it when it was substituted)."""
+        """Take an applied generation; what it newly covers has left the view."""
         previous = self.state
         self.state = state
         start = previous.covered if previous.generation else state.prefix_len
@@ -324,8 +299,7 @@ class Session:
         self.leave(user_id, range(max(start, self.left_out), stop), state.prefix_len)
 
     def leave(self, user_id: str | None, indexes: range, prefix_len: int) -> None:
-        """Raw messages ``indexes`` left the view: those not shown as a substitution (which
-        left it when substituted) are reported."""
+        """Raw ``indexes`` left the view: reported unless substituted (they left then)."""
         at = self.sticky.at
         self.left(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
 
@@ -410,7 +384,7 @@ class Session:
         settings = self.settings
         decision = plan_cut(
             view.messages,
-            view.sizes,
+            sizes_as_written(view, self.raw.sizes),
             head=view.head,
             settings=settings,
             left_chars=view.left.shown_chars,
@@ -485,6 +459,7 @@ def report_fields(
         dropped_turns=dropped_turns,
         recalled=recalled,
         recalled_chars=recalled_chars,
+        recall_evicted=session.sticky.dropped,
     )
 
 

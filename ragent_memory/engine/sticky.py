@@ -3,13 +3,15 @@ in the store with their offloaded originals, shown in every later view of the sa
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
-from ragent_memory.core.chars import Message, chars
+from ragent_memory.core.chars import Message, chars, text_of
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.view import View
 from ragent_memory.errors import RagentMemoryError
+from ragent_memory.recall.excerpts import place
 from ragent_memory.store import Backend, Substitution, substitution_key
 
 log = get_logger(__name__)
@@ -24,9 +26,22 @@ PART_SEPARATOR = "\n"
 
 
 def shown_chars(sub: Substitution) -> int:
-    """What ``sub`` takes of B where it is shown: its chars, and for a recall block the
-    separator a consumer joining the message's parts puts after it."""
+    """What ``sub`` takes of B where it is shown: its chars, and for a recall block (shown
+    on the caller's message, whose chars come on top) the separator a consumer joining the
+    message's parts puts after it."""
     return chars(sub.message) + (len(PART_SEPARATOR) if sub.kind == "recall" else 0)
+
+
+def block_text(sub: Substitution) -> str:
+    """The recall block a ``recall`` substitution records (its message holds only that)."""
+    return str(sub.message["content"][0]["text"])
+
+
+def _said(message: Message) -> str:
+    """What identifies the message a recall block rides on: the digest of its text alone, so
+    a client re-sending the same words in another shape (a string for one text part, its
+    cache marks moved) keeps its block."""
+    return "r" + hashlib.sha256(text_of(message).encode("utf-8", "surrogatepass")).hexdigest()[:31]
 
 
 class Sticky:
@@ -48,6 +63,7 @@ class Sticky:
         self.store = store
         self.raw = raw
         self.ttl_days = ttl_days
+        self.dropped = 0  # recall blocks taken off their messages since the count was reset
 
     def ref_for(self, text: str) -> str:
         return self.store.ref_for(self.session_id, text)
@@ -61,14 +77,26 @@ class Sticky:
         position = raw_index - prefix_len
         if position not in self.positions:
             return None
-        return self.subs.get(substitution_key(position, self.raw.digest_at(raw_index)))
+        found = self.subs.get(substitution_key(position, self.raw.digest_at(raw_index)))
+        if found is None:  # a recall block is keyed by the message's words
+            found = self.subs.get(self._block_key(raw_index, prefix_len))
+        return found
+
+    def _block_key(self, raw_index: int, prefix_len: int) -> str:
+        return substitution_key(raw_index - prefix_len, _said(self.raw.messages[raw_index]))
 
     def show_recorded(self, view: View, begin: int) -> None:
         """Show the recorded substitutions of raw messages ``[begin, end)`` in ``view``."""
         prefix_len = view.prefix_len
         for raw_index in range(begin, len(self.raw.messages)):
             sub = self.at(raw_index, prefix_len)
-            if sub is not None:
+            if sub is None:
+                continue
+            if sub.kind == "recall":  # the block on the message as the caller sends it now
+                shown = place(self.raw.messages[raw_index], block_text(sub))
+                size = self.raw.sizes[raw_index] + shown_chars(sub)
+                view.show(raw_index - view.offset, shown, sub.kind, size)
+            else:
                 view.show(raw_index - view.offset, sub.message, sub.kind, shown_chars(sub))
 
     def record(
@@ -103,26 +131,30 @@ class Sticky:
         on_left(sorted(index + view.offset for index, _, _ in new))
         return True
 
-    def keep_block(self, view: View, index: int, message: Message, epoch: str) -> bool:
-        """Show ``message`` (the caller's message at view ``index`` with a turn's recall block
-        on it) there from now on, in this view and every later one, recorded with the recall
-        deletion ``epoch`` it was found under. Nothing leaves the view: the caller's words are
-        all still shown. False when the store refused it (the view is left as it was)."""
-        sub = Substitution(self.key(view, index), "recall", epoch, message)
+    def keep_block(self, view: View, index: int, block: str, found_under: str) -> bool:
+        """Show ``block`` on the caller's message at view ``index`` from now on, in this view
+        and every later one, recorded with what it was ``found_under`` (``stamp``). Nothing
+        leaves the view: the caller's words are all still shown. False when the store
+        refused it (the view is left as it was)."""
+        raw_index = index + view.offset
+        message = {"role": "user", "content": [{"type": "text", "text": block}]}
+        key = self._block_key(raw_index, view.prefix_len)
+        sub = Substitution(key, "recall", found_under, message)
         try:
             self.store.save_substitutions(self.session_id, [(sub, ())], ttl_days=self.ttl_days)
         except RagentMemoryError as err:
             log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
             return False
-        self.subs[sub.key] = sub
-        self.positions.add(index + view.offset - view.prefix_len)
-        view.show(index, message, "recall", shown_chars(sub))
+        self.subs[key] = sub
+        self.positions.add(raw_index - view.prefix_len)
+        shown = place(self.raw.messages[raw_index], block)
+        view.show(index, shown, "recall", self.raw.sizes[raw_index] + shown_chars(sub))
         return True
 
     def drop_blocks(self, view: View, indexes: Sequence[int]) -> None:
         """The recall blocks shown at view ``indexes`` leave their messages (shown as written
         again), in the store first: a block the store still held would come back later."""
-        keys = [self.key(view, i) for i in indexes]
+        keys = [self._block_key(i + view.offset, view.prefix_len) for i in indexes]
         if not keys:
             return
         try:
@@ -130,7 +162,7 @@ class Sticky:
         except RagentMemoryError as err:
             log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
             return
+        self.dropped += len(keys)
         for index, key in zip(indexes, keys, strict=True):
             self.subs.pop(key, None)
-            raw_index = index + view.offset
-            view.unshow(index, self.raw.sizes[raw_index])
+            view.unshow(index, self.raw.sizes[index + view.offset])

@@ -3,11 +3,13 @@ current turn's user message, within ``recall_max_chars`` and never past B."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.sticky import PART_SEPARATOR, Sticky
 from ragent_memory.engine.view import View
-from ragent_memory.recall.excerpts import place
+from ragent_memory.gates.ceiling import current_turn_start
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
@@ -19,6 +21,25 @@ def stamp(epoch: str | None, user_id: str | None) -> str | None:
     if epoch is None:
         return None
     return f"{epoch}:{id_key(user_id).hex() if user_id is not None else '-'}"
+
+
+def block_chars(view: View, raw_sizes: Sequence[int]) -> int:
+    """What the view's kept recall blocks add to the messages they ride on."""
+    if not view.counts.get("recall"):
+        return 0
+    offset = view.offset
+    return sum(view.sizes[i] - raw_sizes[i + offset] for i in view.indexes("recall"))
+
+
+def sizes_as_written(view: View, raw_sizes: Sequence[int]) -> Sequence[int]:
+    """The view's sizes with each kept recall block left out: blocks count against B but
+    never bring a compaction on (they are recall's, not the conversation's)."""
+    if not view.counts.get("recall"):
+        return view.sizes
+    written = list(view.sizes)
+    for index in view.indexes("recall"):
+        written[index] = raw_sizes[index + view.offset]
+    return written
 
 
 def hidden(view: View) -> tuple[range, frozenset[int]]:
@@ -83,6 +104,10 @@ class TurnRecall:
             if view.kinds.get(at - view.offset) == "recall":
                 return 0, 0
         room = self.room(view)
+        if room < self.settings.recall_max_chars and view.counts.get("recall"):
+            # Earlier turns' blocks leave, all at once, when they squeeze this turn's.
+            sticky.drop_blocks(view, sorted(view.indexes("recall")))
+            room = self.room(view)
         if room <= 0:
             return 0, 0
         covered, substituted = hidden(view)
@@ -107,8 +132,16 @@ class TurnRecall:
         at, found_under = self.at - view.offset, self.stamp
         if not self.block or found_under is None or at in view.kinds or at >= len(view.messages):
             return
-        if sticky.keep_block(view, at, place(view.messages[at], self.block), found_under):
+        if sticky.keep_block(view, at, self.block, found_under):
             self.block, self.at = "", -1
+
+    @staticmethod
+    def evict_earlier(view: View, sticky: Sticky) -> None:
+        """Earlier turns' blocks leave their messages, all at once (at a trim event, which
+        changes the prefix anyway): between events the bytes before the current turn stay."""
+        if view.counts.get("recall"):
+            turn_start = current_turn_start(view.messages, view.head)
+            sticky.drop_blocks(view, sorted(i for i in view.indexes("recall") if i < turn_start))
 
     @staticmethod
     def _forgotten(view: View, sticky: Sticky, now: str | None) -> None:
