@@ -213,12 +213,15 @@ def serialised_prompt(body: dict[str, Any]) -> str:
 
 
 def cached_prefix_share(previous: dict[str, Any], current: dict[str, Any]) -> float:
-    """Per-call cached-prefix share: the fraction of ``current``'s serialised prompt that is a
-    byte-identical prefix of ``previous``'s, i.e. what a provider's prompt cache could serve
-    from the previous call. A call that changes nothing of ``previous`` and appends its new
-    turns scores ``len(previous) / len(current)``; a change early in the prompt scores low."""
-    before, now = serialised_prompt(previous), serialised_prompt(current)
-    return common_prefix_len(before, now) / len(now) if now else 1.0
+    """Per-call cached-prefix share: the fraction of ``previous``'s serialised prompt that
+    ``current`` repeats byte for byte as its prefix, i.e. how much of what the last call
+    paid for a provider's prompt cache can serve again. A call that changes nothing of
+    ``previous`` and appends its new turns scores 1 (what it appends is new to any cache);
+    a change early in the prompt scores low."""
+    # Without the two closing brackets (of the turns and of the prompt), which a call that
+    # appends turns replaces by a comma.
+    before, now = serialised_prompt(previous)[:-2], serialised_prompt(current)
+    return common_prefix_len(before, now) / len(before) if before else 1.0
 
 
 def common_prefix_len(a: str, b: str) -> int:

@@ -214,4 +214,4 @@ def test_prompt_cache_prefix_holds(session: tuple[str, Recorded]) -> None:
     ]
     assert [] == low, "\n".join(map(repr, low))
     exempt = sum(1 for _, _, is_exempt, _ in shares(main) if is_exempt)
-    assert exempt <= len(main) // 4, f"{exempt} of {len(main)} requests exempt"
+    assert len(main) - exempt >= 20, f"only {len(main) - exempt} requests checked"

@@ -14,6 +14,11 @@ from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
 
+# Earlier turns' kept blocks leave (all at once, a prefix change) only when they would leave
+# the new turn's block less than this share of ``recall_max_chars``: below it the question
+# loses more than the cache gains.
+ROOM_SHARE = 0.5
+
 
 def stamp(epoch: str | None, user_id: str | None) -> str | None:
     """What a kept block was found under: the store's recall deletion epoch and the user whose
@@ -104,8 +109,8 @@ class TurnRecall:
             if view.kinds.get(at - view.offset) == "recall":
                 return 0, 0
         room = self.room(view)
-        if room < self.settings.recall_max_chars and view.counts.get("recall"):
-            # Earlier turns' blocks leave, all at once, when they squeeze this turn's.
+        if room < self.settings.recall_max_chars * ROOM_SHARE and view.counts.get("recall"):
+            # Earlier turns' blocks leave, all at once, when they squeeze this turn's hard.
             sticky.drop_blocks(view, sorted(view.indexes("recall")))
             room = self.room(view)
         if room <= 0:
