@@ -96,19 +96,27 @@ def test_a_long_id_is_kept_once_not_per_message(tmp_path: Path) -> None:
 
 
 def test_the_proxy_refuses_a_long_or_invalid_id_with_a_400_naming_it(tmp_path: Path) -> None:
-    """A 100 KB ``user`` field and a session id with a NUL get a 400 naming the field (and
-    the limit) from the proxy, and the store keeps nothing of either."""
+    """A 100 KB ``user`` field, a session id with a NUL and one with a lone surrogate (valid
+    JSON, no valid text) get a 400 naming the field (and the limit) from the proxy, and the
+    store keeps nothing of any."""
     config = write_config(tmp_path, "ids", budget=20_000)
     body = {"model": "m", "messages": MESSAGES[:1]}
     with FakeOpenAI() as upstream, ProxyProcess(config, upstream.base_url, cwd=tmp_path) as proxy:
         url = f"{proxy.base_url}/chat/completions"
         long = httpx.post(url, json={**body, "user": LONG_ID}, headers={"X-Session-Id": "s"})
         nul = httpx.post(url, json={**body, "user": "a\x00b"})
+        lone = httpx.post(
+            url,
+            content=b'{"model": "m", "user": "s\\ud800x", "messages": [{"role": "user", "content": "hi"}]}',
+            headers={"Content-Type": "application/json"},
+        )
         assert [] == upstream.requests
     assert 400 == long.status_code
     assert "user_id: 100000 characters, over the limit of 256" in long.json()["error"]["message"]
     assert 400 == nul.status_code
     assert "session_id: not valid text: NUL at index 1" in nul.json()["error"]["message"]
+    assert 400 == lone.status_code
+    assert "user (read as the session_id): not valid text" in lone.json()["error"]["message"]
     with sqlite3.connect(tmp_path / "ids.db") as conn:
         assert [(0,)] == conn.execute("SELECT COUNT(*) FROM ids").fetchall()
     conn.close()

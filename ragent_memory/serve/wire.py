@@ -11,8 +11,10 @@ messages, parts and tool calls it hands back, so a translation back restores the
 from __future__ import annotations
 
 import itertools
+import json
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -220,11 +222,26 @@ def _same(known: Any, source: Any) -> bool:
     return known is source
 
 
+# Body fields the proxy reads ids from (each format's ``ids``), and which.
+ID_FIELDS = MappingProxyType(
+    {
+        "user": "session_id",
+        "metadata.user_id": "session_id and user_id",
+        "prompt_cache_key": "session_id",
+    }
+)
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
     """A body that is a JSON object, or a 400 ``Reject`` saying what it is instead."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
+        where = _lone_surrogate(raw)
+        if where is not None:  # valid JSON, but text no provider can take
+            what = f" (read as the {ID_FIELDS[where]})" if where in ID_FIELDS else ""
+            problem = f"malformed body: {where}{what}: not valid text (a lone surrogate)"
+            raise Reject(400, problem) from None
         raise Reject(400, f"malformed body: not JSON ({err})") from err
     if not isinstance(body, dict):
         raise Reject(400, "malformed body: expected a JSON object")
@@ -293,3 +310,25 @@ def rebuilt(
     if tools:
         out["tools"] = [*(body.get("tools") or ()), *tools]
     return out
+
+
+def _lone_surrogate(raw: bytes) -> str | None:
+    """The path of the first string of a JSON body holding a lone surrogate (which JSON can
+    escape but UTF-8 cannot carry), or None when the body is not such JSON."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    pending: list[tuple[str, Any]] = [("", body)]
+    for _ in range(100_000):  # bounded: a body of many small values is cut short, not slow
+        if not pending:
+            break
+        path, value = pending.pop()
+        if isinstance(value, str):
+            if any("\ud800" <= c <= "\udfff" for c in value):
+                return path or "body"
+        elif isinstance(value, dict):
+            pending += [(f"{path}.{k}" if path else str(k), v) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            pending += [(f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+    return None
