@@ -21,7 +21,7 @@ from ragent_memory.errors import ConfigError
 
 MIN_CONTEXT_WINDOW_CHARS = 8_000
 
-# Fixed constants of DESIGN §1.
+# Fixed constants of docs/design.md §1.
 KEEP_RECENT_TOOL_LOOPS = 2
 EVICTED_INPUT_EXCERPT_CHARS = 120
 MIN_TRIM_RECLAIM_RATIO = 0.2
@@ -153,7 +153,7 @@ class LLMSettings:
     max_input_chars: int = _count("llm.max_input_chars", 200_000, 10_000, MAX_CONTEXT_WINDOW_CHARS)
     offline_fallback: bool = _flag("llm.offline_fallback", default=True)
     # After a summary lost identifiers, ask the model once more naming them (a second call);
-    # off, the engine restores them itself from the material (DESIGN §6).
+    # off, the engine restores them itself from the material (docs/design.md §6).
     retention_retry: bool = _flag("llm.retention_retry", default=False)
     fallbacks: tuple[EndpointSettings, ...] = attrs.field(
         default=(),
@@ -204,7 +204,7 @@ class StoreSettings:
 
 @attrs.frozen
 class EmbeddingSettings:
-    """``recall.embeddings`` (DESIGN §9b, optional dense recall): an OpenAI-compatible
+    """``recall.embeddings`` (docs/design.md §9b, optional dense recall): an OpenAI-compatible
     ``/v1/embeddings`` endpoint whose vectors are fused with BM25; the key is read from
     ``api_key_env`` at call time."""
 
@@ -295,7 +295,7 @@ def _networks(value: Any) -> bool:
 
 @attrs.frozen
 class ServeSettings:
-    """``ragent-memory serve`` (DESIGN §14b): the OpenAI-compatible proxy and its bounds."""
+    """``ragent-memory serve`` (docs/design.md §14b): the OpenAI-compatible proxy and its bounds."""
 
     upstream: str | None = _field(
         "serve.upstream", None, _http_url, "an http(s) base URL, e.g. http://h/v1"
@@ -491,7 +491,7 @@ class Settings:
         validator=_check("serve", lambda v: isinstance(v, ServeSettings), "ServeSettings"),
     )
 
-    # Derived values (DESIGN §1). Read-only: they follow B.
+    # Derived values (docs/design.md §1). Read-only: they follow B.
     @property
     def trim_trigger_chars(self) -> int:
         return int(0.5 * self.context_window_chars)
@@ -522,7 +522,7 @@ class Settings:
 
     @property
     def recall_max_chars(self) -> int:
-        """The recall block's cap (DESIGN §9b): clamp(0.2 × B, 1,000, 40,000)."""
+        """The recall block's cap (docs/design.md §9b): clamp(0.2 × B, 1,000, 40,000)."""
         return _clamp(0.2 * self.context_window_chars, 1_000, 40_000)
 
     @property

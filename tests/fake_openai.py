@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 CHAT_PATH = "/v1/chat/completions"
-# Answered from the script too (issue 33): the Anthropic Messages and OpenAI Responses routes.
+# Answered from the script too: the Anthropic Messages and OpenAI Responses routes.
 # Their answers are sent as scripted (only a chat completion gets id/object/model filled in).
 PATHS = frozenset({CHAT_PATH, "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"})
 MAX_STALL_S = 10.0

@@ -115,7 +115,7 @@ def rag_turn(turn: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def without_recall(message: dict[str, Any]) -> dict[str, Any]:
-    """The message as the user wrote it: a recall block (DESIGN §9b), when the engine put one
+    """The message as the user wrote it: a recall block (docs/design.md §9b), when the engine put one
     in front of the final user message, taken off (the user's own content follows it)."""
     content = message.get("content")
     if not isinstance(content, list) or not content:

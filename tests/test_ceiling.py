@@ -1,4 +1,4 @@
-"""The ceiling (DESIGN §4b): the ladder's rungs as pure functions, then the engine keeping
+"""The ceiling (docs/design.md §4b): the ladder's rungs as pure functions, then the engine keeping
 every prompt inside B — mid-turn tool loops, skipped and slow compactions — stickily."""
 
 from __future__ import annotations

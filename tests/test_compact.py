@@ -255,8 +255,8 @@ def test_timeout_returns_trimmed_view_and_applies_late(
 def test_applied_generation_and_its_audit_row_commit_together(
     make_settings: Callable[..., Settings],
 ) -> None:
-    """When the applied row cannot be written, the generation is not committed either (DESIGN
-    §10: both or neither); the attempt is audited failed and the turn goes on uncompacted."""
+    """When the applied row cannot be written, the generation is not committed either
+    (docs/design.md §10: both or neither); the attempt is audited failed and the turn goes on uncompacted."""
     settings = make_settings(context_window_chars=20_000)
     with MemoryEngine(settings) as engine:
         engine.store.db.execute(

@@ -1,4 +1,4 @@
-"""Optional dense recall (issue 35, DESIGN §9b, ``recall.embeddings``): the real ``openai`` SDK
+"""Optional dense recall (docs/design.md §9b, ``recall.embeddings``): the real ``openai`` SDK
 against a scripted ``/v1/embeddings`` server on 127.0.0.1 whose vectors are bags of concepts,
 so a question in other words than the answer's is near it while sharing no word with it."""
 
@@ -27,7 +27,7 @@ from ragent_memory.recall.excerpts import Ask
 from ragent_memory.settings import load_settings
 from ragent_memory.store import Store
 
-# The engine end to end on both stores (DESIGN §10: one contract, the same suite).
+# The engine end to end on both stores (docs/design.md §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
 
 CONCEPTS = (

@@ -17,7 +17,7 @@ from test_compact import build_history
 from ragent_memory import EngineClosedError, InvalidMessagesError, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
 
-# The engine end to end on both stores (DESIGN §10: one contract, the same suite).
+# The engine end to end on both stores (docs/design.md §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
 
 

@@ -106,7 +106,7 @@ def test_no_distractor_of_the_corpus_teaches_anything(language: str) -> None:
 
 @pytest.mark.parametrize("language", bench.LANGUAGES)
 def test_the_corpus_meets_the_targets(language: str) -> None:
-    """The committed corpus (issue 34's benchmark): ≥ 300 utterances in all, a third or more
+    """The committed corpus (the facts benchmark): ≥ 300 utterances in all, a third or more
     distractors, every *Why* statement in it, and offline recall ≥ 0.80 at precision ≥ 0.95."""
     rows = {lang: bench.load(lang) for lang in bench.LANGUAGES}
     every = [u for lang_rows in rows.values() for u in lang_rows]

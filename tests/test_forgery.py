@@ -1,4 +1,4 @@
-"""Quote forgery through a fooled model, and fence-tag lookalikes (issue 8 item 6): only the
+"""Quote forgery through a fooled model, and fence-tag lookalikes: only the
 engine's verbatim block may quote the user under ``## User requests``, and nothing that reads
 as a fence tag reaches the fence."""
 

@@ -1,4 +1,4 @@
-"""The house rules of DESIGN §16, checked on the package's own source (issue 31)."""
+"""The house rules of docs/design.md §16, checked on the package's own source."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _shared_state(body: list[ast.stmt]) -> list[tuple[int, str]]:
 
 
 def test_no_class_over_300_lines_and_no_function_over_60() -> None:
-    """A class stays under 300 lines and a function under 60 (DESIGN §16)."""
+    """A class stays under 300 lines and a function under 60 (docs/design.md §16)."""
     too_long = []
     for path, tree in _trees():
         for node in ast.walk(tree):
@@ -86,7 +86,7 @@ def test_no_class_over_300_lines_and_no_function_over_60() -> None:
 
 def test_nothing_mutable_at_module_or_class_level() -> None:
     """A cache belongs to an object: no module- or class-level dict, list or set, no
-    module-level lru_cache, no ``global`` (DESIGN §16)."""
+    module-level lru_cache, no ``global`` (docs/design.md §16)."""
     shared = []
     for path, tree in _trees():
         where = path.relative_to(PACKAGE)
@@ -103,7 +103,7 @@ def test_nothing_mutable_at_module_or_class_level() -> None:
 
 @pytest.mark.parametrize("word", FORBIDDEN)
 def test_no_private_file_formats_or_private_protocols(word: str) -> None:
-    """No memory map of SQLite's -shm, no httptools protocol subclass, no mallopt (DESIGN §16)."""
+    """No memory map of SQLite's -shm, no httptools protocol subclass, no mallopt (docs/design.md §16)."""
     assert [] == [
         str(p.relative_to(PACKAGE)) for p in MODULES if word in p.read_text(encoding="utf-8")
     ]

@@ -154,7 +154,7 @@ def test_injection_case(
     prepared = engine.prepare(messages, session_id="s1")
 
     assert prepared.report.compacted
-    # One summary request, and at most one retry naming identifiers the reply lost (DESIGN §6
+    # One summary request, and at most one retry naming identifiers the reply lost (docs/design.md §6
     # retention check); each must hold the fences.
     assert 1 <= len(server.requests) <= 2
     for request in server.requests:

@@ -1,5 +1,5 @@
 """Every wrong input a caller can pass is an InvalidMessagesError naming the index or the
-field (issue 8 item 5), from prepare and after_turn alike."""
+field, from prepare and after_turn alike."""
 
 from __future__ import annotations
 

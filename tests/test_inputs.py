@@ -1,4 +1,4 @@
-"""SDK message objects and the developer role are accepted as chat dicts (DESIGN §14b)."""
+"""SDK message objects and the developer role are accepted as chat dicts (docs/design.md §14b)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the caller gets is its own: changing a prepared message changes neither the caller's
-history nor later turns (issue 8, item 10); the history is read incrementally, yet edits are
+history nor later turns; the history is read incrementally, yet edits are
 caught on the very next prepare."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_in_place_edit_of_a_covered_message_is_seen_once_a_compaction_may_be_due
 ) -> None:
     """An edit in place of a covered message anywhere in the covered range (its content or
     tool_calls replaced in the same dict) is seen by the first prepare whose view may reach
-    the compaction trigger (DESIGN §5): the summary is dropped before anything builds on it.
+    the compaction trigger (docs/design.md §5): the summary is dropped before anything builds on it.
     Turns below the trigger look at what the view shows, so their cost stays flat."""
     with _summarized(make_settings) as (engine, history, state):
         role = "user" if edit == "content" else "assistant"

@@ -1,4 +1,4 @@
-"""A library is silent until its app asks (DESIGN §13): events go through ``logging``."""
+"""A library is silent until its app asks (docs/design.md §13): events go through ``logging``."""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def test_offline_extraction_zh(message: str, expected: list[str]) -> None:
     ],
 )
 def test_offline_patterns_catch_how_people_talk(message: str, expected: list[str]) -> None:
-    """Everyday phrasings (issue 9): a new job or home, ongoing activities, kids, pets,
+    """Everyday phrasings: a new job or home, ongoing activities, kids, pets,
     hobbies and plans, first person turned into third."""
     assert expected == [c.content for c in candidates(message)]
 
@@ -239,7 +239,7 @@ def test_questions_and_chatter_are_not_facts(message: str) -> None:
 
 def test_offline_supersedes() -> None:
     """A new home, an opposite taste or a negation ("I no longer work at …") supersedes the
-    fact it replaces (issue 34: marked, not repeated); repeats do nothing."""
+    fact it replaces (marked, not repeated); repeats do nothing."""
     facts = [
         Fact(1, "Lives in Berlin"),
         Fact(2, "Likes jazz"),

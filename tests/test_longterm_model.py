@@ -294,7 +294,7 @@ def test_a_fact_copied_from_the_prompt_is_rejected(
     engine_at: Callable[..., MemoryEngine],
     db_path: str,
 ) -> None:
-    """A small model copied the prompt's example as a fact (issue 34): the example's wording,
+    """A small model copied the prompt's example as a fact: the example's wording,
     a placeholder or "..." is rejected unless the user said it; the user's facts stand."""
     example = {"en": "Lives in Lyon", "zh": "住在上海"}[language]
     said = {"en": "I live in Lyon.", "zh": "我住在上海。"}[language]
@@ -337,7 +337,7 @@ def test_a_model_fact_is_learnt_only_from_what_the_gates_keep(
 ) -> None:
     """The model sees only the sentences the offline gates keep (no reported speech, no
     hypothetical), and of what it returns only a grounded fact is learnt: not someone else's
-    fact, not a supposition, not one worded as a question or a hypothetical (issue 34)."""
+    fact, not a supposition, not one worded as a question or a hypothetical."""
     said, fact, unfounded, hidden = GROUNDING[language]
     fake_openai.reply(operations(*map(add, unfounded), add(fact)))
     engine = engine_at(fake_openai.base_url, language=language)
@@ -427,7 +427,7 @@ def test_the_offline_extractor_completes_a_model_that_learns_nothing(
     fake_openai: FakeOpenAI, engine_at: Callable[..., MemoryEngine]
 ) -> None:
     """With a model configured memory never learns less than the offline default: a fact the
-    patterns read and the model missed is learnt all the same (issue 34)."""
+    patterns read and the model missed is learnt all the same."""
     fake_openai.reply(operations())
     engine = engine_at(fake_openai.base_url)
     engine.after_turn(chat("I work at Globex.", "Thanks!", "ok"), session_id="s1", user_id="u1")
@@ -517,7 +517,7 @@ def test_a_near_duplicate_says_all_the_other_says(fact: str, other: str, near: b
 )
 def test_a_sentence_with_its_subject_cut_is_an_echo(said: str, fact: str, holds: bool) -> None:
     """The user's sentence without its "I" is the model not doing its job: it stays only
-    where the offline patterns read a fact in it (issue 34, a role-play line it learnt)."""
+    where the offline patterns read a fact in it (a role-play line a small model learnt)."""
     language = "zh" if said.startswith("我") else "en"
     grounds = Grounds.of(ExtractionRequest((), (said,), language))
     assert holds == grounds.holds(fact)

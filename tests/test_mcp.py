@@ -1,4 +1,4 @@
-"""``ragent-memory mcp`` as MCP clients run it (issue 33): a real subprocess driven by the
+"""``ragent-memory mcp`` as MCP clients run it: a real subprocess driven by the
 official ``mcp`` SDK's own client, over stdio (and once over streamable HTTP), on a real SQLite
 store filled through the public ``MemoryEngine`` API first (and once through the proxy)."""
 

@@ -1,4 +1,4 @@
-"""Schema migrations are recorded in the database (DESIGN §10): each once, in order, atomically."""
+"""Schema migrations are recorded in the database (docs/design.md §10): each once, in order, atomically."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What only the PostgreSQL store has: credentials from the environment, many hosts on one
-database (DESIGN §10 "Many hosts")."""
+database (docs/design.md §10 "Many hosts")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Preserved tool outputs (DESIGN §6): a loaded skill is carried verbatim, never summarized."""
+"""Preserved tool outputs (docs/design.md §6): a loaded skill is carried verbatim, never summarized."""
 
 from __future__ import annotations
 

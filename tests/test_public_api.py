@@ -1,4 +1,4 @@
-"""The public surface of DESIGN §11 is importable from the package root."""
+"""The public surface of docs/design.md §11 is importable from the package root."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_all_is_sorted_and_importable() -> None:
 
 
 def test_design_example_runs(tmp_path: Path) -> None:
-    """The DESIGN §11 example works as written, from the package root, and every call in it
+    """The docs/design.md §11 example works as written, from the package root, and every call in it
     does its job: prepare offloads, recall reads back, after_turn + flush learn facts,
     forget erases them, gc deletes what expired."""
     settings = attrs.evolve(

@@ -30,7 +30,7 @@ from ragent_memory.recall.refs import (
     recall_tool_schema,
 )
 
-# The engine end to end on both stores (DESIGN §10: one contract, the same suite).
+# The engine end to end on both stores (docs/design.md §10: one contract, the same suite).
 pytestmark = pytest.mark.both_backends
 
 ORIGINAL = "".join(f"{i:07d}|" for i in range(25_000))  # 200,000 chars, every slice unique

@@ -1,4 +1,4 @@
-"""Recall through the engine (DESIGN §9b): the block in prepare, search_memory, isolation,
+"""Recall through the engine (docs/design.md §9b): the block in prepare, search_memory, isolation,
 cache safety and the settings that switch it."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_compacted_fact_comes_back_when_asked(
     report counts it, and the block stays within recall_max_chars and B (with the view)."""
     settings = make_settings(context_window_chars=8_000)
     engine = make_engine(settings, summarizer=ForgetfulSummarizer())
-    # No identifier in the fact (no number, code or name): the retention check (DESIGN §6)
+    # No identifier in the fact (no number, code or name): the retention check (docs/design.md §6)
     # would restore one into the summary, and then it is in view, not recalled.
     history = chat(80, planted={2: "my locker at the gym is the blue one beside the sauna."})
     for i in range(0, len(history), 2):

@@ -1,4 +1,4 @@
-"""The reliability suite (issue 8): what an attacker would try, bounded so it runs in
+"""The reliability suite: what an attacker would try, bounded so it runs in
 `make test`.
 
 - ≥ 2,000 generated histories (budgets 8k–80k, long tool loops, huge results and inputs):

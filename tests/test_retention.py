@@ -1,4 +1,4 @@
-"""The retention check (DESIGN §6): identifiers, the extractive restore, the repeat rejection,
+"""The retention check (docs/design.md §6): identifiers, the extractive restore, the repeat rejection,
 the audit's kept/lost counts, and planted identifiers kept across five generations."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recall (DESIGN §9b) below the engine: the index, the search, the block and its placement."""
+"""Recall (docs/design.md §9b) below the engine: the index, the search, the block and its placement."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``POST /v1/messages`` (issue 33): ``ragent-memory serve`` as a subprocess behind the real
+"""``POST /v1/messages``: ``ragent-memory serve`` as a subprocess behind the real
 ``anthropic`` client (what Claude Code speaks), a scripted Messages upstream on 127.0.0.1."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def bodies(upstream: FakeOpenAI) -> list[dict[str, Any]]:
 
 
 def engine_chars(body: dict[str, Any]) -> int:
-    """An upstream request's size in the engine's own metric (DESIGN §2)."""
+    """An upstream request's size in the engine's own metric (docs/design.md §2)."""
     return sum(chars(m) for m in to_engine(body))
 
 

@@ -1,4 +1,4 @@
-"""``POST /v1/responses`` (issue 33): ``ragent-memory serve`` as a subprocess behind the real
+"""``POST /v1/responses``: ``ragent-memory serve`` as a subprocess behind the real
 ``openai`` client's Responses API (what Codex CLI and the Agents SDK speak), a scripted
 Responses upstream on 127.0.0.1."""
 

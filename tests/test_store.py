@@ -1,4 +1,4 @@
-"""The store contract (DESIGN §10), run against both backends: a real SQLite file and a real
+"""The store contract (docs/design.md §10), run against both backends: a real SQLite file and a real
 PostgreSQL database. Each concern in turn: sessions, offloads, memories and search, audit."""
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def test_forget_erases_a_user_and_never_reuses_a_version(store: Backend) -> None
 
 
 def test_audit_rows_have_the_documented_columns(store: Backend, clock: Clock) -> None:
-    """compactions rows: DESIGN §10's columns, ids ascending, filtered by session."""
+    """compactions rows: docs/design.md §10's columns, ids ascending, filtered by session."""
     first = store.audit({"session_id": "s1", "generation": 1, "status": "applied", "summary": "x"})
     second = store.audit({"session_id": "s2", "generation": 0, "status": "failed", "error": "boom"})
     assert first < second

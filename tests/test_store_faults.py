@@ -1,4 +1,4 @@
-"""Store faults found by issue 8, each pinned by its reproduction: two writers on one file,
+"""Store faults found by the reliability review, each pinned by its reproduction: two writers on one file,
 the audit row committing with its generation, audit figures that are what happened, hostile
 store paths refused at start-up, and gc handing freed pages back to the disk."""
 
@@ -29,7 +29,7 @@ NOBODY = 65534
 
 def test_a_reading_transaction_waits_for_another_writer_instead_of_failing(db_path: str) -> None:
     """A transaction that reads then writes, while another connection writes, waits out the
-    busy timeout instead of failing at once with `database is locked` (issue 8 item 1)."""
+    busy timeout instead of failing at once with `database is locked`."""
     a, b = Store(db_path), Store(db_path)
     wrote = threading.Event()
     errors: list[BaseException] = []
@@ -146,8 +146,8 @@ def test_audit_figures_are_what_happened(
     make_settings: Callable[..., Settings], use_half: bool
 ) -> None:
     """`chars_after` equals the `chars_out` of the turn that applied it, and `material_chars`
-    equals what the summarizer received: the raw originals, not their trim placeholders
-    (issue 8 item 3)."""
+     equals what the summarizer received: the raw originals, not their trim placeholders
+    ."""
     summarizer = Recording(use_half=use_half)
     settings = make_settings(context_window_chars=20_000)
     applied: list[int] = []
@@ -296,7 +296,7 @@ def fill_and_drop(engine: MemoryEngine, sessions: int) -> None:
 
 
 def test_gc_hands_freed_pages_back_to_the_disk(make_settings: Callable[..., Settings]) -> None:
-    """Deleting offloads shrinks the file, not only the row count (issue 8 item 8)."""
+    """Deleting offloads shrinks the file, not only the row count."""
     with MemoryEngine(make_settings(context_window_chars=40_000)) as engine:
         fill_and_drop(engine, 8)
         report = engine.gc()

@@ -1,4 +1,4 @@
-"""The summarizer's input is bounded by B (DESIGN §5, §6; issue 10): the rendered transcript
+"""The summarizer's input is bounded by B (docs/design.md §5, §6): the rendered transcript
 clips tool results first, then assistant and user text, then leaves out the oldest messages;
 what was sent is what the audit's ``material_chars`` says; identifiers the clip hid come back
 through the retention check."""
@@ -113,7 +113,7 @@ def test_clip_text_keeps_head_and_tail_within_the_cap() -> None:
 
 
 def test_fit_leaves_material_that_fits_alone() -> None:
-    """Material within the budget renders as DESIGN §1 says: nothing clipped harder."""
+    """Material within the budget renders as docs/design.md §1 says: nothing clipped harder."""
     transcript = Transcript(huge_history(2, 3_000))
     assert DEFAULT_CLIP == transcript.fit(100_000)
     assert UNCLIPPED == transcript.fit(100_000, start=UNCLIPPED)

@@ -1,4 +1,4 @@
-"""The proxy's memory belongs to the caller (issue 36): ``ragent-memory serve`` as a subprocess
+"""The proxy's memory belongs to the caller: ``ragent-memory serve`` as a subprocess
 behind the real ``openai`` client, a scripted upstream on 127.0.0.1, and the store read back."""
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ def test_a_transcript_replayed_into_a_scope_is_that_keys_memory(
     assert "4417" not in sent(upstream, MALLORY)
 
 
-# ---------------------------------------------------------------- every wire format (issue 33)
+# ---------------------------------------------------------------- every wire format
 
 
 def any_format_noted(body: Any) -> Answer:

@@ -39,7 +39,7 @@ def whole_view(
     view: list[Message], sizes: list[int], kinds: dict[int, str]
 ) -> tuple[dict[int, int], dict[str, int]]:
     """What the candidates free, by view index, and the oddities, from the whole view at once
-    (DESIGN §4 read literally: loops, protection, the whitelist, shorter placeholders)."""
+    (docs/design.md §4 read literally: loops, protection, the whitelist, shorter placeholders)."""
     loops = map_loops(view)
     protected = protected_loops(view, loops.loops)
     free: dict[int, int] = {}

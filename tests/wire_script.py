@@ -1,5 +1,5 @@
-"""What a scripted upstream answers in the Anthropic Messages and OpenAI Responses formats
-(issue 33): whole replies and SSE streams written as the providers write them, for
+"""What a scripted upstream answers in the Anthropic Messages and OpenAI Responses formats:
+whole replies and SSE streams written as the providers write them, for
 ``FakeOpenAI`` to send."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``ragent-memory`` command line (DESIGN §14): commands, the demo, transcripts."""
+"""The ``ragent-memory`` command line (docs/design.md §14): commands, the demo, transcripts."""
 
 from ragent_memory.cli import page  # noqa: F401 - registers ``ui`` and ``probe``
 from ragent_memory.cli.main import cli, main

@@ -37,7 +37,7 @@ DEFAULT_CONFIG = "config/ragent-memory.yaml"
 
 
 class _EventFormatter(logging.Formatter):
-    """Render the library's events (DESIGN §13) for a terminal or as JSON lines."""
+    """Render the library's events (docs/design.md §13) for a terminal or as JSON lines."""
 
     def __init__(self, as_json: bool) -> None:
         super().__init__()
@@ -363,7 +363,7 @@ def scope(key_env: str, db: str | None, config: str | None) -> None:
     help="Environment variable holding the PostgreSQL password (else libpq's PGPASSWORD).",
 )
 def migrate(source: str, target: str, password_env: str | None) -> None:
-    """Copy a SQLite store into an empty PostgreSQL database (DESIGN §10, many hosts)."""
+    """Copy a SQLite store into an empty PostgreSQL database (docs/design.md §10, many hosts)."""
     from ragent_memory.store import Store
     from ragent_memory.store.copy import copy_store
     from ragent_memory.store.postgres import PostgresStore

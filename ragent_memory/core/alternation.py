@@ -1,5 +1,5 @@
 """Strict role alternation, for chat templates that reject two user turns in a row
-(``strict_alternation: true``, DESIGN §12, §14b).
+(``strict_alternation: true``, docs/design.md §12, §14b).
 
 The engine's own messages after the leading system ones (memory block, summary) are ``user``
 messages, as is the start of the raw tail, which a Mistral- or Gemma-style template refuses.

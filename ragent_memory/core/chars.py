@@ -1,4 +1,4 @@
-"""The character metric (DESIGN §2) and message validation (DESIGN §3).
+"""The character metric (docs/design.md §2) and message validation (docs/design.md §3).
 
 ``chars(message)`` is the engine's only unit of size: the text of the content, plus the name and
 arguments of each tool call, plus a fixed 2,000 per non-text part. Role and field names do not
@@ -31,7 +31,7 @@ def text_of(message: Mapping[str, Any]) -> str:
 
 
 def chars(message: Mapping[str, Any]) -> int:
-    """Size of one message in characters (DESIGN §2)."""
+    """Size of one message in characters (docs/design.md §2)."""
     total = 0
     content = message.get("content")
     if isinstance(content, str):

@@ -1,4 +1,4 @@
-"""Identifiers in text (DESIGN §6 "Retention check"): the values a summary must not lose.
+"""Identifiers in text (docs/design.md §6 "Retention check"): the values a summary must not lose.
 
 Numbers with a unit or a currency, codes like ``ORD-77341``, e-mail addresses, URLs, paths,
 dates and capitalised names, in English and Chinese. Pure functions, no state.

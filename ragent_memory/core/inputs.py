@@ -1,4 +1,4 @@
-"""Input normalisation: what SDKs hand out, accepted as chat dicts (DESIGN §14b).
+"""Input normalisation: what SDKs hand out, accepted as chat dicts (docs/design.md §14b).
 
 SDK pydantic objects (anything with ``model_dump``) and the ``developer`` role (OpenAI's newer
 ``system``) become plain chat dicts; plain dicts pass through, the caller's own list when

@@ -1,4 +1,4 @@
-"""Logging: a library is silent until its app asks (DESIGN §13).
+"""Logging: a library is silent until its app asks (docs/design.md §13).
 
 Events go to the ``logging`` logger ``ragent_memory.<module>``, shaped by the app's structlog
 processors when it configured structlog, else as one ``event key=value …`` line with the fields
@@ -16,7 +16,7 @@ import structlog
 ROOT = "ragent_memory"
 EVENT_ATTR = "ragent_event"
 
-# An app's ``on_event(name, payload)`` callback (DESIGN §13): summaries' progress, not logs.
+# An app's ``on_event(name, payload)`` callback (docs/design.md §13): summaries' progress, not logs.
 EventCallback = Callable[[str, dict[str, Any]], None]
 
 logging.getLogger(ROOT).addHandler(logging.NullHandler())

@@ -30,7 +30,7 @@ class SessionState:
 
 @attrs.frozen
 class IndexedMessage:
-    """One message of the recall index (DESIGN §9b)."""
+    """One message of the recall index (docs/design.md §9b)."""
 
     session_id: str
     position: int  # index in the session's history

@@ -1,4 +1,4 @@
-"""Gate 2, compaction (DESIGN §5; Ragent ``AgentContextCompactor`` + middleware).
+"""Gate 2, compaction (docs/design.md §5; Ragent ``AgentContextCompactor`` + middleware).
 
 ``gates.compaction.plan_cut`` decides whether and where to cut (pure). ``Compactions`` holds
 one session's compaction in flight: leased in the store, run on the engine's pool, waited for
@@ -106,7 +106,7 @@ class Job:
     # Standing-instruction keys the kept tail holds (a newer version than any covered).
     shown_standing: frozenset[str]
     # The chars_out of the turn that applies this generation, from its summary message's
-    # chars: what the audit row's chars_after records (DESIGN §10).
+    # chars: what the audit row's chars_after records (docs/design.md §10).
     chars_out: Callable[[int], int]
 
     @property
@@ -203,7 +203,7 @@ def summarize(job: Job, *, summarizer: Summarizer, settings: Settings) -> Summar
 def checked_summary(
     summarizer: Summarizer, request: SummaryRequest, block: str
 ) -> tuple[SummaryOutcome, list[str]]:
-    """The summarizer's outcome through the retention check (DESIGN §6), and the identifiers
+    """The summarizer's outcome through the retention check (docs/design.md §6), and the identifiers
     it had to keep: a repeat of the previous summary is retried once and then rejected; with
     ``llm.retention_retry`` one more model call names what was lost; what is still lost is
     appended extractively under the findings section, within ``request.max_chars``. By
@@ -247,7 +247,7 @@ def checked_summary(
 def commit(
     store: Backend, draft: SummaryDraft, previous: SessionState, audit: Mapping[str, Any]
 ) -> None:
-    """Write the generation and its ``applied`` audit row in one transaction (DESIGN §10)."""
+    """Write the generation and its ``applied`` audit row in one transaction (docs/design.md §10)."""
     if not store.commit_generation(draft.state, previous, dict(audit)):
         raise StaleCompaction(
             "the session changed while summarizing (invalidated, compacted or dropped)"
@@ -456,7 +456,7 @@ class Compactions:
     def _cooling_down(self, job: Job) -> bool:
         """Whether the model summarizer has every endpoint cooling down after repeated
         failures, with no offline fallback: the compaction is skipped, audited ``failed``
-        (reason ``cooling_down``) once, then only logged until a retry is due (DESIGN §7)."""
+        (reason ``cooling_down``) once, then only logged until a retry is due (docs/design.md §7)."""
         summarizer = self.run_kwargs["summarizer"]
         wait_s = summarizer.cooling_down() if isinstance(summarizer, ModelSummarizer) else None
         if wait_s is None:

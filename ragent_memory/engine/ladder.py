@@ -1,4 +1,4 @@
-"""The ceiling (DESIGN §4b) on a session's view: the rungs of ``gates.ceiling`` applied, their
+"""The ceiling (docs/design.md §4b) on a session's view: the rungs of ``gates.ceiling`` applied, their
 placeholders and previews recorded as sticky substitutions, the mid-turn compaction run."""
 
 from __future__ import annotations

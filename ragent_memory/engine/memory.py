@@ -1,4 +1,4 @@
-"""Long-term memory as the engine runs it (DESIGN §9): the block a turn shows after the system
+"""Long-term memory as the engine runs it (docs/design.md §9): the block a turn shows after the system
 messages, the user messages ``after_turn`` records, and one background extraction per user at
 a time that turns them into facts (``ragent_memory.longterm``)."""
 

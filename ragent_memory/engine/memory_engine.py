@@ -169,7 +169,7 @@ class MemoryEngine:
         self.store = open_store(settings.store, clock=clock)
         self._inputs = Inputs()  # SDK objects and the developer role become chat dicts
         self.summarizer = summarizer or build_summarizer(settings, on_event=self._emit)
-        # on_event stays about summaries (DESIGN §13): memory calls are logged, not emitted.
+        # on_event stays about summaries (docs/design.md §13): memory calls are logged, not emitted.
         self.extractor = extractor or build_extractor(settings)
         self._background = Background(settings.compaction_workers)
         self._memory = LongTermMemory(self.store, settings, self.extractor, self._background)
@@ -313,7 +313,7 @@ class MemoryEngine:
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
     ) -> None:
-        """Record the user's new messages for long-term memory (DESIGN §9). With 3 or more
+        """Record the user's new messages for long-term memory (docs/design.md §9). With 3 or more
         pending for the user (across sessions), one background extraction learns from them.
 
         Idempotent and restart-safe: a history passed again (or to a new engine on the same
@@ -398,7 +398,7 @@ class MemoryEngine:
         return recall_slice(original, ref, as_int(offset), as_int(limit))
 
     def search_tool(self) -> dict[str, Any]:
-        """The OpenAI tool schema of ``search_memory(query, limit=5)`` (DESIGN §9b)."""
+        """The OpenAI tool schema of ``search_memory(query, limit=5)`` (docs/design.md §9b)."""
         return search_tool_schema()
 
     def search(
@@ -419,7 +419,7 @@ class MemoryEngine:
         return self._recaller.search(session_id, query, user_id, as_int(limit))
 
     def recall_memory(self) -> dict[str, int]:
-        """What the in-process recall index holds (DESIGN §17): ``bytes`` (within ``cap``,
+        """What the in-process recall index holds (docs/design.md §17): ``bytes`` (within ``cap``,
         ``recall_memory_mb``), ``units_bytes`` (the indexes, without the kept texts),
         ``rows`` (indexed messages) and ``users``; with ``recall.embeddings``, ``vectors``
         held, ``vectors_bytes`` (in ``bytes``), ``vectors_left_out``, ``embed_calls`` and

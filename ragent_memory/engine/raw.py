@@ -1,4 +1,4 @@
-"""What a session knows about the caller's history, by position (DESIGN §5: identity first,
+"""What a session knows about the caller's history, by position (docs/design.md §5: identity first,
 a digest only where identity differs)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class RawCache:
         for index in changed:  # before reading their fields
             validate_message(messages[index], index)
         # The system prompt and the first message (the original task, quoted verbatim in
-        # every summary, DESIGN §6) are looked at in place every turn, as the view is.
+        # every summary, docs/design.md §6) are looked at in place every turn, as the view is.
         head = min(self.system_count + 1, limit)
         changed |= self._in_place(given, range(head), changed)
         changed |= self._in_place(given, range(max(head, min(check_from, limit)), limit), changed)

@@ -1,4 +1,4 @@
-"""One session's state and the per-turn pipeline (DESIGN §1, §4, §4b, §5, §8, §9b).
+"""One session's state and the per-turn pipeline (docs/design.md §1, §4, §4b, §5, §8, §9b).
 
 ``Session.run`` takes the caller's whole history and returns the view to send plus a
 ``TurnReport``. Its steps run in this order, each a method below and the one place its concern
@@ -77,7 +77,7 @@ LeaveCallback = Callable[[str, "str | None", list[tuple[int, Message]]], None]
 
 @attrs.frozen
 class TurnReport:
-    """What one ``prepare`` did, in characters (DESIGN §11)."""
+    """What one ``prepare`` did, in characters (docs/design.md §11)."""
 
     chars_raw: int  # the whole caller history
     chars_in: int  # the view before the gates (summary + raw tail, nothing substituted)
@@ -280,7 +280,7 @@ class Session:
         """Take the caller's history: every dict by identity, what the view shows (and the
         copies handed out that no longer equal it) down to their parts; summarized dicts in
         place only before a compaction builds on them, so a turn costs what the view holds
-        (DESIGN §5, §17); with ``verify``, everything by digest."""
+        (docs/design.md §5, §17); with ``verify``, everything by digest."""
         raw, state = self.raw, self.state
         covered = state.covered if state.generation else 0
         suspects = () if last is None else _suspects(last)
@@ -314,7 +314,7 @@ class Session:
     def _verify(self, user_id: str | None) -> None:
         """Drop the summary when the caller's history no longer matches what it covers:
         by identity first (the covered messages are the very dicts verified before), by
-        digest where identity differs (DESIGN §5)."""
+        digest where identity differs (docs/design.md §5)."""
         state, raw = self.state, self.raw
         if not state.generation:
             return

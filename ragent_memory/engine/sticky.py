@@ -1,4 +1,4 @@
-"""A session's sticky substitutions (DESIGN §4, §4b, §8): placeholders and previews recorded
+"""A session's sticky substitutions (docs/design.md §4, §4b, §8): placeholders and previews recorded
 in the store with their offloaded originals, shown in every later view of the same message."""
 
 from __future__ import annotations

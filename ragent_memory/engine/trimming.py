@@ -1,4 +1,4 @@
-"""Gates 1 and 0 on a session's view: oversized messages as previews (DESIGN §8) and old
+"""Gates 1 and 0 on a session's view: oversized messages as previews (docs/design.md §8) and old
 tool results as placeholders (§4), as substitutions to record; gate 1's ``TrimState`` is kept
 on the view from turn to turn while the view only grows."""
 

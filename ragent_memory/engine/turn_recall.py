@@ -1,4 +1,4 @@
-"""A turn's recall block (DESIGN §9b): excerpts of what the view no longer shows, for the
+"""A turn's recall block (docs/design.md §9b): excerpts of what the view no longer shows, for the
 current turn's user message, within ``recall_max_chars`` and never past B."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The messages a turn works on: prefix + [summary] + raw tail, with per-message sizes and
-the sticky substitutions shown (DESIGN §4, §4b, §8)."""
+the sticky substitutions shown (docs/design.md §4, §4b, §8)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _copy(value: Any) -> Any:
 
 @attrs.frozen
 class LeftOut:
-    """What the ceiling's step 4 has left out of a view (DESIGN §4b): the oldest whole turns
+    """What the ceiling's step 4 has left out of a view (docs/design.md §4b): the oldest whole turns
     right after the prefix/summary, as raw messages and turns, with the chars they showed and
     their chars as written."""
 
@@ -160,7 +160,7 @@ class View:
 
     def leave_out(self, count: int, *, turns: int, raw_chars: int) -> None:
         """Leave the ``count`` messages after the prefix/summary (``turns`` whole turns) out of
-        this view, in place: the next turn grows the view without them (DESIGN §4b, step 4:
+        this view, in place: the next turn grows the view without them (docs/design.md §4b, step 4:
         sticky until a summary covers them). ``raw_chars``: what they measure as written."""
         shown = sum(self.sizes[self.head : self.head + count])
         self._remove(self.head, count, raw_chars)

@@ -1,10 +1,10 @@
-"""The ceiling (DESIGN §4b): B is a promise, not a hope.
+"""The ceiling (docs/design.md §4b): B is a promise, not a hope.
 
 While the view is over B after the gates, the session climbs a ladder and stops on the first
 rung that fits. These are the rungs that only look at the view, as pure functions returning what
 to change; the session applies them. Rung 1 is ``trim_all``, rung 2 a mid-turn compaction
 (``plan_cut(..., mid_turn=True)``), rungs 3-5 are ``fit``: the session also calls it, before a
-mid-turn compaction applies, to predict the chars_out its audit row records (DESIGN §10)."""
+mid-turn compaction applies, to predict the chars_out its audit row records (docs/design.md §10)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def trim_all(
     forms: Forms,
 ) -> tuple[list[Eviction], int]:
     """Step 1: placeholders for tool results in ``[head, turn_start)`` of any tool, oldest
-    first, until they free ``excess`` chars; irregular loops are left alone (DESIGN §3).
+    first, until they free ``excess`` chars; irregular loops are left alone (docs/design.md §3).
     Returns them and the loop boundary before which nothing is left to evict once they are
     shown (``turn_start`` when all were planned): the next call may start there."""
     loops = map_loops(view[head:turn_start])

@@ -1,4 +1,4 @@
-"""Gate 2's decision (DESIGN §5): whether and where to cut a view for a compaction (pure)."""
+"""Gate 2's decision (docs/design.md §5): whether and where to cut a view for a compaction (pure)."""
 
 from __future__ import annotations
 

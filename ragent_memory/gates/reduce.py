@@ -1,4 +1,4 @@
-"""Reduction (DESIGN §8; Eino reduction): a tool result or tool-call input over the oversized
+"""Reduction (docs/design.md §8; Eino reduction): a tool result or tool-call input over the oversized
 limit is shown as its head (20% of the limit), a notice with its size, recall ref and the recall
 tool's name, and its tail (10%); arguments are wrapped as a JSON object so the call stays
 parseable. Recall results are never reduced: reading an original back must not offload it

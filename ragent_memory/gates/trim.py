@@ -1,4 +1,4 @@
-"""Gate 1, trim (DESIGN §4; Ragent ``AgentContextTrimmer``): above the trim trigger, old results
+"""Gate 1, trim (docs/design.md §4; Ragent ``AgentContextTrimmer``): above the trim trigger, old results
 of evictable tools become placeholders holding the original length, a clipped copy of the call's
 input and a recall ref. Only tool-result content changes (never a count, role, id or call), so
 no orphan can appear. All replacements are computed before any is applied."""
@@ -117,7 +117,7 @@ class Rebuild(Exception):
 @attrs.define(eq=False)
 class TrimState:
     """Gate 1's knowledge of one view, kept from turn to turn while the view only grows at its
-    end (DESIGN §4), so a turn over the trigger looks only at what is new: O(new), not O(view).
+    end (docs/design.md §4), so a turn over the trigger looks only at what is new: O(new), not O(view).
 
     A loop the protection window (the last ``KEEP_RECENT_TOOL_LOOPS`` completed loops before
     the last user message) has left stays outside it while the view only grows, so its

@@ -1,4 +1,4 @@
-"""Adapters for the frameworks agents are built in (DESIGN §14b), each an optional extra:
+"""Adapters for the frameworks agents are built in (docs/design.md §14b), each an optional extra:
 
 - ``langchain`` — ``RagentMemoryMiddleware`` for ``create_agent`` (extra ``langchain``)
 - ``pydantic_ai`` — ``history_processor`` for ``pydantic_ai.Agent`` (extra ``pydantic-ai``)

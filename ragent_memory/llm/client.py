@@ -1,4 +1,4 @@
-"""The one retry layer between this library and OpenAI-compatible chat endpoints (DESIGN §7).
+"""The one retry layer between this library and OpenAI-compatible chat endpoints (docs/design.md §7).
 The ``openai`` client has ``max_retries=0``, so stacked retries cannot multiply the wait.
 Timeouts, connection errors, HTTP 408/409/429/5xx and bad replies (``_reply_text``, or
 ``validate`` raising ``SummaryError``) are retried on the same endpoint; any other 4xx or an

@@ -1,5 +1,5 @@
 """The client of an OpenAI-compatible ``/v1/embeddings`` endpoint (``recall.embeddings``,
-DESIGN §9b): the official ``openai`` SDK's ``embeddings.create``, one HTTP call per batch,
+docs/design.md §9b): the official ``openai`` SDK's ``embeddings.create``, one HTTP call per batch,
 bounded by ``timeout_s`` and never retried (the SDK's ``max_retries=0``): dense recall is help,
 so a failure costs one call, counted, and the caller goes on without it. After
 ``BREAKER_FAILURES`` failures in a row the endpoint is skipped for ``BREAKER_COOLDOWN_S``

@@ -1,4 +1,4 @@
-"""One extraction batch (DESIGN §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
+"""One extraction batch (docs/design.md §9; Ragent ``AgentUserMemoryMiddleware``): durable facts about
 a user learnt in the background from their pending messages, fitted under the block's cap
 (``plan_batch``) and committed atomically."""
 
@@ -51,7 +51,7 @@ def plan_batch(
     language: str,
     consolidate: Callable[[Sequence[Draft]], Sequence[Merge]] | None = None,
 ) -> Plan | Rejected:
-    """Apply ``operations`` to ``facts`` and fit the block (DESIGN §9 capacity): over
+    """Apply ``operations`` to ``facts`` and fit the block (docs/design.md §9 capacity): over
     ``max_chars``, one ``consolidate`` (aiming at ``stop_chars``), then the oldest untouched
     drafts evicted down to ``stop_chars``; still over: ``Rejected``."""
     drafts, retracted, added, superseded = apply_operations(facts, operations)

@@ -1,4 +1,4 @@
-"""Where the offline extractor looks for facts (DESIGN §9): a user message cut into sentences
+"""Where the offline extractor looks for facts (docs/design.md §9): a user message cut into sentences
 and clauses, lead-ins taken off ("Quick note:", "btw,", "Turn 3:", "Hi!", 另外), and whatever
 states no durable fact about the user left out — questions, hypotheticals, reported speech,
 quoted or pasted text, role play, transient states. Precision first: a sentence in doubt is

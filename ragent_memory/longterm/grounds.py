@@ -1,4 +1,4 @@
-"""What a model extractor learns from (DESIGN §9, issue 34): the user's messages as the offline
+"""What a model extractor learns from (docs/design.md §9): the user's messages as the offline
 extractor's gates leave them (``clauses``: no questions, hypotheticals, reported, quoted or
 pasted text, role play or transient states, and only sentences where the user speaks of
 themselves or gives a standing instruction — no one-off request, no small talk), and only the

@@ -1,4 +1,4 @@
-"""The model extractor (DESIGN §9): a nonce-fenced prompt (DESIGN §6) through ``llm.LLMClient``
+"""The model extractor (docs/design.md §9): a nonce-fenced prompt (docs/design.md §6) through ``llm.LLMClient``
 asking for operations on the facts, or for merges when the block is too large. The model sees
 the user's messages as the offline extractor's gates leave them, and a fact it returns is kept
 only when grounded in that (``grounds``)."""
@@ -124,7 +124,7 @@ def build_extraction_prompt(
     facts: Sequence[Fact], messages: Sequence[str], *, nonce: str, language: str
 ) -> list[dict[str, str]]:
     """The chat messages asking a model for operations: known facts and new user messages,
-    both fenced with ``nonce`` and neutralised as in DESIGN §6."""
+    both fenced with ``nonce`` and neutralised as in docs/design.md §6."""
     system = _EXTRACT[language].format(nonce=nonce, max_chars=MEMORY_ITEM_MAX_CHARS)
     transcript = Transcript([{"role": "user", "content": m} for m in messages]).render()
     user = (

@@ -1,4 +1,4 @@
-"""The offline extractor (DESIGN §9): deterministic first-person patterns, no network (the
+"""The offline extractor (docs/design.md §9): deterministic first-person patterns, no network (the
 embedded default). Each clause of a user message that may state a fact (``clauses``) is tried
 against the patterns (``patterns``); a match becomes a short third-person fact in its language.
 A single-valued slot (name, home, employer …) supersedes that slot's stored fact; a negation
@@ -356,7 +356,7 @@ class OfflineExtractor:
     name = NAME
 
     def extract(self, request: ExtractionRequest) -> Extraction:
-        """The operations the patterns in the messages imply for the facts (DESIGN §9)."""
+        """The operations the patterns in the messages imply for the facts (docs/design.md §9)."""
         live = [_Entry(f.id, f.content, read_fact(f.content)) for f in request.facts]
         for message in request.messages:
             for candidate in candidates(message):

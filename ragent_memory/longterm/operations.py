@@ -1,4 +1,4 @@
-"""Operations on a user's facts (DESIGN §9): read strictly from a model's JSON reply and
+"""Operations on a user's facts (docs/design.md §9): read strictly from a model's JSON reply and
 applied to the active facts as drafts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The offline extractor's vocabulary (DESIGN §9): the kinds of fact people state about
+"""The offline extractor's vocabulary (docs/design.md §9): the kinds of fact people state about
 themselves (slots, each worded per language) and the first-person patterns, en and zh, that
 state them, tried in order on one clause at a time; the first that matches wins."""
 

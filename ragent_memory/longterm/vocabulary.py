@@ -1,4 +1,4 @@
-"""The vocabulary of long-term memory (DESIGN §9), below both extractors and the batch logic
+"""The vocabulary of long-term memory (docs/design.md §9), below both extractors and the batch logic
 (batch → model → offline → vocabulary): the operations, fact wording, the memory block as
 injected (facts, then excerpts of other sessions while room is left), the extractor protocol."""
 

@@ -1,4 +1,4 @@
-"""``ragent-memory mcp`` (DESIGN §14b): one user's memory as Model Context Protocol tools, for
+"""``ragent-memory mcp`` (docs/design.md §14b): one user's memory as Model Context Protocol tools, for
 MCP clients (Claude Desktop, Claude Code, Cursor), on the official ``mcp`` SDK (extra ``mcp``).
 
 - :func:`memory_server` builds the server over a ``MemoryEngine``: ``search_memory``,

@@ -2,7 +2,7 @@
 
 One server speaks for one :class:`Speaker`: the user's id as the store keeps it, and the
 server's own session id, where the full texts behind the refs a search shows are kept for
-``recall_tool_result`` (refs are session-bound, DESIGN §9b). Every answer comes from the
+``recall_tool_result`` (refs are session-bound, docs/design.md §9b). Every answer comes from the
 engine's public API with that user id, so another user's rows never answer.
 """
 

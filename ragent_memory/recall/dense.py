@@ -1,4 +1,4 @@
-"""Optional dense recall (DESIGN §9b, ``recall.embeddings``): messages found by meaning as well
+"""Optional dense recall (docs/design.md §9b, ``recall.embeddings``): messages found by meaning as well
 as by their words, so a question in other words than the answer's still finds it.
 
 - **Vectors**: the indexer's thread, after each write of a session's rows, hands the session to

@@ -1,4 +1,4 @@
-"""The recall block (DESIGN §9b): the best hits for the latest user message, each with its
+"""The recall block (docs/design.md §9b): the best hits for the latest user message, each with its
 neighbouring messages, rendered as one block of excerpts within a char budget.
 
 - ``find_block``: one search (the mirror, ``rank.py``, or the store's FTS5) over what the

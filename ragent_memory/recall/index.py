@@ -1,4 +1,4 @@
-"""The recall index writer (DESIGN §9b): a session's messages into the store's recall index on
+"""The recall index writer (docs/design.md §9b): a session's messages into the store's recall index on
 a background thread of its own (never the caller's), in order, each with the date stamp in
 force where it was said. ``schedule`` does only O(new messages) work on the caller's thread;
 ``flush`` waits."""

@@ -1,4 +1,4 @@
-"""An in-process copy of the recall index (DESIGN §9b), so a turn's recall costs what is new.
+"""An in-process copy of the recall index (docs/design.md §9b), so a turn's recall costs what is new.
 
 The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
 match on each call, growing with the history. Here each user's rows (or, without a user, each

@@ -1,4 +1,4 @@
-"""What the engine uses of recall (DESIGN §9b): the indexer, the turn's block, model-driven
+"""What the engine uses of recall (docs/design.md §9b): the indexer, the turn's block, model-driven
 search (``search_memory``) and the full texts its refs name, bound to one store.
 
 Every ref a block or a search answer shows is readable when it is handed out: the full texts

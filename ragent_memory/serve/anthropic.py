@@ -1,4 +1,4 @@
-"""The Anthropic Messages wire format (``POST /v1/messages``, DESIGN §14b): what Claude Code
+"""The Anthropic Messages wire format (``POST /v1/messages``, docs/design.md §14b): what Claude Code
 and the ``anthropic`` SDK send, translated to the engine's chat messages and back.
 
 To the engine: the top-level ``system`` becomes the leading system message; a user turn's

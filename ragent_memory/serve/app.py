@@ -1,4 +1,4 @@
-"""``ragent-memory serve``: the engine in front of any model (DESIGN §14b), in three wire
+"""``ragent-memory serve``: the engine in front of any model (docs/design.md §14b), in three wire
 formats on one port: ``POST /v1/chat/completions`` (``chat``), ``POST /v1/messages``
 (``anthropic``) and ``POST /v1/responses`` (``responses``).
 

@@ -1,4 +1,4 @@
-"""Who a proxy request speaks for (DESIGN §14b): the one place that decides it.
+"""Who a proxy request speaks for (docs/design.md §14b): the one place that decides it.
 
 ``serve.identity: credential`` (default): the request's key (``Authorization: Bearer``, else
 ``x-api-key``) names a scope, and every session and user id it names becomes ``SCOPE:id``

@@ -1,5 +1,5 @@
 """The OpenAI Responses wire format (``POST /v1/responses``, stateless: an ``input`` list and
-``instructions``; DESIGN §14b): what Codex CLI and the Agents SDK's default model send,
+``instructions``; docs/design.md §14b): what Codex CLI and the Agents SDK's default model send,
 translated to the engine's chat messages and back.
 
 To the engine: ``instructions`` is the leading system message; a user, system or developer

@@ -1,4 +1,4 @@
-"""The store (DESIGN §10), split by what it keeps; every engine on it shares what it holds.
+"""The store (docs/design.md §10), split by what it keeps; every engine on it shares what it holds.
 
 Each concern is a mixin in its own module (``contract.Backend`` names them), ``schema`` holds
 the columns and migrations. Two backends compose them: ``sqlite`` (the :class:`Store`) and

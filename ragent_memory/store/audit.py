@@ -1,4 +1,4 @@
-"""The audit (DESIGN §10): the append-only ``compactions`` table."""
+"""The audit (docs/design.md §10): the append-only ``compactions`` table."""
 
 from __future__ import annotations
 

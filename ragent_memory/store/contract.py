@@ -22,7 +22,7 @@ from ragent_memory.store.vectors import VectorRow
 
 
 class RecallIndex(Protocol):
-    """The recall index, DESIGN §9b (``recall_index.py``)."""
+    """The recall index, docs/design.md §9b (``recall_index.py``)."""
 
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]

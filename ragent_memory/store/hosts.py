@@ -1,4 +1,4 @@
-"""Many hosts on one store (DESIGN §10): each store instance is a host with its own id.
+"""Many hosts on one store (docs/design.md §10): each store instance is a host with its own id.
 
 ``compaction_leases``: one compaction per session at a time across hosts. A lease is taken
 when the compaction starts running (never while it waits in the pool's queue) and given back

@@ -1,4 +1,4 @@
-"""Long-term memory (DESIGN §9): facts and summaries per user, their search index, pending
+"""Long-term memory (docs/design.md §9): facts and summaries per user, their search index, pending
 user messages and the cursors that keep ``after_turn`` idempotent."""
 
 from __future__ import annotations

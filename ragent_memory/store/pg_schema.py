@@ -1,4 +1,4 @@
-"""The PostgreSQL schema: the same tables and ``compactions`` columns as SQLite's (DESIGN §10),
+"""The PostgreSQL schema: the same tables and ``compactions`` columns as SQLite's (docs/design.md §10),
 in PostgreSQL's types, and full-text search through ``tsvector`` instead of FTS5.
 
 Text to search is indexed as ``to_tsvector('simple', terms)``, where ``terms`` is the text with
@@ -201,7 +201,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     (
-        # The recall index (DESIGN §9b, store/recall_index.py). ``recall_fts`` keeps SQLite's
+        # The recall index (docs/design.md §9b, store/recall_index.py). ``recall_fts`` keeps SQLite's
         # columns; its terms are searched with the ``english`` configuration (stemmed, as
         # FTS5's porter tokenizer does), CJK characters one token each.
         "003_recall_index",
@@ -229,7 +229,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     (
-        # The retention check (DESIGN §6): identifiers a summary kept and lost.
+        # The retention check (docs/design.md §6): identifiers a summary kept and lost.
         "004_identifiers",
         """
         ALTER TABLE compactions ADD COLUMN identifiers_kept INTEGER NOT NULL DEFAULT 0;
@@ -238,12 +238,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         # Who wrote an applied summary: the model, the offline summarizer as configured, or
-        # the offline summarizer standing in for a model that failed (DESIGN §6, §10).
+        # the offline summarizer standing in for a model that failed (docs/design.md §6, §10).
         "005_written_by",
         "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
     ),
     (
-        # Optional dense recall (DESIGN §9b, store/vectors.py): ``bytea`` ranked in process
+        # Optional dense recall (docs/design.md §9b, store/vectors.py): ``bytea`` ranked in process
         # (Debian's PostgreSQL has no pgvector), as SQLite's BLOB.
         "006_recall_vectors",
         """

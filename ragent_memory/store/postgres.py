@@ -1,4 +1,4 @@
-"""The PostgreSQL store (DESIGN §10, many hosts): the same tables and contract as SQLite's, shared
+"""The PostgreSQL store (docs/design.md §10, many hosts): the same tables and contract as SQLite's, shared
 by every host that points ``store.url`` at one database.
 
 Connections come from a ``psycopg_pool`` pool, one per calling thread for the length of a store

@@ -1,4 +1,4 @@
-"""The recall index (DESIGN §9b): every message that left a view, or that ``after_turn`` saw,
+"""The recall index (docs/design.md §9b): every message that left a view, or that ``after_turn`` saw,
 searchable by its user and session with FTS5 (BM25).
 
 ``recall_messages`` holds one row per message (session, user, position in the history, role,

@@ -1,4 +1,4 @@
-"""The SQLite schema: the ``compactions`` columns (DESIGN §10) and the migrations."""
+"""The SQLite schema: the ``compactions`` columns (docs/design.md §10) and the migrations."""
 
 from __future__ import annotations
 
@@ -371,12 +371,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
     (
-        # Preserved tool outputs (DESIGN §6): the latest result of each, carried verbatim.
+        # Preserved tool outputs (docs/design.md §6): the latest result of each, carried verbatim.
         "007_preserved",
         "ALTER TABLE sessions ADD COLUMN preserved TEXT NOT NULL DEFAULT '[]';",
     ),
     (
-        # The retention check (DESIGN §6): identifiers a summary kept and lost.
+        # The retention check (docs/design.md §6): identifiers a summary kept and lost.
         "008_identifiers",
         """
         ALTER TABLE compactions ADD COLUMN identifiers_kept INTEGER NOT NULL DEFAULT 0;
@@ -385,12 +385,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         # Who wrote an applied summary: the model, the offline summarizer as configured, or
-        # the offline summarizer standing in for a model that failed (DESIGN §6, §10).
+        # the offline summarizer standing in for a model that failed (docs/design.md §6, §10).
         "009_written_by",
         "ALTER TABLE compactions ADD COLUMN written_by TEXT NOT NULL DEFAULT '';",
     ),
     (
-        # Optional dense recall (DESIGN §9b, store/vectors.py): each row's embedding (float32,
+        # Optional dense recall (docs/design.md §9b, store/vectors.py): each row's embedding (float32,
         # little-endian), the model that made it, and the order vectors were written in.
         "010_recall_vectors",
         """

@@ -1,4 +1,4 @@
-"""Sessions (DESIGN §5): each session's summary state and its sticky substitutions, shared by
+"""Sessions (docs/design.md §5): each session's summary state and its sticky substitutions, shared by
 every engine on the store; dropping a session."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class SessionTables(OffloadTables, HostTables):
     ) -> bool:
         """Write ``state`` only if the stored session is still ``previous`` (same generations) and
         not dropped: False when a late compaction lost the race. ``audit``, the ``applied`` row,
-        commits in the same transaction: a crash leaves both or neither (DESIGN §10)."""
+        commits in the same transaction: a crash leaves both or neither (docs/design.md §10)."""
         record = audit_record(audit, iso(self.clock())) if audit is not None else None
         with self._locked("write"), self.db.atomic():
             key = id_key(state.session_id)

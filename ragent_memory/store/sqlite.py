@@ -1,4 +1,4 @@
-"""The SQLite store (DESIGN §10): one file, WAL, migrations recorded in the database.
+"""The SQLite store (docs/design.md §10): one file, WAL, migrations recorded in the database.
 
 One connection shared by every thread, guarded by a lock (sqlite3 objects are not thread-safe),
 and a second one, under its own lock, for the small reads made on every turn (``_read_now``)."""

@@ -1,4 +1,4 @@
-"""Dense recall's vectors (DESIGN §9b, optional): each recall index row's embedding kept beside
+"""Dense recall's vectors (docs/design.md §9b, optional): each recall index row's embedding kept beside
 it in ``recall_messages`` (SQLite ``BLOB``, PostgreSQL ``bytea``: float32, little-endian), the
 model that made it, and ``embedded``, the order vectors were written in (``meta.embedding_seq``
 counts it under the write lock), so a reader asks only for what is new since it last read.

@@ -1,4 +1,4 @@
-"""The nonce fence (DESIGN §6): what the model reads as material is fenced with a random nonce,
+"""The nonce fence (docs/design.md §6): what the model reads as material is fenced with a random nonce,
 and every fence-like tag (any case, full-width or with invisible characters) and the nonce
 itself are neutralised in the text first, so the material cannot close or forge a fence."""
 

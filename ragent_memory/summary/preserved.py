@@ -1,4 +1,4 @@
-"""Preserved tool outputs (DESIGN §6, Eino's PreserveSkills): results of ``preserved_tools``
+"""Preserved tool outputs (docs/design.md §6, Eino's PreserveSkills): results of ``preserved_tools``
 are instructions, never summarized; the latest of each is carried verbatim as session state and
 shown after the summary, within ``preserved_max_chars``."""
 

@@ -1,4 +1,4 @@
-"""The summarizer's prompt (DESIGN §6): the seven sections asked for, the instructions, the
+"""The summarizer's prompt (docs/design.md §6): the seven sections asked for, the instructions, the
 fenced previous summary and transcript, and the retry's note naming what was lost (a reply is
 checked and fitted in ``validate``)."""
 

@@ -1,4 +1,4 @@
-"""The retention check (DESIGN §6): validation proves a summary's form, this checks its content
+"""The retention check (docs/design.md §6): validation proves a summary's form, this checks its content
 — the identifiers it lost, a repeat of the previous summary, and the restoring of what is lost."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.validate import fit_sections
 
 FINDINGS = MappingProxyType({lang: titles[4] for lang, titles in SECTIONS.items()})
-# Compressed first when the restored findings need room (DESIGN §6: from the end): Done, Dead ends.
+# Compressed first when the restored findings need room (docs/design.md §6: from the end): Done, Dead ends.
 _SQUEEZE = MappingProxyType({lang: (t[6], t[5]) for lang, t in SECTIONS.items()})
 # A source sentence longer than this is cut to a window around the identifier.
 MAX_SENTENCE_CHARS = 240

@@ -1,4 +1,4 @@
-"""The summarizer contract (DESIGN §6; Ragent ``AgentConversationSummarizer``) and the model
+"""The summarizer contract (docs/design.md §6; Ragent ``AgentConversationSummarizer``) and the model
 summarizer, folding long material in chunks through ``llm.LLMClient``."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class SummaryRequest:
     max_chars: int  # room for the body (the verbatim block is added after)
     lost: tuple[str, ...] = ()  # identifiers an earlier attempt lost (the retention retry)
     # The most chars one pass may send, every call together: instructions, running summary
-    # and transcript; the engine passes B (DESIGN §5). None: only DESIGN §1's clip.
+    # and transcript; the engine passes B (docs/design.md §5). None: only docs/design.md §1's clip.
     input_chars: int | None = None
 
 

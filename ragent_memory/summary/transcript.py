@@ -1,4 +1,4 @@
-"""The transcript the summarizer reads (DESIGN §6): ``[user] …`` lines, one per message or
+"""The transcript the summarizer reads (docs/design.md §6): ``[user] …`` lines, one per message or
 tool call, long texts clipped (``Clip``) so the material fits what a pass may send."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _entry(text: str) -> str:
 
 @attrs.frozen
 class Clip:
-    """The cap on each kind of text (default DESIGN §1's; ``None``: whole), longer becomes head
+    """The cap on each kind of text (default docs/design.md §1's; ``None``: whole), longer becomes head
     (2/3) + marker + tail (1/3); ``omitted``: the oldest messages left out, shown as one line."""
 
     tool: int | None = TRANSCRIPT_CLIP_OVER_CHARS
@@ -44,7 +44,7 @@ class Clip:
 DEFAULT_CLIP = Clip()
 UNCLIPPED = Clip(None, None, None)
 # Clipped in this order when the material is too large: tool texts first, the user's last
-# (their own words are also quoted verbatim in the summary by the engine, DESIGN §6).
+# (their own words are also quoted verbatim in the summary by the engine, docs/design.md §6).
 CLIP_ORDER = ("tool", "assistant", "user")
 
 
@@ -63,7 +63,7 @@ _Parts = tuple[tuple[str, str, str], ...]
 
 
 def _parts(material: Sequence[Mapping[str, Any]]) -> list[_Parts]:
-    """Each message's entries, fence-like tags already neutralised (DESIGN §6), so the
+    """Each message's entries, fence-like tags already neutralised (docs/design.md §6), so the
     length measured here is the length sent."""
     names: dict[str, str] = {}
     out: list[_Parts] = []
@@ -97,7 +97,7 @@ def _omitted_line(count: int) -> str:
 
 
 class Transcript:
-    """Material as the summarizer reads it (DESIGN §6), rendered at any ``Clip``: ``[user] …``,
+    """Material as the summarizer reads it (docs/design.md §6), rendered at any ``Clip``: ``[user] …``,
     ``[assistant → tool] name args``, ``[tool result · name] …``."""
 
     def __init__(self, material: Sequence[Mapping[str, Any]]) -> None:
@@ -154,7 +154,7 @@ class Transcript:
         return attrs.evolve(clip, omitted=low)
 
     def chunks(self, clip: Clip, max_chars: int) -> list[str]:
-        """The rendering in chunks of at most ``max_chars``, split at user turns (DESIGN §6),
+        """The rendering in chunks of at most ``max_chars``, split at user turns (docs/design.md §6),
         a longer turn between its messages (a longer message is a chunk of its own)."""
         turns: list[list[str]] = [[_omitted_line(clip.omitted)]] if clip.omitted else []
         for message, entry in zip(self.material, self._entries(clip), strict=True):

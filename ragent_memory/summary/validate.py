@@ -1,4 +1,4 @@
-"""A summarizer's reply checked and fitted (DESIGN §6). What cannot be a summary is rejected:
+"""A summarizer's reply checked and fitted (docs/design.md §6). What cannot be a summary is rejected:
 an echoed fence nonce, fewer than three ``## `` sections, a reply cut off (finish reason
 ``length``) before three sections were complete. What is only too long is fitted to the target
 inside its sections: each section keeps its first line and, of the rest, a share of its lines

@@ -1,4 +1,4 @@
-"""The user's own words (DESIGN §6): the verbatim list under ``## User requests``, built by
+"""The user's own words (docs/design.md §6): the verbatim list under ``## User requests``, built by
 the engine from real user messages, carried as state across generations and composed into
 the model's body — only the engine's block may quote the user there."""
 

@@ -1,6 +1,6 @@
 """Text as full-text search sees it (SQLite FTS5): index terms, query terms, date stamps.
 
-Shared by the memory block's summary excerpts (DESIGN §9) and the recall index (§9b); a
+Shared by the memory block's summary excerpts (docs/design.md §9) and the recall index (§9b); a
 bottom-layer module that imports nothing of the package.
 
 - ``index_terms``: CJK characters spaced apart, so FTS5's ``unicode61`` tokenizer sees each as
