@@ -5,7 +5,7 @@ and session identical for every arm:
 
 - one host: one engine keeps the session (the usual case);
 - two hosts: two engines on the same store take the session in turns of three, so each turn
-  after a hand-over reloads the session from the store (DESIGN §10, many hosts).
+  after a hand-over reloads the session from the store (docs/design.md §10, many hosts).
 
 PostgreSQL is a throwaway local server (``tests/pg_server.py``): a network round trip on
 loopback, no fsync. Ratios are against SQLite's one-host p50 measured in the same process.

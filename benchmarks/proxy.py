@@ -42,7 +42,7 @@ package in another checkout (say the last release's), so before and after share 
 (each other format is timed through its default arm too).
 ``--formats messages,responses`` runs only those formats' rows (the default proxy arm alone) and
 keeps the chat-completions results already in the file.
-The target (DESIGN §17 measures ratios, not absolute times): added p50 ≤ 2 × the bare relay's,
+The target (docs/design.md §17 measures ratios, not absolute times): added p50 ≤ 2 × the bare relay's,
 for every format.
 """
 

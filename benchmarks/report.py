@@ -228,7 +228,7 @@ def versus_section(data: dict[str, Any]) -> list[str]:
         table(VERSUS_HEADER, versus_rows(data["workloads"], "turns")),
         "",
         "Reading it: with recall off, every break of the prefix is a trim turn: gate 1 evicts "
-        "every candidate at once, and DESIGN §4 fixes when it fires (over 50% of B, and only "
+        "every candidate at once, and docs/design.md §4 fixes when it fires (over 50% of B, and only "
         "once the candidates reach 20% of the view). With recall on, the block on the turn's "
         "user message moves to the next question, so the prefix breaks once a user turn, while "
         "everything before the previous user message still matches. Late ÷ early with recall "
@@ -633,7 +633,7 @@ def _facts_rejected(results: dict[str, Any]) -> list[str]:
     ]
     return [
         "The model sees each message as the offline gates leave it (a batch with nothing "
-        "left is not sent) and a fact it returns is kept only when grounded (DESIGN §9, "
+        "left is not sent) and a fact it returns is kept only when grounded (docs/design.md §9, "
         "`longterm/grounds.py`); the offline extractor's facts on the same messages complete "
         "its answer, a near-duplicate of a model fact not added (`longterm/model.py`, "
         "`completed`). Items rejected by those checks (and the other item checks): "
@@ -867,7 +867,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "*late ÷ mid* sets the last 100 turns against the 100 before the session's midpoint "
         "(all threads / caller's thread): twice the history, recall in its steady state. At "
         "B = 1,000,000 little has left the view by turn 200, so recall shows few excerpts there "
-        "(DESIGN §9b searches only what the view no longer shows) and late ÷ early counts the "
+        "(docs/design.md §9b searches only what the view no longer shows) and late ÷ early counts the "
         "excerpts shown more than the history grown.",
         "",
         table(

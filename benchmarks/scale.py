@@ -1,4 +1,4 @@
-"""``make bench``: recall's cost as one user's history grows (DESIGN §17).
+"""``make bench``: recall's cost as one user's history grows (docs/design.md §17).
 
 Two measurements, recall on:
 

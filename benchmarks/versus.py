@@ -619,7 +619,7 @@ def main() -> None:
             rows["ragent_memory"] = {**summary(ours, meter.sent, budget, history_chars), **extra}
             rows["floor_list"] = {"p50_ms": statistics.median(ours.floor_list_ms)}
             rows["floor_dicts"] = {"p50_ms": statistics.median(ours.floor_dicts_ms)}
-            # Recall (DESIGN §9b) searches on every user turn and no peer has it: the same
+            # Recall (docs/design.md §9b) searches on every user turn and no peer has it: the same
             # engine without it shows what the rest of the turn costs.
             gc.collect()
             with clock.part(f"{name} ragent_memory recall off"):
