@@ -17,13 +17,13 @@ from ragent_memory.summary.prompt import SECTIONS
 def test_the_real_model_check_runs_against_a_scripted_server(
     fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:
-    """A 16-turn run: every compaction printed with its outcome, calls, seconds, chars and
+    """A 24-turn run (its first compaction comes at turn 16): every compaction printed with its outcome, calls, seconds, chars and
     identifiers; the totals line; the JSON under the budget, next to what was there."""
     body = "\n".join(f"{title}\n- ORD-70114 refund due €1,240" for title in SECTIONS["en"])
     fake_openai.default = lambda _body: body
     out = tmp_path / "real_model.json"
     out.write_text(json.dumps({"20000": {"kept": True}}))
-    flags = ["--model", "m", "--budget", "12000", "--turns", "16", "--timeout-s", "10"]
+    flags = ["--model", "m", "--budget", "12000", "--turns", "24", "--timeout-s", "10"]
     flags += ["--compaction-timeout-s", "60", "--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.real_model", "--url", fake_openai.base_url, *flags],

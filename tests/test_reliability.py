@@ -131,8 +131,16 @@ def check(
         assert report.recalled_chars == 0, "a recall block on a turn over B"
     else:
         assert report.chars_out + report.recalled_chars <= budget, "over B without over_budget"
-    shown = [without_recall(m) for m in out]  # chars_out leaves the recall block out
-    assert report.chars_out == sum(
+    # chars_out counts the blocks kept on earlier turns (a joining newline each), not the
+    # current turn's block (recalled_chars, on the last message)
+    current = len(out) - 1 if report.recalled_chars else None
+    kept, shown = 0, []
+    for index, message in enumerate(out):
+        own = without_recall(message)
+        if own is not message and index != current:
+            kept += len(message["content"][0]["text"]) + 1
+        shown.append(own)
+    assert report.chars_out == kept + sum(
         len(m.get("content") or "") if isinstance(m.get("content"), str) else 0 for m in shown
     ) + sum(
         len(c["function"]["name"]) + len(c["function"]["arguments"] or "")
@@ -341,15 +349,24 @@ def user_of(number: int) -> str:
     return f"u{number % 7}"  # seven users, several sessions each
 
 
-def drive(engine: MemoryEngine, sessions: list[int], out: dict[tuple[int, int], Prepared]) -> None:
+def own_user(number: int) -> str:
+    return f"u{number}"  # every session its own user
+
+
+def drive(
+    engine: MemoryEngine,
+    sessions: list[int],
+    out: dict[tuple[int, int], Prepared],
+    users: Callable[[int], str] = user_of,
+) -> None:
     for number in sessions:
         rng = random.Random(number)
         for step, history in enumerate(growing_history(rng, 10_000)):
-            prepared = engine.prepare(history, session_id=f"t{number}", user_id=user_of(number))
+            prepared = engine.prepare(history, session_id=f"t{number}", user_id=users(number))
             view = [without_recall(m) for m in prepared.messages]
             carriers = [m for m, own in zip(prepared.messages, view, strict=True) if m != own]
-            assert len(carriers) <= 1  # the block rides on the turn's user message alone
-            block = carriers[0]["content"][0]["text"] if carriers else ""
+            assert all(m["role"] == "user" for m in carriers)  # blocks ride on user messages
+            block = "\n".join(m["content"][0]["text"] for m in carriers)
             report = attrs.asdict(prepared.report)
             for timing in ("duration_ms", "recalled", "recalled_chars"):
                 report.pop(timing)
@@ -360,33 +377,35 @@ def test_eight_threads_give_the_sequential_results(
     make_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     """8 threads × 50 sessions on one engine, recall on: every view and report equals the one
-    a sequential run gives. The recall blocks may differ, legitimately and only there: a
-    session's block searches its user's other sessions, which a thread run has indexed further
-    or less far than a sequential one at that point, and FTS5's BM25 ranks with statistics of
-    the whole index. What the block shows of the session itself is read only after its own
-    index batch is written (``Indexer.wait_for``), and never anything of another user."""
+    a sequential run gives when each session is its own user (what a block shows of the
+    session itself is read only after its own index batch is written, ``Indexer.wait_for``,
+    so blocks match, and the blocks kept on earlier turns shape later views alike). With
+    seven users sharing sessions, blocks may differ legitimately (a thread run has indexed a
+    user's other sessions further or less far), but never show another user's."""
     settings = make_settings(context_window_chars=10_000, long_term_enabled=False)
     sequential: dict[tuple[int, int], Prepared] = {}
     with MemoryEngine(settings) as engine:
-        drive(engine, list(range(50)), sequential)
+        drive(engine, list(range(50)), sequential, own_user)
     parallel: dict[tuple[int, int], Prepared] = {}
-    other = Settings(
-        context_window_chars=10_000,
-        long_term_enabled=False,
-        store=StoreSettings(path=str(tmp_path / "threads.db")),
-    )
-    with MemoryEngine(other) as engine:
-        threads = [
-            threading.Thread(target=drive, args=(engine, list(range(k, 50, 8)), parallel))
-            for k in range(8)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(300)
-    assert sequential.keys() == parallel.keys()
+    shared: dict[tuple[int, int], Prepared] = {}
+    for name, out, users in (("own", parallel, own_user), ("shared", shared, user_of)):
+        other = Settings(
+            context_window_chars=10_000,
+            long_term_enabled=False,
+            store=StoreSettings(path=str(tmp_path / f"threads-{name}.db")),
+        )
+        with MemoryEngine(other) as engine:
+            threads = [
+                threading.Thread(target=drive, args=(engine, list(range(k, 50, 8)), out, users))
+                for k in range(8)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(300)
+    assert sequential.keys() == parallel.keys() == shared.keys()
     assert {k: v[::2] for k, v in sequential.items()} == {k: v[::2] for k, v in parallel.items()}
-    blocks = [(k[0], v[1]) for run in (sequential, parallel) for k, v in run.items() if v[1]]
+    blocks = [(k[0], v[1]) for k, v in shared.items() if v[1]]
     assert len(blocks) > 50  # recall was at work
     for number, block in blocks:
         sources = {user_of(int(s[1:])) for s in SESSION_TAG.findall(block)}
