@@ -27,7 +27,7 @@ from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.recaller import SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
-from ragent_memory.text.memo import Memo
+from ragent_memory.core.memo import Memo
 from ragent_memory.text.terms import date_stamp
 
 # The index and its search on both stores (FTS5 and tsvector).

@@ -51,7 +51,7 @@ from ragent_memory.recall.topk import (
     top_k,
 )
 from ragent_memory.store.contract import RecallIndex
-from ragent_memory.text.memo import Memo
+from ragent_memory.core.memo import Memo
 from ragent_memory.text.porter import stem, tokens
 from ragent_memory.text.terms import index_terms, is_cjk
 

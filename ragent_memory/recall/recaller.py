@@ -40,7 +40,7 @@ from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
 from ragent_memory.store import RecallIndex, VectorIndex
-from ragent_memory.text.memo import Memo
+from ragent_memory.core.memo import Memo
 
 log = get_logger(__name__)
 
