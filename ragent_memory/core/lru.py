@@ -10,30 +10,41 @@ for nothing. ``Memo`` (``core.memo``) is the thread-safe cache of a function bui
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar, overload
+from collections.abc import Callable, Hashable, ItemsView, Iterator, ValuesView
+from typing import Any, Generic, TypeVar, overload
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 D = TypeVar("D")
+_MISSING: Any = object()  # a key not held (None may be a value)
 
 
 class LRU(Generic[K, V]):
     """At most ``max_count`` entries and, when ``max_weight`` is set, at most that much weight
-    (each entry's given to ``put``; 0 when not). Past a bound the least recently used entries
-    go, but never the last one: an entry over the weight bound alone stays until another comes
-    (an owner that must not keep it refuses it before ``put``). ``get`` and ``put`` make an
-    entry the most recently used; ``peek``, ``in`` and iteration (least recent first) do not.
-    """
+    (``weigh`` of each entry; every entry weighs 0 without it). Past a bound the least
+    recently used entries go, but never the last one: an entry over the weight bound alone
+    stays until another comes (an owner that must not keep it refuses it before ``put``).
+    ``get`` and ``put`` make an entry the most recently used; ``peek``, ``in`` and iteration
+    (least recent first) do not. An entry is weighed when it comes and when it goes, so one
+    that grows in place is told with ``resized`` (then ``trim``); the mapping holds the values alone (no
+    weight kept beside each: the owners' byte counts stay what they were)."""
 
-    def __init__(self, max_count: int | None = None, max_weight: int | None = None) -> None:
+    def __init__(
+        self,
+        max_count: int | None = None,
+        max_weight: int | None = None,
+        weigh: Callable[[K, V], int] | None = None,
+    ) -> None:
         for name, bound in (("max_count", max_count), ("max_weight", max_weight)):
             if bound is not None and (not isinstance(bound, int) or bound < 1):
                 raise ValueError(f"LRU {name} must be a positive int, not {bound!r}")
+        if max_weight is not None and weigh is None:
+            raise ValueError("LRU max_weight needs weigh, the weight of an entry")
         self.max_count = max_count
         self.max_weight = max_weight
+        self.weigh = weigh
         self.weight = 0  # the entries' weights summed
-        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._entries: OrderedDict[K, V] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -44,13 +55,13 @@ class LRU(Generic[K, V]):
     def __iter__(self) -> Iterator[K]:
         return iter(self._entries)
 
-    def items(self) -> Iterator[tuple[K, V]]:
+    def items(self) -> ItemsView[K, V]:
         """(key, value) pairs, least recently used first."""
-        return ((key, value) for key, (value, _) in self._entries.items())
+        return self._entries.items()
 
-    def values(self) -> Iterator[V]:
+    def values(self) -> ValuesView[V]:
         """The values, least recently used first."""
-        return (value for value, _ in self._entries.values())
+        return self._entries.values()
 
     @overload
     def get(self, key: K) -> V | None: ...
@@ -58,11 +69,11 @@ class LRU(Generic[K, V]):
     def get(self, key: K, default: D) -> V | D: ...
     def get(self, key: K, default: object = None) -> object:
         """``key``'s value, now the most recently used; ``default`` when not held."""
-        found = self._entries.get(key)
-        if found is None:
+        value = self._entries.get(key, _MISSING)
+        if value is _MISSING:
             return default
         self._entries.move_to_end(key)
-        return found[0]
+        return value
 
     @overload
     def peek(self, key: K) -> V | None: ...
@@ -70,31 +81,24 @@ class LRU(Generic[K, V]):
     def peek(self, key: K, default: D) -> V | D: ...
     def peek(self, key: K, default: object = None) -> object:
         """``key``'s value, its recency untouched; ``default`` when not held."""
-        found = self._entries.get(key)
-        return default if found is None else found[0]
+        return self._entries.get(key, default)
 
-    def put(self, key: K, value: V, weight: int = 0) -> None:
+    def put(self, key: K, value: V) -> None:
         """Hold ``value`` under ``key`` (in place of any value there), the most recently used;
         then let the least recently used go past the bounds."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.weight -= old[1]
-        self._entries[key] = (value, weight)
-        self.weight += weight
-        self._trim()
+        self.pop(key)
+        self._entries[key] = value
+        self.weight += self._weight(key, value)
+        self.trim()
 
-    def __setitem__(self, key: K, value: V) -> None:
-        """``put`` with the weight ``key`` holds now (0 when new)."""
-        held = self._entries.get(key)
-        self.put(key, value, held[1] if held is not None else 0)
+    __setitem__ = put
 
-    def reweigh(self, key: K, weight: int) -> None:
-        """``key``'s value grew or shrank in place: its weight is now ``weight``, its recency
-        untouched; then the bounds hold again (``key`` itself may go)."""
-        value, old = self._entries[key]
-        self._entries[key] = (value, weight)
-        self.weight += weight - old
-        self._trim()
+    def resized(self, key: K, change: int) -> None:
+        """``key``'s value grew (or shrank) in place by ``change``, its recency untouched.
+        The bounds are not applied yet: the owner may first take out what it will not keep,
+        then ``trim``."""
+        if key in self._entries:
+            self.weight += change
 
     @overload
     def pop(self, key: K) -> V | None: ...
@@ -102,21 +106,24 @@ class LRU(Generic[K, V]):
     def pop(self, key: K, default: D) -> V | D: ...
     def pop(self, key: K, default: object = None) -> object:
         """``key``'s value, no longer held; ``default`` when it was not."""
-        found = self._entries.pop(key, None)
-        if found is None:
+        value = self._entries.pop(key, _MISSING)
+        if value is _MISSING:
             return default
-        self.weight -= found[1]
-        return found[0]
+        self.weight -= self._weight(key, value)
+        return value
 
     def clear(self) -> None:
         self._entries.clear()
         self.weight = 0
 
-    def _trim(self) -> None:
-        count, weight = self.max_count, self.max_weight
-        entries = self._entries
+    def _weight(self, key: K, value: V) -> int:
+        return 0 if self.weigh is None else self.weigh(key, value)
+
+    def trim(self) -> None:
+        """Let the least recently used go until the bounds hold (or one entry is left)."""
+        count, weight, entries = self.max_count, self.max_weight, self._entries
         while len(entries) > 1 and (
             (count is not None and len(entries) > count)
             or (weight is not None and self.weight > weight)
         ):
-            self.weight -= entries.popitem(last=False)[1][1]
+            self.weight -= self._weight(*entries.popitem(last=False))

@@ -24,7 +24,7 @@ class Memo(Generic[K, V]):
         self.max_chars = max_chars
         self.size = size
         self._lock = threading.Lock()
-        self._entries: LRU[K, V] = LRU(max_weight=max_chars)
+        self._entries: LRU[K, V] = LRU(None, max_chars, lambda key, _: self.size(key))
 
     def __call__(self, key: K) -> V:
         with self._lock:
@@ -44,5 +44,5 @@ class Memo(Generic[K, V]):
         with self._lock:
             for key, value in new.items():
                 if key not in self._entries:
-                    self._entries.put(key, value, self.size(key))
+                    self._entries.put(key, value)
         return [new[k] if v is _MISSING else v for k, v in zip(keys, found, strict=True)]
