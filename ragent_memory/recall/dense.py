@@ -21,8 +21,8 @@ as by their words, so a question in other words than the answer's still finds it
   searched first. A unit whose vectors do not fit that share alone keeps its newest that do
   (the oldest dropped as new ones come, an eighth of them at a time) and dense recall ranks
   those, BM25 still every row: a search costs what the share holds, not the history (read
-  whole from the store each search, a user of 20,000 messages with 1,536-wide vectors cost
-  ~370 ms a turn). ``memory()`` counts the vectors left out.
+  whole from the store each search, a user's vectors cost a turn time that grows with every
+  message they say). ``memory()`` counts the vectors left out.
 - **Fusion**: reciprocal rank fusion (Cormack, Clarke and Büttcher, "Reciprocal rank fusion
   outperforms Condorcet and individual rank learning methods", SIGIR 2009) of the BM25 hits
   and the dense top ``DENSE_HITS``: each row scores the sum of 1 / (k + rank) over the lists

@@ -424,8 +424,8 @@ class RecallMirror:
     ) -> None:
         """The store's rows past the unit's last into it, ``LOAD_ROWS`` at a time: a first
         search of a long history reads it in chunks, not as one list of every row and its
-        terms (that list, freed, left the process 100 MB larger at 100,000 messages) (lock
-        held). Each chunk moves ``unit.last`` on, so the loop ends."""
+        terms (that list, freed, leaves the process larger by what it held: the allocator
+        keeps the pages) (lock held). Each chunk moves ``unit.last`` on, so the loop ends."""
         while self._units.peek(key) is unit:
             last = unit.last
             rows = self._since(last, user_id, session_id, LOAD_ROWS)
