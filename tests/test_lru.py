@@ -80,6 +80,17 @@ def test_pop_returns_the_value_and_frees_its_weight() -> None:
     assert -1 == lru.pop("a", -1)
 
 
+def test_get_all_reads_many_and_makes_the_held_ones_recent() -> None:
+    """``get_all`` answers each key in order (the default for those not held) and makes the
+    held ones the most recently used, as ``get`` of each would."""
+    lru: LRU[str, int] = LRU(max_count=3)
+    for key, value in (("a", 1), ("b", 2), ("c", 3)):
+        lru.put(key, value)
+    missing = object()
+    assert [3, missing, 1] == lru.get_all(["c", "x", "a"], missing)
+    assert ["b", "c", "a"] == list(lru)
+
+
 def test_a_held_none_is_told_from_a_missing_key() -> None:
     """None may be a value: ``get``, ``peek`` and ``pop`` return it, not the default."""
     lru: LRU[str, None] = LRU(max_count=2)

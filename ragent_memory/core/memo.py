@@ -36,7 +36,7 @@ class Memo(Generic[K, V]):
     def many(self, keys: Sequence[K]) -> list[V]:
         """``fn`` of each key, in order, the lock taken twice (not twice a key)."""
         with self._lock:
-            found = [self._entries.get(key, _MISSING) for key in keys]
+            found = self._entries.get_all(keys, _MISSING)
         new: dict[K, V] = {}
         for key, value in zip(keys, found, strict=True):
             if value is _MISSING and key not in new:
