@@ -70,6 +70,14 @@ def test_an_entry_over_the_weight_alone_stays_until_another_comes() -> None:
     assert 1 == lru.weight
 
 
+def test_a_weight_bound_of_zero_keeps_only_the_newest() -> None:
+    """With ``max_weight=0`` every entry that weighs anything lets the older ones go."""
+    lru: LRU[str, int] = LRU(max_weight=0, weigh=_by_value)
+    lru.put("a", 1)
+    lru.put("b", 1)
+    assert ["b"] == list(lru)
+
+
 def test_pop_returns_the_value_and_frees_its_weight() -> None:
     """``pop`` takes the entry out with its weight; a key not held gives the default."""
     lru: LRU[str, int] = LRU(max_weight=100, weigh=_by_value)
@@ -153,11 +161,9 @@ def test_clear_empties_it() -> None:
         ({"max_weight": 10}, "weigh"),
     ],
 )
-def test_a_bound_that_is_not_a_positive_int_is_refused(
-    bounds: dict[str, object], named: str
-) -> None:
-    """A bound of zero, below zero or not an int, or a weight bound with no way to weigh an
-    entry, is refused, naming what is wrong."""
+def test_a_bound_out_of_range_is_refused(bounds: dict[str, object], named: str) -> None:
+    """A count bound under 1, a weight bound under 0, a bound not an int, or a weight bound
+    with no way to weigh an entry, is refused, naming what is wrong."""
     with pytest.raises(ValueError, match=named):
         LRU(**bounds)  # type: ignore[arg-type]
 

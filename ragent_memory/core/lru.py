@@ -35,9 +35,9 @@ class LRU(Generic[K, V]):
         max_weight: int | None = None,
         weigh: Callable[[K, V], int] | None = None,
     ) -> None:
-        for name, bound in (("max_count", max_count), ("max_weight", max_weight)):
-            if bound is not None and (not isinstance(bound, int) or bound < 1):
-                raise ValueError(f"LRU {name} must be a positive int, not {bound!r}")
+        for name, bound, least in (("max_count", max_count, 1), ("max_weight", max_weight, 0)):
+            if bound is not None and (not isinstance(bound, int) or bound < least):
+                raise ValueError(f"LRU {name} must be an int of at least {least}, not {bound!r}")
         if max_weight is not None and weigh is None:
             raise ValueError("LRU max_weight needs weigh, the weight of an entry")
         self.max_count = max_count
