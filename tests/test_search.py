@@ -13,6 +13,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ragent_memory.core.memo import Memo
 from ragent_memory.recall import excerpts, topk
 from ragent_memory.recall.excerpts import (
     HEADERS,
@@ -27,7 +28,6 @@ from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.recaller import SEARCH_TOOL_NAME, search_tool_schema
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
-from ragent_memory.text.memo import Memo
 from ragent_memory.text.terms import date_stamp
 
 # The index and its search on both stores (FTS5 and tsvector).

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory.cli.demo import simulate_session
+from ragent_memory.core.memo import Memo
 from ragent_memory.recall.rank import text_terms
-from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import fold, stem, tokens
 from ragent_memory.text.terms import WORD, index_terms, is_cjk, search_terms, term_set
 

@@ -1,11 +1,12 @@
-"""Gate 1, trim: pure-function tables and properties over random tool-loop conversations."""
+"""Gate 1, trim: tables and properties over random tool-loop conversations, through the
+gate's state (``TrimState``) as the engine drives it, and through the engine."""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given
@@ -14,9 +15,10 @@ from sessions import tool_loop, user, without_recall
 from strategies import conversations
 
 from ragent_memory import Settings, StoreSettings
+from ragent_memory.core.chars import chars
 from ragent_memory.core.toolloops import map_loops
 from ragent_memory.engine.memory_engine import MemoryEngine
-from ragent_memory.gates.trim import placeholder, protected_loops, trim
+from ragent_memory.gates.trim import Eviction, Shown, TrimState, placeholder, protected_loops
 
 
 def ref_for(text: str) -> str:
@@ -30,15 +32,26 @@ def history(*parts: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any
     return out
 
 
-def run(view: list[dict[str, Any]], trigger: int = 100, **kw: Any):  # type: ignore[no-untyped-def]
-    return trim(
-        view,
-        trigger_chars=trigger,
-        evictable_tools={"search_knowledge"},
-        language="en",
-        ref_for=ref_for,
-        **kw,
-    )
+class Trimmed(NamedTuple):
+    messages: list[dict[str, Any]]
+    evictions: tuple[Eviction, ...]
+    state: TrimState | None  # None: under the trigger, not looked at
+
+
+def run(view: list[dict[str, Any]], trigger: int = 100, evicted: Collection[int] = ()) -> Trimmed:
+    """Gate 1 over ``view`` as the engine runs it: over the trigger, a ``TrimState`` takes the
+    view in and its candidates are applied when the 20% rule says so (``evicted``: indexes
+    that already are placeholders)."""
+    sizes = [chars(m) for m in view]
+    if sum(sizes) <= trigger:
+        return Trimmed(list(view), (), None)
+    state = TrimState({"search_knowledge"}, "en", ref_for)
+    state.extend(Shown(view, sizes, kinds=dict.fromkeys(evicted, "trim")))
+    evictions = tuple(state.take()) if state.due(sum(sizes)) else ()
+    trimmed = list(view)
+    for eviction in evictions:
+        trimmed[eviction.index] = eviction.replacement
+    return Trimmed(trimmed, evictions, state)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +129,8 @@ def test_skips_when_reclaim_is_under_20_percent() -> None:
         user("q3"),
     )
     result = run(view)
-    assert "not_worth_it" == result.skipped_reason
+    assert result.state is not None and result.state.candidates  # something was evictable
+    assert () == result.evictions
     assert view == result.messages
 
 

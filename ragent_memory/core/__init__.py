@@ -5,6 +5,8 @@
 - ``toolloops``: a history split into turns and tool loops;
 - ``provenance``: who said a piece of text (the user, the harness, a tool, the assistant);
 - ``records``: the frozen records that cross the store contract;
+- ``lru``, ``memo``: the one bounded cache (least recently used out past a count or a
+  weight) and a function's answers kept in one, thread-safe;
 - ``identifiers``, ``alternation``, ``logs``, ``tracing``: identifiers in text, strict role
   alternation, structured events, OpenTelemetry spans when the app traces.
 """

@@ -13,6 +13,7 @@ from typing import Any
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.lru import LRU
 from ragent_memory.engine.session import Services, Session
 from ragent_memory.store import Backend
 
@@ -111,9 +112,8 @@ class Validated:
     Python work a turn instead of O(history))."""
 
     def __init__(self, size: int) -> None:
-        self._size = size
         self._lock = threading.Lock()
-        self._table: OrderedDict[str, list[Message]] = OrderedDict()
+        self._table: LRU[str, list[Message]] = LRU(size)
 
     def pop(self, session_id: str) -> None:
         with self._lock:
@@ -122,7 +122,7 @@ class Validated:
     def seen(self, session_id: str, messages: Sequence[Message]) -> int:
         """How many leading ``messages`` are (equal to) the ones kept for the session."""
         with self._lock:
-            kept = self._table.get(session_id)
+            kept = self._table.peek(session_id)
         if not kept or not isinstance(messages, list) or len(messages) < len(kept):
             return 0
         try:
@@ -135,7 +135,4 @@ class Validated:
         if accepted is not given or not isinstance(given, list):
             return
         with self._lock:
-            self._table[session_id] = list(given)
-            self._table.move_to_end(session_id)
-            while len(self._table) > self._size:
-                self._table.popitem(last=False)
+            self._table.put(session_id, list(given))

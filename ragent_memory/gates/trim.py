@@ -1,13 +1,14 @@
 """Gate 1, trim (docs/design.md §4; Ragent ``AgentContextTrimmer``): above the trim trigger, old results
 of evictable tools become placeholders holding the original length, a clipped copy of the call's
 input and a recall ref. Only tool-result content changes (never a count, role, id or call), so
-no orphan can appear. All replacements are computed before any is applied."""
+no orphan can appear. All replacements are computed before any is applied. ``TrimState`` is
+the gate: it takes a view in as the view grows and holds its candidates until the 20% rule
+(``worth_it``) lets them apply."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -43,19 +44,6 @@ class Eviction:
     replacement: Message
     ref: str
     text: str  # the original result text, offloaded under ``ref``
-
-
-@attrs.frozen
-class TrimResult:
-    messages: list[Message]
-    evictions: tuple[Eviction, ...] = ()
-    reclaimed_chars: int = 0
-    skipped_reason: str | None = None
-    # What the candidates free (evicted or not): a skipped trim's is under 20% of the total.
-    reclaimable_chars: int = 0
-    # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
-    # never evicted, reported so the engine can warn once.
-    irregular: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def protected_loops(view: Sequence[Mapping[str, Any]], loops: Sequence[ToolLoop]) -> set[int]:
@@ -292,38 +280,6 @@ class TrimState:
             found = evict(message, index, original, arguments, size, self.language, self.ref_for)
             if found is not None:
                 self.candidates.append((found, size - chars(found.replacement)))
-
-
-def trim(
-    view: Sequence[Message],
-    *,
-    trigger_chars: int,
-    evictable_tools: Collection[str],
-    language: str,
-    ref_for: Callable[[str], str],
-    originals: Mapping[int, Message] | None = None,
-    evicted: Collection[int] = (),
-) -> TrimResult:
-    """Replace old evictable tool results by placeholders when the view exceeds the trigger.
-    ``originals``: the caller's message at indexes shown as a preview; ``evicted``: indexes
-    that already are placeholders."""
-    sizes = [chars(m) for m in view]
-    current = sum(sizes)
-    if current <= trigger_chars:
-        return TrimResult(list(view))
-    state = TrimState(evictable_tools, language, ref_for)
-    state.extend(Shown(view, sizes, originals or {}, dict.fromkeys(evicted, "trim")))
-    hints = partial(TrimResult, reclaimable_chars=state.reclaim, irregular=state.irregular)
-    if not state.candidates:
-        return hints(list(view), skipped_reason="nothing_evictable")
-    if not worth_it(state.reclaim, current):
-        return hints(list(view), skipped_reason="not_worth_it")
-    reclaimed = state.reclaim
-    evictions = state.take()
-    trimmed = list(view)
-    for eviction in evictions:
-        trimmed[eviction.index] = eviction.replacement
-    return hints(trimmed, tuple(evictions), reclaimed)
 
 
 def worth_it(reclaim_chars: int, total_chars: int) -> bool:

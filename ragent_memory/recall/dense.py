@@ -21,8 +21,8 @@ as by their words, so a question in other words than the answer's still finds it
   searched first. A unit whose vectors do not fit that share alone keeps its newest that do
   (the oldest dropped as new ones come, an eighth of them at a time) and dense recall ranks
   those, BM25 still every row: a search costs what the share holds, not the history (read
-  whole from the store each search, a user of 20,000 messages with 1,536-wide vectors cost
-  ~370 ms a turn). ``memory()`` counts the vectors left out.
+  whole from the store each search, a user's vectors cost a turn time that grows with every
+  message they say). ``memory()`` counts the vectors left out.
 - **Fusion**: reciprocal rank fusion (Cormack, Clarke and Büttcher, "Reciprocal rank fusion
   outperforms Condorcet and individual rank learning methods", SIGIR 2009) of the BM25 hits
   and the dense top ``DENSE_HITS``: each row scores the sum of 1 / (k + rank) over the lists
@@ -45,6 +45,7 @@ from typing import Final
 import numpy as np
 
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.lru import LRU
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import LLMError, StoreError
 from ragent_memory.llm.embeddings import EmbeddingClient, EmbeddingRejected, Vectors
@@ -272,7 +273,7 @@ class DenseRecall:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragent-embed")
         self._lock = threading.Lock()
         self._pending: set[tuple[str, str]] = set()
-        self._searched: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._searched: LRU[tuple[str, str], None] = LRU(SEARCHED_KEPT)
         self._closing = False
         # Vectors another model made go first (one model per store), off the caller's thread.
         self._last: Future[None] | None = self._pool.submit(self._use_model)
@@ -317,9 +318,7 @@ class DenseRecall:
             with self._lock:
                 if scope in self._searched:
                     continue
-                self._searched[scope] = None
-                if len(self._searched) > SEARCHED_KEPT:
-                    self._searched.popitem(last=False)
+                self._searched.put(scope, None)
             self._submit(scope)
 
     def _embed(self, scope: tuple[str, str]) -> None:

@@ -292,8 +292,8 @@ def holding_the_event(
 ) -> list[IndexedMessage]:
     """For a "when" question: the hits whose own text holds every word of the question (the
     event stated, not a reply to it) first, rank order otherwise. Each excerpt's tag
-    carries its session's date. (Putting first the hits holding the most words instead
-    measured slightly worse on LoCoMo: BM25 weighs the words already.)"""
+    carries its session's date. (Not the hits holding the most words first: BM25 weighs the
+    words already, and counting them again ranked worse.)"""
     whole = [stems <= {t[:_STEM_CHARS] for t in term_set(hit.content)} for hit in hits]
     return [hits[i] for i in sorted(range(len(hits)), key=lambda i: not whole[i])]
 

@@ -28,13 +28,15 @@ import math
 import sys
 import threading
 from array import array
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+from ragent_memory.core.lru import LRU
+from ragent_memory.core.memo import Memo
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.topk import (
     BUDGET_BLOCKS,
@@ -51,7 +53,6 @@ from ragent_memory.recall.topk import (
     top_k,
 )
 from ragent_memory.store.contract import RecallIndex
-from ragent_memory.text.memo import Memo
 from ragent_memory.text.porter import stem, tokens
 from ragent_memory.text.terms import index_terms, is_cjk
 
@@ -106,6 +107,11 @@ def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[
         elif len(found) == 2:
             keys.append(found[0] + found[1])
     return keys
+
+
+def _text_bytes(_row_id: int, text: str) -> int:
+    """What a row text kept in the mirror holds: the text and its entry."""
+    return sys.getsizeof(text) + TEXT_ENTRY_BYTES
 
 
 class _Unit:
@@ -310,15 +316,17 @@ class RecallMirror:
         self.max_bytes = max_bytes
         self.hop = hop  # second-hop hits after a search's own (``search``)
         self._lock = threading.Lock()
-        self._units: OrderedDict[tuple[str, str], _Unit] = OrderedDict()
-        self._unit_bytes = 0  # the units' ``nbytes`` summed
-        self._text_bytes = 0
+        # units, least recently searched out past their share (``_Unit.nbytes`` summed)
+        share = max_bytes - max_bytes // TEXT_SHARE
+        self._units: LRU[tuple[str, str], _Unit] = LRU(None, share, lambda _, unit: unit.nbytes())
         # units too large to keep alone: their searches go to the store
-        self._oversized: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._oversized: LRU[tuple[str, str], None] = LRU(UNOWNED_KEPT)
         self._epoch: str | None = None
-        self._unowned: dict[str, tuple[int, bool]] = {}  # session → (checked to id, any)
+        # session → (checked to id, any)
+        self._unowned: LRU[str, tuple[int, bool]] = LRU(UNOWNED_KEPT)
         self._writing: set[tuple[str, str]] = set()  # units the indexer is writing rows of
-        self._texts: OrderedDict[int, str] = OrderedDict()
+        # row texts read, the first read first out past the rest of ``max_bytes``
+        self._texts: LRU[int, str] = LRU(None, max_bytes // TEXT_SHARE, _text_bytes)
         self.stem = Memo(stem, STEM_CHARS, len)  # Porter in Python is most of reading a row in
 
     def memory(self) -> dict[str, int]:
@@ -327,8 +335,8 @@ class RecallMirror:
         with self._lock:
             rows = sum(len(unit.ids) for unit in self._units.values())
             return {
-                "bytes": self._unit_bytes + self._text_bytes,
-                "units_bytes": self._unit_bytes,
+                "bytes": self._units.weight + self._texts.weight,
+                "units_bytes": self._units.weight,
                 "rows": rows,
                 "users": len(self._units),
                 "cap": self.max_bytes,
@@ -393,7 +401,6 @@ class RecallMirror:
         top, epoch = self.store.recall_mark()
         if epoch != self._epoch:  # rows went: every copy may hold them
             self._units.clear()
-            self._unit_bytes = 0
             self._unowned.clear()
             self._oversized.clear()
             self._epoch = epoch
@@ -404,23 +411,22 @@ class RecallMirror:
             return None
         unit = self._units.get(key)
         if unit is None:
-            unit = self._units[key] = _Unit()
-            self._unit_bytes += unit.nbytes()
-        self._units.move_to_end(key)
+            unit = _Unit()
+            self._units.put(key, unit)
         # This process's own rows being written are left to the refresh that follows the
         # write (read in off the caller's thread): the unit answers as before it.
         if unit.last < top and (not unit.last or key not in self._writing):
             self._load(key, unit, user_id, session_id)
-        return self._units.get(key)
+        return self._units.peek(key)
 
     def _load(
         self, key: tuple[str, str], unit: _Unit, user_id: str | None, session_id: str
     ) -> None:
         """The store's rows past the unit's last into it, ``LOAD_ROWS`` at a time: a first
         search of a long history reads it in chunks, not as one list of every row and its
-        terms (that list, freed, left the process 100 MB larger at 100,000 messages) (lock
-        held). Each chunk moves ``unit.last`` on, so the loop ends."""
-        while self._units.get(key) is unit:
+        terms (that list, freed, leaves the process larger by what it held: the allocator
+        keeps the pages) (lock held). Each chunk moves ``unit.last`` on, so the loop ends."""
+        while self._units.peek(key) is unit:
             last = unit.last
             rows = self._since(last, user_id, session_id, LOAD_ROWS)
             self._add(key, unit, rows)
@@ -468,7 +474,7 @@ class RecallMirror:
             yield
             for key in keys:
                 with self._lock:
-                    unit = self._units.get(key)
+                    unit = self._units.peek(key)
                 if unit is not None:
                     rows = self._since(unit.last, key[1] if key[0] == "u" else None, session_id)
                     with self._lock:
@@ -482,12 +488,10 @@ class RecallMirror:
 
     def _has_unowned(self, session_id: str, top: int) -> bool:
         """Whether the session has rows indexed without a user (a user's search sees them)."""
-        checked, found = self._unowned.get(session_id, (0, False))
+        checked, found = self._unowned.peek(session_id, (0, False))
         if not found and checked < top:
             found = self.store.unowned_since(session_id, checked)
-            if len(self._unowned) >= UNOWNED_KEPT:
-                self._unowned.clear()
-            self._unowned[session_id] = (top, found)
+            self._unowned.put(session_id, (top, found))
         return found
 
     def _since(
@@ -502,7 +506,7 @@ class RecallMirror:
         """Rows into the unit if it is still held (those it lacks), then the units kept
         within their share, least recently searched out first; a unit over it alone is
         dropped and left to the store from then on (lock held)."""
-        if self._units.get(key) is not unit:
+        if self._units.peek(key) is not unit:
             return
         before = unit.nbytes()
         for message, owned, counts, n in rows:
@@ -510,30 +514,20 @@ class RecallMirror:
                 unit.add(message, owned, counts, n)
                 self._keep(message.id, message.content)
         size = unit.nbytes()
-        self._unit_bytes += size - before
-        share = self.max_bytes - self.max_bytes // TEXT_SHARE
-        if size > share:  # the unit alone is over the units' share
-            del self._units[key]
-            self._unit_bytes -= size
-            self._oversized[key] = None
-            if len(self._oversized) > UNOWNED_KEPT:
-                self._oversized.popitem(last=False)
-        while self._unit_bytes > share and self._units:
-            _, old = self._units.popitem(last=False)
-            self._unit_bytes -= old.nbytes()
+        self._units.resized(key, size - before)
+        if size > (self._units.max_weight or 0):  # the unit alone is over the units' share
+            self._units.pop(key)
+            self._oversized.put(key, None)
+        self._units.trim()
 
     def _keep(self, row_id: int, text: str) -> None:
-        if row_id in self._texts:
-            return
-        self._texts[row_id] = text
-        self._text_bytes += sys.getsizeof(text) + TEXT_ENTRY_BYTES
-        while self._text_bytes > self.max_bytes // TEXT_SHARE and len(self._texts) > 1:
-            _, old = self._texts.popitem(last=False)
-            self._text_bytes -= sys.getsizeof(old) + TEXT_ENTRY_BYTES
+        if row_id not in self._texts:
+            self._texts.put(row_id, text)
 
     def _read(self, ids: Sequence[int]) -> dict[int, str]:
         """Row texts by id, from those kept or (those let go) the store."""
-        out = {row_id: self._texts[row_id] for row_id in ids if row_id in self._texts}
+        texts = self._texts
+        out = {row_id: text for row_id in ids if (text := texts.peek(row_id)) is not None}
         missing = [row_id for row_id in ids if row_id not in out]
         if missing:
             for row_id, text in self.store.indexed_texts(missing).items():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, Final
@@ -19,6 +18,8 @@ from typing import Any, Final
 from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.lru import LRU
+from ragent_memory.core.memo import Memo
 from ragent_memory.core.provenance import Markers
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.errors import StoreError
@@ -40,7 +41,6 @@ from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
 from ragent_memory.store import RecallIndex, VectorIndex
-from ragent_memory.text.memo import Memo
 
 log = get_logger(__name__)
 
@@ -108,13 +108,13 @@ class Offloads:
         self.fresh_s = min(OFFLOAD_REFRESH_S, ttl_days * 86_400 / 2)
         self._lock = threading.Lock()
         # (session, digest) → (the text's ref, when it was written here; -inf: not yet)
-        self._written: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._written: LRU[tuple[str, str], tuple[str, float]] = LRU(OFFLOADS_REMEMBERED)
 
     def ref(self, session_id: str, message: IndexedMessage) -> str:
         """The ref that names ``message``'s full text from ``session_id``."""
         key = (session_id, message.digest)
         with self._lock:
-            known = self._written.get(key) if message.digest else None
+            known = self._written.peek(key) if message.digest else None
         if known is not None:
             return known[0]
         ref = self.store.ref_for(session_id, message.content)
@@ -134,23 +134,20 @@ class Offloads:
             self._remember((session_id, message.digest), (self.ref(session_id, message), now))
 
     def _fresh(self, session_id: str, message: IndexedMessage, now: float) -> bool:
-        known = self._written.get((session_id, message.digest)) if message.digest else None
+        known = self._written.peek((session_id, message.digest)) if message.digest else None
         return known is not None and now - known[1] < self.fresh_s
 
     def _remember(self, key: tuple[str, str], entry: tuple[str, float]) -> None:
         if not key[1]:
             return  # a text without a digest is not remembered
         with self._lock:
-            self._written[key] = entry
-            self._written.move_to_end(key)
-            while len(self._written) > OFFLOADS_REMEMBERED:
-                self._written.popitem(last=False)
+            self._written.put(key, entry)
 
     def forget(self, session_id: str) -> None:
         """A dropped session's offloads go with it: store them again when shown again."""
         with self._lock:
             for key in [key for key in self._written if key[0] == session_id]:
-                del self._written[key]
+                self._written.pop(key)
 
 
 class Recaller:

@@ -11,7 +11,6 @@ sentinel inserted there must parse to itself with the sentinel appended to ``mes
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import attrs
 import orjson
 
+from ragent_memory.core.lru import LRU
 from ragent_memory.serve import chat
 from ragent_memory.serve.wire import Translations
 
@@ -45,8 +45,7 @@ class BodyCache:
     def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
         self.max_sessions, self.max_bytes = max_sessions, max_bytes
         self.tail_parses = 0  # bodies parsed by their tail only
-        self._last: collections.OrderedDict[Hashable, _Last] = collections.OrderedDict()
-        self._bytes = 0
+        self._last: LRU[Hashable, _Last] = LRU(max_sessions, max_bytes, _raw_bytes)
         self._lock = threading.Lock()
 
     def parse(
@@ -59,19 +58,19 @@ class BodyCache:
         """``whole(raw)`` (a body whose ``field`` is a list), by its tail when it extends
         ``key``'s last body."""
         with self._lock:
-            last = self._last.pop(key, None)
-            self._bytes -= len(last.raw) if last else 0
+            last = self._last.pop(key)
             known = _extended(last, raw) if last and last.field == field else None
             if known is not None:
                 self.tail_parses += 1
             elif (known := _located(raw, body := whole(raw), field)) is None:
                 return body  # not kept: its messages' end cannot be found
             if len(raw) <= self.max_bytes:
-                self._last[key] = known
-                self._bytes += len(raw)
-            while len(self._last) > self.max_sessions or self._bytes > self.max_bytes:
-                self._bytes -= len(self._last.popitem(last=False)[1].raw)
+                self._last.put(key, known)
             return {**known.body, field: list(known.body[field])}
+
+
+def _raw_bytes(_key: Hashable, last: _Last) -> int:
+    return len(last.raw)
 
 
 def _extended(last: _Last, raw: bytes) -> _Last | None:
@@ -143,17 +142,16 @@ class Memos:
 
     def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
         self.max_sessions, self.max_bytes = max_sessions, max_bytes
-        self._memos: collections.OrderedDict[Hashable, tuple[int, Translations]] = (
-            collections.OrderedDict()
+        # key → (the size of the body they were made from, the translations)
+        self._memos: LRU[Hashable, tuple[int, Translations]] = LRU(
+            max_sessions, max_bytes, lambda _key, memo: memo[0]
         )
-        self._bytes = 0
         self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> Translations:
         """What a request of ``key`` starts from: its last request's translations."""
         with self._lock:
-            size, last = self._memos.pop(key, (0, None))
-            self._bytes -= size
+            _, last = self._memos.pop(key, (0, None))
             return last.next() if last is not None else Translations()
 
     def keep(self, key: Hashable, memo: Translations, size: int) -> None:
@@ -162,7 +160,4 @@ class Memos:
         if size > self.max_bytes:
             return
         with self._lock:
-            self._memos[key] = (size, memo)
-            self._bytes += size
-            while len(self._memos) > self.max_sessions or self._bytes > self.max_bytes:
-                self._bytes -= self._memos.popitem(last=False)[1][0]
+            self._memos.put(key, (size, memo))

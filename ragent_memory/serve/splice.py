@@ -18,12 +18,12 @@ it is.
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from ragent_memory.core.chars import text_of, total_chars
+from ragent_memory.core.lru import LRU
 
 Message = dict[str, Any]
 PER_SESSION = 256
@@ -31,6 +31,14 @@ SESSIONS = 4096
 MAX_CHARS = 64_000_000
 Key = tuple[str, tuple[Any, ...]]
 Entry = tuple[Key, list[Message], int]  # fingerprint, what the model saw, its chars
+
+
+def _entry_chars(_position: int, entry: Entry) -> int:
+    return entry[2]
+
+
+def _held(_session: Hashable, splices: LRU[int, Entry]) -> int:
+    return splices.weight
 
 
 def fingerprint(message: Mapping[str, Any]) -> Key:
@@ -44,16 +52,23 @@ def fingerprint(message: Mapping[str, Any]) -> Key:
 
 class Splices:
     """Per session: the position of a reply in the app's history → (its fingerprint, what
-    the model saw in its place). Thread-safe."""
+    the model saw in its place). Thread-safe. Sessions and each session's splices are
+    ``LRU``s bounded by count; the chars bound spans every session and lets single splices
+    go (the oldest of the least recently used session), which no one ``LRU``'s bound says,
+    so it is kept here."""
 
     def __init__(
         self, per_session: int = PER_SESSION, sessions: int = SESSIONS, max_chars: int = MAX_CHARS
     ) -> None:
         self.per_session, self.sessions, self.max_chars = per_session, sessions, max_chars
-        self.chars = 0  # what all kept splices hold
-        self._by_session: collections.OrderedDict[Hashable, dict[int, Entry]]
-        self._by_session = collections.OrderedDict()
+        # session → its splices (position → entry, the oldest first), weighed by their chars
+        self._by_session: LRU[Hashable, LRU[int, Entry]] = LRU(sessions, None, _held)
         self._lock = threading.Lock()
+
+    @property
+    def chars(self) -> int:
+        """What all kept splices hold."""
+        return self._by_session.weight
 
     def record(
         self, session: Hashable, position: int, reply: Mapping[str, Any], seen: Sequence[Message]
@@ -61,26 +76,25 @@ class Splices:
         """The app got ``reply`` at ``position`` of its history; the model saw ``seen``."""
         size = total_chars(seen)
         with self._lock:
-            known = self._by_session.setdefault(session, {})
-            self._by_session.move_to_end(session)
-            if (old := known.pop(position, None)) is not None:
-                self.chars -= old[2]
-            known[position] = (fingerprint(reply), list(seen), size)
-            self.chars += size
-            while len(known) > self.per_session:
-                self.chars -= known.pop(next(iter(known)))[2]
-            while self._by_session and (
-                len(self._by_session) > self.sessions or self.chars > self.max_chars
-            ):
+            known = self._by_session.get(session)
+            if known is None:
+                known = LRU(self.per_session, None, _entry_chars)
+                self._by_session.put(session, known)
+            before = known.weight
+            known.put(position, (fingerprint(reply), list(seen), size))
+            self._by_session.resized(session, known.weight - before)
+            while self._by_session and self.chars > self.max_chars:
                 self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         """The oldest splice of the least recently used session out (its session with it
         when it was the last)."""
         session, known = next(iter(self._by_session.items()))
-        self.chars -= known.pop(next(iter(known)))[2]
+        before = known.weight
+        known.pop(next(iter(known)))
+        self._by_session.resized(session, known.weight - before)
         if not known:
-            del self._by_session[session]
+            self._by_session.pop(session)
 
     def apply(self, session: Hashable, history: list[Message]) -> list[Message]:
         """``history`` with every reply the session knows replaced by what the model saw in
@@ -89,7 +103,6 @@ class Splices:
             known = self._by_session.get(session)
             if not known:
                 return history
-            self._by_session.move_to_end(session)
             found = sorted(known.items(), reverse=True)
         out = history
         for position, (key, seen, _) in found:

@@ -12,8 +12,7 @@ COMPACTION_COLUMNS = tuple(_COMPACTION_COLUMN_NAMES.split())
 
 # A search reads the vectors written since its last read (``vectors_since``): by the user's
 # (or session's) rows alone the planner read every row of the scope, a scan growing with the
-# history (31 ms a search at 20,000 messages); by scope and write order it reads only what is
-# new. The same statements on PostgreSQL (pg_schema.py).
+# history; by scope and write order it reads only what is new. The same statements on PostgreSQL (pg_schema.py).
 VECTORS_BY_SCOPE = """
 CREATE INDEX recall_messages_user_embedded ON recall_messages (user_id, embedded);
 CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, embedded);
@@ -21,8 +20,8 @@ CREATE INDEX recall_messages_session_embedded ON recall_messages (session_id, em
 
 # Session and user ids kept once: every table but ``compactions`` (the audit, read as text)
 # holds a 16-byte key (``base.id_key``: the first half of the id's SHA-256) and ``ids`` maps it
-# back. A long id stored again in every message row and in six indexes had one 115 KB request
-# grow the store by 431 MB. Each table is rebuilt (SQLite alters no column type): renamed
+# back: a long id stored again in every message row and in six indexes made the store grow
+# with the id's length times the rows, for no lookup it helps. Each table is rebuilt (SQLite alters no column type): renamed
 # aside, made again, filled with ``id_key`` (a SQL function the store registers), dropped;
 # its AUTOINCREMENT counter carried over so no id is handed out twice. Leases start afresh,
 # now naming their holder (store/hosts.py).

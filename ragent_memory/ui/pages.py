@@ -12,10 +12,10 @@ import attrs
 
 from ragent_memory.audit import GenerationProbes, SessionProbes
 from ragent_memory.audit.probes import probe_generation
+from ragent_memory.core.memo import Memo
 from ragent_memory.serve.identity import is_scope
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend
-from ragent_memory.text.memo import Memo
 
 TURN_ROWS: Final = 200  # the newest turns listed under the chart (the chart draws them all)
 DIFF_LINES: Final = 400

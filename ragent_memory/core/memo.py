@@ -1,12 +1,13 @@
 """``Memo``: a function's answers kept, bounded and thread-safe (a cache that belongs to the
-object holding it, never to a module)."""
+object holding it, never to a module), on an ``LRU`` weighed by its keys."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
+
+from ragent_memory.core.lru import LRU
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -23,24 +24,19 @@ class Memo(Generic[K, V]):
         self.max_chars = max_chars
         self.size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[K, V] = OrderedDict()
-        self._chars = 0
+        self._entries: LRU[K, V] = LRU(None, max_chars, lambda key, _: self.size(key))
 
     def __call__(self, key: K) -> V:
         with self._lock:
             value = self._entries.get(key, _MISSING)
             if value is not _MISSING:
-                self._entries.move_to_end(key)
-                return value  # type: ignore[no-any-return]
+                return value
         return self.many((key,))[0]
 
     def many(self, keys: Sequence[K]) -> list[V]:
         """``fn`` of each key, in order, the lock taken twice (not twice a key)."""
         with self._lock:
-            found = [self._entries.get(key, _MISSING) for key in keys]
-            for key, value in zip(keys, found, strict=True):
-                if value is not _MISSING:
-                    self._entries.move_to_end(key)
+            found = self._entries.get_all(keys, _MISSING)
         new: dict[K, V] = {}
         for key, value in zip(keys, found, strict=True):
             if value is _MISSING and key not in new:
@@ -48,9 +44,5 @@ class Memo(Generic[K, V]):
         with self._lock:
             for key, value in new.items():
                 if key not in self._entries:
-                    self._entries[key] = value
-                    self._chars += self.size(key)
-            while self._chars > self.max_chars and len(self._entries) > 1:
-                old, _ = self._entries.popitem(last=False)
-                self._chars -= self.size(old)
+                    self._entries.put(key, value)
         return [new[k] if v is _MISSING else v for k, v in zip(keys, found, strict=True)]
