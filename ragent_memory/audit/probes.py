@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import attrs
 
+from ragent_memory.core.chars import Role
 from ragent_memory.core.identifiers import identifiers, kept_in, normalise, sentences
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.excerpts import Ask, find_block
@@ -40,7 +41,7 @@ LOST: Final = "lost"
 OUTCOMES: Final = (KEPT, RECALLABLE, LOST)
 MAX_PROBES: Final = 300  # per generation; the rest are counted as not probed
 MAX_QUESTION_CHARS: Final = 300
-PROBED_ROLES: Final = frozenset({"user", "assistant", "tool"})
+PROBED_ROLES: Final[frozenset[Role]] = frozenset({"user", "assistant", "tool"})
 
 
 @attrs.frozen

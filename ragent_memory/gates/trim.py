@@ -9,11 +9,12 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import attrs
 
 from ragent_memory.core.chars import Message, chars, text_of
+from ragent_memory.core.names import SubstitutionKind
 from ragent_memory.core.toolloops import ToolLoop, last_user_index, loop_at
 from ragent_memory.settings import (
     EVICTED_INPUT_EXCERPT_CHARS,
@@ -37,6 +38,10 @@ def placeholder(language: str, original_chars: int, arguments: str, ref: str) ->
     return PLACEHOLDERS[language].format(n=original_chars, args=excerpt, ref=ref)
 
 
+# Why a due trim did nothing (logged, not in the turn report).
+TrimSkip: TypeAlias = Literal["nothing_evictable", "not_worth_it"]
+
+
 @attrs.frozen
 class Eviction:
     index: int  # position in the view
@@ -50,7 +55,7 @@ class TrimResult:
     messages: list[Message]
     evictions: tuple[Eviction, ...] = ()
     reclaimed_chars: int = 0
-    skipped_reason: str | None = None
+    skipped_reason: TrimSkip | None = None
     # What the candidates free (evicted or not): a skipped trim's is under 20% of the total.
     reclaimable_chars: int = 0
     # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
@@ -98,8 +103,8 @@ class Shown:
     messages: Sequence[Message]
     sizes: Sequence[int]
     originals: Mapping[int, Message] = attrs.field(factory=dict)
-    kinds: Mapping[int, str] = attrs.field(factory=dict)
-    pending: Mapping[int, tuple[Message, int, str]] = attrs.field(factory=dict)
+    kinds: Mapping[int, SubstitutionKind] = attrs.field(factory=dict)
+    pending: Mapping[int, tuple[Message, int, SubstitutionKind]] = attrs.field(factory=dict)
 
     def at(self, index: int) -> Message:
         shown = self.pending.get(index)
