@@ -135,11 +135,13 @@ class Ladder:
             mid_turn=True,
             left_chars=view.left.shown_chars,
         )
-        if decision == "below_trigger":  # over B is over the trigger: kept for the types
-            return view, None
-        outcome = (
-            decision if isinstance(decision, str) else session.compact(view, decision, user_id)
-        )
+        outcome: SkipReason | None
+        if decision == "below_trigger":  # not met: a view over B is over the trigger
+            outcome = None
+        elif isinstance(decision, str):
+            outcome = decision
+        else:
+            outcome = session.compact(view, decision, user_id)
         if session.state.generation != session.returned_generation:
             return session.rebuild(), "applied"
         return view, outcome
