@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,31 @@ def test_the_compaction_section_explains_every_skip_reason() -> None:
     section = text.split("**Why a due compaction did not apply**", 1)[1].split("\n\n", 2)[1]
     explained = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
     assert _values(names.SkipReason) - {"applied"} == explained
+
+
+MISSPELT = """
+from ragent_memory import TurnReport
+from ragent_memory.core.records import AuditRow, Substitution
+
+
+def misspelt(report: TurnReport) -> bool:
+    AuditRow(session_id="s", generation=1, status="aplied")
+    Substitution("k", "trimm", "r", {})
+    return report.skipped_reason == "timout"
+"""
+
+
+def test_mypy_refuses_a_misspelt_name_where_it_is_made_or_compared(tmp_path: Path) -> None:
+    """A misspelt audit status, substitution kind or skip reason is a type error (the package's
+    own mypy settings: strict, so equality is checked too)."""
+    source = tmp_path / "misspelt.py"
+    source.write_text(MISSPELT, encoding="utf-8")
+    command = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache")]
+    done = subprocess.run(
+        [*command, str(source)], capture_output=True, text=True, timeout=600, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if ": error: " in line]
+    assert [7, 8, 9] == [int(line.split(":")[1]) for line in lines], done.stdout
+    assert ["'aplied'", "'trimm'", "'timout'"] == [
+        re.findall(r"'(?:aplied|trimm|timout)'", line)[0] for line in lines
+    ]
