@@ -3,8 +3,8 @@
 Each set is a ``typing.Literal``: the value *is* the string that goes on the wire, into the
 store and into ``TurnReport``, so nothing converts at a boundary and rows read back compare
 as they were written, while mypy (strict equality) refuses a typo wherever a value is made
-or compared. A set one room alone uses lives in that room (``gates.trim.TrimSkip``,
-``gates.compaction.NotDue``, ``llm.client.Phase``, ``longterm.batch.ExtractionStatus``).
+or compared. A set one room alone uses lives in that room (``gates.compaction.NotDue``,
+``llm.client.Phase``, ``longterm.batch.ExtractionStatus``, ``audit.probes.Outcome``).
 """
 
 from __future__ import annotations

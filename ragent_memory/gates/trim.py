@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import attrs
 
@@ -38,10 +38,6 @@ def placeholder(language: str, original_chars: int, arguments: str, ref: str) ->
     return PLACEHOLDERS[language].format(n=original_chars, args=excerpt, ref=ref)
 
 
-# Why a due trim did nothing (logged, not in the turn report).
-TrimSkip: TypeAlias = Literal["nothing_evictable", "not_worth_it"]
-
-
 @attrs.frozen
 class Eviction:
     index: int  # position in the view
@@ -55,7 +51,7 @@ class TrimResult:
     messages: list[Message]
     evictions: tuple[Eviction, ...] = ()
     reclaimed_chars: int = 0
-    skipped_reason: TrimSkip | None = None
+    skipped_reason: str | None = None
     # What the candidates free (evicted or not): a skipped trim's is under 20% of the total.
     reclaimable_chars: int = 0
     # Provider-level oddities seen (orphan results, duplicate ids, unanswered loops): tolerated,
