@@ -13,6 +13,7 @@ from sessions import run_cli
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.audit import probe_session
 from ragent_memory.audit.probes import items
+from ragent_memory.core.records import AuditRow
 
 # The session: raw positions 0..7. The generation planted below covers 1..6.
 HISTORY: list[dict[str, Any]] = [
@@ -63,19 +64,19 @@ def _planted(tmp_path: Path, summary: str = SUMMARY) -> tuple[MemoryEngine, str]
     engine.after_turn(HISTORY, session_id="s1", user_id="u1")
     assert engine.flush(timeout_s=60)
     engine.store.audit(
-        {
-            "session_id": "s1",
-            "user_id": "u1",
-            "generation": 1,
-            "status": "applied",
-            "reason": "over_trigger",
-            "written_by": "model",
-            "material_messages": 6,
-            "summary": summary,
-            "summary_chars": len(summary),
-            "covered_from": 1,
-            "covered_to": 7,
-        }
+        AuditRow(
+            session_id="s1",
+            user_id="u1",
+            generation=1,
+            status="applied",
+            reason="over_trigger",
+            written_by="model",
+            material_messages=6,
+            summary=summary,
+            summary_chars=len(summary),
+            covered_from=1,
+            covered_to=7,
+        )
     )
     return engine, db
 
@@ -122,9 +123,7 @@ def test_a_row_without_its_range_says_so(tmp_path: Path) -> None:
     """An audit row written before ranges were recorded has no probes and a note."""
     engine, _ = _planted(tmp_path)
     with engine:
-        engine.store.audit(
-            {"session_id": "s2", "generation": 1, "status": "applied", "summary": "x"}
-        )
+        engine.store.audit(AuditRow(session_id="s2", generation=1, status="applied", summary="x"))
         (generation,) = probe_session(engine.store, engine.settings, "s2").generations
     assert () == generation.probes
     assert "does not record" in generation.note

@@ -8,11 +8,13 @@ import hmac
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import attrs
 import pytest
 from conftest import PASSWORD_ENV
 
-from ragent_memory.core.records import Draft, Plan, SessionState, Substitution
+from ragent_memory.core.records import AuditRow, Draft, Plan, SessionState, Substitution
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import COMPACTION_COLUMNS, Backend, open_store, substitution_key
@@ -121,7 +123,7 @@ def test_drop_session_clears_state_and_keeps_the_audit(store: Backend) -> None:
     sub = Substitution(substitution_key(1, "d"), "trim", "rm-a", {"role": "tool", "content": "x"})
     store.save_session(SessionState("s1", generation=1, last_generation=1))
     store.save_substitutions("s1", [(sub, ["original"])], ttl_days=7)
-    store.audit({"session_id": "s1", "generation": 1, "status": "applied"})
+    store.audit(AuditRow(session_id="s1", generation=1, status="applied"))
     store.drop_session("s1")
     assert (None, {}) == (store.load_session("s1"), store.substitutions("s1"))
     assert 1 == len(store.compactions("s1"))
@@ -334,8 +336,8 @@ def test_forget_erases_a_user_and_never_reuses_a_version(store: Backend) -> None
 
 def test_audit_rows_have_the_documented_columns(store: Backend, clock: Clock) -> None:
     """compactions rows: docs/design.md §10's columns, ids ascending, filtered by session."""
-    first = store.audit({"session_id": "s1", "generation": 1, "status": "applied", "summary": "x"})
-    second = store.audit({"session_id": "s2", "generation": 0, "status": "failed", "error": "boom"})
+    first = store.audit(AuditRow(session_id="s1", generation=1, status="applied", summary="x"))
+    second = store.audit(AuditRow(session_id="s2", generation=0, status="failed", error="boom"))
     assert first < second
     rows = store.compactions()
     assert [list(COMPACTION_COLUMNS)] * 2 == [list(r) for r in rows]
@@ -344,14 +346,35 @@ def test_audit_rows_have_the_documented_columns(store: Backend, clock: Clock) ->
     ]
 
 
-def test_audit_refuses_unknown_columns_and_a_second_applied_generation(store: Backend) -> None:
-    """Unknown columns and a duplicate applied (session, generation) are StoreErrors."""
-    with pytest.raises(StoreError, match="unknown compactions columns"):
-        store.audit({"session_id": "s1", "generation": 1, "status": "applied", "colour": "red"})
-    store.audit({"session_id": "s1", "generation": 1, "status": "applied"})
+def test_an_audit_row_writes_every_column_and_says_only_what_it_knows(store: Backend) -> None:
+    """AuditRow's fields are the compactions columns but the store's id and created_at, and
+    what a row leaves out reads back as the table's own default (NULL, 0 or "")."""
+    assert [c for c in COMPACTION_COLUMNS if c not in ("id", "created_at")] == [
+        f.name for f in attrs.fields(AuditRow)
+    ]
+    given = {"session_id": "s1", "generation": 2, "status": "invalidated"}
+    store.audit(AuditRow(session_id="s1", generation=2, status="invalidated"))
+    (row,) = store.compactions("s1")
+    nulls = ("user_id", "reason", "model", "summary", "error")
+    expected = {
+        c: None if c in nulls else "" if c == "written_by" else 0
+        for c in COMPACTION_COLUMNS
+        if c not in (*given, "id", "created_at")
+    }
+    assert {**given, **expected} == {k: row[k] for k in (*given, *expected)}
+
+
+def test_audit_refuses_a_loose_dict_and_a_second_applied_generation(store: Backend) -> None:
+    """A dict instead of an AuditRow and a duplicate applied (session, generation) are
+    StoreErrors, the first naming what it got."""
+    loose: Any = {"session_id": "s1", "generation": 1, "status": "applied", "colour": "red"}
+    with pytest.raises(StoreError, match="an AuditRow, not dict"):
+        store.audit(loose)
+    assert [] == store.compactions()
+    store.audit(AuditRow(session_id="s1", generation=1, status="applied"))
     with pytest.raises(StoreError):
-        store.audit({"session_id": "s1", "generation": 1, "status": "applied"})
-    store.audit({"session_id": "s1", "generation": 1, "status": "failed"})
+        store.audit(AuditRow(session_id="s1", generation=1, status="applied"))
+    store.audit(AuditRow(session_id="s1", generation=1, status="failed"))
 
 
 # ---------------------------------------------------------------------------- hosts
@@ -422,7 +445,7 @@ def test_threads_share_one_store(store: Backend) -> None:
 
     def work(n: int) -> None:
         for i in range(20):
-            store.audit({"session_id": f"s{n}", "generation": i, "status": "applied"})
+            store.audit(AuditRow(session_id=f"s{n}", generation=i, status="applied"))
             store.record_user_messages(
                 "u", f"s{n}", [(i, f"d{i}", "x")], seen=i + 1, last_digest="d"
             )

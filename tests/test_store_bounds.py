@@ -125,9 +125,9 @@ def test_the_proxy_refuses_a_long_or_invalid_id_with_a_400_naming_it(tmp_path: P
 OPEN_WITH_UMASK_0 = """
 import os, sys
 os.umask(0)
-from ragent_memory.store import Store
+from ragent_memory.store import AuditRow, Store
 with Store(sys.argv[1]) as store:
-    store.audit({"session_id": "s", "generation": 1, "status": "failed"})
+    store.audit(AuditRow(session_id="s", generation=1, status="failed"))
     store.claim_compaction("s")
     here = os.path.dirname(sys.argv[1])
     for name in sorted(os.listdir(here)):  # while open: the -wal and -shm go at the close

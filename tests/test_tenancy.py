@@ -20,6 +20,7 @@ from serve_process import ProxyProcess
 from sessions import run_cli
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
+from ragent_memory.core.records import AuditRow
 from ragent_memory.serve.app import create_app
 from ragent_memory.serve.identity import scope_of
 from ragent_memory.store import Store, open_store
@@ -313,7 +314,7 @@ def test_the_scope_secret_is_made_once_and_audit_rows_read_by_scope(
         secret = store.scope_secret()
         mine, theirs = scope_of(secret, ALICE), scope_of(secret, MALLORY)
         for session in (f"{mine}:a-1", f"{theirs}:m-1", f"{mine}:a-2", "a-1", f"{mine}x:a"):
-            store.audit({"session_id": session, "generation": 1, "status": "failed"})
+            store.audit(AuditRow(session_id=session, generation=1, status="failed"))
     with open_store(store_settings) as store:
         assert secret == store.scope_secret()
         found = [row["session_id"] for row in store.compactions(scope=mine)]
@@ -333,7 +334,7 @@ def test_scope_and_audit_by_scope_through_the_cli(
     with Store(db) as store:
         mine = scope_of(store.scope_secret(), ALICE)
         for session in (f"{mine}:a-1", "m-1", f"{mine}:a-2"):
-            store.audit({"session_id": session, "generation": 1, "status": "failed"})
+            store.audit(AuditRow(session_id=session, generation=1, status="failed"))
     monkeypatch.setenv("ALICE_KEY", ALICE)
     printed = run_cli("scope", "--key-env", "ALICE_KEY", "--db", str(db))
     assert (0, mine) == (printed.returncode, printed.stdout.strip())

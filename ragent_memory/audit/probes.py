@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
+from ragent_memory.core.chars import Role
 from ragent_memory.core.identifiers import identifiers, kept_in, normalise, sentences
+from ragent_memory.core.names import WrittenBy
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.excerpts import Ask, find_block
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT
@@ -34,25 +36,29 @@ from ragent_memory.store import Backend
 from ragent_memory.summary.verbatim import states_constraint
 from ragent_memory.text.terms import search_terms
 
-KEPT: Final = "kept"
-RECALLABLE: Final = "recallable"
-LOST: Final = "lost"
-OUTCOMES: Final = (KEPT, RECALLABLE, LOST)
+# What became of a probed item: in the summary, found by recall, or neither.
+Outcome: TypeAlias = Literal["kept", "recallable", "lost"]
+# What a probe asks about: an identifier of any covered message, or a constraint the user set.
+ProbeKind: TypeAlias = Literal["identifier", "constraint"]
+KEPT: Final[Outcome] = "kept"
+RECALLABLE: Final[Outcome] = "recallable"
+LOST: Final[Outcome] = "lost"
+OUTCOMES: Final[tuple[Outcome, ...]] = (KEPT, RECALLABLE, LOST)
 MAX_PROBES: Final = 300  # per generation; the rest are counted as not probed
 MAX_QUESTION_CHARS: Final = 300
-PROBED_ROLES: Final = frozenset({"user", "assistant", "tool"})
+PROBED_ROLES: Final[frozenset[Role]] = frozenset({"user", "assistant", "tool"})
 
 
 @attrs.frozen
 class Probe:
     """One item of a covered message and what became of it."""
 
-    kind: str  # identifier | constraint
+    kind: ProbeKind
     item: str
     position: int  # the raw message it came from (index in the session's history)
     role: str
     question: str  # the recall question asked ("" when its context had no words to ask with)
-    outcome: str  # kept | recallable | lost
+    outcome: Outcome
 
 
 @attrs.frozen
@@ -60,12 +66,12 @@ class GenerationProbes:
     generation: int
     covered_from: int
     covered_to: int
-    written_by: str
+    written_by: WrittenBy
     probes: tuple[Probe, ...] = ()
     not_probed: int = 0  # items past MAX_PROBES
     note: str = ""  # why there are no probes, when there are none
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Outcome, int]:
         return {o: sum(p.outcome == o for p in self.probes) for o in OUTCOMES}
 
 
@@ -122,7 +128,7 @@ def items(covered: Sequence[IndexedMessage]) -> Iterator[Probe]:
             continue
         text = message.content
         for sentence in sentences(text):
-            found = [("identifier", i) for i in identifiers(sentence)]
+            found: list[tuple[ProbeKind, str]] = [("identifier", i) for i in identifiers(sentence)]
             if message.role == "user" and states_constraint(sentence):
                 found.append(("constraint", " ".join(sentence.split())))
             for kind, item in found:
@@ -138,7 +144,7 @@ def _without(text: str, item: str) -> str:
     return re.sub(re.escape(item), " ", text, flags=re.IGNORECASE)
 
 
-def _question(kind: str, item: str, sentence: str, text: str) -> str:
+def _question(kind: ProbeKind, item: str, sentence: str, text: str) -> str:
     """The words around ``item`` without it: its sentence (for a constraint, the sentence
     without its identifiers and constraint words), then the message's other sentences when
     that leaves fewer than three words to search for."""
@@ -158,7 +164,7 @@ def _question(kind: str, item: str, sentence: str, text: str) -> str:
 
 def _outcome(
     store: Backend, settings: Settings, row: dict[str, Any], probe: Probe, summary: str
-) -> str:
+) -> Outcome:
     if kept_in(probe.item, summary):
         return KEPT
     if not probe.question:

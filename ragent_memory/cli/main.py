@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import click
 import structlog
 
 from ragent_memory.core.logs import EVENT_ATTR, ROOT
+from ragent_memory.core.names import AuditStatus, WrittenBy
 from ragent_memory.errors import ConfigError, RagentMemoryError, StoreError
 from ragent_memory.settings import (
     MIN_SECRET_CHARS,
@@ -211,12 +212,14 @@ def audit(
 
 
 # Who wrote an applied summary (the audit's written_by), as `audit` counts them.
-WRITERS = (
+WRITERS: tuple[tuple[WrittenBy | Literal["unknown"], str], ...] = (
     ("model", "written by the model"),
     ("offline_fallback", "fell back to offline"),
     ("offline", "offline"),
     ("unknown", "not recorded"),
 )
+# The audit statuses `audit` counts apart from the applied ones.
+UNAPPLIED: tuple[AuditStatus, ...] = ("failed", "invalidated")
 
 
 def _tally(rows: list[dict[str, Any]]) -> list[str]:
@@ -228,10 +231,10 @@ def _tally(rows: list[dict[str, Any]]) -> list[str]:
         counts[(row["written_by"] or "unknown") if status == "applied" else status] += 1
     lines = []
     for session_id, counts in sessions.items():
-        applied = sum(counts[k] for k in counts if k not in ("failed", "invalidated"))
+        applied = sum(counts[k] for k in counts if k not in UNAPPLIED)
         parts = [f"{counts[k]} {label}" for k, label in WRITERS if counts[k]]
         line = f"{session_id}: {applied} applied" + (f" ({', '.join(parts)})" if parts else "")
-        line += "".join(f", {counts[k]} {k}" for k in ("failed", "invalidated") if counts[k])
+        line += "".join(f", {counts[k]} {k}" for k in UNAPPLIED if counts[k])
         lines.append(line)
     return lines
 

@@ -2,6 +2,8 @@
 
 - ``chars``: a message's size in characters, the one measure of B;
 - ``inputs``: the engine's input boundary (chat dicts in, the caller's objects never touched);
+- ``names``: the closed sets of names the rooms exchange (skip reasons, audit statuses, kinds),
+  each one ``Literal`` type (docs/design.md §16b);
 - ``toolloops``: a history split into turns and tool loops;
 - ``provenance``: who said a piece of text (the user, the harness, a tool, the assistant);
 - ``records``: the frozen records that cross the store contract;

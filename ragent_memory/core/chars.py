@@ -8,14 +8,19 @@ count. Characters are a proxy for tokens.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final, Literal, TypeAlias
 
 from ragent_memory.errors import InvalidMessagesError
 from ragent_memory.settings import NON_TEXT_PART_CHARS
 
 Message = dict[str, Any]
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
+# A message's role once the input boundary has read it (``developer`` arrives as ``system``).
+Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+# What a caller or a client may send: OpenAI's newer ``developer`` too.
+InputRole: TypeAlias = Role | Literal["developer"]
+
+ROLES: Final[frozenset[Role]] = frozenset({"system", "user", "assistant", "tool"})
 
 
 def text_of(message: Mapping[str, Any]) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
-from ragent_memory.core.chars import Message
+from ragent_memory.core.chars import InputRole, Message, Role
 from ragent_memory.errors import InvalidMessagesError
 
-ALIASES = MappingProxyType({"developer": "system"})
+ALIASES: Final[Mapping[InputRole, Role]] = MappingProxyType({"developer": "system"})
 # Chat dicts as they come: the app's own, or copies ``prepare`` handed out that it kept.
 PLAIN_TYPES = frozenset({dict})
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from ragent_memory.core.chars import Message
+from ragent_memory.core.chars import InputRole, Message
 from ragent_memory.settings import DEFAULT_HARNESS_MARKERS, DEFAULT_STANDING_MARKERS
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 
 # Turns that instruct rather than converse: inside the conversation they are standing
 # instructions, carried whole across compactions, never summarized.
-INSTRUCTION_ROLES = frozenset({"system", "developer"})
+INSTRUCTION_ROLES: Final[frozenset[InputRole]] = frozenset({"system", "developer"})
 
 
 class Source(StrEnum):

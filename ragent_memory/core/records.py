@@ -1,7 +1,8 @@
-"""Value types the store and the domain modules share: a bottom module, importing nothing of ours.
+"""Value types the store and the domain modules share: a bottom module, importing only ``names``.
 
 The store speaks in these (session state, substitutions, pending messages, facts, a memory
-batch's plan); ``longterm`` plans with ``Fact``/``Draft``/``Plan`` and the engine reads them.
+batch's plan, an audit row); ``longterm`` plans with ``Fact``/``Draft``/``Plan`` and the engine
+reads them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
+from ragent_memory.core.names import (
+    AuditReason,
+    AuditStatus,
+    ErrorName,
+    SubstitutionKind,
+    WrittenBy,
+)
 
 
 @attrs.frozen
@@ -34,7 +43,7 @@ class IndexedMessage:
 
     session_id: str
     position: int  # index in the session's history
-    role: str
+    role: str  # a ``Role`` of an indexed message (``recall.index.INDEXED_ROLES``)
     content: str
     dated: str = ""  # the date stamp in force where it was said ("" for none)
     digest: str = ""
@@ -53,9 +62,39 @@ class Substitution:
     digest: the same content at another position (a repeated search) is not substituted."""
 
     key: str
-    kind: str  # "trim" | "truncate" | "recall" (a turn's recall block on its user message)
+    kind: SubstitutionKind  # "recall": a turn's recall block on its user message
     ref: str
     message: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class AuditRow:
+    """One row of the append-only ``compactions`` table (docs/design.md §10), as a compaction,
+    a failure or an invalidation writes it. Every column is written; the defaults are the
+    table's own, so a row says only what it knows. ``id`` and ``created_at`` are the store's;
+    the fields are in the table's column order."""
+
+    session_id: str
+    user_id: str | None = None
+    generation: int
+    status: AuditStatus
+    reason: AuditReason | ErrorName | None = None
+    model: str | None = None
+    attempts: int = 0
+    material_messages: int = 0
+    material_chars: int = 0
+    summary_chars: int = 0
+    chars_before: int = 0
+    chars_after: int = 0
+    duration_ms: int = 0
+    summary: str | None = None
+    error: str | None = None
+    # created_at: stamped by the store
+    identifiers_kept: int = 0
+    identifiers_lost: int = 0
+    written_by: WrittenBy = ""
+    covered_from: int = 0  # the raw indexes [from, to) the compaction summarized
+    covered_to: int = 0
 
 
 @attrs.frozen

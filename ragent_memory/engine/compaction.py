@@ -23,7 +23,9 @@ import attrs
 from ragent_memory.core import tracing
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.names import ErrorName, InvalidationReason, RunSkip, WrittenBy
 from ragent_memory.core.provenance import INSTRUCTION_ROLES, Markers, latest_standing
+from ragent_memory.core.records import AuditRow
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
@@ -126,7 +128,7 @@ class SummaryDraft:
     chars_after: int  # the view once applied: prefix + summary message + kept tail
     identifiers_kept: int = 0  # identifiers of material + previous summary the summary holds
     identifiers_lost: int = 0  # ... and those it lost even after the retention check
-    written_by: str = ""  # model | offline | offline_fallback (SummaryOutcome.written_by)
+    written_by: WrittenBy = ""  # SummaryOutcome.written_by
 
 
 def carried(job: Job, markers: Markers, tools: Sequence[str]) -> tuple[dict[str, Any], ...]:
@@ -244,11 +246,9 @@ def checked_summary(
     return attrs.evolve(outcome, attempts=attempts), wanted
 
 
-def commit(
-    store: Backend, draft: SummaryDraft, previous: SessionState, audit: Mapping[str, Any]
-) -> None:
+def commit(store: Backend, draft: SummaryDraft, previous: SessionState, audit: AuditRow) -> None:
     """Write the generation and its ``applied`` audit row in one transaction (docs/design.md §10)."""
-    if not store.commit_generation(draft.state, previous, dict(audit)):
+    if not store.commit_generation(draft.state, previous, audit):
         raise StaleCompaction(
             "the session changed while summarizing (invalidated, compacted or dropped)"
         )
@@ -296,21 +296,19 @@ def _run(
     try:
         draft = summarize(job, summarizer=summarizer, settings=settings)
         summary = draft.state.summary
-        applied = {
-            **base,
-            "status": "applied",
-            "reason": "over_trigger",
-            "model": draft.model,
-            "attempts": draft.attempts,
-            "material_chars": draft.material_chars,
-            "summary_chars": len(summary),
-            "chars_after": draft.chars_after,
-            "identifiers_kept": draft.identifiers_kept,
-            "identifiers_lost": draft.identifiers_lost,
-            "written_by": draft.written_by,
-            "duration_ms": int((time.perf_counter() - started) * 1000),
-            "summary": summary,
-        }
+        applied = attrs.evolve(
+            AuditRow(**base, status="applied", reason="over_trigger"),
+            model=draft.model,
+            attempts=draft.attempts,
+            material_chars=draft.material_chars,  # what the summarizer was actually sent
+            summary_chars=len(summary),
+            chars_after=draft.chars_after,
+            identifiers_kept=draft.identifiers_kept,
+            identifiers_lost=draft.identifiers_lost,
+            written_by=draft.written_by,
+            duration_ms=int((time.perf_counter() - started) * 1000),
+            summary=summary,
+        )
         commit(store, draft, job.previous, applied)
     except Exception as err:  # the worker boundary: any failure is audited, never raised
         fail(store, base, err, model=summarizer.name, started=started)
@@ -319,7 +317,8 @@ def _run(
         return None
     if settings.long_term_enabled and job.user_id:
         remember_summary(store, job.user_id, draft.state)
-    fields = {k: v for k, v in applied.items() if k not in ("status", "reason", "summary")}
+    unlogged = ("status", "reason", "summary", "error")
+    fields = {k: v for k, v in attrs.asdict(applied).items() if k not in unlogged}
     tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in fields.items()})
     # chars_in/chars_out: the TurnReport names, for log queries.
     log.info(
@@ -337,16 +336,16 @@ def fail(
     log.warning("compaction.failed", **base, error=str(err), duration_ms=duration_ms)
     write_audit(
         store,
-        {
+        AuditRow(
             **base,
-            "status": "failed",
-            "reason": "stale" if isinstance(err, StaleCompaction) else type(err).__name__,
-            "model": model,
-            "attempts": getattr(err, "attempts", 0),
-            "chars_after": base["chars_before"],
-            "duration_ms": duration_ms,
-            "error": str(err),
-        },
+            status="failed",
+            reason="stale" if isinstance(err, StaleCompaction) else ErrorName(type(err).__name__),
+            model=model,
+            attempts=getattr(err, "attempts", 0),
+            chars_after=base["chars_before"],
+            duration_ms=duration_ms,
+            error=str(err),
+        ),
     )
 
 
@@ -365,15 +364,15 @@ def remember_summary(store: Backend, user_id: str, state: SessionState) -> None:
         )
 
 
-def write_audit(store: Backend, row: Mapping[str, Any]) -> None:
+def write_audit(store: Backend, row: AuditRow) -> None:
     """Append an audit row; a failure is logged (``audit.write_failed``), never raised."""
     try:
-        store.audit(dict(row))
+        store.audit(row)
     except Exception as err:  # the audit boundary: a failed audit never undoes a compaction
         log.error(
             "audit.write_failed",
-            session_id=row.get("session_id"),
-            generation=row.get("generation"),
+            session_id=row.session_id,
+            generation=row.generation,
             error=repr(err),
         )
 
@@ -417,7 +416,7 @@ class Compactions:
         self.future = None
         return self._outcome(future)
 
-    def start(self, job: Job, timeout_s: float) -> SessionState | str:
+    def start(self, job: Job, timeout_s: float) -> SessionState | RunSkip:
         """Run ``job`` under the session's lease and wait for it; returns the applied state,
         or why it did not apply (``in_progress``, ``failed``, ``closed``, ``timeout``,
         ``cooling_down``)."""
@@ -438,7 +437,7 @@ class Compactions:
         state = self._outcome(future)
         return "failed" if state is None else state
 
-    def _refused(self, job: Job) -> str | None:
+    def _refused(self, job: Job) -> RunSkip | None:
         """Why ``job`` cannot start now (``cooling_down``, ``in_progress`` while another
         holder has the lease, ``failed`` when the store cannot say), or None."""
         session_id = self.session_id
@@ -474,19 +473,19 @@ class Compactions:
         )
         write_audit(
             self.store,
-            {
-                "session_id": session_id,
-                "user_id": job.user_id,
-                "generation": job.previous.last_generation + 1,
-                "status": "failed",
-                "reason": "cooling_down",
-                "model": summarizer.name,
-                "material_messages": len(job.material),
-                "material_chars": job.material_chars,
-                "chars_before": chars_before,
-                "chars_after": chars_before,
-                "error": error,
-            },
+            AuditRow(
+                session_id=session_id,
+                user_id=job.user_id,
+                generation=job.previous.last_generation + 1,
+                status="failed",
+                reason="cooling_down",
+                model=summarizer.name,
+                material_messages=len(job.material),
+                material_chars=job.material_chars,
+                chars_before=chars_before,
+                chars_after=chars_before,
+                error=error,
+            ),
         )
         return True
 
@@ -524,7 +523,7 @@ class Compactions:
 
 
 def invalidate(
-    store: Backend, state: SessionState, user_id: str | None, reason: str
+    store: Backend, state: SessionState, user_id: str | None, reason: InvalidationReason
 ) -> SessionState:
     """Drop the summary ``state`` holds (the caller's history no longer matches what it
     covers): the fresh state is saved and the drop audited ``invalidated``."""
@@ -541,14 +540,14 @@ def invalidate(
         log.error("session.write_failed", session_id=state.session_id, error=repr(err))
     write_audit(
         store,
-        {
-            "session_id": state.session_id,
-            "user_id": user_id,
-            "generation": state.generation,
-            "status": "invalidated",
-            "reason": reason,
-            "summary": state.summary,
-            "summary_chars": len(state.summary),
-        },
+        AuditRow(
+            session_id=state.session_id,
+            user_id=user_id,
+            generation=state.generation,
+            status="invalidated",
+            reason=reason,
+            summary=state.summary,
+            summary_chars=len(state.summary),
+        ),
     )
     return fresh

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
+from ragent_memory.core.names import SkipReason, SubstitutionKind
 from ragent_memory.engine.view import View
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.compaction import CutPlan, plan_cut
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 # (view index, kind, ref, message shown, texts to offload)
-Change = tuple[int, str, str, Message, Sequence[str]]
+Change = tuple[int, SubstitutionKind, str, Message, Sequence[str]]
 
 
 class Ladder:
@@ -84,7 +85,7 @@ class Ladder:
 
         return chars_out
 
-    def climb(self, view: View, user_id: str | None) -> tuple[View, int, str | None]:
+    def climb(self, view: View, user_id: str | None) -> tuple[View, int, SkipReason | None]:
         """While ``view.total`` > B, the rungs in order. Returns the view to send, how many
         whole turns it leaves out, and what a mid-turn compaction did (None: not tried;
         "applied"; else why it did not apply)."""
@@ -121,7 +122,7 @@ class Ladder:
         if evictions and swept != turn_start:
             self.session.trimming.retrim(view, self._on_left(user_id))
 
-    def _compact_mid_turn(self, view: View, user_id: str | None) -> tuple[View, str | None]:
+    def _compact_mid_turn(self, view: View, user_id: str | None) -> tuple[View, SkipReason | None]:
         """Rung 2: a compaction whose cut may be the current turn's user message."""
         session, settings = self.session, self.settings
         if not settings.summary_enabled or session.compactions.running:
@@ -134,9 +135,13 @@ class Ladder:
             mid_turn=True,
             left_chars=view.left.shown_chars,
         )
-        outcome = (
-            decision if isinstance(decision, str) else session.compact(view, decision, user_id)
-        )
+        outcome: SkipReason | None
+        if decision == "below_trigger":  # not met: a view over B is over the trigger
+            outcome = None
+        elif isinstance(decision, str):
+            outcome = decision
+        else:
+            outcome = session.compact(view, decision, user_id)
         if session.state.generation != session.returned_generation:
             return session.rebuild(), "applied"
         return view, outcome

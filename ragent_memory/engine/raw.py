@@ -12,6 +12,7 @@ from itertools import repeat
 from typing import Any
 
 from ragent_memory.core.chars import Message, measured, validate_message
+from ragent_memory.core.names import InvalidationReason
 from ragent_memory.errors import InvalidMessagesError
 
 _get = dict.get
@@ -182,7 +183,9 @@ class RawCache:
         """``chain_digest`` of positions ``[start, stop)``."""
         return chain_digest([self.digest_at(i) for i in range(start, stop)])
 
-    def mismatch(self, prefix_len: int, covered: int, covered_digest: str) -> str | None:
+    def mismatch(
+        self, prefix_len: int, covered: int, covered_digest: str
+    ) -> InvalidationReason | None:
         """Why the history no longer matches a summary of ``[prefix_len, covered)`` (None:
         it does)."""
         if len(self.messages) < covered:

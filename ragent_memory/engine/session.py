@@ -44,6 +44,7 @@ import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import EventCallback, get_logger
+from ragent_memory.core.names import SkipReason
 from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.compaction import Compactions, Submit
 from ragent_memory.engine.ladder import Ladder
@@ -86,7 +87,7 @@ class TurnReport:
     truncated: int  # messages shown as head/tail previews
     reclaimed_chars: int  # chars saved by placeholders and previews in this view
     compacted: bool  # a summary generation was applied in this call
-    skipped_reason: str | None  # why compaction did not run, when it was considered
+    skipped_reason: SkipReason | None  # why compaction did not run, when it was considered
     generation: int  # the session's current summary generation, 0 = none
     memory_chars: int  # the long-term memory block, injected after the gates (0 = none)
     duration_ms: float
@@ -245,7 +246,7 @@ class Session:
         self.turn_recall.keep(view, self.sticky)
         return view, fields
 
-    def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, str | None, int]:
+    def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, SkipReason | None, int]:
         """reduce → trim → record → compact → ceiling on the view ``_build`` gave. Returns the
         view to send, whether a compaction applied, why one did not (or None), and the whole
         turns the ceiling leaves out."""
@@ -376,7 +377,7 @@ class Session:
         self.sticky.show_recorded(view, begin)
         return view, chars_in
 
-    def _compact_if_due(self, view: View, user_id: str | None) -> str | None:
+    def _compact_if_due(self, view: View, user_id: str | None) -> SkipReason | None:
         """Gate 2; returns why a due compaction did not apply, or None (applied, or not due
         because the view is under the trigger)."""
         if self.compactions.running:
@@ -405,7 +406,7 @@ class Session:
             return "history_edited"
         return self.compact(view, decision, user_id)
 
-    def compact(self, view: View, decision: CutPlan, user_id: str | None) -> str | None:
+    def compact(self, view: View, decision: CutPlan, user_id: str | None) -> SkipReason | None:
         """Run one planned compaction, waiting at most ``compaction_timeout_s``; returns why
         it did not apply, or None."""
         raw = self.raw
@@ -434,7 +435,7 @@ def report_fields(
     view: View,
     session: Session,
     chars_in: int,
-    gated: tuple[bool, str | None, int],
+    gated: tuple[bool, SkipReason | None, int],
     recall: tuple[int, int],
 ) -> dict[str, Any]:
     """The ``TurnReport``'s fields but the two the engine adds (memory_chars,

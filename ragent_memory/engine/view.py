@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from ragent_memory.core.chars import Message
+from ragent_memory.core.names import SubstitutionKind
 from ragent_memory.engine.raw import unequal
 from ragent_memory.gates.trim import TrimState
 
@@ -61,12 +62,13 @@ class View:
     generation: int  # the summary shown (0 = none)
     fresh: int = 0  # first index not carried over from the last turn
     originals: dict[int, Message] = attrs.field(factory=dict)
-    kinds: dict[int, str] = attrs.field(factory=dict)
+    kinds: dict[int, SubstitutionKind] = attrs.field(factory=dict)
     trim_hint: TrimState | None = None  # gate 1's, kept while the view only grows
     swept: int = 0  # a loop boundary before which the ceiling's rung 1 left nothing to evict
     total: int = 0
     raw_chars: int = 0
-    counts: Counter[str] = attrs.field(factory=Counter)  # shown substitutions by kind
+    # shown substitutions by kind
+    counts: Counter[SubstitutionKind] = attrs.field(factory=Counter)
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
     left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
@@ -102,7 +104,7 @@ class View:
         self.sizes[index] = size
         self._replaced(index)
 
-    def show(self, index: int, message: Message, kind: str, size: int) -> None:
+    def show(self, index: int, message: Message, kind: SubstitutionKind, size: int) -> None:
         self.originals.setdefault(index, self.messages[index])
         previous = self.kinds.get(index)
         if previous is not None:
@@ -222,5 +224,5 @@ class View:
         """The prefix and the summary message."""
         return sum(self.sizes[: self.head])
 
-    def indexes(self, kind: str) -> set[int]:
+    def indexes(self, kind: SubstitutionKind) -> set[int]:
         return {i for i, k in self.kinds.items() if k == kind}

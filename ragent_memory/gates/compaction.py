@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, TypeAlias
 
 import attrs
 
 from ragent_memory.core.chars import Message
+from ragent_memory.core.names import CutSkip
 from ragent_memory.core.toolloops import map_loops
 from ragent_memory.settings import Settings
+
+# The planner's answer when the view is under the trigger: nothing is due, so it is no skip
+# and never reaches the turn report.
+NotDue: TypeAlias = Literal["below_trigger"]
 
 
 @attrs.frozen
@@ -30,8 +36,8 @@ def plan_cut(
     settings: Settings,
     mid_turn: bool = False,
     left_chars: int = 0,
-) -> CutPlan | str:
-    """Where to cut, or why not (a skip reason). ``head``: the first message after the prefix
+) -> CutPlan | CutSkip | NotDue:
+    """Where to cut, or why not (a skip reason, or ``below_trigger``: not due). ``head``: the first message after the prefix
     and any summary. ``left_chars``: whole turns the ceiling left out just before ``head``
     (§4b step 4); they count in the total and are material, so mid-turn ``head`` itself may
     be the cut. ``mid_turn`` (§4b step 2, the view over B): the last message may be a tool
@@ -55,7 +61,7 @@ def plan_cut(
     if cut <= head and not only_left_out:
         return "no_safe_cut"
     material_chars = left_chars + sum(sizes[head:cut])
-    skip = (
+    skip: CutSkip | None = (
         "empty_material"
         if material_chars == 0
         else "not_worth_it"

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from ragent_memory.core.chars import Message, chars, text_of
+from ragent_memory.core.names import SubstitutionKind
 from ragent_memory.core.toolloops import ToolLoop, last_user_index, loop_at
 from ragent_memory.settings import (
     EVICTED_INPUT_EXCERPT_CHARS,
@@ -86,8 +87,8 @@ class Shown:
     messages: Sequence[Message]
     sizes: Sequence[int]
     originals: Mapping[int, Message] = attrs.field(factory=dict)
-    kinds: Mapping[int, str] = attrs.field(factory=dict)
-    pending: Mapping[int, tuple[Message, int, str]] = attrs.field(factory=dict)
+    kinds: Mapping[int, SubstitutionKind] = attrs.field(factory=dict)
+    pending: Mapping[int, tuple[Message, int, SubstitutionKind]] = attrs.field(factory=dict)
 
     def at(self, index: int) -> Message:
         shown = self.pending.get(index)

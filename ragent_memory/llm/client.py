@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
@@ -47,6 +47,13 @@ _REDACTED: Final = "[redacted]"
 _BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;}]+")
 
 
+# Which summarizer an attempt's event comes from: the first endpoint, a later one, or (the
+# summary room's) offline summarizer standing in for them all.
+Phase: TypeAlias = Literal["primary", "fallback", "offline"]
+# Why an endpoint was not asked (``summarizer.endpoint_skipped``).
+EndpointSkip: TypeAlias = Literal["circuit_open", "missing_api_key"]
+
+
 @attrs.frozen
 class Completion:
     """A reply that passed every check, and where it came from."""
@@ -55,7 +62,7 @@ class Completion:
     model: str
     endpoint: str  # base URL without credentials
     attempts: int  # HTTP calls made by this complete(), across endpoints
-    phase: str  # "primary" | "fallback"
+    phase: Phase  # "primary" or "fallback"
 
 
 def retry_delay_s(retry_index: int, retry_after: str | None, jitter: float) -> float:
@@ -242,7 +249,7 @@ class LLMClient:
         attempts = 0
         reasons: list[str] = []
         for index, (endpoint, api_key) in enumerate(zip(endpoints, keys, strict=True)):
-            phase = "primary" if index == 0 else "fallback"
+            phase: Phase = "primary" if index == 0 else "fallback"
             outcome = self._ask(endpoint, api_key, phase, request, attempts)
             if isinstance(outcome, Completion):
                 return outcome
@@ -259,7 +266,7 @@ class LLMClient:
         self,
         endpoint: EndpointSettings,
         api_key: str | None,
-        phase: str,
+        phase: Phase,
         request: _Request,
         attempts: int,
     ) -> Completion | _GaveUp:
@@ -368,7 +375,7 @@ class LLMClient:
     def _report(
         self,
         attempt: int,
-        phase: str,
+        phase: Phase,
         endpoint: EndpointSettings,
         purpose: str,
         failure: _Failure | None,
@@ -389,7 +396,7 @@ class LLMClient:
             log.warning("summarizer.attempt", **fields, **extra, retry_in_s=retry_in_s)
         self._emit("summary_attempt", fields)
 
-    def _log_skip(self, endpoint: EndpointSettings, purpose: str, reason: str) -> None:
+    def _log_skip(self, endpoint: EndpointSettings, purpose: str, reason: EndpointSkip) -> None:
         log.warning(
             "summarizer.endpoint_skipped",
             endpoint=_public_url(endpoint.base_url),

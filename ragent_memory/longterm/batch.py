@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 import attrs
 
@@ -89,11 +89,15 @@ def plan_batch(
     )
 
 
+# What one extraction batch came to; ``idle``: nothing was pending.
+ExtractionStatus: TypeAlias = Literal["applied", "failed", "rejected", "idle"]
+
+
 @attrs.frozen
 class ExtractionReport:
     """What one :func:`run_extraction` did."""
 
-    status: str  # "applied" | "failed" | "rejected" | "idle" (nothing pending)
+    status: ExtractionStatus
     messages: int = 0
     added: int = 0
     superseded: int = 0
@@ -210,7 +214,11 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
 
 
 def _give_up(
-    store: Backend, user_id: str, ids: Sequence[int], status: str, error: str
+    store: Backend,
+    user_id: str,
+    ids: Sequence[int],
+    status: Literal["failed", "rejected"],
+    error: str,
 ) -> ExtractionReport:
     """A batch that did not apply: its attempts counted, dropped after ``MAX_ATTEMPTS``."""
     try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Final
 
-from ragent_memory.core.chars import Message, text_of
+from ragent_memory.core.chars import Message, Role, text_of
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Markers
 from ragent_memory.core.records import IndexedMessage
@@ -22,7 +22,7 @@ from ragent_memory.text.terms import date_stamp, index_terms
 
 log = get_logger(__name__)
 
-INDEXED_ROLES: Final = frozenset({"user", "assistant", "tool"})
+INDEXED_ROLES: Final[frozenset[Role]] = frozenset({"user", "assistant", "tool"})
 
 
 def index_digest(role: str, text: str) -> str:

@@ -20,11 +20,12 @@ import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import InputRole
 from ragent_memory.serve.chat import call_name
 from ragent_memory.serve.http import Reject, whole_response
 from ragent_memory.serve.wire import (
@@ -43,7 +44,7 @@ Block = dict[str, Any]
 MAX_BREAKPOINTS = 4  # cache_control blocks Anthropic accepts in one request
 NOT_IN_VIEW = "[ragent-memory: this tool's result is not in the current view]"
 _KINDS = MappingProxyType({"server_busy": "overloaded_error", "upstream_error": "api_error"})
-TURN_ROLES = frozenset({"user", "assistant", "system", "developer"})
+TURN_ROLES: Final[frozenset[InputRole]] = frozenset({"user", "assistant", "system", "developer"})
 
 
 def _extras(block: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:

@@ -23,7 +23,13 @@ Tables not described where they are used:
   (no text) of the user messages already recorded, so ``after_turn`` is idempotent.
 """
 
-from ragent_memory.core.records import GCReport, SessionState, Substitution, substitution_key
+from ragent_memory.core.records import (
+    AuditRow,
+    GCReport,
+    SessionState,
+    Substitution,
+    substitution_key,
+)
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store.base import Clock, id_key, iso, utc_now
@@ -54,6 +60,7 @@ def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
 __all__ = [
     "COMPACTION_COLUMNS",
     "MIGRATIONS",
+    "AuditRow",
     "Backend",
     "Clock",
     "GCReport",

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import attrs
+
+from ragent_memory.core.records import AuditRow
 from ragent_memory.errors import StoreError
 from ragent_memory.store.base import StoreBase, iso
 from ragent_memory.store.schema import COMPACTION_COLUMNS
 
 
-def audit_record(row: dict[str, Any], now: str) -> dict[str, Any]:
-    """``row`` checked against the columns, stamped with ``created_at``."""
-    unknown = set(row) - set(COMPACTION_COLUMNS)
-    if unknown:
+def audit_record(row: AuditRow, now: str) -> dict[str, Any]:
+    """``row``'s columns, every one of them, stamped with ``created_at``."""
+    # An untyped caller's loose dict could name any column: refused here, naming what it got.
+    if not isinstance(cast(object, row), AuditRow):
+        raise StoreError(f"an audit row is an AuditRow, not {type(row).__name__}")
+    record = attrs.asdict(row)
+    unknown = set(record) - set(COMPACTION_COLUMNS)
+    if unknown:  # the record and the schema drifted apart
         raise StoreError(f"unknown compactions columns: {sorted(unknown)}")
-    return {**row, "created_at": row.get("created_at") or now}
+    return {**record, "created_at": now}
 
 
 def insert_audit(db: Any, record: dict[str, Any]) -> int:
@@ -28,7 +35,7 @@ def insert_audit(db: Any, record: dict[str, Any]) -> int:
 
 
 class AuditTable(StoreBase):
-    def audit(self, row: dict[str, Any]) -> int:
+    def audit(self, row: AuditRow) -> int:
         """Append one row to ``compactions``; returns its id."""
         record = audit_record(row, iso(self.clock()))
         with self._locked("audit write"), self.db.atomic():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ragent_memory.core.names import MemoryKind, MemoryStatus
 from ragent_memory.core.records import Fact, Forgotten, PendingMessage, Plan
 from ragent_memory.errors import StoreError
 from ragent_memory.store.base import StoreBase, id_key, iso, key_of
@@ -115,7 +116,7 @@ class MemoryTables(StoreBase):
         )
         return [Fact(int(r[0]), r[1], r[2]) for r in rows]
 
-    def memory_rows(self, user_id: str, *, kind: str | None = None) -> list[dict[str, Any]]:
+    def memory_rows(self, user_id: str, *, kind: MemoryKind | None = None) -> list[dict[str, Any]]:
         """Every memory row of the user, whatever its status, oldest first."""
         sql = (
             "SELECT m.id, m.kind, m.content, m.status, s.value AS session_id, m.generation,"
@@ -132,7 +133,7 @@ class MemoryTables(StoreBase):
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def _end_memory(
-        self, user_id: str, memory_id: int, status: str, now: str, by: int | None
+        self, user_id: str, memory_id: int, status: MemoryStatus, now: str, by: int | None
     ) -> None:
         cursor = self.db.execute(
             "UPDATE memories SET status = ?, superseded_by = ?, updated_at = ?"
@@ -168,7 +169,11 @@ class MemoryTables(StoreBase):
                 new_id = int(cursor.fetchall()[0][0])
                 for replaced in sorted(draft.replaces):
                     self._end_memory(user_id, replaced, "superseded", now, new_id)
-            for status, ended in (("retracted", plan.retracted), ("evicted", plan.evicted)):
+            ends: tuple[tuple[MemoryStatus, frozenset[int]], ...] = (
+                ("retracted", plan.retracted),
+                ("evicted", plan.evicted),
+            )
+            for status, ended in ends:
                 for memory_id in sorted(ended):
                     self._end_memory(user_id, memory_id, status, now, None)
             if plan.is_change:

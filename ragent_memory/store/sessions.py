@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
 
 import attrs
 
-from ragent_memory.core.records import SessionState, Substitution
+from ragent_memory.core.records import AuditRow, SessionState, Substitution
 from ragent_memory.store.audit import audit_record, insert_audit
 from ragent_memory.store.base import _json_text, id_key, iso, key_of
 from ragent_memory.store.hosts import HostTables
@@ -105,7 +104,7 @@ class SessionTables(OffloadTables, HostTables):
             self._write_session(state)
 
     def commit_generation(
-        self, state: SessionState, previous: SessionState, audit: dict[str, Any] | None = None
+        self, state: SessionState, previous: SessionState, audit: AuditRow | None = None
     ) -> bool:
         """Write ``state`` only if the stored session is still ``previous`` (same generations) and
         not dropped: False when a late compaction lost the race. ``audit``, the ``applied`` row,

@@ -3,12 +3,13 @@ summarizer, folding long material in chunks through ``llm.LLMClient``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
+from ragent_memory.core.names import WrittenBy
 from ragent_memory.errors import LLMError
 from ragent_memory.summary.fence import neutralise, neutralise_tags, new_nonce
 from ragent_memory.summary.prompt import EMPTY, build_prompt, lost_note
@@ -16,7 +17,7 @@ from ragent_memory.summary.transcript import DEFAULT_CLIP, Transcript
 from ragent_memory.summary.validate import validate_summary
 
 if TYPE_CHECKING:
-    from ragent_memory.llm.client import LLMClient
+    from ragent_memory.llm.client import LLMClient, Phase
 
 log = get_logger(__name__)
 
@@ -43,7 +44,7 @@ class SummaryOutcome:
     material_chars: int | None = None
     # Who wrote ``body``: "model", "offline" (the offline summarizer as configured) or
     # "offline_fallback" (it stood in for a model that failed); "" when not said.
-    written_by: str = ""
+    written_by: WrittenBy = ""
 
 
 class Summarizer(Protocol):
@@ -180,7 +181,8 @@ class ModelSummarizer:
                 raise
             log.warning("summarizer.offline_fallback", error=str(err))
             if self.on_event is not None:
-                event = {"attempt": attempts + 1, "phase": "offline", "error": None}
+                phase: Phase = "offline"
+                event: dict[str, Any] = {"attempt": attempts + 1, "phase": phase, "error": None}
                 event |= {"endpoint": None, "model": self.offline.name, "purpose": "summary"}
                 self.on_event("summary_attempt", event)
             outcome = self.offline.summarize(request)
