@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import attrs
 
@@ -32,7 +32,7 @@ from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.excerpts import Ask, find_block
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT
 from ragent_memory.settings import Settings
-from ragent_memory.store import Backend
+from ragent_memory.store import AuditLog, RecallIndex
 from ragent_memory.summary.verbatim import states_constraint
 from ragent_memory.text.terms import search_terms
 
@@ -47,6 +47,10 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (KEPT, RECALLABLE, LOST)
 MAX_PROBES: Final = 300  # per generation; the rest are counted as not probed
 MAX_QUESTION_CHARS: Final = 300
 PROBED_ROLES: Final[frozenset[Role]] = frozenset({"user", "assistant", "tool"})
+
+
+class AuditedIndex(AuditLog, RecallIndex, Protocol):
+    """What probing asks of a store: the audit rows, and the indexed messages they cover."""
 
 
 @attrs.frozen
@@ -94,13 +98,15 @@ class SessionProbes:
         }
 
 
-def probe_session(store: Backend, settings: Settings, session_id: str) -> SessionProbes:
+def probe_session(store: AuditedIndex, settings: Settings, session_id: str) -> SessionProbes:
     """Probe every applied generation of ``session_id`` the audit records, oldest first."""
     rows = [r for r in store.compactions(session_id) if r["status"] == "applied"]
     return SessionProbes(session_id, tuple(probe_generation(store, settings, r) for r in rows))
 
 
-def probe_generation(store: Backend, settings: Settings, row: dict[str, Any]) -> GenerationProbes:
+def probe_generation(
+    store: RecallIndex, settings: Settings, row: dict[str, Any]
+) -> GenerationProbes:
     """The probes of one applied ``compactions`` row."""
     start, stop = int(row.get("covered_from") or 0), int(row.get("covered_to") or 0)
     made = GenerationProbes(row["generation"], start, stop, row.get("written_by") or "")
@@ -163,7 +169,7 @@ def _question(kind: ProbeKind, item: str, sentence: str, text: str) -> str:
 
 
 def _outcome(
-    store: Backend, settings: Settings, row: dict[str, Any], probe: Probe, summary: str
+    store: RecallIndex, settings: Settings, row: dict[str, Any], probe: Probe, summary: str
 ) -> Outcome:
     if kept_in(probe.item, summary):
         return KEPT

@@ -32,7 +32,7 @@ from ragent_memory.settings import (
 
 if TYPE_CHECKING:
     from ragent_memory.mcp import Speaker
-    from ragent_memory.store import Backend
+    from ragent_memory.store import Backend, HostMeta
 
 DEFAULT_CONFIG = "config/ragent-memory.yaml"
 
@@ -526,7 +526,7 @@ def _mcp_token(token_env: str | None, http: str | None) -> str | None:
     return token
 
 
-def _mcp_speaker(store: Backend, settings: Settings, user: str, key_env: str | None) -> Speaker:
+def _mcp_speaker(store: HostMeta, settings: Settings, user: str, key_env: str | None) -> Speaker:
     """Whom the MCP server answers for: ``user`` as given, or with ``key_env`` the ids the
     proxy keeps for that API key (serve/identity.py decides them, as for a request)."""
     from ragent_memory.mcp import Speaker

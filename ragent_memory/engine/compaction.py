@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -30,7 +30,13 @@ from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
 from ragent_memory.gates.compaction import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
 from ragent_memory.settings import Settings
-from ragent_memory.store import Backend, SessionState
+from ragent_memory.store import (
+    AuditLog,
+    LeaseStore,
+    MemoryStore,
+    SessionState,
+    SessionStore,
+)
 from ragent_memory.summary import retention
 from ragent_memory.summary.preserved import render_preserved, update_preserved
 from ragent_memory.summary.summarize import (
@@ -48,6 +54,20 @@ from ragent_memory.summary.verbatim import (
 from ragent_memory.text.terms import index_terms
 
 log = get_logger(__name__)
+
+
+class AuditedStates(SessionStore, AuditLog, Protocol):
+    """What dropping a summary writes: the session's fresh state, its audit row."""
+
+
+class CompactionStore(AuditedStates, MemoryStore, Protocol):
+    """What a compaction job writes: the new generation with its audit row, and the summary's
+    copy in long-term memory."""
+
+
+class LeasedAudit(LeaseStore, AuditLog, Protocol):
+    """What a session's compactions in flight ask: the lease, and auditing a skipped one."""
+
 
 SUMMARY_HEADERS = MappingProxyType(
     {
@@ -246,7 +266,9 @@ def checked_summary(
     return attrs.evolve(outcome, attempts=attempts), wanted
 
 
-def commit(store: Backend, draft: SummaryDraft, previous: SessionState, audit: AuditRow) -> None:
+def commit(
+    store: SessionStore, draft: SummaryDraft, previous: SessionState, audit: AuditRow
+) -> None:
     """Write the generation and its ``applied`` audit row in one transaction (docs/design.md §10)."""
     if not store.commit_generation(draft.state, previous, audit):
         raise StaleCompaction(
@@ -258,7 +280,7 @@ def run(
     job: Job,
     *,
     summarizer: Summarizer,
-    store: Backend,
+    store: CompactionStore,
     settings: Settings,
     emit: Callable[[str, dict[str, Any]], None],
 ) -> SessionState | None:
@@ -287,7 +309,7 @@ def _run(
     span: Any,
     *,
     summarizer: Summarizer,
-    store: Backend,
+    store: CompactionStore,
     settings: Settings,
     emit: Callable[[str, dict[str, Any]], None],
 ) -> SessionState | None:
@@ -329,7 +351,7 @@ def _run(
 
 
 def fail(
-    store: Backend, base: Mapping[str, Any], err: Exception, *, model: str, started: float
+    store: AuditLog, base: Mapping[str, Any], err: Exception, *, model: str, started: float
 ) -> None:
     """Log and audit a compaction that did not apply."""
     duration_ms = int((time.perf_counter() - started) * 1000)
@@ -349,7 +371,7 @@ def fail(
     )
 
 
-def remember_summary(store: Backend, user_id: str, state: SessionState) -> None:
+def remember_summary(store: MemoryStore, user_id: str, state: SessionState) -> None:
     """Keep an applied summary as a ``summary`` memory of the user, indexed by its excerpts,
     so the user's other sessions can draw on it. A failure only logs: the compaction stands."""
     excerpts = [(index_terms(e), e) for e in summary_chunks(state.summary)]
@@ -364,7 +386,7 @@ def remember_summary(store: Backend, user_id: str, state: SessionState) -> None:
         )
 
 
-def write_audit(store: Backend, row: AuditRow) -> None:
+def write_audit(store: AuditLog, row: AuditRow) -> None:
     """Append an audit row; a failure is logged (``audit.write_failed``), never raised."""
     try:
         store.audit(row)
@@ -391,7 +413,7 @@ class Compactions:
         self,
         session_id: str,
         *,
-        store: Backend,
+        store: LeasedAudit,
         submit: Submit,
         run_kwargs: Mapping[str, Any],
     ) -> None:
@@ -523,7 +545,7 @@ class Compactions:
 
 
 def invalidate(
-    store: Backend, state: SessionState, user_id: str | None, reason: InvalidationReason
+    store: AuditedStates, state: SessionState, user_id: str | None, reason: InvalidationReason
 ) -> SessionState:
     """Drop the summary ``state`` holds (the caller's history no longer matches what it
     covers): the fresh state is saved and the drop audited ``invalidated``."""

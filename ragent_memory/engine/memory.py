@@ -30,7 +30,7 @@ from ragent_memory.longterm.vocabulary import (
 )
 from ragent_memory.recall.excerpts import HEADERS as RECALL_HEADERS
 from ragent_memory.settings import EXTRACTION_MIN_PENDING, Settings
-from ragent_memory.store import Backend
+from ragent_memory.store import MemoryStore
 from ragent_memory.text.terms import fts_query, search_terms
 
 log = get_logger(__name__)
@@ -56,7 +56,7 @@ class LongTermMemory:
     """The engine's side of long-term memory, for every user it serves."""
 
     def __init__(
-        self, store: Backend, settings: Settings, extractor: Extractor, background: Background
+        self, store: MemoryStore, settings: Settings, extractor: Extractor, background: Background
     ) -> None:
         self.store, self.settings, self.extractor = store, settings, extractor
         self.markers = Markers.from_settings(settings)

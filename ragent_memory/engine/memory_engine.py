@@ -49,7 +49,7 @@ from ragent_memory.recall.recaller import (
 )
 from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
 from ragent_memory.settings import Settings, is_int, load_settings
-from ragent_memory.store import Backend, GCReport, open_store, utc_now
+from ragent_memory.store import GCReport, TurnLog, VectorIndex, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.summarize import Summarizer
 
@@ -107,7 +107,7 @@ def _remaining(started: float, timeout_s: float | None) -> float | None:
 
 
 def _recall_index(
-    store: Backend, settings: Settings, on_leave: LeaveCallback | None
+    store: VectorIndex, settings: Settings, on_leave: LeaveCallback | None
 ) -> tuple[Recaller | None, LeaveCallback | None]:
     """The recall index unless recall is off (both backends keep it, §9b), and what hears of
     messages leaving a view: the index, then the caller's ``on_leave``."""
@@ -124,7 +124,7 @@ def _recall_index(
 
 
 def finish_turn(
-    store: Backend,
+    store: TurnLog,
     session: Session,
     user_id: str | None,
     fields: dict[str, Any],

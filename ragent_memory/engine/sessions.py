@@ -9,15 +9,19 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import wait
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.lru import LRU
 from ragent_memory.engine.session import Services, Session
-from ragent_memory.store import Backend
+from ragent_memory.store import HostMeta, OffloadStore, SessionStore
 
 log = get_logger(__name__)
+
+
+class SessionsStore(SessionStore, OffloadStore, HostMeta, Protocol):
+    """What loading a session asks: who wrote it last, its state and substitutions."""
 
 
 class Sessions:
@@ -25,7 +29,7 @@ class Sessions:
     ``checkout`` and ``release`` (``held``); idle sessions over ``size`` are evicted (the
     store keeps everything they knew)."""
 
-    def __init__(self, store: Backend, services: Services, size: int) -> None:
+    def __init__(self, store: SessionsStore, services: Services, size: int) -> None:
         self._store, self._services, self._size = store, services, size
         # Re-entrant, so a caller may hold it across a lookup (``drop_session``).
         self.lock = threading.RLock()

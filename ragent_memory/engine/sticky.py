@@ -12,7 +12,7 @@ from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.view import View
 from ragent_memory.errors import RagentMemoryError
 from ragent_memory.recall.excerpts import place
-from ragent_memory.store import Backend, Substitution, substitution_key
+from ragent_memory.store import OffloadStore, Substitution, substitution_key
 
 log = get_logger(__name__)
 
@@ -52,7 +52,7 @@ class Sticky:
         session_id: str,
         subs: dict[str, Substitution],
         *,
-        store: Backend,
+        store: OffloadStore,
         raw: RawCache,
         ttl_days: float,
     ) -> None:

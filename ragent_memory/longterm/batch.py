@@ -27,7 +27,7 @@ from ragent_memory.settings import TRANSCRIPT_CLIP_OVER_CHARS, Settings
 
 if TYPE_CHECKING:
     from ragent_memory.core.records import PendingMessage
-    from ragent_memory.store import Backend
+    from ragent_memory.store import MemoryStore
 
 log = get_logger(__name__)
 
@@ -112,7 +112,7 @@ class ExtractionReport:
 
 
 def run_extraction(
-    store: Backend, extractor: Extractor, user_id: str, *, settings: Settings
+    store: MemoryStore, extractor: Extractor, user_id: str, *, settings: Settings
 ) -> ExtractionReport:
     """Learn from one batch of the user's pending messages and commit the result atomically;
     a failed or rejected batch stays pending, and is dropped after ``MAX_ATTEMPTS``."""
@@ -145,7 +145,7 @@ def run_extraction(
 
 
 def _plan(
-    store: Backend,
+    store: MemoryStore,
     extractor: Extractor,
     user_id: str,
     batch: Sequence[PendingMessage],
@@ -214,7 +214,7 @@ def _fitting(batch: Sequence[PendingMessage], settings: Settings) -> list[Pendin
 
 
 def _give_up(
-    store: Backend,
+    store: MemoryStore,
     user_id: str,
     ids: Sequence[int],
     status: Literal["failed", "rejected"],

@@ -40,7 +40,7 @@ from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
-from ragent_memory.store import RecallIndex, VectorIndex
+from ragent_memory.store import OffloadRefs, VectorIndex
 
 log = get_logger(__name__)
 
@@ -102,7 +102,7 @@ class Offloads:
     interval (which keeps it well inside its TTL) is not written again, so most turns write
     nothing. Bounded (least recently written out first), thread-safe."""
 
-    def __init__(self, store: RecallIndex, ttl_days: float) -> None:
+    def __init__(self, store: OffloadRefs, ttl_days: float) -> None:
         self.store = store
         self.ttl_days = ttl_days
         self.fresh_s = min(OFFLOAD_REFRESH_S, ttl_days * 86_400 / 2)

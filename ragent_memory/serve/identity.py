@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from ragent_memory.serve.wire import Wire
-    from ragent_memory.store import Backend
+    from ragent_memory.store import HostMeta
 
 log = get_logger(__name__)
 
@@ -56,7 +56,7 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
 class Identity:
     """Scopes a request's ids (see the module docstring)."""
 
-    def __init__(self, settings: ServeSettings, store: Backend) -> None:
+    def __init__(self, settings: ServeSettings, store: HostMeta) -> None:
         self.settings = settings
         self._secret = b""
         if settings.identity == "credential":

@@ -1,9 +1,9 @@
 """The store (docs/design.md §10), split by what it keeps; every engine on it shares what it holds.
 
-Each concern is a mixin in its own module (``contract.Backend`` names them), ``schema`` holds
-the columns and migrations. Two backends compose them: ``sqlite`` (the :class:`Store`) and
-``postgres`` (``PostgresStore``, schema in ``pg_schema``); ``open_store`` picks one from the
-settings. Value types are in :mod:`ragent_memory.core.records`.
+Each concern is a mixin in its own module and a small Protocol in ``contract`` (``Backend`` is
+all of them); ``schema`` holds the columns and migrations. Two backends compose them:
+``sqlite`` (the :class:`Store`) and ``postgres`` (``PostgresStore``, schema in ``pg_schema``);
+``open_store`` picks one from the settings. Value types are in :mod:`ragent_memory.core.records`.
 
 Tables not described where they are used:
 
@@ -33,7 +33,19 @@ from ragent_memory.core.records import (
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store.base import Clock, id_key, iso, utc_now
-from ragent_memory.store.contract import Backend, RecallIndex, VectorIndex
+from ragent_memory.store.contract import (
+    AuditLog,
+    Backend,
+    HostMeta,
+    LeaseStore,
+    MemoryStore,
+    OffloadRefs,
+    OffloadStore,
+    RecallIndex,
+    SessionStore,
+    TurnLog,
+    VectorIndex,
+)
 from ragent_memory.store.schema import COMPACTION_COLUMNS, MIGRATIONS
 from ragent_memory.store.sqlite import Store
 
@@ -60,14 +72,22 @@ def open_store(settings: StoreSettings, *, clock: Clock = utc_now) -> Backend:
 __all__ = [
     "COMPACTION_COLUMNS",
     "MIGRATIONS",
+    "AuditLog",
     "AuditRow",
     "Backend",
     "Clock",
     "GCReport",
+    "HostMeta",
+    "LeaseStore",
+    "MemoryStore",
+    "OffloadRefs",
+    "OffloadStore",
     "RecallIndex",
     "SessionState",
+    "SessionStore",
     "Store",
     "Substitution",
+    "TurnLog",
     "VectorIndex",
     "id_key",
     "iso",

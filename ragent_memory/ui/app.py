@@ -32,9 +32,8 @@ from starlette.routing import Route
 from ragent_memory.audit import OUTCOMES
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import Settings
-from ragent_memory.store import Backend
 from ragent_memory.ui.chart import context_chart
-from ragent_memory.ui.pages import NotFound, Pages
+from ragent_memory.ui.pages import NotFound, Pages, PageStore
 
 COOKIE: Final = "ragent_memory_ui"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -170,7 +169,7 @@ def _int(value: Any, name: str) -> int:
 
 
 def create_app(
-    store: Backend, settings: Settings, *, scope: str | None = None, token: str | None = None
+    store: PageStore, settings: Settings, *, scope: str | None = None, token: str | None = None
 ) -> Starlette:
     """The ASGI app over ``store`` (which the caller owns and closes)."""
     page = AuditPage(Pages(store, settings, scope), Guard(token))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import difflib
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -15,11 +15,15 @@ from ragent_memory.audit.probes import probe_generation
 from ragent_memory.core.memo import Memo
 from ragent_memory.serve.identity import is_scope
 from ragent_memory.settings import Settings
-from ragent_memory.store import Backend
+from ragent_memory.store import AuditLog, MemoryStore, RecallIndex, SessionStore, TurnLog
 
 TURN_ROWS: Final = 200  # the newest turns listed under the chart (the chart draws them all)
 DIFF_LINES: Final = 400
 GENERATIONS_KEPT: Final = 512  # generations whose probes a page keeps
+
+
+class PageStore(SessionStore, TurnLog, AuditLog, RecallIndex, MemoryStore, Protocol):
+    """What the pages read of a store (and ``forget_fact``, the one thing they change)."""
 
 
 class NotFound(LookupError):
@@ -36,7 +40,7 @@ class Pages:
     """The pages' data over ``store``. The probes of each generation are kept (bounded) until
     the recall index loses rows: a page opened again does not search again."""
 
-    def __init__(self, store: Backend, settings: Settings, scope: str | None = None) -> None:
+    def __init__(self, store: PageStore, settings: Settings, scope: str | None = None) -> None:
         self.store = store
         self.settings = settings
         self.scope = scope
