@@ -14,8 +14,8 @@ import attrs
 from ragent_memory.core.chars import Message, validate_message, validate_messages
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Markers
-from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.background import Background
+from ragent_memory.engine.compaction import SUMMARY_HEADERS
 from ragent_memory.engine.session import KeptBlock, Session
 from ragent_memory.engine.session import digest as message_digest
 from ragent_memory.errors import StoreError
@@ -38,7 +38,7 @@ log = get_logger(__name__)
 # The headers of the blocks the engine writes into a prompt: never learned from, never indexed.
 ENGINE_HEADERS = (
     *HEADERS.values(),
-    *compact.SUMMARY_HEADERS.values(),
+    *SUMMARY_HEADERS.values(),
     *RECALL_HEADERS.values(),
 )
 

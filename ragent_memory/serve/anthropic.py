@@ -25,11 +25,10 @@ from typing import Any, Final
 import orjson
 from starlette.responses import Response
 
-from ragent_memory.core.chars import InputRole
+from ragent_memory.core.chars import InputRole, Message
 from ragent_memory.serve.chat import call_name
 from ragent_memory.serve.http import Reject, whole_response
 from ragent_memory.serve.wire import (
-    Message,
     Translations,
     arguments_object,
     derived_session,

@@ -11,13 +11,13 @@ import attrs
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.http import RawHeaders, Reject, whole_response
 from ragent_memory.serve.wire import Translations, dumped_object, json_object
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import TurnReport
 
-Message = dict[str, Any]
 NO_SESSION = (
     "no session id: send the X-Session-Id header (or set the request's user field) "
     "so the proxy knows which conversation this is"

@@ -24,10 +24,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.chat import call_name, error_response
 from ragent_memory.serve.http import Reject
 from ragent_memory.serve.wire import (
-    Message,
     Translations,
     derived_session,
     dumped_object,

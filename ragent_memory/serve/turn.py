@@ -20,7 +20,7 @@ import orjson
 from starlette.responses import Response
 
 from ragent_memory.core import tracing
-from ragent_memory.core.chars import chars, total_chars
+from ragent_memory.core.chars import Message, chars, total_chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-Message = chat.Message
 _WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
 
 

@@ -20,14 +20,14 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.http import Reject
 
-Message = dict[str, Any]
 T = TypeVar("T")
 # What one request's translation made (by the identity of the objects it was made from: the
 # turns and items ``BodyCache`` hands out again, the view's messages ``prepare`` hands out
 # again): key -> (source, made). See ``Translations``.
-Memo = dict[Hashable, tuple[Any, Any]]
+Made = dict[Hashable, tuple[Any, Any]]
 Marks = list[tuple[int, int, Any]]  # (items translated, messages made, the loop's state)
 
 
@@ -138,9 +138,9 @@ class Translations:
     it was made from. ``made`` is kept per session (``bodies.Memos``); ``next()`` is what the
     session's next request starts from."""
 
-    def __init__(self, last: Memo | None = None) -> None:
-        self.last: Memo = last if last is not None else {}
-        self.made: Memo = {}
+    def __init__(self, last: Made | None = None) -> None:
+        self.last: Made = last if last is not None else {}
+        self.made: Made = {}
 
     def next(self) -> Translations:
         return Translations(self.made)
