@@ -25,7 +25,7 @@ from ragent_memory.gates.ceiling import (
     trim_all,
     turns_to_leave_out,
 )
-from ragent_memory.gates.reduce import Truncation
+from ragent_memory.gates.reduce import Preview
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
@@ -60,7 +60,7 @@ def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[in
     return [e.index for e in found]
 
 
-def previews(view: list[Message], *, excess: int) -> list[Truncation]:
+def previews(view: list[Message], *, excess: int) -> list[Preview]:
     """Step 3 over ``view`` (all of it the current turn), from the 50,000 oversized limit."""
     return preview_turn(
         view,

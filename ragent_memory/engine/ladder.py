@@ -92,7 +92,7 @@ class Ladder:
         budget = self.settings.context_window_chars
         if view.total <= budget:
             return view, view.left_out.turns, None
-        self.session.sticky.drop_blocks(view, sorted(view.indexes("recall")))
+        self.session.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
         if view.total > budget:
             self._trim_all(view, user_id)
         mid_turn = None

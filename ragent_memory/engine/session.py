@@ -99,7 +99,7 @@ class TurnReport:
 
 
 @attrs.frozen
-class KeptBlock:
+class MemoryBlock:
     """The long-term memory block a session shows, and what it was built from."""
 
     user_id: str
@@ -167,7 +167,7 @@ class Session:
         self.returned_generation = state.generation
         self.left_out_stop = 0  # raw indexes below this, left out by the ceiling, were reported
         # The memory block shown, rebuilt at compaction events (``engine.memory``).
-        self.memory: KeptBlock | None = None
+        self.memory: MemoryBlock | None = None
 
     @property
     def session_id(self) -> str:
@@ -252,7 +252,7 @@ class Session:
         trimming = self.trimming
         new, state = trimming.trim(view, trimming.reduce(view))
         trimming.apply(view, new, state or view.trim_hint, lambda i: self.report_left(user_id, i))
-        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: old blocks leave too
+        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
             self.turn_recall.evict_earlier(view, self.sticky)
         compacted, skipped = False, None
         if self.settings.summary_enabled:

@@ -289,7 +289,7 @@ class ChatWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Any) -> list[Message]:
+    def history(self, body: Mapping[str, Any], translations: Any) -> list[Message]:
         return list(body["messages"])  # the engine's own messages: nothing to translate
 
     def payload(
@@ -297,12 +297,12 @@ class ChatWire:
         body: Mapping[str, Any],
         messages: list[Message],
         tools: list[Message],
-        memo: Translations,
+        translations: Translations,
     ) -> bytes:
         out = {**body, "messages": messages}
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *tools]
-        return dumped_object(out, "messages", memo.dumped(messages))
+        return dumped_object(out, "messages", translations.dumped(messages))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         return declared_tools(body)
