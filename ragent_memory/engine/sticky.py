@@ -152,8 +152,8 @@ class Sticky:
         return True
 
     def drop_recall_blocks(self, view: View, indexes: Sequence[int]) -> None:
-        """The recall blocks shown at view ``indexes`` leave their messages (shown as written
-        again), in the store first: a block the store still held would come back later."""
+        """The recall blocks shown at view ``indexes`` are taken off their messages (shown as
+        written again), in the store first: a block the store still held would come back."""
         keys = [self._block_key(i + view.offset, view.prefix_len) for i in indexes]
         if not keys:
             return

@@ -14,9 +14,9 @@ from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
 
-# Earlier turns' kept recall blocks leave (all at once, a prefix change) only when they would leave
-# the new turn's block less than this share of ``recall_max_chars``: below it the question
-# loses more than the cache gains.
+# Earlier turns' kept recall blocks are taken off (all at once, a prefix change) only when
+# they would leave the new turn's block less than this share of ``recall_max_chars``: below
+# it the question loses more than the cache gains.
 ROOM_SHARE = 0.5
 
 
@@ -38,7 +38,7 @@ def block_chars(view: View, raw_sizes: Sequence[int]) -> int:
 
 
 def sizes_as_written(view: View, raw_sizes: Sequence[int]) -> Sequence[int]:
-    """The view's sizes with each kept recall block left out: blocks count against B but
+    """The view's sizes without the kept recall blocks: blocks count against B but
     never bring a compaction on (they are recall's, not the conversation's)."""
     if not view.counts.get("recall"):
         return view.sizes
@@ -93,7 +93,7 @@ class TurnRecall:
     ) -> tuple[int, int]:
         """The block for the turn whose user message is last (searched once: a call that
         sends the same user message again shows the block kept on it); the kept blocks of
-        an epoch that has passed leave first. The block is not part of the view yet (it
+        an epoch that has passed are taken off first. The block is not part of the view yet (it
         never makes this call's view reach the compaction trigger). Returns (excerpts
         found, their chars)."""
         self.block, self.at, self.stamp = "", -1, None
@@ -111,7 +111,7 @@ class TurnRecall:
                 return 0, 0
         room = self.room(view)
         if room < self.settings.recall_max_chars * ROOM_SHARE and view.counts.get("recall"):
-            # Earlier turns' blocks leave, all at once, when they squeeze this turn's hard.
+            # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard.
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
             room = self.room(view)
         if room <= 0:
@@ -143,7 +143,7 @@ class TurnRecall:
 
     @staticmethod
     def evict_earlier(view: View, sticky: Sticky) -> None:
-        """Earlier turns' blocks leave their messages, all at once (at a trim event, which
+        """Earlier turns' blocks are taken off their messages, all at once (at a trim event, which
         changes the prefix anyway): between events the bytes before the current turn stay."""
         if view.counts.get("recall"):
             turn_start = current_turn_start(view.messages, view.head)
@@ -153,9 +153,9 @@ class TurnRecall:
 
     @staticmethod
     def _forgotten(view: View, sticky: Sticky, now: str | None) -> None:
-        """Kept blocks found under another ``stamp`` leave: for another user (what they show
-        is not this one's), or under another deletion epoch (what they show may have been
-        forgotten since); None: the store cannot say now, they stay."""
+        """Kept recall blocks found under another ``stamp`` are taken off: for another user
+        (what they show is not this one's), or under another deletion epoch (what they show
+        may have been forgotten since); None: the store cannot say now, they stay."""
         if now is None:
             return
         stale = [
