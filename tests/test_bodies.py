@@ -114,11 +114,11 @@ def test_every_payload_is_the_json_orjson_gives(
     whole body, whatever the next body did to its messages."""
     head = {"model": "m"} if model_first else {}
     body = {**head, "messages": start, "tools": [{"type": "function", "x": [1, [2]]}]}
-    memo = Translations()
+    translations = Translations()
     for step in [("append", []), *steps]:
         body = moved(body, step)
-        memo = memo.next()
-        sent = dumped_object(body, "messages", memo.dumped(body["messages"]))
+        translations = translations.next()
+        sent = dumped_object(body, "messages", translations.dumped(body["messages"]))
         assert orjson.dumps(body) == sent
 
 

@@ -14,7 +14,7 @@ from sessions import tool_loop, without_recall
 from ragent_memory import Settings
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.toolloops import map_loops
-from ragent_memory.engine import compaction as compact
+from ragent_memory.engine.compaction import summary_message
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.ceiling import (
@@ -25,7 +25,7 @@ from ragent_memory.gates.ceiling import (
     trim_all,
     turns_to_leave_out,
 )
-from ragent_memory.gates.reduce import Truncation
+from ragent_memory.gates.reduce import Preview
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
@@ -60,7 +60,7 @@ def evictions(view: list[Message], *, excess: int, evicted: set[int]) -> list[in
     return [e.index for e in found]
 
 
-def previews(view: list[Message], *, excess: int) -> list[Truncation]:
+def previews(view: list[Message], *, excess: int) -> list[Preview]:
     """Step 3 over ``view`` (all of it the current turn), from the 50,000 oversized limit."""
     return preview_turn(
         view,
@@ -382,7 +382,7 @@ def test_turns_left_out_stay_out_while_a_summary_is_late(
     history.append({"role": "user", "content": "and now?"})
     adopted = engine.prepare(history, session_id="s1")
     assert state is not None and 1 == state.generation == adopted.report.generation
-    assert compact.summary_message(state.summary, "en") == adopted.messages[1]
+    assert summary_message(state.summary, "en") == adopted.messages[1]
     start = tail_start(history, adopted.messages, 2)
     assert start >= state.covered
     assert adopted.report.dropped_turns == users(history[state.covered : start])
@@ -474,7 +474,7 @@ def test_a_restart_while_turns_are_left_out_adopts_the_right_view(
     adopted = engine.prepare(history, session_id="s1")
     assert len(left) == len(set(left))
     assert state is not None and 2 == state.generation == adopted.report.generation
-    assert [history[0], compact.summary_message(state.summary, "en")] == adopted.messages[:2]
+    assert [history[0], summary_message(state.summary, "en")] == adopted.messages[:2]
     start = tail_start(history, adopted.messages, 2)
     assert start >= state.covered
     assert adopted.report.dropped_turns == users(history[state.covered : start])

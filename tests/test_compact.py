@@ -19,8 +19,8 @@ from ragent_memory import LLMError, Settings
 from ragent_memory.core.chars import chars
 from ragent_memory.core.toolloops import map_loops
 from ragent_memory.engine.memory_engine import MemoryEngine, leading_system_count
-from ragent_memory.gates.compaction import CutPlan as Plan
-from ragent_memory.gates.compaction import plan_cut as plan
+from ragent_memory.gates.cut import CutPlan as Plan
+from ragent_memory.gates.cut import plan_cut as plan
 from ragent_memory.settings import MIN_CONTEXT_WINDOW_CHARS
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest

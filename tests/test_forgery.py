@@ -1,5 +1,5 @@
 """Quote forgery through a fooled model, and fence-tag lookalikes: only the
-engine's verbatim block may quote the user under ``## User requests``, and nothing that reads
+engine's verbatim quotes may quote the user under ``## User requests``, and nothing that reads
 as a fence tag reaches the fence."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_results_at_or_under_the_limit_are_left_alone() -> None:
     view = [user("q"), *tool_loop("a", "x" * 4_000, name="export")]
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     assert view == result.messages
-    assert () == result.truncations
+    assert () == result.previews
 
 
 def test_oversized_result_becomes_a_preview_and_input_is_untouched() -> None:
@@ -79,9 +79,9 @@ def test_oversized_result_becomes_a_preview_and_input_is_untouched() -> None:
     before = copy.deepcopy(view)
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     assert before == view
-    (truncation,) = result.truncations
-    assert (2, (fake_ref(view[2]["content"]),)) == (truncation.index, truncation.refs)
-    assert (view[2]["content"],) == truncation.offloaded
+    (made,) = result.previews
+    assert (2, (fake_ref(view[2]["content"]),)) == (made.index, made.refs)
+    assert (view[2]["content"],) == made.offloaded
     assert {**view[2], "content": result.messages[2]["content"]} == result.messages[2]
     assert result.messages[2]["content"].startswith(view[2]["content"][:800] + "\n…[")
 
@@ -95,7 +95,7 @@ def test_list_content_keeps_its_non_text_parts() -> None:
     result = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
     content = result.messages[2]["content"]
     assert image == content[1]
-    assert ("a" * 3_000 + "\n" + "b" * 3_000,) == result.truncations[0].offloaded
+    assert ("a" * 3_000 + "\n" + "b" * 3_000,) == result.previews[0].offloaded
 
 
 def test_results_of_the_recall_tool_are_never_reduced() -> None:
@@ -104,7 +104,7 @@ def test_results_of_the_recall_tool_are_never_reduced() -> None:
         user("q"),
         *tool_loop("r", "x" * 50_000, name=RECALL_TOOL_NAME, arguments='{"ref": "rm-1"}'),
     ]
-    assert () == reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref).truncations
+    assert () == reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref).previews
 
 
 def test_a_recall_result_is_known_by_its_own_call_wherever_it_stands() -> None:
@@ -127,7 +127,7 @@ def test_a_recall_result_is_known_by_its_own_call_wherever_it_stands() -> None:
         {"role": "tool", "tool_call_id": "nobody", "content": big},
     ]
     reduced = reduce(view, limit_chars=4_000, language="en", ref_for=fake_ref)
-    assert [2, 6] == [t.index for t in reduced.truncations]
+    assert [2, 6] == [t.index for t in reduced.previews]
 
 
 def test_oversized_arguments_become_a_json_preview() -> None:
@@ -146,7 +146,7 @@ def test_oversized_arguments_become_a_json_preview() -> None:
     shown = json.loads(calls[0]["function"]["arguments"])
     assert [ARGUMENTS_KEY] == list(shown)
     assert preview(big, limit_chars=4_000, language="en", ref=fake_ref(big)) == shown[ARGUMENTS_KEY]
-    assert (big,) == result.truncations[0].offloaded
+    assert (big,) == result.previews[0].offloaded
 
 
 # ---------------------------------------------------------------------------- through the engine

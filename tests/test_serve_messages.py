@@ -577,8 +577,8 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
         },
     ]
     first_body = {"model": "m", "system": "s", "messages": turns}
-    memo = Translations()
-    first = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), memo)
+    translations = Translations()
+    first = wire.history(bodies_seen.parse("k", json.dumps(first_body).encode()), translations)
     more = {
         **first_body,
         "messages": [
@@ -587,7 +587,7 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
             {"role": "user", "content": "two"},
         ],
     }
-    second = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), memo.next())
+    second = wire.history(bodies_seen.parse("k", json.dumps(more).encode()), translations.next())
     assert 1 == bodies_seen.tail_parses
     assert len(first) + 2 == len(second)
     assert all(a is b for a, b in zip(first, second, strict=False))
@@ -683,10 +683,10 @@ def test_the_payload_keeps_four_breakpoints_when_the_turns_are_reused() -> None:
         {"role": "user", "content": [marked("five")]},
     ]
     body = {"model": "m", "max_tokens": 9, "system": SYSTEM, "messages": []}
-    wire, memo = AnthropicWire(), Translations()
+    wire, translations = AnthropicWire(), Translations()
     for _ in range(2):
-        sent = json.loads(wire.payload(body, view, [], memo))
-        memo = memo.next()
+        sent = json.loads(wire.payload(body, view, [], translations))
+        translations = translations.next()
         assert MAX_BREAKPOINTS == breakpoints(sent)
         assert "cache_control" in sent["system"][0]
         assert "cache_control" in sent["messages"][-1]["content"][0]

@@ -384,13 +384,13 @@ def test_a_sessions_next_body_reuses_the_engine_messages_of_its_last() -> None:
     wire, bodies_seen = ResponsesWire(), BodyCache()
     items = tool_loop_input()
     body = {"model": "m", "instructions": INSTRUCTIONS, "input": items, "store": False}
-    memo = Translations()
+    translations = Translations()
     first = wire.history(
-        bodies_seen.parse("k", json.dumps(body).encode(), "input", wire.parse), memo
+        bodies_seen.parse("k", json.dumps(body).encode(), "input", wire.parse), translations
     )
     more = {**body, "input": [*items, text_item("Opened."), {"role": "user", "content": "go"}]}
     second = wire.history(
-        bodies_seen.parse("k", json.dumps(more).encode(), "input", wire.parse), memo.next()
+        bodies_seen.parse("k", json.dumps(more).encode(), "input", wire.parse), translations.next()
     )
     assert 1 == bodies_seen.tail_parses
     assert len(first) + 2 == len(second)

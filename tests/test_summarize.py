@@ -226,7 +226,7 @@ def test_quoted_user_text_cannot_open_a_section() -> None:
 
 
 def test_compose_inserts_under_user_requests() -> None:
-    """The verbatim block goes at the end of `## User requests`, replacing a bare 'none'."""
+    """The verbatim quotes go at the end of `## User requests`, replacing a bare 'none'."""
     body = "## User requests\nnone\n\n## To-do\n- a\n\n## Done\nnone"
     out = compose_summary(body, "In the user's own words:\n> hi", "en")
     assert out.startswith("## User requests\nIn the user's own words:\n> hi\n\n## To-do")

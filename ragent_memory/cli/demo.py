@@ -96,11 +96,11 @@ def simulate_session(turns: int, *, seed: int = 42) -> list[list[Message]]:
     return out
 
 
-RECALL_PAGE_CHARS = 300
+READ_BACK_PAGE_CHARS = 300
 
 
 @attrs.frozen
-class RecallLoop:
+class ReadBackLoop:
     """The one recall round trip of the demo, as the model saw it."""
 
     turn: int
@@ -109,9 +109,9 @@ class RecallLoop:
     answer: dict[str, Any]  # the tool message answering it, from engine.recall
 
 
-def _recall_loop(
+def _read_back_loop(
     engine: MemoryEngine, view: list[dict[str, Any]], session_id: str, turn: int
-) -> RecallLoop | None:
+) -> ReadBackLoop | None:
     """If the prepared view shows a recall ref, call the recall tool on it as a model would."""
     for message in view:
         if message.get("role") != "tool":
@@ -124,11 +124,15 @@ def _recall_loop(
         # A preview's notice says where the omitted part starts; a placeholder reads from 0.
         start = re.search(r"offset=(\d+)", seen)
         offset = int(start.group(1)) if start else 0
-        arguments: dict[str, Any] = {"ref": refs[0], "offset": offset, "limit": RECALL_PAGE_CHARS}
+        arguments: dict[str, Any] = {
+            "ref": refs[0],
+            "offset": offset,
+            "limit": READ_BACK_PAGE_CHARS,
+        }
         call, answer = _tool_turn(
             f"recall_{turn}", RECALL_TOOL_NAME, arguments, engine.recall(session_id, **arguments)
         )
-        return RecallLoop(turn, seen, call, answer)
+        return ReadBackLoop(turn, seen, call, answer)
     return None
 
 
@@ -151,7 +155,7 @@ def run_demo(
         {"role": "system", "content": "You are a support agent. Use search_knowledge to answer."}
     ]
     reports: list[TurnReport] = []
-    recalled: RecallLoop | None = None
+    recalled: ReadBackLoop | None = None
     with MemoryEngine(settings) as engine:
         with click.progressbar(session, label="agent turns", show_pos=True) as bar:
             for turn, messages in enumerate(bar):
@@ -159,7 +163,7 @@ def run_demo(
                 prepared = engine.prepare(history, session_id="demo", user_id="demo-user")
                 reports.append(prepared.report)
                 if recalled is None:
-                    recalled = _recall_loop(engine, prepared.messages, "demo", turn)
+                    recalled = _read_back_loop(engine, prepared.messages, "demo", turn)
                     if recalled is not None:  # the model's call and its answer join the history
                         history += [recalled.call, recalled.answer]
                 history.extend(messages[1:])
@@ -185,7 +189,7 @@ def _print_summary(
     reports: list[TurnReport],
     audit_rows: list[dict[str, Any]],
     db_path: Path,
-    recalled: RecallLoop | None,
+    recalled: ReadBackLoop | None,
 ) -> None:
     applied = [r for r in audit_rows if r["status"] == "applied"]
     last = reports[-1]
@@ -209,7 +213,7 @@ def _print_summary(
     for name, value, note in rows:
         click.echo(f"  {name:<{width}}  {value:>12}  {note}")
     if recalled is not None:
-        _print_recall(recalled)
+        _print_read_back(recalled)
     click.echo(f"\n  audit log: {db_path}  (ragent-memory audit --db {db_path})")
 
 
@@ -227,7 +231,7 @@ def _line(text: str, max_chars: int = 110) -> str:
     return clip(text.replace("\n", " ⏎ "), max_chars)
 
 
-def _print_recall(loop: RecallLoop) -> None:
+def _print_read_back(loop: ReadBackLoop) -> None:
     function = loop.call["tool_calls"][0]["function"]
     piece, _, footer = loop.answer["content"].partition(FOOTER_MARK)
     click.echo(f"\n  recall loop (turn {loop.turn}):")

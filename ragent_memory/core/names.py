@@ -3,7 +3,7 @@
 Each set is a ``typing.Literal``: the value *is* the string that goes on the wire, into the
 store and into ``TurnReport``, so nothing converts at a boundary and rows read back compare
 as they were written, while mypy (strict equality) refuses a typo wherever a value is made
-or compared. A set one room alone uses lives in that room (``gates.compaction.NotDue``,
+or compared. A set one room alone uses lives in that room (``gates.cut.NotDue``,
 ``llm.client.Phase``, ``longterm.batch.ExtractionStatus``, ``audit.probes.Outcome``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal, NewType, TypeAlias
 
-# Why gate 2's planner will not cut the view (``gates.compaction.plan_cut``).
+# Why gate 2's planner will not cut the view (``gates.cut.plan_cut``).
 CutSkip: TypeAlias = Literal[
     "last_not_user", "no_safe_cut", "empty_material", "not_worth_it", "orphan_in_tail"
 ]

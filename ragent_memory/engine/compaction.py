@@ -1,6 +1,6 @@
 """Gate 2, compaction (docs/design.md §5; Ragent ``AgentContextCompactor`` + middleware).
 
-``gates.compaction.plan_cut`` decides whether and where to cut (pure). ``Compactions`` holds
+``gates.cut.plan_cut`` decides whether and where to cut (pure). ``Compactions`` holds
 one session's compaction in flight: leased in the store, run on the engine's pool, waited for
 at most ``compaction_timeout_s``. ``run`` executes one planned compaction in three steps:
 ``summarize`` asks the summarizer for the next generation and adds the user's own words (a
@@ -27,7 +27,7 @@ from ragent_memory.core.names import ErrorName, InvalidationReason, RunSkip, Wri
 from ragent_memory.core.provenance import INSTRUCTION_ROLES, Markers, latest_standing
 from ragent_memory.core.records import AuditRow
 from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
-from ragent_memory.gates.compaction import CutPlan
+from ragent_memory.gates.cut import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
 from ragent_memory.settings import Settings
 from ragent_memory.store import (

@@ -11,7 +11,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.core.names import SkipReason, SubstitutionKind
 from ragent_memory.engine.view import View
 from ragent_memory.gates import ceiling
-from ragent_memory.gates.compaction import CutPlan, plan_cut
+from ragent_memory.gates.cut import CutPlan, plan_cut
 from ragent_memory.store import Substitution
 
 if TYPE_CHECKING:
@@ -91,8 +91,8 @@ class Ladder:
         "applied"; else why it did not apply)."""
         budget = self.settings.context_window_chars
         if view.total <= budget:
-            return view, view.left.turns, None
-        self.session.sticky.drop_blocks(view, sorted(view.indexes("recall")))
+            return view, view.left_out.turns, None
+        self.session.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
         if view.total > budget:
             self._trim_all(view, user_id)
         mid_turn = None
@@ -120,7 +120,7 @@ class Ladder:
         if all(view.kinds.get(e.index) == "trim" for e in evictions):  # the store took them
             view.swept = swept
         if evictions and swept != turn_start:
-            self.session.trimming.retrim(view, self._on_left(user_id))
+            self.session.trimming.retrim(view, self._report_left(user_id))
 
     def _compact_mid_turn(self, view: View, user_id: str | None) -> tuple[View, SkipReason | None]:
         """Rung 2: a compaction whose cut may be the current turn's user message."""
@@ -133,7 +133,7 @@ class Ladder:
             head=view.head,
             settings=settings,
             mid_turn=True,
-            left_chars=view.left.shown_chars,
+            left_out_chars=view.left_out.shown_chars,
         )
         outcome: SkipReason | None
         if decision == "below_trigger":  # not met: a view over B is over the trigger
@@ -158,7 +158,7 @@ class Ladder:
         if any(view.messages[t.index] is not t.replacement for t in found.previews):
             found = self._fit_view(view, previews=False)  # the store kept none: rung 4 alone
         self._leave_out(view, found.left_out, found.left_turns, user_id)
-        dropped_turns = view.left.turns
+        dropped_turns = view.left_out.turns
         if view.total > budget and view.head > view.prefix_len:
             # Only the summary is left between the system prompt and the current turn:
             # what is sent at last is the system prompt and the current turn (rung 5).
@@ -199,21 +199,21 @@ class Ladder:
         state = view.trim_hint
         if state is not None:
             state.replaced([change[0] for change in changes])
-        self.session.trimming.apply(view, new, state, self._on_left(user_id))
+        self.session.trimming.apply(view, new, state, self._report_left(user_id))
 
     def _leave_out(self, view: View, count: int, turns: int, user_id: str | None) -> None:
         """Rung 4: leave the ``count`` messages after the prefix/summary (``turns`` whole
         turns) out of the session's view, so later turns keep them out while it grows; they
-        are reported as having left the view (once: ``left_out`` remembers how far)."""
+        are reported as having left the view (once: ``Session.left_out_stop`` remembers how far)."""
         if count <= 0:
             return
         session = self.session
         first = view.head + view.offset
         stop = first + count
-        session.leave(user_id, range(max(first, session.left_out), stop), view.prefix_len)
-        session.left_out = max(session.left_out, stop)
+        session.leave_view(user_id, range(max(first, session.left_out_stop), stop), view.prefix_len)
+        session.left_out_stop = max(session.left_out_stop, stop)
         view.leave_out(count, turns=turns, raw_chars=sum(session.raw.sizes[first:stop]))
-        session.trimming.retrim(view, self._on_left(user_id))
+        session.trimming.retrim(view, self._report_left(user_id))
 
-    def _on_left(self, user_id: str | None) -> Callable[[list[int]], None]:
-        return lambda indexes: self.session.left(user_id, indexes)
+    def _report_left(self, user_id: str | None) -> Callable[[list[int]], None]:
+        return lambda indexes: self.session.report_left(user_id, indexes)

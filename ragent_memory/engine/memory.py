@@ -14,9 +14,9 @@ import attrs
 from ragent_memory.core.chars import Message, validate_message, validate_messages
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Markers
-from ragent_memory.engine import compaction as compact
 from ragent_memory.engine.background import Background
-from ragent_memory.engine.session import KeptBlock, Session
+from ragent_memory.engine.compaction import SUMMARY_HEADERS
+from ragent_memory.engine.session import MemoryBlock, Session
 from ragent_memory.engine.session import digest as message_digest
 from ragent_memory.errors import StoreError
 from ragent_memory.longterm.batch import run_extraction
@@ -38,7 +38,7 @@ log = get_logger(__name__)
 # The headers of the blocks the engine writes into a prompt: never learned from, never indexed.
 ENGINE_HEADERS = (
     *HEADERS.values(),
-    *compact.SUMMARY_HEADERS.values(),
+    *SUMMARY_HEADERS.values(),
     *RECALL_HEADERS.values(),
 )
 
@@ -90,7 +90,7 @@ class LongTermMemory:
         except StoreError as err:  # memory is background: a store failure must not break a turn
             log.error("memory.read_failed", user_id=user_id, error=repr(err))
             return ""
-        session.memory = KeptBlock(user_id, version, session.state.generation, *built)
+        session.memory = MemoryBlock(user_id, version, session.state.generation, *built)
         return built[0]
 
     def _erased(self, user_id: str, fact_ids: Sequence[int]) -> bool:

@@ -116,11 +116,11 @@ def _recall_index(
     recaller = Recaller(store, settings, engine_headers=ENGINE_HEADERS)
     callbacks = [recaller.on_leave, *([on_leave] if on_leave else [])]
 
-    def leave(*args: Any) -> None:
+    def on_leave_all(*args: Any) -> None:
         for callback in callbacks:
             callback(*args)
 
-    return recaller, leave
+    return recaller, on_leave_all
 
 
 def finish_turn(

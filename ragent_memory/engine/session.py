@@ -26,8 +26,8 @@ recall     §9b (``TurnRecall``), for the current turn's user message: a leading
 report     the ``TurnReport``
 =========  ==================================================================================
 
-Whenever raw messages leave the view (covered by an applied compaction, trimmed or truncated
-originals, left out by the ceiling) ``Services.on_leave`` receives them, so they can be indexed
+Whenever raw messages leave the view (covered by an applied compaction, shown as a placeholder
+or a preview, left out by the ceiling) ``Services.on_leave`` receives them, so they can be indexed
 off the caller's thread. The engine wraps the pipeline: input normalisation before ``sync``,
 then the long-term memory block after the system messages and output post-processing (the
 copy handed out, strict alternation) after ``report``.
@@ -45,15 +45,14 @@ import attrs
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.core.names import SkipReason
-from ragent_memory.engine import compaction as compact
-from ragent_memory.engine.compaction import Compactions, Submit
+from ragent_memory.engine.compaction import Compactions, Job, Submit, invalidate, state_message
 from ragent_memory.engine.ladder import Ladder
 from ragent_memory.engine.raw import RawCache, digest, leading_system_count
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
 from ragent_memory.engine.turn_recall import TurnRecall, block_chars, sizes_as_written
 from ragent_memory.engine.view import View
-from ragent_memory.gates.compaction import CutPlan, plan_cut
+from ragent_memory.gates.cut import CutPlan, plan_cut
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState, Substitution
@@ -100,7 +99,7 @@ class TurnReport:
 
 
 @attrs.frozen
-class KeptBlock:
+class MemoryBlock:
     """The long-term memory block a session shows, and what it was built from."""
 
     user_id: str
@@ -166,9 +165,9 @@ class Session:
         self.last_write: tuple[str, int] | None = None  # the store's, when this was loaded
         self.verified_digest = ""  # covered_digest already checked against ``raw``
         self.returned_generation = state.generation
-        self.left_out = 0  # raw indexes below this, left out by the ceiling, were reported
+        self.left_out_stop = 0  # raw indexes below this, left out by the ceiling, were reported
         # The memory block shown, rebuilt at compaction events (``engine.memory``).
-        self.memory: KeptBlock | None = None
+        self.memory: MemoryBlock | None = None
 
     @property
     def session_id(self) -> str:
@@ -252,8 +251,8 @@ class Session:
         turns the ceiling leaves out."""
         trimming = self.trimming
         new, state = trimming.trim(view, trimming.reduce(view))
-        trimming.apply(view, new, state or view.trim_hint, lambda i: self.left(user_id, i))
-        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: old blocks leave too
+        trimming.apply(view, new, state or view.trim_hint, lambda i: self.report_left(user_id, i))
+        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
             self.turn_recall.evict_earlier(view, self.sticky)
         compacted, skipped = False, None
         if self.settings.summary_enabled:
@@ -297,14 +296,14 @@ class Session:
         self.state = state
         start = previous.covered if previous.generation else state.prefix_len
         stop = min(state.covered, len(self.raw.messages))
-        self.leave(user_id, range(max(start, self.left_out), stop), state.prefix_len)
+        self.leave_view(user_id, range(max(start, self.left_out_stop), stop), state.prefix_len)
 
-    def leave(self, user_id: str | None, indexes: range, prefix_len: int) -> None:
-        """Raw ``indexes`` left the view: reported unless substituted (they left then)."""
+    def leave_view(self, user_id: str | None, indexes: range, prefix_len: int) -> None:
+        """Raw ``indexes`` leave the view: reported unless substituted (reported back then)."""
         at = self.sticky.at
-        self.left(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
+        self.report_left(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
 
-    def left(self, user_id: str | None, indexes: Sequence[int]) -> None:
+    def report_left(self, user_id: str | None, indexes: Sequence[int]) -> None:
         """Report raw messages ``indexes`` as having left the view (``Services.on_leave``)."""
         on_leave = self.services.on_leave
         if on_leave is None or not indexes:
@@ -329,7 +328,7 @@ class Session:
         if reason is None:
             self.verified_digest = state.covered_digest
             return
-        self.state = compact.invalidate(self.services.store, state, user_id, reason)
+        self.state = invalidate(self.services.store, state, user_id, reason)
         self.verified_digest = ""
         self.returned_generation = 0
 
@@ -358,7 +357,7 @@ class Session:
             messages = raw.messages[:prefix_len]
             sizes = raw.sizes[:prefix_len]
             if state.generation:
-                summary = compact.state_message(state, self.settings.language)
+                summary = state_message(state, self.settings.language)
                 messages.append(summary)
                 sizes.append(chars(summary))
             view = View(
@@ -373,7 +372,7 @@ class Session:
             begin = start
         view.fresh = len(view.messages)
         view.grow(raw.messages[begin:], raw.sizes[begin:])
-        chars_in = view.head_chars + view.raw_chars + view.left.raw_chars
+        chars_in = view.head_chars + view.raw_chars + view.left_out.raw_chars
         self.sticky.show_recorded(view, begin)
         return view, chars_in
 
@@ -388,7 +387,7 @@ class Session:
             sizes_as_written(view, self.raw.sizes),
             head=view.head,
             settings=settings,
-            left_chars=view.left.shown_chars,
+            left_out_chars=view.left_out.shown_chars,
         )
         if decision == "below_trigger":
             return None  # nothing is due: not a skip
@@ -411,8 +410,8 @@ class Session:
         it did not apply, or None."""
         raw = self.raw
         prefix_len = view.prefix_len
-        start, stop = decision.head + view.offset - view.left.messages, decision.cut + view.offset
-        job = compact.Job(
+        start, stop = view.start + decision.head - view.head, decision.cut + view.offset
+        job = Job(
             previous=self.state,
             user_id=user_id,
             material=tuple((i, raw.messages[i]) for i in range(start, stop)),
@@ -472,11 +471,11 @@ def _shown_as_written(sub: Substitution | None) -> bool:
 
 def _suspects(last: View) -> list[int]:
     """Raw positions of the caller's messages last turn's view showed as written whose
-    copy handed out no longer equals them (``View.untouched``), and of those it showed
+    copy handed out no longer equals them (``View.recopy_edited``), and of those it showed
     but never handed out."""
     handed_end = len(last.handed) + last.offset
     return [
         index + last.offset
-        for index in last.untouched()
+        for index in last.recopy_edited()
         if index >= last.head and index not in last.kinds
     ] + list(range(max(handed_end, last.head + last.offset), last.end))

@@ -131,7 +131,7 @@ class Sticky:
         on_left(sorted(index + view.offset for index, _, _ in new))
         return True
 
-    def keep_block(self, view: View, index: int, block: str, found_under: str) -> bool:
+    def keep_recall_block(self, view: View, index: int, block: str, found_under: str) -> bool:
         """Show ``block`` on the caller's message at view ``index`` from now on, in this view
         and every later one, recorded with what it was ``found_under`` (``stamp``). Nothing
         leaves the view: the caller's words are all still shown. False when the store
@@ -151,9 +151,9 @@ class Sticky:
         view.show(index, shown, "recall", self.raw.sizes[raw_index] + shown_chars(sub))
         return True
 
-    def drop_blocks(self, view: View, indexes: Sequence[int]) -> None:
-        """The recall blocks shown at view ``indexes`` leave their messages (shown as written
-        again), in the store first: a block the store still held would come back later."""
+    def drop_recall_blocks(self, view: View, indexes: Sequence[int]) -> None:
+        """The recall blocks shown at view ``indexes`` are taken off their messages (shown as
+        written again), in the store first: a block the store still held would come back."""
         keys = [self._block_key(i + view.offset, view.prefix_len) for i in indexes]
         if not keys:
             return

@@ -49,7 +49,7 @@ class Trimming:
                 Substitution(self.sticky.key(view, t.index), "truncate", t.refs[0], t.replacement),
                 t.offloaded,
             )
-            for t in reduced.truncations
+            for t in reduced.previews
         ]
 
     def trim(

@@ -14,15 +14,16 @@ from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
 
-# Earlier turns' kept blocks leave (all at once, a prefix change) only when they would leave
-# the new turn's block less than this share of ``recall_max_chars``: below it the question
-# loses more than the cache gains.
+# Earlier turns' kept recall blocks are taken off (all at once, a prefix change) only when
+# they would leave the new turn's block less than this share of ``recall_max_chars``: below
+# it the question loses more than the cache gains.
 ROOM_SHARE = 0.5
 
 
 def stamp(epoch: str | None, user_id: str | None) -> str | None:
-    """What a kept block was found under: the store's recall deletion epoch and the user whose
-    sessions were searched (a fixed-width key of the id; None: the store could not say)."""
+    """What a kept recall block was found under: the store's recall deletion epoch and the
+    user whose sessions were searched (a fixed-width key of the id; None: the store could not
+    say)."""
     if epoch is None:
         return None
     return f"{epoch}:{id_key(user_id).hex() if user_id is not None else '-'}"
@@ -37,7 +38,7 @@ def block_chars(view: View, raw_sizes: Sequence[int]) -> int:
 
 
 def sizes_as_written(view: View, raw_sizes: Sequence[int]) -> Sequence[int]:
-    """The view's sizes with each kept recall block left out: blocks count against B but
+    """The view's sizes without the kept recall blocks: blocks count against B but
     never bring a compaction on (they are recall's, not the conversation's)."""
     if not view.counts.get("recall"):
         return view.sizes
@@ -59,7 +60,7 @@ class TurnRecall:
     """The block for the current turn: found when the last message is the user's, then kept
     on that message (``keep``) as a sticky substitution, so every later call of the session
     sends the same bytes before its own user message (a provider's prompt cache keeps
-    hitting). A kept block counts in the view like any message, and leaves it at a trim
+    hitting). A kept recall block counts in the view like any message, and leaves it at a trim
     event, when old blocks grow to a fifth of an over-trigger view, when the ceiling needs
     the room, when a compaction covers its message, or when something is forgotten (the
     store's recall deletion epoch it was found under has passed). ``block`` and ``at`` hold
@@ -92,7 +93,7 @@ class TurnRecall:
     ) -> tuple[int, int]:
         """The block for the turn whose user message is last (searched once: a call that
         sends the same user message again shows the block kept on it); the kept blocks of
-        an epoch that has passed leave first. The block is not part of the view yet (it
+        an epoch that has passed are taken off first. The block is not part of the view yet (it
         never makes this call's view reach the compaction trigger). Returns (excerpts
         found, their chars)."""
         self.block, self.at, self.stamp = "", -1, None
@@ -110,8 +111,8 @@ class TurnRecall:
                 return 0, 0
         room = self.room(view)
         if room < self.settings.recall_max_chars * ROOM_SHARE and view.counts.get("recall"):
-            # Earlier turns' blocks leave, all at once, when they squeeze this turn's hard.
-            sticky.drop_blocks(view, sorted(view.indexes("recall")))
+            # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard.
+            sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
             room = self.room(view)
         if room <= 0:
             return 0, 0
@@ -137,22 +138,24 @@ class TurnRecall:
         at, found_under = self.at - view.offset, self.stamp
         if not self.block or found_under is None or at in view.kinds or at >= len(view.messages):
             return
-        if sticky.keep_block(view, at, self.block, found_under):
+        if sticky.keep_recall_block(view, at, self.block, found_under):
             self.block, self.at = "", -1
 
     @staticmethod
     def evict_earlier(view: View, sticky: Sticky) -> None:
-        """Earlier turns' blocks leave their messages, all at once (at a trim event, which
+        """Earlier turns' blocks are taken off their messages, all at once (at a trim event, which
         changes the prefix anyway): between events the bytes before the current turn stay."""
         if view.counts.get("recall"):
             turn_start = current_turn_start(view.messages, view.head)
-            sticky.drop_blocks(view, sorted(i for i in view.indexes("recall") if i < turn_start))
+            sticky.drop_recall_blocks(
+                view, sorted(i for i in view.indexes("recall") if i < turn_start)
+            )
 
     @staticmethod
     def _forgotten(view: View, sticky: Sticky, now: str | None) -> None:
-        """Kept blocks found under another ``stamp`` leave: for another user (what they show
-        is not this one's), or under another deletion epoch (what they show may have been
-        forgotten since); None: the store cannot say now, they stay."""
+        """Kept recall blocks found under another ``stamp`` are taken off: for another user
+        (what they show is not this one's), or under another deletion epoch (what they show
+        may have been forgotten since); None: the store cannot say now, they stay."""
         if now is None:
             return
         stale = [
@@ -160,4 +163,4 @@ class TurnRecall:
             for index in sorted(view.indexes("recall"))
             if (sub := sticky.at(index + view.offset, view.prefix_len)) is None or sub.ref != now
         ]
-        sticky.drop_blocks(view, stale)
+        sticky.drop_recall_blocks(view, stale)

@@ -45,7 +45,7 @@ class View:
     history before its end is unchanged.
 
     Positions from ``head`` on map one to one onto the raw history (``index + offset``);
-    ``left`` says what the ceiling left out between the prefix/summary and ``head``'s raw
+    ``left_out`` says what the ceiling left out between the prefix/summary and ``head``'s raw
     message (``start`` is the raw index after the prefix/summary, left out or not).
     ``show`` replaces a message by its substitution and remembers the caller's original.
     ``total`` (shown) and ``raw_chars`` (the originals of the tail) are kept as running sums.
@@ -71,7 +71,7 @@ class View:
     counts: Counter[SubstitutionKind] = attrs.field(factory=Counter)
     handed: list[Message] = attrs.field(factory=list)  # copies last handed out
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
-    left: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
+    left_out: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
     @property
     def end(self) -> int:
@@ -82,12 +82,12 @@ class View:
     def with_left_out(self) -> int:
         """Chars shown with the turns the ceiling left out counted back in: what the
         compaction trigger is compared with."""
-        return self.total + self.left.shown_chars
+        return self.total + self.left_out.shown_chars
 
     @property
     def start(self) -> int:
         """Raw index of the first message after the prefix/summary, left out or not."""
-        return self.head + self.offset - self.left.messages
+        return self.head + self.offset - self.left_out.messages
 
     def grow(self, messages: Sequence[Message], sizes: Sequence[int]) -> None:
         """Append raw messages (unsubstituted)."""
@@ -132,7 +132,7 @@ class View:
         if index < len(self.handed):
             self.stale.add(index)
 
-    def untouched(self) -> list[int]:
+    def recopy_edited(self) -> list[int]:
         """Compare the copies handed out with the view and copy again those that differ;
         returns their indexes (the caller edited the copy, or its own message in place:
         ``RawCache.sync`` tells which)."""
@@ -144,7 +144,7 @@ class View:
 
     def hand_out(self) -> list[Message]:
         """The copies to hand out: last turn's where the view is unchanged, new copies for
-        messages replaced or added since (``untouched`` found the caller's own edits)."""
+        messages replaced or added since (``recopy_edited`` found the caller's own edits)."""
         handed, messages = self.handed, self.messages
         for index in self.stale:
             handed[index] = _copy(messages[index])
@@ -166,8 +166,8 @@ class View:
         sticky until a summary covers them). ``raw_chars``: what they measure as written."""
         shown = sum(self.sizes[self.head : self.head + count])
         self._remove(self.head, count, raw_chars)
-        left = self.left
-        self.left = LeftOut(
+        left = self.left_out
+        self.left_out = LeftOut(
             left.messages + count,
             left.turns + turns,
             left.shown_chars + shown,

@@ -14,7 +14,7 @@ import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.toolloops import last_user_index, map_loops
-from ragent_memory.gates.reduce import Truncation, reduce
+from ragent_memory.gates.reduce import Preview, reduce
 from ragent_memory.gates.trim import Eviction, evict
 
 MIN_PREVIEW_CHARS = 1_000  # step 3 never lowers a preview limit below this
@@ -93,7 +93,7 @@ def preview_turn(
     excess: int,
     limit_chars: int,
     forms: Forms,
-) -> list[Truncation]:
+) -> list[Preview]:
     """Step 3: previews of the current turn's tool results and tool-call inputs (from the
     originals), the limit bisected down from ``limit_chars`` to the highest that frees
     ``excess``, never below ``MIN_PREVIEW_CHARS``; only previews smaller than shown now."""
@@ -109,7 +109,7 @@ def preview_turn(
     for index in items:
         base[index] = forms.originals.get(index, view[index])
 
-    def plan(limit: int) -> tuple[int, list[Truncation]]:
+    def plan(limit: int) -> tuple[int, list[Preview]]:
         result = reduce(
             base,
             limit_chars=limit,
@@ -117,7 +117,7 @@ def preview_turn(
             ref_for=forms.ref_for,
             candidates=items,
         )
-        kept = [t for t in result.truncations if chars(t.replacement) < sizes[t.index]]
+        kept = [t for t in result.previews if chars(t.replacement) < sizes[t.index]]
         return sum(sizes[t.index] - chars(t.replacement) for t in kept), kept
 
     low, high = MIN_PREVIEW_CHARS, max(limit_chars, MIN_PREVIEW_CHARS)
@@ -156,7 +156,7 @@ def turns_to_leave_out(
 class Fit:
     """What rungs 3-5 do to a view over B, and the chars_out they leave."""
 
-    previews: list[Truncation]  # rung 3
+    previews: list[Preview]  # rung 3
     left_out: int  # rung 4: messages from ``head`` on left out...
     left_turns: int  # ... as whole turns
     drop_summary: bool  # rung 5: the summary message (just before ``head``) is not sent
@@ -181,14 +181,14 @@ def fit(
     if total <= budget:
         return Fit([], 0, 0, False, total)
     turn_start = current_turn_start(view, head)
-    made: list[Truncation] = []
+    made: list[Preview] = []
     if limit_chars is not None:
         excess = total - budget
         made = preview_turn(
             view, shown, turn_start=turn_start, excess=excess, limit_chars=limit_chars, forms=forms
         )
-        for truncation in made:
-            shown[truncation.index] = chars(truncation.replacement)
+        for item in made:
+            shown[item.index] = chars(item.replacement)
         total = sum(shown)
     count = turns = 0
     if total > budget:

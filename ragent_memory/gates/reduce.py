@@ -44,7 +44,7 @@ def preview(text: str, *, limit_chars: int, language: str, ref: str) -> str:
 
 
 @attrs.frozen
-class Truncation:
+class Preview:
     index: int  # position in the view
     replacement: Message
     refs: tuple[str, ...]
@@ -54,7 +54,7 @@ class Truncation:
 @attrs.frozen
 class ReduceResult:
     messages: list[Message]
-    truncations: tuple[Truncation, ...] = ()
+    previews: tuple[Preview, ...] = ()
 
 
 def _call_name(view: Sequence[Message], index: int, call_id: Any) -> str | None:
@@ -91,7 +91,7 @@ def reduce(
     indexes ``candidates`` when given: the engine passes the messages new since the last turn)."""
     indexes = range(len(view)) if candidates is None else sorted(candidates)
     out = list(view)
-    done: list[Truncation] = []
+    done: list[Preview] = []
     for index in indexes:
         message = view[index]
         role = message.get("role")
@@ -103,7 +103,7 @@ def reduce(
                 continue  # a recall result is never reduced
             ref = ref_for(text)
             shown = preview(text, limit_chars=limit_chars, language=language, ref=ref)
-            done.append(Truncation(index, _with_text(message, shown), (ref,), (text,)))
+            done.append(Preview(index, _with_text(message, shown), (ref,), (text,)))
         elif role == "assistant" and message.get("tool_calls"):
             calls, refs, texts = [], [], []
             for call in message["tool_calls"]:
@@ -120,7 +120,7 @@ def reduce(
                 texts.append(arguments)
             if refs:
                 replacement = {**message, "tool_calls": calls}
-                done.append(Truncation(index, replacement, tuple(refs), tuple(texts)))
-    for truncation in done:
-        out[truncation.index] = truncation.replacement
+                done.append(Preview(index, replacement, tuple(refs), tuple(texts)))
+    for item in done:
+        out[item.index] = item.replacement
     return ReduceResult(out, tuple(done))

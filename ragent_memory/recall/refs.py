@@ -1,4 +1,5 @@
-"""The recall tool: lets the model read back a trimmed or truncated tool result (docs/design.md §8).
+"""The recall tool: lets the model read back the original behind a placeholder or preview
+(docs/design.md §8).
 
 Whatever the model passes, :func:`recall_slice` answers with text it can read: the slice and a
 footer (``FOOTER_MARK`` …) saying how much remains, or a clear refusal. It never raises and

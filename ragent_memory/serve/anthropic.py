@@ -25,11 +25,10 @@ from typing import Any, Final
 import orjson
 from starlette.responses import Response
 
-from ragent_memory.core.chars import InputRole
+from ragent_memory.core.chars import InputRole, Message
 from ragent_memory.serve.chat import call_name
 from ragent_memory.serve.http import Reject, whole_response
 from ragent_memory.serve.wire import (
-    Message,
     Translations,
     arguments_object,
     derived_session,
@@ -104,24 +103,24 @@ def assistant_message(content: Any) -> Message:
     return message
 
 
-def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list[Message]:
-    """The request's ``system`` and ``messages`` as the engine's messages (what ``memo``
+def to_engine(body: Mapping[str, Any], translations: Translations | None = None) -> list[Message]:
+    """The request's ``system`` and ``messages`` as the engine's messages (what ``translations``
     holds of the session's last request reused)."""
-    memo = memo or Translations()
+    translations = translations or Translations()
     out: list[Message] = []
     system = body.get("system")
     if system is not None and not _is_content(system):
         shown = type(system).__name__
         raise Reject(400, f"system: expected a string or a list of content blocks, got {shown}")
     if system:
-        out += memo.reuse("system", system, _system_message, system)
+        out += translations.reuse("system", system, _system_message, system)
     turns = body["messages"]
-    start, _, marks = memo.resume(system, turns, out)
+    start, _, marks = translations.resume(system, turns, out)
     for index in range(start, len(turns)):
         message = turns[index]
-        out += memo.reuse(id(message), message, _turn, message, index)
+        out += translations.reuse(id(message), message, _turn, message, index)
         marks.append((index + 1, len(out), None))
-    memo.keep_prefix(system, turns, out, marks)
+    translations.keep_prefix(system, turns, out, marks)
     return out
 
 
@@ -211,21 +210,21 @@ def _system(leading: Sequence[Message]) -> Any:
 
 
 def from_engine(
-    messages: Sequence[Message], memo: Translations | None = None
+    messages: Sequence[Message], translations: Translations | None = None
 ) -> tuple[Any, list[dict[str, Any]], int]:
     """``(system, messages, cache_control marks in messages)`` of the upstream request
     (system None when there is none). Each assistant message is a turn, each system or
     developer turn the app sent goes back as that turn in its place, each run of user/tool
     messages between them one user turn, answered against the assistant turn before it
-    (``_answered``); what ``memo`` holds of the session's last request (the view's same or
+    (``_answered``); what ``translations`` holds of the session's last request (the view's same or
     equal messages) is reused."""
-    memo = memo or Translations()
+    translations = translations or Translations()
     messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     lead = 0
     while lead < len(messages) and _is_leading_system(messages[lead]):
         lead += 1
     turns: list[dict[str, Any]] = []
-    start, state, marks = memo.resume(None, messages, turns, "out")
+    start, state, marks = translations.resume(None, messages, turns, "out")
     before, asked, marked = state or (None, None, 0)  # the assistant message before the run
     run = start = max(start, lead)  # where the run of user/tool messages started
     for index in range(start, len(messages) + 1):
@@ -234,20 +233,22 @@ def from_engine(
             continue
         if run < index:
             source = (before, *messages[run:index])
-            unit = memo.reuse(("out", *map(id, source)), source, _answered, asked, source[1:])
+            unit = translations.reuse(
+                ("out", *map(id, source)), source, _answered, asked, source[1:]
+            )
             turns.append(unit[0])
             marked += unit[1]
             before = asked = None  # its calls are answered
         if message is None:
             break
-        unit = memo.reuse(("out", id(message)), message, _own_turn, message)
+        unit = translations.reuse(("out", id(message)), message, _own_turn, message)
         turns.append(unit[0])
         marked += unit[1]
         if message.get("role") == "assistant":
             before, asked = message, unit[0]
         run = index + 1
         marks.append((run, len(turns), (before, asked, marked)))
-    memo.keep_prefix(None, messages, turns, marks, "out")
+    translations.keep_prefix(None, messages, turns, marks, "out")
     return (_system(messages[:lead]) if lead else None), turns, marked
 
 
@@ -522,21 +523,21 @@ class AnthropicWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
-        return to_engine(body, memo)
+    def history(self, body: Mapping[str, Any], translations: Translations) -> list[Message]:
+        return to_engine(body, translations)
 
     def payload(
         self,
         body: Mapping[str, Any],
         messages: list[Message],
         tools: list[Message],
-        memo: Translations,
+        translations: Translations,
     ) -> bytes:
-        system, turns, marked = from_engine(messages, memo)
+        system, turns, marked = from_engine(messages, translations)
         out = rebuilt(body, ("messages", turns), ("system", system), [*map(_tool, tools)])
         if marked + _fixed_marks(out) > MAX_BREAKPOINTS:
             limit_breakpoints(out)
-        return dumped_object(out, "messages", memo.dumped(out["messages"]))
+        return dumped_object(out, "messages", translations.dumped(out["messages"]))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

@@ -39,6 +39,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
 from ragent_memory.serve import chat
 from ragent_memory.serve.anthropic import AnthropicWire
@@ -103,7 +104,7 @@ class Endpoint:
 
     async def _serve(self, request: Request, raw: bytes, send: Send, started: float) -> None:
         scope, receive = request.scope, request.receive
-        reply: chat.Message | None = None
+        reply: Message | None = None
         try:
             forward = forward_headers(scope["headers"])
             key = (

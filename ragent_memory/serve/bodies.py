@@ -135,7 +135,7 @@ def _proves(last: _Last) -> bool:
     return bool({**marked, last.field: got[:-1]} == last.body)
 
 
-class Memos:
+class KeptTranslations:
     """The last request's translations per key (a session; see ``wire.Translations``), least
     recently used out past ``max_sessions`` or ``max_bytes`` of the request bodies they were
     made from."""
@@ -143,21 +143,21 @@ class Memos:
     def __init__(self, max_sessions: int = 256, max_bytes: int = 64 << 20) -> None:
         self.max_sessions, self.max_bytes = max_sessions, max_bytes
         # key → (the size of the body they were made from, the translations)
-        self._memos: LRU[Hashable, tuple[int, Translations]] = LRU(
-            max_sessions, max_bytes, lambda _key, memo: memo[0]
+        self._kept: LRU[Hashable, tuple[int, Translations]] = LRU(
+            max_sessions, max_bytes, lambda _key, translations: translations[0]
         )
         self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> Translations:
         """What a request of ``key`` starts from: its last request's translations."""
         with self._lock:
-            _, last = self._memos.pop(key, (0, None))
+            _, last = self._kept.pop(key, (0, None))
             return last.next() if last is not None else Translations()
 
-    def keep(self, key: Hashable, memo: Translations, size: int) -> None:
-        """Keep ``memo`` (which the request goes on filling in: its way back) for ``key``'s
+    def keep(self, key: Hashable, translations: Translations, size: int) -> None:
+        """Keep ``translations`` (which the request goes on filling in: its way back) for ``key``'s
         next request."""
         if size > self.max_bytes:
             return
         with self._lock:
-            self._memos.put(key, (size, memo))
+            self._kept.put(key, (size, translations))

@@ -11,13 +11,13 @@ import attrs
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.http import RawHeaders, Reject, whole_response
 from ragent_memory.serve.wire import Translations, dumped_object, json_object
 
 if TYPE_CHECKING:
     from ragent_memory.engine.memory_engine import TurnReport
 
-Message = dict[str, Any]
 NO_SESSION = (
     "no session id: send the X-Session-Id header (or set the request's user field) "
     "so the proxy knows which conversation this is"
@@ -289,7 +289,7 @@ class ChatWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return True
 
-    def history(self, body: Mapping[str, Any], memo: Any) -> list[Message]:
+    def history(self, body: Mapping[str, Any], translations: Any) -> list[Message]:
         return list(body["messages"])  # the engine's own messages: nothing to translate
 
     def payload(
@@ -297,12 +297,12 @@ class ChatWire:
         body: Mapping[str, Any],
         messages: list[Message],
         tools: list[Message],
-        memo: Translations,
+        translations: Translations,
     ) -> bytes:
         out = {**body, "messages": messages}
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *tools]
-        return dumped_object(out, "messages", memo.dumped(messages))
+        return dumped_object(out, "messages", translations.dumped(messages))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         return declared_tools(body)

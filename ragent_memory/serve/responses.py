@@ -24,10 +24,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.chat import call_name, error_response
 from ragent_memory.serve.http import Reject
 from ragent_memory.serve.wire import (
-    Message,
     Translations,
     derived_session,
     dumped_object,
@@ -153,23 +153,23 @@ def _other(item: Item, index: int, leading: bool) -> list[Message]:
     return [{"role": "system" if leading else "user", "content": [{"type": OPAQUE, "item": item}]}]
 
 
-def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list[Message]:
-    """``instructions`` and ``input`` as the engine's messages (what ``memo`` holds of the
+def to_engine(body: Mapping[str, Any], translations: Translations | None = None) -> list[Message]:
+    """``instructions`` and ``input`` as the engine's messages (what ``translations`` holds of the
     session's last request reused). The items the session's last body began with, as the
     same objects, are not even looked at again: what they made up to the last item that
     closed a message is reused as a whole."""
-    memo = memo or Translations()
+    translations = translations or Translations()
     out: list[Message] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         system = {"role": "system", "content": instructions, "x_instructions": True}
-        out += memo.reuse("instructions", instructions, list, (system,))
+        out += translations.reuse("instructions", instructions, list, (system,))
     items = body["input"]
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list):
         raise Reject(400, "malformed body: 'input' must be a string or a list of items")
-    start, state, marks = memo.resume(instructions, items, out)
+    start, state, marks = translations.resume(instructions, items, out)
     leading = True if state is None else bool(state)  # only system messages so far
     run: list[Item] = []
     for index, item in enumerate([*items[start:], None], start):
@@ -178,17 +178,17 @@ def to_engine(body: Mapping[str, Any], memo: Translations | None = None) -> list
             continue
         if run:
             ran = tuple(run)
-            out += memo.reuse(ran_key(ran), ran, _assistant_list, ran)
+            out += translations.reuse(ran_key(ran), ran, _assistant_list, ran)
             run, leading = [], False
         if item is None and index == len(items):
             break
         if not isinstance(item, dict):
             raise Reject(400, f"input[{index}]: expected an item object")
-        made = memo.reuse((id(item), leading), item, _other, item, index, leading)
+        made = translations.reuse((id(item), leading), item, _other, item, index, leading)
         out += made
         leading = leading and made[0]["role"] == "system"
         marks.append((index + 1, len(out), leading))
-    memo.keep_prefix(instructions, items, out, marks)
+    translations.keep_prefix(instructions, items, out, marks)
     return out
 
 
@@ -286,26 +286,28 @@ def _output_item(message: Mapping[str, Any]) -> Item:
 
 
 def from_engine(
-    messages: Sequence[Message], memo: Translations | None = None
+    messages: Sequence[Message], translations: Translations | None = None
 ) -> tuple[str | None, list[Item]]:
-    """``(instructions, input)`` of the upstream request; what ``memo`` holds of the
+    """``(instructions, input)`` of the upstream request; what ``translations`` holds of the
     session's last request (the view's same or equal messages) is reused."""
-    memo = memo or Translations()
+    translations = translations or Translations()
     messages = list(messages)  # as it is now: the proxy's own tool rounds extend the view
     items: list[Item] = []
-    start, state, marks = memo.resume(None, messages, items, "out")
+    start, state, marks = translations.resume(None, messages, items, "out")
     instructions, called, answered = _Paired.at(state)
     for index in range(start, len(messages)):
         message = messages[index]
         if message.get("x_instructions") and isinstance(message.get("content"), str):
             instructions = message["content"]
         else:
-            made, calling, answering = memo.reuse(("out", id(message)), message, _items, message)
+            made, calling, answering = translations.reuse(
+                ("out", id(message)), message, _items, message
+            )
             items += made
             called += calling
             answered += answering
         marks.append((index + 1, len(items), _Paired(instructions, called, answered)))
-    memo.keep_prefix(None, messages, items, marks, "out")
+    translations.keep_prefix(None, messages, items, marks, "out")
     calls, outputs = set(called), set(answered)
     if calls != outputs:
         _pair(items, calls, outputs)
@@ -529,19 +531,19 @@ class ResponsesWire:
     def managed(self, body: Mapping[str, Any]) -> bool:
         return not (body.get("previous_response_id") or body.get("conversation"))
 
-    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
-        return to_engine(body, memo)
+    def history(self, body: Mapping[str, Any], translations: Translations) -> list[Message]:
+        return to_engine(body, translations)
 
     def payload(
         self,
         body: Mapping[str, Any],
         messages: list[Message],
         tools: list[Message],
-        memo: Translations,
+        translations: Translations,
     ) -> bytes:
-        instructions, items = from_engine(messages, memo)
+        instructions, items = from_engine(messages, translations)
         out = rebuilt(body, ("input", items), ("instructions", instructions), [*map(_tool, tools)])
-        return dumped_object(out, "input", memo.dumped(items))
+        return dumped_object(out, "input", translations.dumped(items))
 
     def declared_tools(self, body: Mapping[str, Any]) -> set[str]:
         tools = body.get("tools") or ()

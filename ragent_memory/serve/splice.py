@@ -22,10 +22,9 @@ import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from ragent_memory.core.chars import text_of, total_chars
+from ragent_memory.core.chars import Message, text_of, total_chars
 from ragent_memory.core.lru import LRU
 
-Message = dict[str, Any]
 PER_SESSION = 256
 SESSIONS = 4096
 MAX_CHARS = 64_000_000

@@ -21,8 +21,8 @@ import attrs
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
-from ragent_memory.serve import chat
 from ragent_memory.serve.http import RawHeaders
 from ragent_memory.serve.upstream import STREAM_ERRORS
 from ragent_memory.serve.wire import Wire
@@ -85,7 +85,7 @@ class RoundFailed(Exception):
     """The upstream refused a round of the proxy's own tools after the app's reply began."""
 
 
-NextRound = Callable[[chat.Message], Awaitable["aiohttp.ClientResponse | None"]]
+NextRound = Callable[[Message], Awaitable["aiohttp.ClientResponse | None"]]
 
 
 class StreamReader:
@@ -131,7 +131,7 @@ class StreamReader:
                 return verdict
         return "pass"
 
-    async def drain(self) -> chat.Message:
+    async def drain(self) -> Message:
         """Read the rest of a reply that started with a proxy-tool call; the message it spells."""
         while (event := await anext(self._events, None)) is not None:
             self._held.append(event)
@@ -197,7 +197,7 @@ class Relay:
 
     reader: StreamReader
     headers: RawHeaders
-    finish: Callable[[chat.Message | None], None]
+    finish: Callable[[Message | None], None]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         finished = False

@@ -20,12 +20,12 @@ import orjson
 from starlette.responses import Response
 
 from ragent_memory.core import tracing
-from ragent_memory.core.chars import chars, total_chars
+from ragent_memory.core.chars import Message, chars, total_chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import ConfigError, InvalidMessagesError
 from ragent_memory.recall.refs import RECALL_TOOL_NAME
 from ragent_memory.serve import chat
-from ragent_memory.serve.bodies import BodyCache, Memos
+from ragent_memory.serve.bodies import BodyCache, KeptTranslations
 from ragent_memory.serve.http import Reject, response_headers, whole_response
 from ragent_memory.serve.identity import Identity
 from ragent_memory.serve.own_tools import answer_calls, without_calls
@@ -40,13 +40,12 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-Message = chat.Message
 _WORKERS = 40  # threads for prepare and tool answers: as many as Starlette's pool had
 
 
 @attrs.frozen
 class Origin:
-    """Where a request's body came from: its session's key (``BodyCache`` and ``Memos``), its
+    """Where a request's body came from: its session's key (``BodyCache`` and ``KeptTranslations``), its
     size in bytes and its query string (passed on to the upstream)."""
 
     key: Hashable = None
@@ -71,7 +70,7 @@ class Turn:
     own: dict[str, dict[str, Any]]  # the proxy's tools offered in this turn, name → schema
     started: float  # perf_counter() when the request arrived
     on_loop: bool  # prepare ran on the event loop (it could not wait), not in a worker
-    memo: Translations  # the session's last request's translations, and this one's
+    translations: Translations  # the session's last request's translations, and this one's
     budget: int  # B: the continued upstream requests stay within it
     client_len: int  # how many engine messages the app's own history made (before splices)
     start: int  # where the proxy's own rounds begin in ``messages`` (the prepared view's end)
@@ -104,7 +103,7 @@ class Turn:
     def payload(self, *, with_tools: bool) -> bytes:
         """The body for the upstream: the app's, with the prepared messages (and tools)."""
         tools = list(self.own.values()) if with_tools else []
-        return self.wire.payload(self.body, self.messages, tools, self.memo)
+        return self.wire.payload(self.body, self.messages, tools, self.translations)
 
 
 class Proxy:
@@ -117,7 +116,9 @@ class Proxy:
         self.settings = settings
         self.identity = Identity(settings, engine.store)
         self.bodies = BodyCache()  # keyed by the caller's credential and X-Session-Id
-        self.memos = Memos()  # the same keys: each session's last translation to the engine
+        self.kept_translations = (
+            KeptTranslations()
+        )  # the same keys: each session's last translation to the engine
         self.splices = Splices()  # what the model saw in place of replies the apps got
         self.in_flight = 0  # requests of every format (serve.max_concurrency)
         self.upstream = Upstream(
@@ -154,12 +155,12 @@ class Proxy:
         (translated to the engine's messages reusing ``key``'s last translation)."""
         session_id, user_id = self.identity.identify(headers, body, wire)
         origin = origin or Origin()
-        memo = self.memos.take(origin.key)
+        translations = self.kept_translations.take(origin.key)
         try:
-            history = wire.history(body, memo)
+            history = wire.history(body, translations)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise Reject(400, f"malformed body: {err!r}") from err
-        self.memos.keep(origin.key, memo, origin.size)
+        self.kept_translations.keep(origin.key, translations, origin.size)
         client_len = len(history)
         history = self.splices.apply(session_id, history)
         try:
@@ -185,7 +186,7 @@ class Proxy:
             own=self._offer(wire, body),
             started=started,
             on_loop=on_loop,
-            memo=memo,
+            translations=translations,
             budget=self.engine.settings.context_window_chars,
             client_len=client_len,
             start=len(prepared.messages),

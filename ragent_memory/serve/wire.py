@@ -20,14 +20,14 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from starlette.responses import Response
 
+from ragent_memory.core.chars import Message
 from ragent_memory.serve.http import Reject
 
-Message = dict[str, Any]
 T = TypeVar("T")
 # What one request's translation made (by the identity of the objects it was made from: the
 # turns and items ``BodyCache`` hands out again, the view's messages ``prepare`` hands out
 # again): key -> (source, made). See ``Translations``.
-Memo = dict[Hashable, tuple[Any, Any]]
+Made = dict[Hashable, tuple[Any, Any]]
 Marks = list[tuple[int, int, Any]]  # (items translated, messages made, the loop's state)
 
 
@@ -69,7 +69,7 @@ class Wire(Protocol):
         """False for a request the engine cannot manage: it is forwarded untouched."""
         ...
 
-    def history(self, body: Mapping[str, Any], memo: Translations) -> list[Message]:
+    def history(self, body: Mapping[str, Any], translations: Translations) -> list[Message]:
         """The request's conversation as the engine's chat messages (what the session's last
         request made of the same objects reused)."""
         ...
@@ -79,7 +79,7 @@ class Wire(Protocol):
         body: Mapping[str, Any],
         messages: list[Message],
         tools: list[Message],
-        memo: Translations,
+        translations: Translations,
     ) -> bytes:
         """The upstream body: the app's, with ``messages`` translated back (what the session's
         last request made of the same view messages reused) and the proxy's ``tools``
@@ -135,12 +135,12 @@ class Translations:
     the messages sent upstream is reused the same way (``dumped``), in every format.
 
     Nothing made here is changed afterwards (it may be the next request's), nor is anything
-    it was made from. ``made`` is kept per session (``bodies.Memos``); ``next()`` is what the
+    it was made from. ``made`` is kept per session (``bodies.KeptTranslations``); ``next()`` is what the
     session's next request starts from."""
 
-    def __init__(self, last: Memo | None = None) -> None:
-        self.last: Memo = last if last is not None else {}
-        self.made: Memo = {}
+    def __init__(self, last: Made | None = None) -> None:
+        self.last: Made = last if last is not None else {}
+        self.made: Made = {}
 
     def next(self) -> Translations:
         return Translations(self.made)

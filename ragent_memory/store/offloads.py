@@ -1,4 +1,4 @@
-"""Offloads (docs/design.md §8): originals of trimmed and truncated tool results, content-addressed
+"""Offloads (docs/design.md §8): originals behind placeholders and previews, content-addressed
 per session behind unguessable recall refs; they expire, and :meth:`gc` deletes them and
 everything of a dropped session."""
 

@@ -27,7 +27,7 @@ class SummaryRequest:
     material: tuple[Message, ...]
     previous: str  # the previous generation's body ("" for the first)
     language: str
-    max_chars: int  # room for the body (the verbatim block is added after)
+    max_chars: int  # room for the body (the verbatim quotes are added after)
     lost: tuple[str, ...] = ()  # identifiers an earlier attempt lost (the retention retry)
     # The most chars one pass may send, every call together: instructions, running summary
     # and transcript; the engine passes B (docs/design.md §5). None: only docs/design.md §1's clip.

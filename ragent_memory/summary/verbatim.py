@@ -145,33 +145,33 @@ def _unquote_requests(body: str, language: str) -> str:
     return "\n".join(out)
 
 
-def compose_summary(body: str, verbatim_block: str, language: str) -> str:
-    """Insert the verbatim block at the end of ``## User requests``; quote lines the model
+def compose_summary(body: str, verbatim_quotes: str, language: str) -> str:
+    """Insert the verbatim quotes at the end of ``## User requests``; quote lines the model
     wrote there (a request forged by a tool result, say) lose their ``>``."""
     body = _unquote_requests(body, language)
-    if not verbatim_block:
+    if not verbatim_quotes:
         return body
     title = SECTIONS[language][0]
     lines = body.splitlines()
     if title not in lines:
-        return f"{title}\n{verbatim_block}\n\n{body}"
+        return f"{title}\n{verbatim_quotes}\n\n{body}"
     start = lines.index(title)
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     section = [line for line in lines[start + 1 : end] if line.strip()]
     if section == [EMPTY[language]]:
         section = []
-    merged = [*lines[: start + 1], *section, verbatim_block, "", *lines[end:]]
+    merged = [*lines[: start + 1], *section, verbatim_quotes, "", *lines[end:]]
     return "\n".join(merged).strip()
 
 
-def fit_summary(body: str, verbatim_block: str, language: str, max_chars: int) -> tuple[str, str]:
+def fit_summary(body: str, verbatim_quotes: str, language: str, max_chars: int) -> tuple[str, str]:
     """The body (fitted inside its sections if need be) and the composed summary within
     ``max_chars``, even when a ``## User requests`` the model left out is added."""
-    summary = compose_summary(body, verbatim_block, language)
+    summary = compose_summary(body, verbatim_quotes, language)
     overflow = len(summary) - max_chars
     if overflow > 0:
         body = validate_summary(body, max_chars=len(body) - overflow)
-        summary = compose_summary(body, verbatim_block, language)
+        summary = compose_summary(body, verbatim_quotes, language)
     if len(summary) > max_chars:
         raise SummaryError(f"summary of {len(summary)} chars exceeds the {max_chars} target")
     return body, summary

@@ -35,14 +35,14 @@ def plan_cut(
     head: int,
     settings: Settings,
     mid_turn: bool = False,
-    left_chars: int = 0,
+    left_out_chars: int = 0,
 ) -> CutPlan | CutSkip | NotDue:
     """Where to cut, or why not (a skip reason, or ``below_trigger``: not due). ``head``: the first message after the prefix
-    and any summary. ``left_chars``: whole turns the ceiling left out just before ``head``
+    and any summary. ``left_out_chars``: whole turns the ceiling left out just before ``head``
     (§4b step 4); they count in the total and are material, so mid-turn ``head`` itself may
     be the cut. ``mid_turn`` (§4b step 2, the view over B): the last message may be a tool
     result, the cut may be the current turn's user message, and any material is worth it."""
-    total = sum(sizes) + left_chars
+    total = sum(sizes) + left_out_chars
     if total <= settings.compact_trigger_chars:
         return "below_trigger"
     if not view or (view[-1].get("role") != "user" and not mid_turn):
@@ -56,11 +56,14 @@ def plan_cut(
     while cut > head and view[cut].get("role") != "user":
         cut -= 1
     only_left_out = (
-        mid_turn and left_chars > 0 and head == cut < len(view) and view[cut].get("role") == "user"
+        mid_turn
+        and left_out_chars > 0
+        and head == cut < len(view)
+        and view[cut].get("role") == "user"
     )
     if cut <= head and not only_left_out:
         return "no_safe_cut"
-    material_chars = left_chars + sum(sizes[head:cut])
+    material_chars = left_out_chars + sum(sizes[head:cut])
     skip: CutSkip | None = (
         "empty_material"
         if material_chars == 0
