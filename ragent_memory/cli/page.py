@@ -3,7 +3,6 @@ the command line)."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import urllib.parse
 
@@ -18,18 +17,9 @@ from ragent_memory.cli.main import (
     cli,
     user_errors,
 )
-from ragent_memory.settings import env_value
+from ragent_memory.settings import env_value, is_loopback
 
 DEFAULT_PORT = 8090
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @cli.command()
