@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from benchmarks.locomo import STOP, context_text, drive, engine_settings, newest
+from benchmarks.locomo import STOP, context_text, drive, engine_settings, finish, newest
 from ragent_memory import MemoryEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -357,14 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             results["mean"][str(budget)] = overall.row()
     results["seconds"] = round(time.perf_counter() - started, 1)
     print("\nBEAM, answers kept (every content word of the gold answer in the context):")
-    print(table(results))
-    for budget, row in results["mean"].items():
-        sizes = ", ".join(f"{a} {row[a]['mean_chars'] or 0:,}" for a in arms)
-        print(f"mean context chars at B={int(budget):,}: {sizes}")
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nwritten: {RESULTS}")
+    finish(results, table(results), arms, None if args.no_write else RESULTS)
 
 
 if __name__ == "__main__":

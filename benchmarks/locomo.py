@@ -321,14 +321,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             results["mean"][str(budget)] = overall.row()
     results["seconds"] = round(time.perf_counter() - started, 1)
     print("\nLoCoMo, answers kept (every content word of the gold answer in the context):\n")
-    print(table(results))
+    finish(results, table(results), ARMS, None if args.no_write else RESULTS)
+
+
+def finish(results: dict[str, Any], shown: str, arms: Sequence[str], path: Path | None) -> None:
+    """Print a retention run's table and mean sizes; write its results to ``path`` (None:
+    don't)."""
+    print(shown)
     for budget, row in results["mean"].items():
-        sizes = ", ".join(f"{arm} {row[arm]['mean_chars']:,}" for arm in ARMS)
+        sizes = ", ".join(f"{arm} {row[arm]['mean_chars'] or 0:,}" for arm in arms)
         print(f"mean context chars at B={int(budget):,}: {sizes}")
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nwritten: {RESULTS}")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwritten: {path}")
 
 
 if __name__ == "__main__":
