@@ -30,12 +30,12 @@ import re
 import sqlite3
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from clients_drive import serialised_prompt
+from fake_openai import LoopbackServer
 from wire_script import (
     anthropic_events,
     call_item,
@@ -171,7 +171,7 @@ def plan(body: dict[str, Any], *, shell: str, read: str | None, share: float) ->
 # ---------------------------------------------------------------------- writing a reply
 
 
-class ClientUpstream:
+class ClientUpstream(LoopbackServer):
     """The scripted upstream. See the module docstring."""
 
     def __init__(self, store: Path, *, share: float = 0.03, workdir: Path | None = None) -> None:
@@ -184,31 +184,7 @@ class ClientUpstream:
         self._blocks: frozenset[tuple[bytes, str]] = frozenset()  # recall blocks kept now
         self._blocks_off = 0  # recall blocks taken off their messages so far
         self._ids = itertools.count(1)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def __enter__(self) -> ClientUpstream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        super().__init__(_handler_for(self))
 
     def bodies(self, route: str) -> list[dict[str, Any]]:
         """The JSON bodies received on ``route`` (query string ignored), in order."""

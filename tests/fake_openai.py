@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -120,17 +120,13 @@ class RecordedRequest:
     body: Any  # parsed JSON, or None when the body is not JSON
 
 
-class FakeOpenAI:
-    """A local chat-completions endpoint answering from a script. See the module docstring."""
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 (a free port) serving ``handler`` on its own thread until
+    ``close``; a context manager. ``_closing`` is set first, so slow answers can stop early."""
 
-    def __init__(self, default: Callable[[Any], str | Answer] | None = None) -> None:
-        self.default: Callable[[Any], str | Answer] = default or (lambda _body: DEFAULT_TEXT)
-        self.requests: list[RecordedRequest] = []
-        self._script: collections.deque[Answer] = collections.deque()
-        self._lock = threading.Lock()
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self._closing = threading.Event()
-        self._ids = itertools.count(1)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -139,6 +135,35 @@ class FakeOpenAI:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self._closing.set()
+        self._server.shutdown()
+        self._server.server_close()  # joins the handler threads
+        self._thread.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class FakeOpenAI(LoopbackServer):
+    """A local chat-completions endpoint answering from a script. See the module docstring."""
+
+    def __init__(self, default: Callable[[Any], str | Answer] | None = None) -> None:
+        self.default: Callable[[Any], str | Answer] = default or (lambda _body: DEFAULT_TEXT)
+        self.requests: list[RecordedRequest] = []
+        self._script: collections.deque[Answer] = collections.deque()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        super().__init__(_handler_for(self))
 
     # ---- script
     def enqueue(self, answer: Answer, times: int = 1) -> None:
@@ -174,24 +199,6 @@ class FakeOpenAI:
             self._script.clear()
             self.requests.clear()
         self.default = lambda _body: DEFAULT_TEXT
-
-    # ---- lifecycle
-    def close(self) -> None:
-        self._closing.set()
-        self._server.shutdown()
-        self._server.server_close()  # joins the handler threads
-        self._thread.join()
-
-    def __enter__(self) -> FakeOpenAI:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # ---- serving (handler threads)
     def _next_answer(self, body: Any) -> Answer:
