@@ -2,16 +2,19 @@
 proxy benchmark.
 
     with ProxyProcess(config_path, upstream_url) as proxy:
-        client = openai.OpenAI(base_url=proxy.base_url, api_key=..., default_headers=...)
+        client = proxy.keep(openai.OpenAI(base_url=proxy.base_url, api_key=..., ...))
 
 The server picks a free port (``--port 0``) and says which on its ready line; a reader thread
 drains stderr (so the pipe never fills) and keeps every line for the tests to inspect. Every
 wait is bounded; stopping sends SIGTERM (a graceful shutdown that flushes background work)
-and kills the process if it does not exit in time.
+and kills the process if it does not exit in time. SDK clients handed to ``keep`` are closed
+when the proxy stops: a client left to the garbage collector drops its sockets at a random
+later moment, where ``ResourceWarning`` fails whichever test happens to be running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -19,10 +22,11 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 STARTUP_S = 60.0
 SHUTDOWN_S = 30.0
+Closable = TypeVar("Closable", bound=contextlib.AbstractContextManager[Any])
 READY = re.compile(r"ragent-memory serve: (http://\S+/v1) ")
 
 
@@ -36,6 +40,7 @@ class ProxyProcess:
         self.lines: list[str] = []
         self.base_url = ""
         self._ready = threading.Event()
+        self._clients = contextlib.ExitStack()
         self._process = subprocess.Popen(
             args,
             cwd=cwd,
@@ -68,9 +73,14 @@ class ProxyProcess:
     def root_url(self) -> str:
         return self.base_url.removesuffix("/v1")
 
+    def keep(self, client: Closable) -> Closable:
+        """``client`` (an SDK client, used as a context manager), closed when the proxy stops."""
+        return self._clients.enter_context(client)
+
     def stop(self) -> int:
         """SIGTERM (uvicorn shuts down gracefully, then re-raises it), a bounded wait, then
-        SIGKILL; the exit code."""
+        SIGKILL; the exit code. The kept clients are closed first."""
+        self._clients.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:
@@ -85,6 +95,7 @@ class ProxyProcess:
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no shutdown, no flush, leases and connections left as they are."""
+        self._clients.close()
         self._process.kill()
         self._process.wait(SHUTDOWN_S)
         self._reader.join(SHUTDOWN_S)

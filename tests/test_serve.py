@@ -51,8 +51,10 @@ def client_for(proxy: ProxyProcess, session: str | None, user: str | None = None
     headers = {"X-Session-Id": session} if session else {}
     if user:
         headers["X-User-Id"] = user
-    return openai.OpenAI(
-        base_url=proxy.base_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+    return proxy.keep(
+        openai.OpenAI(
+            base_url=proxy.base_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+        )
     )
 
 

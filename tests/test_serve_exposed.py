@@ -120,12 +120,14 @@ def get(proxy: ProxyProcess, target: bytes) -> tuple[int, bytes]:
 
 def held_stream(proxy: ProxyProcess, session: str, first: threading.Event, out: list[Any]) -> None:
     """One honest streaming request: ``first`` is set once its first event arrived."""
-    client = openai.OpenAI(
-        base_url=proxy.base_url,
-        api_key="sk-honest",
-        default_headers={"X-Session-Id": session},
-        max_retries=0,
-        timeout=WAIT_S,
+    client = proxy.keep(
+        openai.OpenAI(
+            base_url=proxy.base_url,
+            api_key="sk-honest",
+            default_headers={"X-Session-Id": session},
+            max_retries=0,
+            timeout=WAIT_S,
+        )
     )
     try:
         with client.chat.completions.with_streaming_response.create(
@@ -175,8 +177,13 @@ def test_slow_senders_hold_no_slot_and_one_address_holds_few_connections(
         try:
             assert SLOTS == admitted, f"slots left to honest callers: {admitted} of {SLOTS}: {outs}"
             with pytest.raises(openai.InternalServerError) as busy:  # the bound itself holds
-                openai.OpenAI(
-                    base_url=attacked.base_url, api_key="sk-honest", max_retries=0, timeout=WAIT_S
+                attacked.keep(
+                    openai.OpenAI(
+                        base_url=attacked.base_url,
+                        api_key="sk-honest",
+                        max_retries=0,
+                        timeout=WAIT_S,
+                    )
                 ).chat.completions.create(model="m", messages=HISTORY, user="one-more")
             assert "serve.max_concurrency" in busy.value.message
         finally:

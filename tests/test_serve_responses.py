@@ -56,8 +56,10 @@ def proxy(
 
 def client_for(proxy: ProxyProcess, session: str | None = "s") -> openai.OpenAI:
     headers = {"X-Session-Id": session} if session else {}
-    return openai.OpenAI(
-        base_url=proxy.base_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+    return proxy.keep(
+        openai.OpenAI(
+            base_url=proxy.base_url, api_key=KEY, default_headers=headers, max_retries=0, timeout=60
+        )
     )
 
 
