@@ -18,7 +18,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check ragent_memory tests benchmarks
 	$(BIN)/mypy ragent_memory
 
-# The real Claude Code and Codex CLIs that tests/test_clients.py drives through the proxy, pinned
+# The real Claude Code and Codex CLIs that tests/serve/test_clients.py drives through the proxy, pinned
 # in clients/package-lock.json and installed once into clients/node_modules (npm registry only).
 CLIENTS := clients/node_modules/.installed
 

@@ -8,9 +8,12 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ragent_memory import LLMError
+from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
@@ -138,3 +141,75 @@ class LateSummarizer(OfflineSummarizer):
     def summarize(self, request: SummaryRequest) -> SummaryOutcome:
         self.landed.wait(30)
         return super().summarize(request)
+
+
+CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
+
+
+class CountingSummarizer:
+    """The offline summarizer, counting calls (and optionally blocking or failing)."""
+
+    name = "counting"
+
+    def __init__(self, *, fail: bool = False, gate: threading.Event | None = None) -> None:
+        self.calls = 0
+        self.fail = fail
+        self.gate = gate
+        self.offline = OfflineSummarizer()
+
+    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
+        self.calls += 1
+        if self.gate is not None:
+            assert self.gate.wait(timeout=30)
+        if self.fail:
+            raise LLMError("endpoint down", attempts=3)
+        return self.offline.summarize(request)
+
+    def close(self) -> None:
+        return None
+
+
+def build_history(turns: int, *, seed: int = 1) -> list[dict[str, Any]]:
+    """A finished history of ``turns`` RAG turns (no engine involved)."""
+    rng = random.Random(seed)
+    history: list[dict[str, Any]] = [{"role": "user", "content": CONSTRAINT}]
+    for turn in range(turns):
+        history.extend(rag_turn(turn, rng))
+    return history
+
+
+def run_session(
+    engine: MemoryEngine,
+    turns: int,
+    *,
+    seed: int = 1,
+    history: list[dict[str, Any]] | None = None,
+    check: Callable[[int, Any], None] | None = None,
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    history = (
+        history
+        if history is not None
+        else [
+            {"role": "system", "content": "You are a planning assistant."},
+            {"role": "user", "content": CONSTRAINT},
+            {"role": "assistant", "content": "Understood."},
+        ]
+    )
+    for turn in range(turns):
+        messages = rag_turn(turn, rng)
+        history.append(messages[0])
+        prepared = engine.prepare(history, session_id="s1", user_id="u1")
+        if check is not None:
+            check(turn, prepared)
+        history.extend(messages[1:])
+    return history
+
+
+def rows(db_path: str) -> list[dict[str, Any]]:
+    """The compactions table, read straight from the SQLite file."""
+    with sqlite3.connect(db_path) as db:
+        db.row_factory = sqlite3.Row
+        found = [dict(r) for r in db.execute("SELECT * FROM compactions ORDER BY id")]
+    db.close()
+    return found

@@ -107,3 +107,61 @@ def test_no_private_file_formats_or_private_protocols(word: str) -> None:
     assert [] == [
         str(p.relative_to(PACKAGE)) for p in MODULES if word in p.read_text(encoding="utf-8")
     ]
+
+
+TESTS = Path(__file__).resolve().parent
+ROOMS = sorted(  # the layers of the import contract: subpackages and the top-level modules
+    p.stem for p in PACKAGE.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"
+)
+
+
+def _private_names() -> dict[str, set[str]]:
+    """Each private name the package defines (``self._x = …``, ``def _x``, ``_X = …``) and the
+    rooms that define it."""
+    rooms: dict[str, set[str]] = {}
+    for path, tree in _trees():
+        room = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.append(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.append(node.id)
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    rooms.setdefault(name, set()).add(room)
+    return rooms
+
+
+def _private_reach(path: Path, room: str | None, owners: dict[str, set[str]]) -> list[str]:
+    """Where a test file imports a private name of another room, or reads a private attribute
+    that only other rooms define."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragent_memory."):
+            owner = (node.module or "").split(".")[1]
+            found += [
+                f"{path.name}:{node.lineno} imports {node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and owner != room
+            ]
+        elif isinstance(node, ast.Attribute) and room not in owners.get(node.attr, {room}):
+            own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if not own:  # a test helper's own state is its own
+                found.append(f"{path.name}:{node.lineno} reads .{node.attr} of {owners[node.attr]}")
+    return found
+
+
+def test_tests_mirror_the_rooms_and_keep_out_of_other_rooms_privates() -> None:
+    """Each room's tests live in tests/<room>/ (project-wide checks at the top), and no test
+    imports another room's private names or reads a private attribute of another room's."""
+    rooms = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert rooms <= set(ROOMS), f"test folders that are not rooms: {rooms - set(ROOMS)}"
+    owners = _private_names()
+    reaches = []
+    for path in sorted(TESTS.glob("**/test_*.py")):
+        room = path.parent.name if path.parent != TESTS else None
+        reaches += _private_reach(path, room, owners)
+    assert [] == reaches

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -102,9 +102,12 @@ class Offloads:
     interval (which keeps it well inside its TTL) is not written again, so most turns write
     nothing. Bounded (least recently written out first), thread-safe."""
 
-    def __init__(self, store: OffloadRefs, ttl_days: float) -> None:
+    def __init__(
+        self, store: OffloadRefs, ttl_days: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.ttl_days = ttl_days
+        self.clock = clock  # seconds, only ever compared with itself
         self.fresh_s = min(OFFLOAD_REFRESH_S, ttl_days * 86_400 / 2)
         self._lock = threading.Lock()
         # (session, digest) → (the text's ref, when it was written here; -inf: not yet)
@@ -124,7 +127,7 @@ class Offloads:
     def write(self, session_id: str, messages: Sequence[IndexedMessage]) -> None:
         """Store the full texts of ``messages`` for ``session_id``, those not written
         recently, in one transaction; raises ``StoreError``."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             stale = {m.content: m for m in messages if not self._fresh(session_id, m, now)}
         if not stale:

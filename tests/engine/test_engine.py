@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
-from test_compact import build_history
+from sessions import build_history
 
 from ragent_memory import EngineClosedError, InvalidMessagesError, Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine, PreparedContext, TurnReport
@@ -343,7 +343,7 @@ def test_first_message_turning_from_system_to_user_invalidates(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """A changed system prefix drops the summary in the same engine as after a restart."""
-    from test_compact import build_history
+    from sessions import build_history
 
     engine = make_engine(make_settings(context_window_chars=20_000))
     history = [

@@ -24,7 +24,9 @@ from ragent_memory.errors import ConfigError
 from ragent_memory.longterm.vocabulary import EXCERPTS_LABEL, HEADERS
 from ragent_memory.settings import LLMSettings, load_settings
 
-CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "harness" / "clients.json").read_text())
+CLIENTS = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "harness" / "clients.json").read_text()
+)
 CLAUDE_MD = "MARKER-INSTRUCTIONS-7Q2X"  # in the project's CLAUDE.md / AGENTS.md
 FIRST_PROMPT = "TURN-1 MARKER-FIRSTPROMPT-9ZK4: start the parser refactor; notes.txt has the plan."
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
-from test_model_path import rows
+from sessions import rows
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.core.identifiers import identifiers

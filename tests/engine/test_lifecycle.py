@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 import pytest
-from test_compact import CountingSummarizer, build_history
+from sessions import CountingSummarizer, build_history
 
 from ragent_memory import EngineClosedError, Settings
 from ragent_memory.engine.memory_engine import MemoryEngine

@@ -43,7 +43,7 @@ from ragent_memory.serve.splice import Splices
 
 B = 40_000  # room for a turn of every block type (each non-text block counts 2,000)
 KEY = "sk-wire-caller-secret-77e1a0"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OWN_TOOLS = ["recall_tool_result", "search_memory"]
 HUGE = "".join(f"row {i}: the stored figure is {i * 11}.\n" for i in range(2_500))  # ~80,000
 

@@ -12,87 +12,29 @@ import pytest
 import structlog
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
-from sessions import rag_turn, without_recall
+from sessions import (
+    CountingSummarizer,
+    build_history,
+    run_session,
+    without_recall,
+)
 from strategies import conversations, texts
 
-from ragent_memory import LLMError, Settings
+from ragent_memory import Settings
 from ragent_memory.core.chars import chars
 from ragent_memory.core.toolloops import map_loops
 from ragent_memory.engine.memory_engine import MemoryEngine, leading_system_count
 from ragent_memory.gates.cut import CutPlan as Plan
 from ragent_memory.gates.cut import plan_cut as plan
 from ragent_memory.settings import MIN_CONTEXT_WINDOW_CHARS
-from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.validate import section_count
-
-CONSTRAINT = "Plan the offsite for my team. Never exceed 4,321 euros in total."
-
-
-class CountingSummarizer:
-    """The offline summarizer, counting calls (and optionally blocking or failing)."""
-
-    name = "counting"
-
-    def __init__(self, *, fail: bool = False, gate: threading.Event | None = None) -> None:
-        self.calls = 0
-        self.fail = fail
-        self.gate = gate
-        self.offline = OfflineSummarizer()
-
-    def summarize(self, request: SummaryRequest) -> SummaryOutcome:
-        self.calls += 1
-        if self.gate is not None:
-            assert self.gate.wait(timeout=30)
-        if self.fail:
-            raise LLMError("endpoint down", attempts=3)
-        return self.offline.summarize(request)
-
-    def close(self) -> None:
-        return None
 
 
 def assert_valid_context(messages: list[dict[str, Any]]) -> None:
     loops = map_loops(messages)
     assert not loops.orphan_indexes, "orphan tool result in the prepared context"
     assert all(loop.is_complete for loop in loops.loops), "unanswered call in the context"
-
-
-def build_history(turns: int, *, seed: int = 1) -> list[dict[str, Any]]:
-    """A finished history of ``turns`` RAG turns (no engine involved)."""
-    rng = random.Random(seed)
-    history: list[dict[str, Any]] = [{"role": "user", "content": CONSTRAINT}]
-    for turn in range(turns):
-        history.extend(rag_turn(turn, rng))
-    return history
-
-
-def run_session(
-    engine: MemoryEngine,
-    turns: int,
-    *,
-    seed: int = 1,
-    history: list[dict[str, Any]] | None = None,
-    check: Callable[[int, Any], None] | None = None,
-) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    history = (
-        history
-        if history is not None
-        else [
-            {"role": "system", "content": "You are a planning assistant."},
-            {"role": "user", "content": CONSTRAINT},
-            {"role": "assistant", "content": "Understood."},
-        ]
-    )
-    for turn in range(turns):
-        messages = rag_turn(turn, rng)
-        history.append(messages[0])
-        prepared = engine.prepare(history, session_id="s1", user_id="u1")
-        if check is not None:
-            check(turn, prepared)
-        history.extend(messages[1:])
-    return history
 
 
 def test_long_rag_session(make_settings: Callable[..., Settings], db_path: str) -> None:

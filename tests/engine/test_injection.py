@@ -25,7 +25,7 @@ from ragent_memory.summary.fence import NEUTRALISED, neutralise
 from ragent_memory.summary.prompt import SECTIONS
 from ragent_memory.summary.transcript import Transcript
 
-CORPUS = Path(__file__).parent / "injection"
+CORPUS = Path(__file__).resolve().parents[1] / "injection"
 CASES = json.loads((CORPUS / "cases.json").read_text(encoding="utf-8"))
 REPLIES = json.loads((CORPUS / "replies.json").read_text(encoding="utf-8"))
 NONCE = "9f3c1a7e5b2d4c6f"

@@ -30,7 +30,7 @@ from sessions import run_cli
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.recall.refs import FOOTER_MARK, find_refs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0  # every client exchange, and the HTTP server's start, is bounded by this
 B = 20_000
 TOOLS = {"search_memory", "recall_tool_result", "list_facts", "forget_fact"}

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_compact import run_session
+from sessions import run_session
 
 from ragent_memory import Settings
 from ragent_memory.engine.memory_engine import MemoryEngine

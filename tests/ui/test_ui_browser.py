@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from ui_process import SCOPE_A, SCOPE_B, UiProcess, copy_store, demo_store
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "ui"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = (

@@ -46,7 +46,7 @@ from ragent_memory.errors import InvalidMessagesError
 
 pytestmark = pytest.mark.slow
 
-WORKLOAD = Path(__file__).resolve().parent / "workload.py"
+WORKLOAD = Path(__file__).resolve().parents[1] / "workload.py"
 HISTORIES = int(os.environ.get("RELIABILITY_HISTORIES", "2000"))
 BUDGETS = (8_000, 10_000, 16_000, 30_000, 80_000)
 TOOLS = ("search_knowledge", "run_sql", "export")

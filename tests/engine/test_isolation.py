@@ -15,7 +15,7 @@ import orjson
 import pytest
 from fake_openai import FakeOpenAI
 from openai import OpenAI
-from test_compact import CountingSummarizer, build_history
+from sessions import CountingSummarizer, build_history
 
 from ragent_memory import Settings
 from ragent_memory.core.chars import chars

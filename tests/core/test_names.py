@@ -16,7 +16,7 @@ import pytest
 from ragent_memory.core import names
 from ragent_memory.store import pg_schema, schema
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 
 
 def _values(alias: Any) -> set[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 import structlog
 from fake_openai import CHAT_PATH, Answer, FakeOpenAI, fake_openai  # noqa: F401
-from sessions import run_cli, without_recall
+from sessions import rows, run_cli, without_recall
 
 from ragent_memory import EndpointSettings, LLMError, LLMSettings, Settings, StoreSettings
 from ragent_memory.core.toolloops import map_loops
@@ -74,15 +73,6 @@ def llm(base_url: str, **overrides: Any) -> LLMSettings:
     overrides.setdefault("timeout_s", 5.0)
     overrides.setdefault("max_retries", 0)
     return LLMSettings(base_url=base_url, model=MODEL, **overrides)
-
-
-def rows(db_path: str) -> list[dict[str, Any]]:
-    """The compactions table, read straight from the SQLite file."""
-    with sqlite3.connect(db_path) as db:
-        db.row_factory = sqlite3.Row
-        found = [dict(r) for r in db.execute("SELECT * FROM compactions ORDER BY id")]
-    db.close()
-    return found
 
 
 def fences(content: str) -> tuple[str, dict[str, int]]:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import re
+import sqlite3
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ragent_memory.core.memo import Memo
+from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall import excerpts, topk
 from ragent_memory.recall.excerpts import (
     HEADERS,
@@ -25,7 +30,12 @@ from ragent_memory.recall.excerpts import (
 )
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
-from ragent_memory.recall.recaller import SEARCH_TOOL_NAME, search_tool_schema
+from ragent_memory.recall.recaller import (
+    OFFLOAD_REFRESH_S,
+    SEARCH_TOOL_NAME,
+    Offloads,
+    search_tool_schema,
+)
 from ragent_memory.settings import StoreSettings
 from ragent_memory.store import Backend, Store, open_store
 from ragent_memory.text.terms import date_stamp
@@ -40,10 +50,14 @@ def store(store_settings: StoreSettings) -> Iterator[Backend]:
         yield opened
 
 
-def rows(store: Backend, sql: str) -> list[tuple[Any, ...]]:
-    """What ``sql`` reads, on either backend."""
-    with store._locked("read") as db:  # type: ignore[attr-defined]
-        return [tuple(r) for r in db.execute(sql).fetchall()]
+def rows(settings: StoreSettings, sql: str) -> list[tuple[Any, ...]]:
+    """What ``sql`` reads, on a connection of its own to either backend."""
+    if settings.url is None:
+        with contextlib.closing(sqlite3.connect(settings.path)) as db:
+            return [tuple(r) for r in db.execute(sql).fetchall()]
+    password = os.environ[settings.password_env or ""]
+    with psycopg.connect(settings.url, password=password) as pg:
+        return [tuple(r) for r in pg.execute(sql).fetchall()]
 
 
 def chat(*texts: str) -> list[dict[str, Any]]:
@@ -263,7 +277,7 @@ def test_another_users_sessions_never_appear(
             assert f"marker {sid} " not in block
 
 
-def test_forget_and_drop_erase_index_rows(store: Store) -> None:
+def test_forget_and_drop_erase_index_rows(store: Store, store_settings: StoreSettings) -> None:
     """forget(user) and drop_session remove what they owned from the index."""
     index(store, chat("Kept zebra fact."), "s1", "u1")
     index(store, chat("Dropped zebra fact."), "s2", "u1")
@@ -273,16 +287,18 @@ def test_forget_and_drop_erase_index_rows(store: Store) -> None:
     assert "Kept zebra" in find(store, "zebra", session_id="s9", user_id="u1")
     assert "Dropped" not in find(store, "zebra", session_id="s2", user_id="u1")
     assert "" == find(store, "zebra", session_id="s3", user_id="u2")
-    assert [(1,)] == rows(store, "SELECT COUNT(*) FROM recall_fts")
+    assert [(1,)] == rows(store_settings, "SELECT COUNT(*) FROM recall_fts")
 
 
-def test_indexer_resumes_after_restart_without_duplicates(store: Store) -> None:
+def test_indexer_resumes_after_restart_without_duplicates(
+    store: Store, store_settings: StoreSettings
+) -> None:
     """A new indexer on the same store continues after what was indexed, adding no twin rows,
     and an edited message is indexed again."""
     messages = chat("alpha one", "beta two", "gamma three")
     index(store, messages, "s1", "u1")
     index(store, [*messages, *chat("delta four")], "s1", "u1")
-    indexed = rows(store, "SELECT position, content FROM recall_messages ORDER BY id")
+    indexed = rows(store_settings, "SELECT position, content FROM recall_messages ORDER BY id")
     assert [(0, "alpha one"), (1, "beta two"), (2, "gamma three"), (3, "delta four")] == indexed
     edited = [*messages[:2], {"role": "user", "content": "gamma edited"}]
     index(store, edited, "s1", "u1")
@@ -319,7 +335,7 @@ def test_a_turn_that_never_waits_searches_without_a_warning(store: Store) -> Non
         indexer.close()
 
 
-def test_indexer_schedules_only_what_is_new(store: Store) -> None:
+def test_indexer_schedules_only_what_is_new(store: Store, store_settings: StoreSettings) -> None:
     """The caller's thread reads only the messages after its cursor."""
     reads: list[str] = []
     Counting = counting_dict(reads)
@@ -334,7 +350,7 @@ def test_indexer_schedules_only_what_is_new(store: Store) -> None:
     indexer.flush(10)
     indexer.close()
     assert {"new"} == set(reads)
-    assert [(51,)] == rows(store, "SELECT COUNT(*) FROM recall_messages")
+    assert [(51,)] == rows(store_settings, "SELECT COUNT(*) FROM recall_messages")
 
 
 def test_indexer_continues_over_a_history_rebuilt_as_equal_dicts(store: Store) -> None:
@@ -441,3 +457,32 @@ def test_a_hit_the_known_text_holds_follows_the_known_text(store: Store) -> None
         )
         assert "Fact 9:" in block
         assert ("Fact 6:" in block) is shown, known_text
+
+
+def test_a_stored_excerpt_text_is_written_again_only_once_it_needs_refreshing(
+    store: Store,
+) -> None:
+    """``Offloads`` writes a clipped excerpt's full text once, not again within the refresh
+    interval (whatever the turn), and again once that has passed: its TTL is renewed while it
+    is still shown, and most turns write nothing."""
+    now = [1_000.0]
+    written: list[list[str]] = []
+    real = store.offload_all
+
+    def counting(session_id: str, contents: Any, *, ttl_days: float) -> None:
+        written.append(list(contents))
+        real(session_id, contents, ttl_days=ttl_days)
+
+    store.offload_all = counting  # type: ignore[method-assign]
+    offloads = Offloads(store, ttl_days=30, clock=lambda: now[0])
+    text = "the archived figure is 4,242 " * 40
+    message = IndexedMessage("s1", 3, "tool", text, digest="d-4242")
+    offloads.write("s1", [message])
+    now[0] += OFFLOAD_REFRESH_S / 2
+    offloads.write("s1", [message])
+    assert [[text]] == written
+    ref = offloads.ref("s1", message)
+    now[0] += OFFLOAD_REFRESH_S
+    offloads.write("s1", [message])
+    assert [[text], [text]] == written
+    assert text == store.read_offload("s1", ref)
