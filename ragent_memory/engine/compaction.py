@@ -26,7 +26,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.core.names import ErrorName, InvalidationReason, RunSkip, WrittenBy
 from ragent_memory.core.provenance import INSTRUCTION_ROLES, Markers, latest_standing
 from ragent_memory.core.records import AuditRow
-from ragent_memory.errors import RagentMemoryError, StoreError, SummaryError
+from ragent_memory.errors import RagentMemoryError, StoreError
 from ragent_memory.gates.cut import CutPlan
 from ragent_memory.longterm.vocabulary import summary_chunks
 from ragent_memory.settings import Settings
@@ -226,32 +226,28 @@ def checked_summary(
     summarizer: Summarizer, request: SummaryRequest, block: str
 ) -> tuple[SummaryOutcome, list[str]]:
     """The summarizer's outcome through the retention check (docs/design.md §6), and the identifiers
-    it had to keep: a repeat of the previous summary is retried once and then rejected; with
-    ``llm.retention_retry`` one more model call names what was lost; what is still lost is
-    appended extractively under the findings section, within ``request.max_chars``. By
-    default a compaction costs the model one call."""
+    it had to keep: a repeat of the previous summary while the material is new is asked once
+    more, naming what is new, and a second repeat is kept (the previous summary plus nothing);
+    with ``llm.retention_retry`` one more model call names what was lost; what is still lost
+    (a repeat's new facts included) is appended extractively under the findings section,
+    within ``request.max_chars``. By default a compaction costs the model one call."""
     material, previous = request.material, request.previous
     wanted = retention.wanted(material, previous)
     outcome = summarizer.summarize(request)
     attempts = outcome.attempts
-    try:
-        retention.reject_repeat(outcome.body, previous, material)
-    except SummaryError as err:
-        log.warning("summary.repeat_retried", error=str(err))
-        outcome = summarizer.summarize(request)
-        attempts += outcome.attempts
-        retention.reject_repeat(outcome.body, previous, material)
+    new = retention.repeated(outcome.body, previous, material)
+    if new:
+        log.warning("summary.repeat_retried", new_identifiers=len(new), example=new[0])
+        retry = summarizer.summarize(attrs.evolve(request, new=tuple(new)))
+        attempts += retry.attempts
+        outcome = retry
     lost = retention.lost(wanted, compose_summary(outcome.body, block, request.language))
     if lost and isinstance(summarizer, ModelSummarizer) and summarizer.retention_retry:
         retry = summarizer.summarize(attrs.evolve(request, lost=tuple(lost)))
         attempts += retry.attempts
         still = retention.lost(wanted, compose_summary(retry.body, block, request.language))
-        if len(still) <= len(lost):
-            try:
-                retention.reject_repeat(retry.body, previous, material)
-                outcome, lost = retry, still
-            except SummaryError:
-                pass
+        if len(still) <= len(lost) and not retention.repeated(retry.body, previous, material):
+            outcome, lost = retry, still
     if lost:
         sources, tags = retention.tagged_sources(material, previous)
         body = retention.restore(

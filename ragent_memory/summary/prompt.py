@@ -41,6 +41,16 @@ LOST_NOTE = MappingProxyType(
     }
 )
 
+NEW_NOTE = MappingProxyType(
+    {
+        "en": "\n\nYour previous answer repeated the previous summary unchanged, but the "
+        "transcript holds new facts. Merge them in; these identifiers are new, keep each of "
+        "them with what it refers to:\n",
+        "zh": "\n\n你上一次的回答原样重复了旧摘要，但对话记录中有新的内容。请把它们合并进来；"
+        "以下标识符是新的，请逐一保留，并写明它指什么：\n",
+    }
+)
+
 _SYSTEM = MappingProxyType(
     {
         "en": """You maintain the running summary of a long conversation between a user and an AI \
@@ -151,11 +161,12 @@ def build_prompt(
 MAX_LOST_NOTE_CHARS = 6_000
 
 
-def lost_note(lost: Sequence[str], nonce: str, language: str) -> str:
-    """The retry's line naming what the previous answer lost, newest first, bounded."""
+def lost_note(lost: Sequence[str], nonce: str, language: str, *, new: bool = False) -> str:
+    """The retry's note naming what the previous answer lost (or, ``new``, the new
+    identifiers a reply that repeated the previous summary left out), newest first, bounded."""
     if not lost:
         return ""
     lines = [f"- {neutralise(identifier, nonce)}" for identifier in lost]
     sizes = accumulate(len(line) + 1 for line in lines)
     kept = [line for line, size in zip(lines, sizes, strict=True) if size <= MAX_LOST_NOTE_CHARS]
-    return LOST_NOTE[language] + "\n".join(kept)
+    return (NEW_NOTE if new else LOST_NOTE)[language] + "\n".join(kept)

@@ -67,17 +67,14 @@ def wanted(material: Sequence[Message], previous: str) -> list[str]:
     return list(seen.values())
 
 
-def reject_repeat(body: str, previous: str, material: Sequence[Message]) -> None:
-    """A summary equal to the previous one while the new material holds identifiers the
-    previous one lacks is a model that ignored the material: rejected like an error."""
+def repeated(body: str, previous: str, material: Sequence[Message]) -> list[str]:
+    """The new material's identifiers the previous summary lacks, newest first, when ``body``
+    repeats the previous summary unchanged (a model that ignored the material); else []. Such a
+    reply is the previous summary plus nothing: the caller may ask once more naming these, and
+    otherwise keeps it and restores the new material's facts like any lost identifier."""
     if not previous.strip() or body.strip() != previous.strip():
-        return
-    new = [i for i in wanted(material, "") if not kept_in(i, previous)]
-    if new:
-        raise SummaryError(
-            f"the summary repeats the previous one although the material holds {len(new)} "
-            f"new identifiers (e.g. {new[0]!r})"
-        )
+        return []
+    return [i for i in wanted(material, "") if not kept_in(i, previous)]
 
 
 # List and quote markers a sentence of the previous summary starts with: an addition gets its
@@ -221,7 +218,7 @@ __all__ = [
     "FINDINGS",
     "lost",
     "material_texts",
-    "reject_repeat",
+    "repeated",
     "restore",
     "tagged_sources",
     "wanted",

@@ -29,6 +29,9 @@ class SummaryRequest:
     language: str
     max_chars: int  # room for the body (the verbatim quotes are added after)
     lost: tuple[str, ...] = ()  # identifiers an earlier attempt lost (the retention retry)
+    # The new material's identifiers a reply that repeated the previous summary left out (the
+    # repeat's one retry names them)
+    new: tuple[str, ...] = ()
     # The most chars one pass may send, every call together: instructions, running summary
     # and transcript; the engine passes B (docs/design.md §5). None: only docs/design.md §1's clip.
     input_chars: int | None = None
@@ -104,6 +107,7 @@ class ModelSummarizer:
             transcript, previous, nonce=nonce, language=language, max_chars=request.max_chars
         )
         messages[-1]["content"] += lost_note(request.lost, nonce, language)
+        messages[-1]["content"] += lost_note(request.new, nonce, language, new=True)
         return messages, nonce
 
     def chunks(self, request: SummaryRequest) -> list[str]:

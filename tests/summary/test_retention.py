@@ -14,10 +14,9 @@ from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.core.identifiers import Sentences, identifiers, lost, sentences
 from ragent_memory.engine.memory_engine import MemoryEngine
-from ragent_memory.errors import SummaryError
 from ragent_memory.summary.build import build_summarizer
 from ragent_memory.summary.prompt import SECTIONS
-from ragent_memory.summary.retention import reject_repeat, restore, tagged_sources, wanted
+from ragent_memory.summary.retention import repeated, restore, tagged_sources, wanted
 
 # ---------------------------------------------------------------------------- identifiers
 
@@ -128,14 +127,16 @@ def test_restore_in_chinese_adds_a_missing_findings_section() -> None:
     assert out.index("## 工具与发现") < out.index("## 已完成")
 
 
-def test_a_repeat_of_the_previous_summary_is_rejected_when_the_material_is_new() -> None:
-    previous = "## User requests\nnone\n## Done\nnone\n## To-do\nnone"
-    material = [{"role": "tool", "tool_call_id": "c", "content": "Invoice INV-7 is $90."}]
-    with pytest.raises(SummaryError, match="repeats the previous"):
-        reject_repeat(previous, previous, material)
-    reject_repeat(previous + "\n- INV-7", previous, material)  # changed: fine
-    reject_repeat(previous, previous, [{"role": "user", "content": "ok thanks"}])  # nothing new
-    reject_repeat(previous, "", material)  # the first generation has nothing to repeat
+def test_a_repeat_of_the_previous_summary_names_the_new_identifiers() -> None:
+    """A reply equal to the previous summary while the material is new yields the new
+    identifiers (for the one retry and the restore); a changed reply, material with nothing
+    new, or a first generation yields none."""
+    previous = "## User requests\nnone\n## Done\nnone\n## To-do\n- INV-3 open"
+    material = [{"role": "tool", "tool_call_id": "c", "content": "Invoice INV-7 is $90; INV-3 too."}]
+    assert ["INV-7", "$90"] == repeated(previous, previous, material)
+    assert [] == repeated(previous + "\n- INV-7", previous, material)  # changed: fine
+    assert [] == repeated(previous, previous, [{"role": "user", "content": "ok thanks"}])
+    assert [] == repeated(previous, "", material)  # the first generation has nothing to repeat
 
 
 def test_wanted_covers_material_tool_arguments_and_previous_summary() -> None:
