@@ -49,12 +49,13 @@ bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks
 
 # Not part of bench: a long session against a real OpenAI-compatible model, by hand, e.g.
-# make real-model URL=http://127.0.0.1:8079/v1 B=12000 (MODEL=local TURNS=100 by default);
+# make real-model URL=http://127.0.0.1:8079/v1 B=12000 (MODEL=local TURNS=100 WORKLOAD=rag by
+# default; WORKLOAD=orders: a model that repeats itself must still move every summary on);
 # adds its figures to benchmarks/results/real_model.json (see docs/real-model.md).
 real-model: $(STAMP)
 	test -n "$(URL)" || (echo "usage: make real-model URL=http://host:port/v1 [B=12000]" && false)
 	$(BIN)/python -m benchmarks.real_model --url $(URL) --model $(or $(MODEL),local) \
-		--budget $(or $(B),12000) --turns $(or $(TURNS),100)
+		--budget $(or $(B),12000) --turns $(or $(TURNS),100) --workload $(or $(WORKLOAD),rag)
 
 $(VENV)/.docs: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'

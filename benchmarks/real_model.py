@@ -13,6 +13,13 @@ subject, not the identifier). Then one line of totals: the share the model wrote
 for length, identifiers kept after 5 generations, the turn-1 constraint verbatim or not.
 Results are added to ``benchmarks/results/real_model.json`` under the budget. Bounded: every
 request times out (``--timeout-s``), every turn waits at most ``--compaction-timeout-s``.
+
+``--workload orders``: the refunds agent looks up a batch of orders every turn, each result
+planting four new order ids, the workload on which a small model repeated its previous summary
+(results under ``<budget>-orders``). Printed per compaction besides: how many of the order ids
+new in its material (not in the previous summary) the summary holds, and whether the model's
+reply repeated the previous summary; the totals count the generations that moved on and the
+compactions that failed for a repeat (there should be none).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -60,6 +68,10 @@ FILLER = (
     "code; shipping fees are refunded only for damaged goods. "
 )
 GENERATIONS = 5  # identifiers are counted once this generation applied
+WORKLOADS = ("rag", "orders")
+ORDERS_PER_TURN = 4
+ORDER_ID = re.compile(r"\bORD-\d+\b")
+CUSTOMERS = tuple(fact[3] for fact in FACTS)
 
 
 def planted(turn: int) -> tuple[str, list[str]] | None:
@@ -97,6 +109,31 @@ def turn_messages(turn: int) -> tuple[dict[str, Any], list[dict[str, Any]], dict
     return {"role": "user", "content": question}, loop, answer
 
 
+def order_turn(turn: int) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The orders workload's turn ``turn``: a lookup of a batch whose result plants four new
+    order ids (with an amount and a customer each) between policy text."""
+    if turn == 0:
+        return turn_messages(0)
+    call_id = f"call_{turn}"
+    found = [
+        f"Order ORD-{80_000 + turn * 10 + k} for {CUSTOMERS[(turn + k) % len(CUSTOMERS)]}: "
+        f"returned damaged, refund due €{100 + turn * 7 + k}."
+        for k in range(ORDERS_PER_TURN)
+    ]
+    call = {"name": "lookup_orders", "arguments": json.dumps({"batch": turn})}
+    loop = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": f"{FILLER * 2}{' '.join(found)}"},
+    ]
+    answer = {"role": "assistant", "content": f"Batch {turn} checked; the refunds are listed."}
+    user = {"role": "user", "content": f"Check refund batch {turn}, please."}
+    return user, loop, answer
+
+
 class Attempts(logging.Handler):
     """The library's ``summarizer.attempt`` and ``summary.fitted`` events, as they happen."""
 
@@ -109,6 +146,7 @@ class Attempts(logging.Handler):
         if isinstance(fields, dict) and fields.get("event") in (
             "summarizer.attempt",
             "summary.fitted",
+            "summary.repeat_retried",
         ):
             self.events.append(dict(fields))
 
@@ -124,6 +162,16 @@ class Run:
     engine: MemoryEngine
     messages: list[dict[str, Any]] = attrs.Factory(list)
     covered: list[int] = attrs.Factory(list)  # planted turns whose tool result left the view
+    summary: str = ""  # the last applied generation's summary
+
+    def moved_on(self, row: dict[str, Any]) -> dict[str, int]:
+        """Of the order ids in the raw messages ``row`` covered that the previous summary
+        lacks: how many there are, how many the new summary holds."""
+        covered = self.messages[row["covered_from"] : row["covered_to"]]
+        text = "\n".join(str(m.get("content") or "") for m in covered)
+        new = [i for i in dict.fromkeys(ORDER_ID.findall(text)) if i not in self.summary]
+        summary = row["summary"] or ""
+        return {"new": len(new), "in_summary": sum(i in summary for i in new)}
 
     def kept(self, summary: str) -> dict[str, Any]:
         """Of the covered planted identifiers: how many the summary holds, how many recall
@@ -207,8 +255,11 @@ def compaction_record(
         "seconds": round(row["duration_ms"] / 1000, 1),
         "summary_chars": row["summary_chars"],
         "rejections": [str(e.get("detail")) for e in tried if e.get("error")],
+        "repeated": any(e.get("event") == "summary.repeat_retried" for e in attempts),
     }
     if row["status"] == "applied":
+        record["new_ids"] = run.moved_on(row)
+        run.summary = row["summary"] or ""
         run.engine.flush(60)
         record["identifiers"] = run.kept(row["summary"] or "")
         record["constraint_verbatim"] = f"> {CONSTRAINT}" in (row["summary"] or "")
@@ -222,11 +273,16 @@ def line(record: dict[str, Any]) -> str:
         f"{record['summary_chars']:>5,} chars"
     )
     ids = record.get("identifiers")
-    if ids:
+    if ids and ids["total"]:
         text += (
             f"  ids in summary {ids['in_summary']}/{ids['total']}, by recall "
             f"{ids['by_recall']}/{ids['total']}, either {ids['kept']}/{ids['total']}"
         )
+    new = record.get("new_ids")
+    if new and new["new"]:
+        text += f"  new order ids in summary {new['in_summary']}/{new['new']}"
+    if record["repeated"]:
+        text += "  (the reply repeated the previous summary)"
     return f"{text}  — {record['outcome']}"
 
 
@@ -240,9 +296,10 @@ def drive(args: argparse.Namespace, db: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     engine = MemoryEngine(settings_for(args, db))
     run = Run(engine, [{"role": "system", "content": "You are a refunds agent for a shop."}])
+    make_turn = order_turn if args.workload == "orders" else turn_messages
     try:
         for turn in range(args.turns):
-            user, loop, answer = turn_messages(turn)
+            user, loop, answer = make_turn(turn)
             run.messages.append(user)
             for step in (loop, [answer]):
                 prepared = engine.prepare(run.messages, session_id=SESSION, user_id=USER)
@@ -264,10 +321,12 @@ def totals(records: list[dict[str, Any]]) -> dict[str, Any]:
     by_model = [r for r in applied if r["written_by"] == "model"]
     length = [x for r in records for x in r["rejections"] if "'length'" in x]
     fifth = next((r for r in applied if r["generation"] >= GENERATIONS), None)
+    moved = [r for r in applied if r["new_ids"]["in_summary"] or not r["new_ids"]["new"]]
     at = fifth or (applied[-1] if applied else None)
     ids = at.get("identifiers") if at else None
     return {
         "compactions": len(records),
+        "applied": len(applied),
         "model_written": len(by_model),
         "model_written_pct": round(100 * len(by_model) / len(records), 1) if records else None,
         "calls": sum(r["calls"] for r in records),
@@ -281,6 +340,9 @@ def totals(records: list[dict[str, Any]]) -> dict[str, Any]:
         if ids and ids["total"]
         else None,
         "constraint_verbatim": bool(applied) and all(r["constraint_verbatim"] for r in applied),
+        "moved_on": len(moved),
+        "repeats": sum(r["repeated"] for r in records),
+        "failed_for_repeat": sum("repeats the previous" in str(r["outcome"]) for r in records),
     }
 
 
@@ -293,7 +355,9 @@ def total_line(budget: int, total: dict[str, Any]) -> str:
         f"{total['seconds']} s; rejected for length: {total['rejected_for_length']}; planted "
         f"ids kept {after}: {total['ids_kept_pct']}% (in the summary "
         f"{total['ids_in_summary_pct']}%); turn-1 constraint verbatim: "
-        f"{'yes' if total['constraint_verbatim'] else 'no'}"
+        f"{'yes' if total['constraint_verbatim'] else 'no'}; generations that moved on: "
+        f"{total['moved_on']}/{total['applied']} ({total['repeats']} repeated the previous summary, {total['failed_for_repeat']} "
+        "failed for it)"
     )
 
 
@@ -309,6 +373,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compaction-timeout-s", type=float, default=1_800.0, help="the most one turn waits"
     )
+    parser.add_argument("--workload", choices=WORKLOADS, default="rag")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -327,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     total = totals(records)
     print(total_line(args.budget, total), flush=True)
     result = {
+        "workload": args.workload,
         "url": args.url,
         "model": args.model,
         "budget": args.budget,
@@ -341,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     out: Path = args.out
     saved = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
-    saved[str(args.budget)] = result
+    suffix = "" if args.workload == "rag" else f"-{args.workload}"
+    saved[f"{args.budget}{suffix}"] = result
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(saved, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return result

@@ -4,11 +4,13 @@ subprocess against the scripted server, briefly, so it cannot rot."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from fake_openai import FakeOpenAI, fake_openai  # noqa: F401
+from fake_openai import DEFAULT_TEXT, FakeOpenAI, fake_openai  # noqa: F401
 from sessions import ROOT
 
 from ragent_memory.summary.prompt import SECTIONS
@@ -59,3 +61,43 @@ def test_the_real_model_check_runs_against_a_scripted_server(
     assert first["identifiers"]["total"] > 0
     assert first["identifiers"]["kept"] >= first["identifiers"]["in_summary"]
     assert len(fake_openai.requests) == totals["calls"]
+
+
+_PREVIOUS = re.compile(r'<previous_summary nonce="\w+">\n(.*?)\n</previous_summary', re.S)
+
+
+def _echo_previous(body: Any) -> str:
+    """A model that answers with the previous summary byte for byte (empty sections first)."""
+    found = _PREVIOUS.search(body["messages"][-1]["content"])
+    previous = found.group(1) if found else "none"
+    return DEFAULT_TEXT if previous == "none" else previous
+
+
+def test_the_orders_workload_moves_every_generation_on_with_a_model_that_repeats_itself(
+    fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """``--workload orders`` against a model that always echoes the previous summary: every
+    compaction applied, each later one after one retry, every generation holding new order
+    ids; the totals count the repeats and no failure for them."""
+    fake_openai.default = _echo_previous
+    out = tmp_path / "real_model.json"
+    flags = ["--model", "m", "--budget", "12000", "--turns", "120", "--timeout-s", "10"]
+    flags += ["--compaction-timeout-s", "60", "--workload", "orders", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.real_model", "--url", fake_openai.base_url, *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    result = json.loads(out.read_text())["12000-orders"]
+    records, totals = result["compactions"], result["totals"]
+    assert len(records) >= 4, done.stdout
+    assert ["applied"] * len(records) == [r["status"] for r in records], done.stdout
+    assert all(r["repeated"] and r["calls"] == 2 for r in records[1:]), done.stdout
+    assert all(0 < r["new_ids"]["in_summary"] for r in records), done.stdout
+    assert (len(records), 0) == (totals["moved_on"], totals["failed_for_repeat"])
+    assert totals["repeats"] == len(records) - 1
+    assert "generations that moved on" in done.stdout.splitlines()[-1]
