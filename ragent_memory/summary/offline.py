@@ -11,6 +11,7 @@ from typing import Any
 
 from ragent_memory.core.chars import clip, text_of
 from ragent_memory.core.provenance import Source, source_tag
+from ragent_memory.summary.facts import prose, supersede, technical_weight
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 from ragent_memory.summary.transcript import UNCLIPPED, Transcript
@@ -34,6 +35,12 @@ _FAILURE = re.compile(
 _DONE = re.compile(
     r"\b(?:done|completed?|finished|sent|created|updated|booked|saved|fixed|resolved|confirmed"
     r"|submitted|deployed|merged)\b|已完成|完成了|已发送|已创建|已更新|已修复|已确认|已提交",
+    re.IGNORECASE,
+)
+# An assistant's closing courtesy ("Let me know if …"): no step, nothing done.
+_PLEASANTRY = re.compile(
+    r"\b(?:let me know|feel free|hope (?:this|that|it) helps|happy to help|don'?t hesitate"
+    r"|good luck)\b",
     re.IGNORECASE,
 )
 _NEXT = re.compile(
@@ -118,7 +125,7 @@ def salience(item: str) -> float:
     names = sum(1 for w in words[1:] if w[:1].isupper() and w != "I")
     numbers = len(_NUMBER.findall(item))
     cjk = sum(1 for ch in item if "\u4e00" <= ch <= "\u9fff")
-    score = 2.0 * numbers + 1.5 * names + 0.05 * (len(words) + cjk)
+    score = 2.0 * numbers + 1.5 * names + 0.05 * (len(words) + cjk) + technical_weight(item)
     if _FIRST_PERSON.search(item):
         score += 1.0
     return score / (1.0 + len(item) / 200)
@@ -163,8 +170,10 @@ USER = source_tag(Source.USER)
 def _said(text: str, found: dict[str, list[str]]) -> None:
     """An assistant's text: its progress, and each sentence a dead end, done or a next step
     (each item tagged as the assistant's)."""
-    found["progress"].append(_item(f"{ASSISTANT} {text}", 320))
-    for sentence in _sentences(text):
+    said = [s for s in _sentences(text) if not _PLEASANTRY.search(s)]
+    if said:
+        found["progress"].append(_item(f"{ASSISTANT} {' '.join(said)}", 320))
+    for sentence in said:
         for kind, pattern in (("dead_ends", _FAILURE), ("done", _DONE), ("next", _NEXT)):
             if pattern.search(sentence):
                 found[kind].append(_item(f"{ASSISTANT} {sentence}"))
@@ -198,6 +207,8 @@ def extract(material: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     for message in material:
         role = message.get("role")
         text = text_of(message).strip()
+        if role in ("user", "assistant"):
+            text = prose(text).strip()  # a reply's code blocks and markup are no statements
         if role in ("user", "assistant") and text:
             when = date_stamp(text) or when
             found["findings"].extend(_statements(str(role), text, when))
@@ -262,6 +273,7 @@ def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     tool record last."""
     new, new_others = _usage(fresh)
     old, old_others = _usage(earlier)
+    new_others, old_others = supersede(new_others, old_others)
     usage = dict(new)  # newer first: its "latest" wins; the older latest stays a finding
     for name, (count, latest) in old.items():
         known = usage.get(name)
@@ -277,7 +289,8 @@ def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
     a = sorted(_merge(fresh), key=salience, reverse=True)
     b = sorted(_merge(earlier), key=salience, reverse=True)
-    return _merge([item for pair in zip_longest(a, b) for item in pair if item])
+    merged = _merge([item for pair in zip_longest(a, b) for item in pair if item])
+    return sorted(merged, key=lambda item: not item.startswith(USER))  # the user's first
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:
