@@ -84,7 +84,9 @@ def test_a_changed_value_is_shown_as_the_latest_with_what_it_changed_from() -> N
         user("My login API answers in 120ms under 20 concurrent requests."),
     ]
     previous = summarize_offline(first, "", "en", 1_400)
-    later = [user("[April 9, 2024] My Redis instance now uses 200MB of memory and holds 15,000 keys.")]
+    later = [
+        user("[April 9, 2024] My Redis instance now uses 200MB of memory and holds 15,000 keys.")
+    ]
     items = findings(summarize_offline(later, previous, "en", 1_400))
     redis = [item for item in items if "Redis" in item]
     assert 1 == len(redis), items

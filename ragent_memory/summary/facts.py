@@ -81,7 +81,9 @@ def _values(item: str) -> list[str]:
     """The values an item states (numbers, versions, amounts, codes), its stamp left out."""
     text = _BEFORE.sub("", _ITEM_META.sub("", item, count=1))
     found = [v.strip() for v in _VALUE.findall(text)]
-    return list(dict.fromkeys([*found, *(i for i in identifiers(text) if any(c.isdigit() for c in i))]))
+    return list(
+        dict.fromkeys([*found, *(i for i in identifiers(text) if any(c.isdigit() for c in i))])
+    )
 
 
 def _same_topic(words: frozenset[str], topic: frozenset[str]) -> bool:

@@ -132,7 +132,9 @@ def test_a_repeat_of_the_previous_summary_names_the_new_identifiers() -> None:
     identifiers (for the one retry and the restore); a changed reply, material with nothing
     new, or a first generation yields none."""
     previous = "## User requests\nnone\n## Done\nnone\n## To-do\n- INV-3 open"
-    material = [{"role": "tool", "tool_call_id": "c", "content": "Invoice INV-7 is $90; INV-3 too."}]
+    material = [
+        {"role": "tool", "tool_call_id": "c", "content": "Invoice INV-7 is $90; INV-3 too."}
+    ]
     assert ["INV-7", "$90"] == repeated(previous, previous, material)
     assert [] == repeated(previous + "\n- INV-7", previous, material)  # changed: fine
     assert [] == repeated(previous, previous, [{"role": "user", "content": "ok thanks"}])
