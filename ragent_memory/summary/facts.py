@@ -24,7 +24,7 @@ def _is_code(line: str) -> bool:
     stripped = line.strip()
     if len(stripped) < 12 or _TABLE_RULE.match(stripped):
         return bool(_TABLE_RULE.match(stripped))
-    plain = sum(1 for c in stripped if c.isalpha() or c.isspace() or c in ",.'’-()")
+    plain = sum(1 for c in stripped if c.isalpha() or c.isspace() or c in ",.!?'’\"-()")
     return plain / len(stripped) < _PROSE_SHARE or stripped.endswith((";", "{", "}", "=>"))
 
 
