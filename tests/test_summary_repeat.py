@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from fake_openai import DEFAULT_TEXT, FakeOpenAI, fake_openai  # noqa: F401
+from fake_openai import DEFAULT_TEXT, Answer, FakeOpenAI, fake_openai  # noqa: F401
 
 from ragent_memory import LLMSettings, Settings, StoreSettings
 from ragent_memory.core.identifiers import kept_in
@@ -83,28 +83,26 @@ def covered_ids(row: dict[str, Any]) -> list[str]:
     return [o for t in turns for o, _, _ in orders(t)]
 
 
-def test_a_model_that_echoes_the_previous_summary_still_moves_it_on(
-    fake_openai: FakeOpenAI, make_engine: Callable[..., MemoryEngine], db_path: str
-) -> None:
-    """Every generation applies (none fails for the repeat) and holds order ids of the
-    material it covered that the previous generation lacked; the one retry names them."""
-    fake_openai.default = echo_previous
+def engine_for(
+    server: FakeOpenAI, make_engine: Callable[..., MemoryEngine], db: str
+) -> MemoryEngine:
+    """An engine summarizing through ``server`` only: no retries, no offline fallback."""
     llm = LLMSettings(
-        base_url=fake_openai.base_url,
+        base_url=server.base_url,
         model="m",
         timeout_s=10.0,
         max_retries=0,
         offline_fallback=False,
     )
     settings = Settings(
-        context_window_chars=B,
-        store=StoreSettings(path=db_path),
-        llm=llm,
-        long_term_enabled=False,
+        context_window_chars=B, store=StoreSettings(path=db), llm=llm, long_term_enabled=False
     )
-    engine = make_engine(settings, summarizer=build_summarizer(settings, sleep=lambda _s: None))
-    rows = drive(engine, 4)
+    return make_engine(settings, summarizer=build_summarizer(settings, sleep=lambda _s: None))
 
+
+def assert_moved_on(rows: list[dict[str, Any]]) -> None:
+    """Every row applied, each generation holding order ids of its material that the
+    previous generation lacked."""
     assert ["applied"] * len(rows) == [r["status"] for r in rows], [r["error"] for r in rows]
     assert [1, 2, 3, 4] == [r["generation"] for r in rows][:4]
     previous = ""
@@ -114,6 +112,17 @@ def test_a_model_that_echoes_the_previous_summary_still_moves_it_on(
         assert moved, f"generation {row['generation']} kept no new order id:\n{summary}"
         assert ("m", "model") == (row["model"], row["written_by"])
         previous = summary
+
+
+def test_a_model_that_echoes_the_previous_summary_still_moves_it_on(
+    fake_openai: FakeOpenAI, make_engine: Callable[..., MemoryEngine], db_path: str
+) -> None:
+    """Every generation applies (none fails for the repeat) and holds order ids of the
+    material it covered that the previous generation lacked; the one retry names them."""
+    fake_openai.default = echo_previous
+    rows = drive(engine_for(fake_openai, make_engine, db_path), 4)
+
+    assert_moved_on(rows)
     notes = [
         r.body["messages"][-1]["content"]
         for r in fake_openai.requests
@@ -121,3 +130,22 @@ def test_a_model_that_echoes_the_previous_summary_still_moves_it_on(
     ]
     assert len(notes) >= 3  # generations 2–4 each asked once more, naming what was new
     assert all(r["attempts"] == 2 for r in rows[1:4])
+    assert any("ORD-70" in note.split(NEW_NOTE["en"].strip())[1] for note in notes)
+
+
+def test_a_repeat_whose_retry_fails_is_kept_and_moved_on(
+    fake_openai: FakeOpenAI, make_engine: Callable[..., MemoryEngine], db_path: str
+) -> None:
+    """When the one retry after a repeat fails (the endpoint answers 500), the repeat is
+    kept and the new material's facts restored into it: the compaction still applies."""
+
+    def echo_or_fail(body: Any) -> str | Answer:
+        if NEW_NOTE["en"].strip() in body["messages"][-1]["content"]:
+            return Answer.error(500)
+        return echo_previous(body)
+
+    fake_openai.default = echo_or_fail
+    rows = drive(engine_for(fake_openai, make_engine, db_path), 4)
+
+    assert_moved_on(rows)
+    assert all(r["attempts"] >= 2 for r in rows[1:4])

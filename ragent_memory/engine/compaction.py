@@ -233,14 +233,8 @@ def checked_summary(
     within ``request.max_chars``. By default a compaction costs the model one call."""
     material, previous = request.material, request.previous
     wanted = retention.wanted(material, previous)
-    outcome = summarizer.summarize(request)
+    outcome = retention.moved_on(summarizer, request, summarizer.summarize(request))
     attempts = outcome.attempts
-    new = retention.repeated(outcome.body, previous, material)
-    if new:
-        log.warning("summary.repeat_retried", new_identifiers=len(new), example=new[0])
-        retry = summarizer.summarize(attrs.evolve(request, new=tuple(new)))
-        attempts += retry.attempts
-        outcome = retry
     lost = retention.lost(wanted, compose_summary(outcome.body, block, request.language))
     if lost and isinstance(summarizer, ModelSummarizer) and summarizer.retention_retry:
         retry = summarizer.summarize(attrs.evolve(request, lost=tuple(lost)))

@@ -65,7 +65,7 @@ _TOPIC = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _ITEM_META = re.compile(r"^\s*(?:\([^()\n]{1,80}\)\s*)?(?:\[[^\]]{0,80}\]\s*)?")
 _BEFORE = re.compile(r"\s*\(before: [^()]*\)$")
 # Two statements share a topic when this share of their words (3+ letters) is the same.
-SAME_TOPIC = 0.6
+SAME_TOPIC = 0.7
 MIN_TOPIC_WORDS = 3
 
 
@@ -74,21 +74,27 @@ def _topic(item: str) -> frozenset[str]:
     return frozenset(w.lower() for w in _TOPIC.findall(text))
 
 
-_VALUE = re.compile(r"(?<![\w.])[$€£¥]?\d[\d,]*(?:\.\d+)*\s?(?:[a-zA-Z%]{1,5}\b)?")
+_VALUE = re.compile(r"(?<![\w.-])(?:[$€£¥]|v)?\d[\d,]*(?:\.\d+)*(?:\s?[a-zA-Z%]{1,5}\b)?")
+_AMOUNT_START = "$€£¥0123456789"
 
 
-def _values(item: str) -> list[str]:
-    """The values an item states (numbers, versions, amounts, codes), its stamp left out."""
-    text = _BEFORE.sub("", _ITEM_META.sub("", item, count=1))
-    found = [v.strip() for v in _VALUE.findall(text)]
-    return list(
-        dict.fromkeys([*found, *(i for i in identifiers(text) if any(c.isdigit() for c in i))])
-    )
+def _values(text: str) -> list[str]:
+    """The values a statement gives (numbers, versions, amounts)."""
+    return list(dict.fromkeys(v.strip() for v in _VALUE.findall(text)))
 
 
-def _same_topic(words: frozenset[str], topic: frozenset[str]) -> bool:
+def _subjects(text: str) -> list[str]:
+    """What a statement is about that no newer value replaces: its names, codes, addresses
+    and dates (a different invoice or person is another thing, not a change)."""
+    return [i for i in identifiers(text) if i[0] not in _AMOUNT_START]
+
+
+def _same_thing(older: str, newer: str) -> bool:
+    words, topic = _topic(older), _topic(newer)
     shared = len(words & topic)
-    return shared >= MIN_TOPIC_WORDS and shared >= SAME_TOPIC * min(len(words), len(topic))
+    if shared < MIN_TOPIC_WORDS or shared < SAME_TOPIC * min(len(words), len(topic)):
+        return False
+    return all(kept_in(subject, newer) for subject in _subjects(older))
 
 
 def supersede(newer: Sequence[str], older: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -96,18 +102,19 @@ def supersede(newer: Sequence[str], older: Sequence[str]) -> tuple[list[str], li
     values (numbers, versions, amounts) is dropped and its values noted on the newer one as
     ``(before: …)``: the latest value shown as the latest, what it changed from beside it."""
     newer, kept = list(newer), []
-    topics = [(_topic(item), _values(item)) for item in newer]
+    texts = [_BEFORE.sub("", _ITEM_META.sub("", item, count=1)) for item in newer]
     for item in older:
-        words, values = _topic(item), _values(item)
+        text = _BEFORE.sub("", _ITEM_META.sub("", item, count=1))
+        values = _values(text)
         at = next(
             (
                 k
-                for k, (topic, now) in enumerate(topics)
-                if now and values and _same_topic(words, topic)
+                for k, now in enumerate(texts)
+                if values and _values(now) and _same_thing(text, now)
             ),
             None,
         )
-        changed = [] if at is None else [v for v in values if not kept_in(v, newer[at])]
+        changed = [] if at is None else [v for v in values if not kept_in(v, texts[at])]
         if at is None or not changed:
             kept.append(item)
             continue

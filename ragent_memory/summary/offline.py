@@ -287,10 +287,22 @@ def _merge_findings(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
 def _interleave(fresh: Sequence[str], earlier: Sequence[str]) -> list[str]:
     """Newer and older findings, each most salient first, taken in turn: when the section is
     cut, both keep their best items (older findings are merged, not pushed out wholesale)."""
-    a = sorted(_merge(fresh), key=salience, reverse=True)
-    b = sorted(_merge(earlier), key=salience, reverse=True)
-    merged = _merge([item for pair in zip_longest(a, b) for item in pair if item])
-    return sorted(merged, key=lambda item: not item.startswith(USER))  # the user's first
+    a = sorted(_merge(fresh), key=rank, reverse=True)
+    b = sorted(_merge(earlier), key=rank, reverse=True)
+    return _merge([item for pair in zip_longest(a, b) for item in pair if item])
+
+
+# How much more the user's statement about themselves or their project ("I've set up…", "My
+# deadline is…") ranks than a sentence as rich from the assistant or a tool. The user's
+# requests and constraints are not weighted: the engine quotes them word for word.
+USER_WEIGHT = 1.5
+_STATED = re.compile(r"^(?:I|I'm|I've|I'd|I'll|My|We|We're|We've|Our|我|我们)\b|^我")
+
+
+def rank(item: str) -> float:
+    """A finding's place in its section: its salience, the user's own statements first."""
+    stated = item.startswith(USER) and _STATED.match(_META.sub("", item, count=1).lstrip())
+    return salience(item) * (USER_WEIGHT if stated else 1.0)
 
 
 def render(items: Sequence[Sequence[str]], language: str) -> str:

@@ -7,12 +7,18 @@ import re
 from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 
+import attrs
+
 from ragent_memory.core.chars import Message, text_of
 from ragent_memory.core.identifiers import Sentences, identifiers, kept_in, lost, normalise
+from ragent_memory.core.logs import get_logger
 from ragent_memory.core.provenance import Source, source_tag
-from ragent_memory.errors import SummaryError
+from ragent_memory.errors import LLMError, SummaryError
 from ragent_memory.summary.prompt import EMPTY, SECTIONS
+from ragent_memory.summary.summarize import Summarizer, SummaryOutcome, SummaryRequest
 from ragent_memory.summary.validate import fit_sections
+
+log = get_logger(__name__)
 
 FINDINGS = MappingProxyType({lang: titles[4] for lang, titles in SECTIONS.items()})
 # Compressed first when the restored findings need room (docs/design.md §6: from the end): Done, Dead ends.
@@ -75,6 +81,25 @@ def repeated(body: str, previous: str, material: Sequence[Message]) -> list[str]
     if not previous.strip() or body.strip() != previous.strip():
         return []
     return [i for i in wanted(material, "") if not kept_in(i, previous)]
+
+
+def moved_on(
+    summarizer: Summarizer, request: SummaryRequest, outcome: SummaryOutcome
+) -> SummaryOutcome:
+    """``outcome`` when it is no repeat of the previous summary; else the summarizer asked once
+    more, the note naming the new identifiers, and its reply taken. A second repeat, or a retry
+    that fails, leaves the repeat: the previous summary plus nothing, which the retention check
+    then moves on by restoring the new material's facts. Attempts add up either way."""
+    new = repeated(outcome.body, request.previous, request.material)
+    if not new:
+        return outcome
+    log.warning("summary.repeat_retried", new_identifiers=len(new), example=new[0])
+    try:
+        retry = summarizer.summarize(attrs.evolve(request, new=tuple(new)))
+    except (LLMError, SummaryError) as err:
+        log.warning("summary.repeat_kept", error=str(err))
+        return attrs.evolve(outcome, attempts=outcome.attempts + getattr(err, "attempts", 0))
+    return attrs.evolve(retry, attempts=outcome.attempts + retry.attempts)
 
 
 # List and quote markers a sentence of the previous summary starts with: an addition gets its
@@ -218,6 +243,7 @@ __all__ = [
     "FINDINGS",
     "lost",
     "material_texts",
+    "moved_on",
     "repeated",
     "restore",
     "tagged_sources",
