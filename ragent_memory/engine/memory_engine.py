@@ -27,8 +27,8 @@ from ragent_memory.engine.session import (
     PreparedContext,
     Services,
     Session,
+    Turn,
     TurnReport,
-    View,
     leading_system_count,
 )
 from ragent_memory.engine.sessions import Sessions, Validated
@@ -84,18 +84,19 @@ def _check_ids(session_id: Any, user_id: Any, limit: int) -> None:
         _check_id("user_id", user_id, limit)
 
 
-def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
+def hand_out(turn: Turn, block: str, *, strict: bool) -> list[Message]:
     """What the caller gets: a copy of the view (down to every content part and tool call, so
     an app decorating what it sends changes neither its history nor later turns) with the
     memory block after the leading system messages and the turn's recall block on its user
     message (§9b: the view never holds it); with ``strict``, the engine's inserted run
     (memory block, summary) merged into its neighbours for strict role alternation."""
+    view = turn.view
     out = view.hand_out()
     if block:
         out.insert(leading_system_count(out), memory_message(block))
-    if session.recall_block:
-        at = session.recall_at - view.offset + bool(block)
-        out[at] = place(out[at], session.recall_block)
+    if turn.recall_block:
+        at = view.view_index(turn.recall_at) + bool(block)
+        out[at] = place(out[at], turn.recall_block)
     if strict:
         out = alternate(out, range(view.prefix_len, view.head + bool(block)))
     return out
@@ -124,28 +125,22 @@ def _recall_index(
 
 
 def finish_turn(
-    store: TurnLog,
-    session: Session,
-    user_id: str | None,
-    fields: dict[str, Any],
-    memory_chars: int,
-    started: float,
-    span: Any,
+    store: TurnLog, session: Session, turn: Turn, memory_chars: int, started: float, span: Any
 ) -> TurnReport:
     """The turn's report, its row for the audit page (``turns``) and its span's attributes;
     a failed write is logged, never raised: the turn stands."""
     duration_ms = (time.perf_counter() - started) * 1000
-    report = TurnReport(**fields, memory_chars=memory_chars, duration_ms=duration_ms)
+    report = turn.report(memory_chars=memory_chars, duration_ms=duration_ms)
     row = {
         **attrs.asdict(report),
-        "user_id": user_id,
-        "messages": len(session.raw.messages),
-        "budget_chars": session.settings.context_window_chars,
+        "user_id": turn.user_id,
+        "messages": len(turn.history),
+        "budget_chars": turn.budget,
         "covered": session.state.covered,
     }
     tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in row.items()})
     try:
-        store.record_turn(session.session_id, row, user_id)
+        store.record_turn(session.session_id, row, turn.user_id)
     except StoreError as err:
         log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
     return report
@@ -266,11 +261,11 @@ class MemoryEngine:
         with span as current, self._sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
-            view, fields = session.run(messages, user_id, verify=verify)
+            turn = session.run(messages, user_id, verify=verify)
             session.plain = len(messages) if messages is given else 0
             block = self._memory.block(session, user_id)
-            out = hand_out(view, session, block, strict=self.settings.strict_alternation)
-            report = finish_turn(self.store, session, user_id, fields, len(block), started, current)
+            out = hand_out(turn, block, strict=self.settings.strict_alternation)
+            report = finish_turn(self.store, session, turn, len(block), started, current)
         return PreparedContext(out, report)
 
     async def aprepare(
