@@ -217,6 +217,7 @@ class Session:
         self._report(turn)  # before recall searches what left the view
         found = self.turn_recall.recall(turn.view, user_id, self.state.summary, self.sticky)
         turn.recalled, turn.recalled_chars = found
+        turn.measure()
         self.turn_recall.keep(turn.view, self.sticky)
         turn.recall_block, turn.recall_at = self.turn_recall.block, self.turn_recall.at
         turn.chars_raw, turn.generation = self.raw.total, self.state.generation

@@ -69,30 +69,42 @@ class Turn:
     # recall: a block the view could not keep, put on the copy handed out at ``recall_at``
     recall_block: str = ""
     recall_at: HistoryIndex = NOWHERE
+    # measured: the view sent once the gates ran (recall's block not in it yet)
+    chars_out: int = 0
+    trimmed: int = 0
+    truncated: int = 0
+    reclaimed_chars: int = 0
     # what the session holds once the steps ran, for the report
     chars_raw: int = 0
     generation: int = 0
     recall_evicted: int = 0
     budget: int = 0
 
-    def report(self, *, memory_chars: int, duration_ms: float) -> TurnReport:
-        """The turn's ``TurnReport``: chars_out is the measured total of the view sent."""
+    def measure(self) -> None:
+        """Take the report's figures of the view to send: after the gates, before a recall
+        block is kept on it (the block is reported on its own)."""
         view = self.view
-        total = view.total
+        self.chars_out = total = view.total
+        self.trimmed = view.counts.get("trim", 0)
+        self.truncated = view.counts.get("truncate", 0)
+        # The tail differs from the caller's messages only where something is substituted.
+        self.reclaimed_chars = view.raw_chars - (total - view.head_chars)
+
+    def report(self, *, memory_chars: int, duration_ms: float) -> TurnReport:
+        """The turn's ``TurnReport``."""
         return TurnReport(
             chars_raw=self.chars_raw,
             chars_in=self.chars_in,
-            chars_out=total,
-            trimmed=view.counts.get("trim", 0),
-            truncated=view.counts.get("truncate", 0),
-            # The tail differs from the caller's messages only where something is substituted.
-            reclaimed_chars=view.raw_chars - (total - view.head_chars),
+            chars_out=self.chars_out,
+            trimmed=self.trimmed,
+            truncated=self.truncated,
+            reclaimed_chars=self.reclaimed_chars,
             compacted=self.compacted,
             skipped_reason=self.skipped,
             generation=self.generation,
             memory_chars=memory_chars,
             duration_ms=duration_ms,
-            over_budget=total > self.budget,
+            over_budget=self.chars_out > self.budget,
             dropped_turns=self.dropped_turns,
             recalled=self.recalled,
             recalled_chars=self.recalled_chars,
