@@ -32,7 +32,7 @@ from ragent_memory.engine.session import (
     leading_system_count,
 )
 from ragent_memory.engine.sessions import Sessions, Validated
-from ragent_memory.engine.tools import as_int
+from ragent_memory.engine.tools import as_int, read_back
 from ragent_memory.errors import (
     EngineClosedError,
     InvalidIdError,
@@ -47,7 +47,7 @@ from ragent_memory.recall.recaller import (
     Recaller,
     search_tool_schema,
 )
-from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
+from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_tool_schema
 from ragent_memory.settings import Settings, is_int, load_settings
 from ragent_memory.store import GCReport, TurnLog, VectorIndex, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
@@ -168,7 +168,8 @@ class MemoryEngine:
         self.extractor = extractor or build_extractor(settings)
         self._background = Background(settings.compaction_workers)
         self._memory = LongTermMemory(self.store, settings, self.extractor, self._background)
-        self._recaller, on_leave = _recall_index(self.store, settings, on_leave)
+        # the recall index (None: recall is off), public to look at
+        self.recaller, on_leave = _recall_index(self.store, settings, on_leave)
         services = Services(
             settings=settings,
             store=self.store,
@@ -176,10 +177,10 @@ class MemoryEngine:
             submit=self._background.submit_compaction,
             emit=self._emit,
             on_leave=on_leave,
-            recaller=self._recaller,
+            recaller=self.recaller,
         )
-        self._sessions = Sessions(self.store, services, settings.session_cache_size)
-        self._sessions_lock = self._sessions.lock  # the name ``prepare_may_wait`` knows it by
+        # The sessions in memory (``len``, ``get``), to look at: the engine's own to change.
+        self.sessions = Sessions(self.store, services, settings.session_cache_size)
         self._validated = Validated(settings.session_cache_size)
         self._closed = False
 
@@ -200,8 +201,8 @@ class MemoryEngine:
             return
         self._closed = True
         self._background.shutdown()
-        if self._recaller is not None:
-            self._recaller.close()
+        if self.recaller is not None:
+            self.recaller.close()
         self.summarizer.close()
         self.extractor.close()
         self.store.close()
@@ -224,8 +225,8 @@ class MemoryEngine:
             self._memory.schedule_pending()
             finished = self._background.wait(_remaining(started, timeout_s))
         try:
-            if self._recaller is not None:
-                self._recaller.flush(_remaining(started, timeout_s))
+            if self.recaller is not None:
+                self.recaller.flush(_remaining(started, timeout_s))
         except FutureTimeout:
             finished = False
         if not finished:
@@ -258,7 +259,7 @@ class MemoryEngine:
         self._check_open()
         _check_ids(session_id, user_id, self.settings.max_id_chars)
         span = tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id})
-        with span as current, self._sessions.held(session_id) as session, session.lock:
+        with span as current, self.sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
             turn = session.run(messages, user_id, verify=verify)
@@ -297,13 +298,7 @@ class MemoryEngine:
         settings = self.settings
         if not settings.summary_enabled or settings.compaction_timeout_s == 0:
             return False
-        with self._sessions_lock:
-            session = self._sessions.get(session_id)
-        if session is None or session.may_wait(messages):
-            return True
-        written = self.store.last_write(session_id)
-        # another host wrote: prepare reloads the session
-        return written not in (None, session.last_write) and written[0] != self.store.host_id
+        return self.sessions.may_wait(session_id, messages)
 
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
@@ -327,8 +322,8 @@ class MemoryEngine:
             recorded = self._memory.record(user_id, session_id, messages)
         if recorded:
             self._validated.keep(session_id, given, messages)
-        if self._recaller is not None:  # off the caller's thread (§9b): searchable later
-            self._recaller.after_turn(messages, session_id=session_id, user_id=user_id)
+        if self.recaller is not None:  # off the caller's thread (§9b): searchable later
+            self.recaller.after_turn(messages, session_id=session_id, user_id=user_id)
 
     async def aafter_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
@@ -382,15 +377,7 @@ class MemoryEngine:
         an exception, never another session's data): an unknown, expired, dropped or
         other-session ref, or a bad offset or limit, gets a clear refusal."""
         self._check_open()
-        key = ref.strip() if isinstance(ref, str) else None
-        original = None
-        if key and isinstance(session_id, str):
-            try:
-                original = self.store.read_offload(session_id, key)
-            except StoreError as err:
-                log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))
-                return "[recall: the store could not be read just now; try again later]"
-        return recall_slice(original, ref, as_int(offset), as_int(limit))
+        return read_back(self.store, session_id, ref, offset, limit)
 
     def search_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema of ``search_memory(query, limit=5)`` (docs/design.md §9b)."""
@@ -409,9 +396,9 @@ class MemoryEngine:
         ``5.0`` are read as 5, as :meth:`recall` reads its numbers."""
         self._check_open()
         _check_ids(session_id, user_id, self.settings.max_id_chars)
-        if self._recaller is None:
+        if self.recaller is None:
             return "[search_memory: recall is switched off for this engine]"
-        return self._recaller.search(session_id, query, user_id, as_int(limit))
+        return self.recaller.search(session_id, query, user_id, as_int(limit))
 
     def recall_memory(self) -> dict[str, int]:
         """What the in-process recall index holds (docs/design.md §17): ``bytes`` (within ``cap``,
@@ -420,22 +407,22 @@ class MemoryEngine:
         held, ``vectors_bytes`` (in ``bytes``), ``vectors_left_out``, ``embed_calls`` and
         ``embed_failures`` (calls that failed or were skipped: recall went on with BM25);
         zeros when recall is off."""
-        if self._recaller is None:
+        if self.recaller is None:
             cap = self.settings.recall_memory_mb * 1_000_000
             keys = ("bytes", "units_bytes", "rows", "users", *DENSE_KEYS)
             return {**dict.fromkeys(keys, 0), "cap": cap}
-        return self._recaller.memory()
+        return self.recaller.memory()
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop
         resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the
         id, used again, starts a fresh session."""
         self._check_open()
-        self._sessions.drop(session_id, self.settings.compaction_timeout_s)
-        if self._recaller is not None:  # no late index rows after the drop
-            self._recaller.forget_session(session_id)
-        with self._sessions.lock:  # no prepare may reload the session halfway through
-            self._sessions.pop(session_id)
+        self.sessions.drop(session_id, self.settings.compaction_timeout_s)
+        if self.recaller is not None:  # no late index rows after the drop
+            self.recaller.forget_session(session_id)
+        with self.sessions.lock:  # no prepare may reload the session halfway through
+            self.sessions.pop(session_id)
             self._validated.pop(session_id)
             self.store.drop_session(session_id)
         log.info("session.dropped", session_id=session_id)

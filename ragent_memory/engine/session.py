@@ -41,16 +41,24 @@ from concurrent.futures import Future
 
 import attrs
 
-from ragent_memory.core.chars import Message, chars
+from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.core.names import SkipReason
-from ragent_memory.engine.compaction import Compactions, Job, Submit, invalidate
+from ragent_memory.engine.compaction import Compactions, Submit, invalidate
 from ragent_memory.engine.ladder import Ladder
 from ragent_memory.engine.raw import RawCache, digest, leading_system_count
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
-from ragent_memory.engine.turn import Turn, TurnReport, build, chars_in, plan_compaction
-from ragent_memory.engine.turn_recall import TurnRecall, block_chars, sizes_as_written
+from ragent_memory.engine.turn import (
+    Turn,
+    TurnReport,
+    build,
+    chars_in,
+    compaction_job,
+    may_pass_trigger,
+    plan_compaction,
+)
+from ragent_memory.engine.turn_recall import TurnRecall, sizes_as_written
 from ragent_memory.engine.view import View
 from ragent_memory.gates.cut import CutPlan
 from ragent_memory.recall.recaller import Recaller
@@ -172,23 +180,9 @@ class Session:
         too small to bring the view past the compaction trigger (the view then only grows
         by what is appended; a view under the trigger is under B as well, so the ceiling's
         mid-turn compaction cannot start either)."""
-        if self.callers or self.lock.locked() or self.compactions.running:
+        if self.callers or self.lock.locked() or self.compactions.running or self.view is None:
             return True
-        last, raw = self.view, self.raw
-        known = len(raw.messages)
-        if last is None or not isinstance(messages, list) or len(messages) < known:
-            return True
-        if last.end > known:
-            return True
-        try:
-            if messages[:known] != raw.messages:  # the same dicts meet at once
-                return True
-            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
-        except Exception:  # an odd or invalid message: prepare says what is wrong
-            return True
-        settings = self.settings
-        trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
-        return last.with_left_out - block_chars(last, raw.sizes) + grown > trigger
+        return may_pass_trigger(self.view, self.raw, messages, self.settings)
 
     # -------------------------------------------------------------- the turn
 
@@ -318,17 +312,13 @@ class Session:
     def _run_compaction(self, view: View, plan: CutPlan, user_id: str | None) -> SkipReason | None:
         """Run one planned compaction, waiting at most ``compaction_timeout_s``; returns why
         it did not apply, or None."""
-        raw, prefix_len = self.raw, view.prefix_len
-        material = view.material(plan.head, plan.cut)
-        job = Job(
+        job = compaction_job(
+            view,
+            plan,
+            self.raw,
             previous=self.state,
             user_id=user_id,
-            material=tuple((i, raw.messages[i]) for i in material),
-            prefix_len=prefix_len,
-            new_covered=material.stop,
-            covered_digest=raw.chain(prefix_len, material.stop),
-            plan=plan,
-            shown_standing=self.turn_recall.markers.standing_keys(raw.messages[material.stop :]),
+            markers=self.turn_recall.markers,
             chars_out=self.ladder.predict(view, plan),
         )
         outcome = self.compactions.start(job, self.settings.compaction_timeout_s)

@@ -8,14 +8,16 @@ reported as having left the view)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
 from ragent_memory.core.chars import Message, chars
 from ragent_memory.core.names import SkipReason
-from ragent_memory.engine.compaction import state_message
+from ragent_memory.core.provenance import Markers
+from ragent_memory.engine.compaction import Job, state_message
 from ragent_memory.engine.raw import RawCache
+from ragent_memory.engine.turn_recall import block_chars
 from ragent_memory.engine.view import HistoryIndex, View
 from ragent_memory.gates.cut import CutPlan, plan_cut
 from ragent_memory.settings import Settings
@@ -168,3 +170,51 @@ def plan_compaction(
         left_out_chars=view.left_out.shown_chars,
     )
     return None if decision == "below_trigger" else decision
+
+
+def compaction_job(
+    view: View,
+    plan: CutPlan,
+    raw: RawCache,
+    *,
+    previous: SessionState,
+    user_id: str | None,
+    markers: Markers,
+    chars_out: Callable[[int], int],
+) -> Job:
+    """The compaction ``plan`` cut in ``view`` as a job for the engine's pool: what it
+    summarizes (the turns the ceiling left out counted back in), what it will cover, the
+    standing instructions still shown after it and how to predict its turn's chars_out."""
+    material = view.material(plan.head, plan.cut)
+    return Job(
+        previous=previous,
+        user_id=user_id,
+        material=tuple((i, raw.messages[i]) for i in material),
+        prefix_len=view.prefix_len,
+        new_covered=material.stop,
+        covered_digest=raw.chain(view.prefix_len, material.stop),
+        plan=plan,
+        shown_standing=markers.standing_keys(raw.messages[material.stop :]),
+        chars_out=chars_out,
+    )
+
+
+def may_pass_trigger(
+    last: View, raw: RawCache, messages: Sequence[Message], settings: Settings
+) -> bool:
+    """Whether a turn of ``messages`` after the one that built ``last`` (the session's view)
+    could reach the compaction trigger: False only when ``messages`` are the dicts of that
+    turn (or equal ones) plus new ones too small to bring the view past it (the view then
+    only grows by what is appended; a view under the trigger is under B as well, so the
+    ceiling's mid-turn compaction cannot start either)."""
+    known = len(raw.messages)
+    if not isinstance(messages, list) or len(messages) < known or last.end > known:
+        return True
+    try:
+        if messages[:known] != raw.messages:  # the same dicts meet at once
+            return True
+        grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
+    except Exception:  # an odd or invalid message: prepare says what is wrong
+        return True
+    trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
+    return last.with_left_out - block_chars(last, raw.sizes) + grown > trigger
