@@ -1,7 +1,8 @@
 """``MemoryEngine``: composes the store, the background work (``background.py``), the
 sessions (``sessions.py``) and long-term memory (``memory.py``); it trims nothing itself. A
 turn: ``Inputs.accept`` normalises the caller's messages (never mutated), ``Session.run`` runs
-the pipeline (``session.py``), ``hand_out`` makes the copy handed to the caller."""
+the turn's steps (``session.py``) and returns the ``Turn``, ``hand_out`` makes the copy handed
+to the caller and ``Turn.report`` the ``TurnReport``."""
 
 from __future__ import annotations
 
@@ -211,6 +212,10 @@ class MemoryEngine:
         if self._closed:
             raise EngineClosedError("engine is closed")
 
+    def _check_user(self, user_id: str) -> None:
+        self._check_open()
+        _check_id("user_id", user_id, self.settings.max_id_chars)
+
     def flush(self, timeout_s: float | None = None, *, extract_pending: bool = False) -> bool:
         """Wait for every compaction and fact extraction in flight, at most ``timeout_s`` in
         all (None: until they finish). True when all finished; False on timeout (the work goes
@@ -286,15 +291,11 @@ class MemoryEngine:
         """Whether ``prepare(messages, session_id=…)`` called now could wait on a
         compaction (at most ``compaction_timeout_s``). False only when it provably cannot, so
         an event loop may call ``prepare`` inline (``serve`` does): summaries are off,
-        ``compaction_timeout_s`` is 0, or the session is in memory, idle (no call holds it,
-        no compaction in flight, no other host moved it on) and ``messages`` are the dicts
-        of its last ``prepare`` (or equal ones) plus new ones too small to bring its view
-        past the compaction trigger (the view then only grows by what is appended, as in
-        ``Session.may_wait``; a view under the trigger is under B as well, so the
-        ceiling's mid-turn compaction cannot start either). A caller that edits message
-        dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
-        Costs one comparison per message (at C speed, the same dict is equal at once) and
-        measures what is new."""
+        ``compaction_timeout_s`` is 0, or the session is in memory, idle, not moved on by
+        another host, and ``messages`` are the dicts of its last ``prepare`` plus new ones too
+        small to reach the compaction trigger (``turn.may_pass_trigger``). A caller that edits
+        message dicts in place may get False for a turn that then rebuilds; ``serve`` never
+        does. Costs one comparison per message and measures what is new."""
         settings = self.settings
         if not settings.summary_enabled or settings.compaction_timeout_s == 0:
             return False
@@ -334,8 +335,7 @@ class MemoryEngine:
     def memories(self, user_id: str) -> list[Fact]:
         """The user's active facts (learnt from the user's own words only), oldest first;
         a running session's memory block shows a new one from its next compaction on."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
+        self._check_user(user_id)
         return self.store.facts(user_id)
 
     def forget(self, user_id: str) -> None:
@@ -343,22 +343,17 @@ class MemoryEngine:
         status), their search index and pending messages. The next ``prepare`` shows no
         block (blocks are kept keyed by the user's memory version, which the forget
         changes); an extraction in flight finds its batch gone and writes nothing."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
-        forgotten = self.store.forget(user_id)
-        log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
+        self._check_user(user_id)
+        self._memory.forget(user_id)
 
     def forget_fact(self, user_id: str, fact_id: int) -> bool:
         """Erase one of the user's active facts (an id :meth:`memories` lists) and the earlier
         versions it superseded; False when the user has no such active fact (another user's
         id included). The next ``prepare`` shows a block without it."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
+        self._check_user(user_id)
         if not is_int(fact_id):
             raise ValueError(f"fact_id must be an integer, got {fact_id!r}")
-        erased = self.store.forget_fact(user_id, fact_id)
-        log.info("memory.fact_forgotten", user_id=user_id, fact_id=fact_id, rows=erased)
-        return erased > 0
+        return self._memory.forget_fact(user_id, fact_id)
 
     def recall_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema the model calls to read back an offloaded result."""
