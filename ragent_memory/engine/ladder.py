@@ -130,7 +130,7 @@ class Ladder:
         if all(view.kinds.get(e.index) == "trim" for e in evictions):  # the store took them
             view.swept = swept
         if evictions and swept != turn_start:
-            self.trimming.retrim(view, turn.left.extend)
+            turn.substitutions += self.trimming.retrim(view, turn.left.extend)
 
     def finish(self, turn: Turn) -> None:
         """Rungs 3-5 as ``fit`` decides them, applied to the turn's view (the session's);
@@ -184,6 +184,7 @@ class Ladder:
         state = view.trim_hint
         if state is not None:
             state.replaced([change[0] for change in changes])
+        turn.substitutions += new
         self.trimming.apply(view, new, state, turn.left.extend)
 
     def _leave_out(self, turn: Turn, count: int, turns: int) -> None:
@@ -196,4 +197,4 @@ class Ladder:
         first = view.tail_start
         turn.left_out = range(first, first + count)
         view.leave_out(count, turns=turns, raw_chars=sum(self.raw.sizes[first : first + count]))
-        self.trimming.retrim(view, turn.left.extend)
+        turn.substitutions += self.trimming.retrim(view, turn.left.extend)

@@ -242,6 +242,7 @@ class Session:
         (originals offloaded) and shown; gate 1's state kept on the view."""
         view, trimming = turn.view, self.trimming
         new, state = trimming.trim(view, trimming.reduce(view))
+        turn.substitutions += new
         trimming.apply(view, new, state or view.trim_hint, turn.left.extend)
         if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
             self.turn_recall.evict_earlier(view, self.sticky)

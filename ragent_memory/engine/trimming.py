@@ -70,11 +70,15 @@ class Trimming:
             new = self._with_evictions(view, new, state.take(), total, reclaimed)
         return new, state
 
-    def retrim(self, view: View, on_left: Callable[[list[HistoryIndex]], None]) -> None:
+    def retrim(
+        self, view: View, on_left: Callable[[list[HistoryIndex]], None]
+    ) -> list[NewSubstitution]:
         """Gate 1 on ``view`` as the next turn sees it, after the ceiling made it smaller (its
-        total may now pass the 20% rule): the same history gives the same messages."""
+        total may now pass the 20% rule): the same history gives the same messages. Returns
+        the substitutions it decided."""
         new, state = self.trim(view, [])
         self.apply(view, new, state or view.trim_hint, on_left)
+        return new
 
     def apply(
         self,

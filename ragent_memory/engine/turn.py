@@ -17,6 +17,7 @@ from ragent_memory.core.names import SkipReason
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.compaction import Job, state_message
 from ragent_memory.engine.raw import RawCache
+from ragent_memory.engine.sticky import NewSubstitution
 from ragent_memory.engine.turn_recall import block_chars
 from ragent_memory.engine.view import HistoryIndex, View
 from ragent_memory.gates.cut import CutPlan, plan_cut
@@ -60,6 +61,8 @@ class Turn:
     user_id: str | None
     view: View
     chars_in: int  # build: the view's chars before any substitution
+    # reduce, trim, ceiling: the substitutions decided in this turn, in the order recorded
+    substitutions: list[NewSubstitution] = attrs.field(factory=list)
     # history indexes that left the view in this turn and were not reported yet
     left: list[HistoryIndex] = attrs.field(factory=list)
     compacted: bool = False  # compact / ceiling: a summary generation was applied
