@@ -202,13 +202,10 @@ class Session:
         self._verify(user_id)
         view = self._build(last)
         turn = Turn(messages, user_id, view, chars_in(view))
-        self._trim(turn)
-        if self.settings.summary_enabled:
-            self._compact(turn)
-        self.returned_generation = self.state.generation
-        self.view = turn.view  # what the next turn extends: the ceiling's substitutions included
-        self._ceiling(turn)
-        self._report(turn)  # before recall searches what left the view
+        try:
+            self._gates(turn)
+        finally:
+            self._report(turn)  # before recall searches what left; a failed step's too
         found = self.turn_recall.recall(turn.view, user_id, self.state.summary, self.sticky)
         turn.recalled, turn.recalled_chars = found
         turn.measure()
@@ -217,6 +214,16 @@ class Session:
         turn.chars_raw, turn.generation = self.raw.total, self.state.generation
         turn.recall_evicted, turn.budget = self.sticky.dropped, self.settings.context_window_chars
         return turn
+
+    def _gates(self, turn: Turn) -> None:
+        """reduce → trim → compact → ceiling; the view they leave is the one the next turn
+        extends (the ceiling's substitutions included)."""
+        self._trim(turn)
+        if self.settings.summary_enabled:
+            self._compact(turn)
+        self.returned_generation = self.state.generation
+        self.view = turn.view
+        self._ceiling(turn)
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
         """Take the caller's history: every dict by identity, what the view shows (and the
