@@ -14,12 +14,20 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from ragent_memory.errors import StoreError
 from ragent_memory.store.schema import tables_created
 
 Clock = Callable[[], datetime]
+
+
+class Sql(NamedTuple):
+    """One statement in each backend's dialect (``?`` for SQLite, ``%s`` for psycopg), named
+    by a module constant; each backend's connection runs its own text, as written."""
+
+    sqlite: str
+    postgres: str
 
 
 def utc_now() -> datetime:
@@ -149,13 +157,13 @@ class StoreBase(abc.ABC):
             )
 
     def _fetch(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
+        self, sql: str | Sql, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
     ) -> list[Any]:
         with self._locked(what):
             rows: list[Any] = self.db.execute(sql, params).fetchall()
         return rows
 
-    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: str | Sql, params: Sequence[Any]) -> list[Any]:
         """The rows of a small read a turn makes (who wrote a session last, a memory
         version, the recall mark), as last committed."""
         return self._fetch(sql, params)

@@ -5,7 +5,8 @@ Connections come from a ``psycopg_pool`` pool, one per calling thread for the le
 call. Every write transaction first takes one transaction-scoped advisory lock, so writers are
 serialised across hosts exactly as SQLite serialises them within a machine, and a read-check-
 write (a compaction's commit against the generation it started from) cannot interleave with
-another host's. The concern mixins run unchanged: their ``?`` placeholders become ``%s`` here.
+another host's. Statements named per backend (``base.Sql``) run as written; the concern mixins' others have
+their ``?`` placeholders made ``%s`` here.
 """
 
 from __future__ import annotations
@@ -19,23 +20,29 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from ragent_memory.core.records import IndexedMessage
+from ragent_memory.core.memo import Memo
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, id_key, utc_now
+from ragent_memory.store.base import Clock, Sql, id_key, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
-from ragent_memory.store.recall_index import COLUMNS, NAMED, IndexedTables
+from ragent_memory.store.recall_index import IndexedTables
 from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
+from ragent_memory.text.keys import query_keys, text_terms
+from ragent_memory.text.porter import stem
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74
+STEM_CHARS = 2_000_000  # tokens whose stem is kept, by their length
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
 
 
-def _pg_sql(sql: str) -> str:
-    """SQLite-style SQL for psycopg: ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
+def _pg_sql(sql: str | Sql) -> str:
+    """A statement's PostgreSQL text as written; SQL not yet named per backend (a bare
+    SQLite-style string) with its ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
+    if isinstance(sql, Sql):
+        return sql.postgres
     return sql.replace("%", "%%").replace("?", "%s")
 
 
@@ -58,10 +65,10 @@ class _Connection:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
-    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
+    def execute(self, sql: str | Sql, params: Any = ()) -> psycopg.Cursor[Any]:
         return self.conn.execute(_pg_sql(sql), [pg_text(p) for p in params])
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str | Sql, rows: Iterable[Sequence[Any]]) -> None:
         with self.conn.cursor() as cursor:
             cursor.executemany(_pg_sql(sql), [[pg_text(p) for p in row] for row in rows])
 
@@ -94,6 +101,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     db = _ThreadConnection()
     _BY_ID_ONLY = ""  # the planner picks the range itself (``+`` is SQLite's hint)
     _OCTETS = "OCTET_LENGTH(content)"
+    _MEASURED_SINCE = "011_recall_keys"
 
     def __init__(
         self,
@@ -107,6 +115,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     ) -> None:
         self.path = url
         self.clock = clock
+        self._stems = Memo(stem, STEM_CHARS, len)  # Porter in Python: most of keying a row
         self._start_host(lease_s)
         self._password = password
         self._local = threading.local()
@@ -126,6 +135,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
                         "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
                     )
                     self._secret = self._load_secret()
+                    self._measure_old_rows()
                 finally:
                     self._local.conn = None
         except psycopg.Error as err:
@@ -176,33 +186,13 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
         )
         return [str(r[0]) for r in rows]
 
-    def search_index(
-        self,
-        query: str,
-        *,
-        session_id: str,
-        user_id: str | None,
-        visible_from: int,
-        shown: Sequence[int] = (),
-        limit: int,
-    ) -> list[IndexedMessage]:
-        """As the SQLite index (``RecallIndexTables.search_index``), ranked by ``ts_rank``
-        (``score`` is its negative: lower is better there too)."""
-        expression, phrases = tsquery(query, "english")
-        session = id_key(session_id)
-        if user_id is None:
-            owner, owners = "m.session_key = ?", [session]
-        else:
-            owner = "(m.user_key = ? OR (m.session_key = ? AND m.user_key IS NULL))"
-            owners = [id_key(user_id), session]
-        shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
-        rows = self._fetch(
-            f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
-            f" FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid {NAMED},"
-            f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
-            f" AND NOT (m.session_key = ? AND m.position >= ?{shown_sql})"
-            " ORDER BY rank, m.id DESC LIMIT ?",
-            [*phrases, *owners, session, visible_from, *shown, limit],
-            what="search",
-        )
-        return [IndexedMessage(*r) for r in rows]
+    def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
+        """As SQLite's, and the row's keys: a search finds a row by them (``keys @>``)."""
+        counts, length = text_terms(pg_text(content), self._stems.many)
+        return length, [sorted(counts)]
+
+    def _key_matches(
+        self, terms: Sequence[str], session_id: str, user_id: str | None
+    ) -> dict[str, object]:
+        """Each key of ``terms`` and what finds its rows: the one-key array it overlaps."""
+        return {key: [key] for key in query_keys(terms)}

@@ -11,24 +11,105 @@ joined row is exact. PostgreSQL: a ``tsvector`` over the same terms, the scope a
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 import attrs
 import sqlite_utils
 
 from ragent_memory.core.records import Forgotten, IndexedMessage
-from ragent_memory.store.base import id_key, iso, key_of
+from ragent_memory.store.base import Sql, id_key, iso, key_of
 from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
+from ragent_memory.text.keys import query_keys
+from ragent_memory.text.porter import tokens
+from ragent_memory.text.terms import fts_query, index_terms
 
 # In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``,
 # read from ``ROWS`` (the session's id is kept once, in ``ids``).
 COLUMNS = "s.value, m.position, m.role, m.content, m.dated, m.digest, m.id"
 NAMED = "JOIN ids AS s ON s.key = m.session_key"
 ROWS = f"recall_messages AS m {NAMED}"
+CANDIDATES_PER_KEY: Final = 4_096  # a key's newest rows a search ranks (its count is exact)
+
+# Whose rows a search reads: a user's (and this session's indexed without a user), or, without
+# a user, this session's. Parameters: (user, session) or (session).
+_OF_USER = "(m.user_key = ? OR (m.session_key = ? AND m.user_key IS NULL))"
+_OF_USER_PG = "(m.user_key = %s OR (m.session_key = %s AND m.user_key IS NULL))"
+_FOUND = f"SELECT {COLUMNS}, m.user_key IS NOT NULL, m.tokens"
+# FTS5 names its table in MATCH (an alias is not a column): SQLite's statements use no alias.
+_FTS = f"FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid {NAMED}"
+_FTS_PG = f"FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid {NAMED}"
+_NEWEST = "ORDER BY m.id DESC LIMIT"
+# A key's newest rows (parameters: the key's match, the owner, the limit); its rows counted;
+# the rows searched and their lengths summed (the ranker's lengths: a row's tokens, one for its
+# session's scope token and one for its user's, as FTS5 counts its scope column).
+KEY_ROWS_OF_USER = Sql(
+    f"{_FOUND} {_FTS} WHERE recall_fts MATCH ? AND {_OF_USER} {_NEWEST} ?",
+    f"{_FOUND} {_FTS_PG} WHERE f.keys @> %s AND {_OF_USER_PG} {_NEWEST} %s",
+)
+KEY_ROWS_OF_SESSION = Sql(
+    f"{_FOUND} {_FTS} WHERE recall_fts MATCH ? AND m.session_key = ? {_NEWEST} ?",
+    f"{_FOUND} {_FTS_PG} WHERE f.keys @> %s AND m.session_key = %s {_NEWEST} %s",
+)
+KEY_COUNT_OF_USER = Sql(
+    f"SELECT COUNT(*) {_FTS} WHERE recall_fts MATCH ? AND {_OF_USER}",
+    f"SELECT COUNT(*) {_FTS_PG} WHERE f.keys @> %s AND {_OF_USER_PG}",
+)
+KEY_COUNT_OF_SESSION = Sql(
+    f"SELECT COUNT(*) {_FTS} WHERE recall_fts MATCH ? AND m.session_key = ?",
+    f"SELECT COUNT(*) {_FTS_PG} WHERE f.keys @> %s AND m.session_key = %s",
+)
+_LENGTHS = "COUNT(*), COALESCE(SUM(m.tokens + 1 + {}), 0)"
+_OWNED = "(m.user_key IS NOT NULL)"
+_OWNED_PG = "CASE WHEN m.user_key IS NULL THEN 0 ELSE 1 END"
+SEARCHED_OF_USER = Sql(
+    f"SELECT {_LENGTHS.format(_OWNED)} FROM recall_messages AS m WHERE {_OF_USER}",
+    f"SELECT {_LENGTHS.format(_OWNED_PG)} FROM recall_messages AS m WHERE {_OF_USER_PG}",
+)
+SEARCHED_OF_SESSION = Sql(
+    f"SELECT {_LENGTHS.format(_OWNED)} FROM recall_messages AS m WHERE m.session_key = ?",
+    f"SELECT {_LENGTHS.format(_OWNED_PG)} FROM recall_messages AS m WHERE m.session_key = %s",
+)
+INSERT_ROW = Sql(
+    "INSERT INTO recall_messages (user_key, session_key, position, role, content, dated,"
+    " digest, created_at, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT DO NOTHING RETURNING id",
+    "INSERT INTO recall_messages (user_key, session_key, position, role, content, dated,"
+    " digest, created_at, tokens) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING RETURNING id",
+)
+INSERT_TERMS = Sql(
+    "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
+    "INSERT INTO recall_fts (rowid, terms, scope, keys) VALUES (%s, %s, %s, %s)",
+)
+UNMEASURED = Sql(
+    "SELECT id, content FROM recall_messages WHERE tokens IS NULL ORDER BY id LIMIT ?",
+    "SELECT id, content FROM recall_messages WHERE tokens IS NULL ORDER BY id LIMIT %s",
+)
+MEASURED = Sql(
+    "UPDATE recall_messages SET tokens = ? WHERE id = ?",
+    "UPDATE recall_messages SET tokens = %s WHERE id = %s",
+)
+MIGRATED = Sql(
+    "SELECT 1 FROM _migrations WHERE name = ?", "SELECT 1 FROM _migrations WHERE name = %s"
+)
+KEYED = Sql("", "UPDATE recall_fts SET keys = %s WHERE rowid = %s")  # PostgreSQL's alone
+MEASURE_ROWS: Final = 4_096  # rows measured at a time when a store from before lengths opens
+
+
+@attrs.frozen
+class Candidates:
+    """What a store hands the recall ranker for one search: the rows holding any of the
+    question's keys (each key's newest ``CANDIDATES_PER_KEY``), and the statistics BM25 needs
+    of all the rows searched, so every backend's rows are ranked by the same code."""
+
+    found: tuple[tuple[IndexedMessage, bool, int], ...]  # row, has a user, tokens; id order
+    rows: int  # rows searched
+    tokens: int  # their lengths summed (see ``SEARCHED_OF_USER``)
+    frequencies: Mapping[str, int]  # rows searched holding each key
 
 
 def scope_token(kind: str, value: str) -> str:
@@ -52,6 +133,8 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
 
 
 class RecallIndexTables(OffloadTables):
+    _MEASURED_SINCE = "014_recall_lengths"  # the migration that keeps each row's length
+
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
     ) -> int:
@@ -64,24 +147,44 @@ class RecallIndexTables(OffloadTables):
         with self._locked("index write"), self.db.atomic():
             self._keep_ids(*(row.session_id for row in rows))
             for row, text in zip(rows, terms, strict=True):
+                length, keys = self._measure(row.content, text)
                 inserted = self.db.execute(
-                    "INSERT INTO recall_messages (user_key, session_key, position, role, content,"
-                    " dated, digest, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT DO NOTHING RETURNING id",
-                    [user, id_key(row.session_id), *attrs.astuple(row)[1:6], now],
+                    INSERT_ROW,
+                    [user, id_key(row.session_id), *attrs.astuple(row)[1:6], now, length],
                 ).fetchall()
                 if inserted:
                     scope = scope_token("s", row.session_id)
                     if user_id is not None:
                         scope += " " + scope_token("u", user_id)
-                    added.append((inserted[0][0], text, scope))
+                    added.append([inserted[0][0], text, scope, *keys])
             # After the rows: a statement on another table between two FTS5 inserts makes
             # FTS5 flush what it holds, a segment per row and a merge of them at the commit.
             for values in added:
-                self.db.execute(
-                    "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)", list(values)
-                )
+                self.db.execute(INSERT_TERMS, values)
         return len(added)
+
+    def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
+        """A row's length in tokens as the ranker counts it (``text.keys.text_terms``), and
+        what else its ``recall_fts`` row holds (SQLite's FTS5 finds its keys itself)."""
+        return len(tokens(terms)), []
+
+    def _measure_old_rows(self) -> None:
+        """Give rows indexed before lengths were kept their length (and on PostgreSQL their
+        keys), ``MEASURE_ROWS`` at a time, each batch in a transaction: the ranker's
+        statistics need every row's. Several openers at once write the same values."""
+        applied = self.db.execute(MIGRATED, [self._MEASURED_SINCE]).fetchall()
+        while applied:
+            rows = self.db.execute(UNMEASURED, [MEASURE_ROWS]).fetchall()
+            if not rows:
+                return
+            with self.db.atomic():
+                for row_id, content in rows:
+                    length, keys = self._measure(content, index_terms(content))
+                    self.db.execute(MEASURED, [length, row_id])
+                    if keys:
+                        self.db.execute(KEYED, [*keys, row_id])
+            if len(rows) < MEASURE_ROWS:
+                return
 
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
@@ -92,45 +195,50 @@ class RecallIndexTables(OffloadTables):
         )
         return IndexedMessage(*rows[0]) if rows else None
 
-    def search_index(
-        self,
-        query: str,
-        *,
-        session_id: str,
-        user_id: str | None,
-        visible_from: int,
-        shown: Sequence[int] = (),
-        limit: int,
-    ) -> list[IndexedMessage]:
-        """The best matches (BM25, lower scores first) of the FTS5 ``query`` among messages
-        the caller may see and the view does not show: with ``user_id``, that user's sessions
-        (and this session's messages indexed without a user); without it, this session only.
-        This session's messages from position ``visible_from`` on are in the view, except
-        those in ``shown`` (shown as a placeholder or a preview)."""
-        session_scope = f'scope : "{scope_token("s", session_id)}"'
+    def recall_candidates(
+        self, terms: Sequence[str], *, session_id: str, user_id: str | None
+    ) -> Candidates:
+        """The rows a search of ``terms`` (``terms.search_terms``) ranks, with their
+        statistics (``Candidates``): with ``user_id``, that user's rows and this session's
+        indexed without a user; without it, this session's. Which of them the view shows is
+        the ranker's to leave out: they count in the statistics all the same."""
         if user_id is None:
-            scope, owner = session_scope, "m.session_key = :session"
+            owner = [id_key(session_id)]
+            find, count, searched = KEY_ROWS_OF_SESSION, KEY_COUNT_OF_SESSION, SEARCHED_OF_SESSION
         else:
-            scope = f'({session_scope} OR scope : "{scope_token("u", user_id)}")'
-            owner = "(m.user_key = :user OR (m.session_key = :session AND m.user_key IS NULL))"
-        sql = (
-            f"SELECT {COLUMNS}, bm25(recall_fts, 1.0, 0.0) AS score"
-            f" FROM recall_fts JOIN recall_messages AS m ON m.id = recall_fts.rowid {NAMED}"
-            f" WHERE recall_fts MATCH :match AND {owner}"
-            " AND NOT (m.session_key = :session AND m.position >= :visible"
-            " AND m.position NOT IN (SELECT value FROM json_each(:shown)))"
-            " ORDER BY score, m.id DESC LIMIT :limit"
+            owner = [id_key(user_id), id_key(session_id)]
+            find, count, searched = KEY_ROWS_OF_USER, KEY_COUNT_OF_USER, SEARCHED_OF_USER
+        found: dict[int, tuple[IndexedMessage, bool, int]] = {}
+        frequencies: dict[str, int] = {}
+        with self._locked("search"):
+            for key, match in self._key_matches(terms, session_id, user_id).items():
+                rows = self.db.execute(find, [match, *owner, CANDIDATES_PER_KEY]).fetchall()
+                frequencies[key] = len(rows)
+                if len(rows) == CANDIDATES_PER_KEY:
+                    frequencies[key] = int(self.db.execute(count, [match, *owner]).fetchone()[0])
+                for row in rows:
+                    found[row[6]] = (IndexedMessage(*row[:7]), bool(row[7]), int(row[8]))
+            ((searched_rows, lengths),) = self.db.execute(searched, owner).fetchall()
+        return Candidates(
+            tuple(found[row_id] for row_id in sorted(found)),
+            int(searched_rows),
+            int(lengths),
+            frequencies,
         )
-        params = {
-            "match": f"{scope} AND terms : ({query})",
-            "session": id_key(session_id),
-            "user": key_of(user_id),
-            "visible": visible_from,
-            "shown": json.dumps(sorted(shown)),
-            "limit": limit,
-        }
-        rows = self._fetch(sql, params, what="search")
-        return [IndexedMessage(*r) for r in rows]
+
+    def _key_matches(
+        self, terms: Sequence[str], session_id: str, user_id: str | None
+    ) -> dict[str, object]:
+        """Each key of ``terms`` (``text.keys.query_keys``) and what finds its rows: an FTS5
+        query of the term's phrase within the caller's scope tokens."""
+        scope = f'scope : "{scope_token("s", session_id)}"'
+        if user_id is not None:
+            scope = f'({scope} OR scope : "{scope_token("u", user_id)}")'
+        matches: dict[str, object] = {}
+        for term in terms:
+            for key in query_keys([term]):
+                matches.setdefault(key, f"{scope} AND terms : ({fts_query([term])})")
+        return matches
 
     # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
     # (new rows) rather than a whole session's entries of the (session, position) index.
