@@ -10,7 +10,43 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ragent_memory.core.records import GCReport
-from ragent_memory.store.base import StoreBase, id_key, iso
+from ragent_memory.store.base import Sql, StoreBase, id_key, iso
+
+OFFLOAD_KEPT = Sql(
+    "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
+    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
+    " SET expires_at = excluded.expires_at",
+    "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
+    " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_key, ref) DO"
+    " UPDATE SET expires_at = excluded.expires_at",
+)
+
+OFFLOAD_READ = Sql(
+    "SELECT content FROM offloads WHERE session_key = ? AND ref = ? AND expires_at > ?"
+    " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = ?)",
+    "SELECT content FROM offloads WHERE session_key = %s AND ref = %s AND expires_at > %s"
+    " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = %s)",
+)
+
+UNDROPPED = Sql(
+    "DELETE FROM dropped_sessions WHERE session_key = ?",
+    "DELETE FROM dropped_sessions WHERE session_key = %s",
+)
+
+SESSION_OFFLOADS_DELETED = Sql(
+    "DELETE FROM offloads WHERE session_key = ?",
+    "DELETE FROM offloads WHERE session_key = %s",
+)
+
+DROPPED_FORGOTTEN = Sql(
+    "DELETE FROM dropped_sessions",
+    "DELETE FROM dropped_sessions",
+)
+
+DROPPED_COUNT = Sql(
+    "SELECT COUNT(*) FROM dropped_sessions",
+    "SELECT COUNT(*) FROM dropped_sessions",
+)
 
 
 def _sha256(content: str) -> str:
@@ -36,9 +72,7 @@ class OffloadTables(StoreBase):
             ref, sha = self.ref_for(session_id, content), _sha256(content)
             rows.append([key, ref, sha, self._storable(content), len(content), created, expires])
         self.db.executemany(
-            "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
-            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
-            " SET expires_at = excluded.expires_at",
+            OFFLOAD_KEPT,
             rows,
         )
 
@@ -47,8 +81,7 @@ class OffloadTables(StoreBase):
         expired, or the session was dropped)."""
         key = id_key(session_id)
         rows = self._fetch(
-            "SELECT content FROM offloads WHERE session_key = ? AND ref = ? AND expires_at > ?"
-            " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = ?)",
+            OFFLOAD_READ,
             [key, ref, iso(self.clock()), key],
         )
         if not rows:
@@ -65,9 +98,9 @@ class OffloadTables(StoreBase):
         # A dropped session id used again starts a new life: what is left of the old one goes
         # now, so neither its refs nor the next gc touch the new life's offloads.
         key = id_key(session_id)
-        cursor = self.db.execute("DELETE FROM dropped_sessions WHERE session_key = ?", [key])
+        cursor = self.db.execute(UNDROPPED, [key])
         if cursor.rowcount:
-            self.db.execute("DELETE FROM offloads WHERE session_key = ?", [key])
+            self.db.execute(SESSION_OFFLOADS_DELETED, [key])
 
     def gc(self, *, vacuum: bool = False) -> GCReport:
         """Delete expired offloads and the offloads of dropped sessions, in one transaction,
@@ -81,9 +114,9 @@ class OffloadTables(StoreBase):
                 f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]
             ).fetchone()
             of_dropped, dropped_bytes = self.db.execute(f"{measure} WHERE {dropped}").fetchone()
-            (sessions,) = self.db.execute("SELECT COUNT(*) FROM dropped_sessions").fetchone()
+            (sessions,) = self.db.execute(DROPPED_COUNT).fetchone()
             self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
-            self.db.execute("DELETE FROM dropped_sessions")
+            self.db.execute(DROPPED_FORGOTTEN)
         self._shrink(vacuum=vacuum)
         return GCReport(
             expired_offloads=int(expired),

@@ -100,6 +100,24 @@ KEYED = Sql("", "UPDATE recall_fts SET keys = %s WHERE rowid = %s")  # PostgreSQ
 MEASURE_ROWS: Final = 4_096  # rows measured at a time when a store from before lengths opens
 
 
+EPOCH_DELETED = Sql(
+    "DELETE FROM meta WHERE key = 'recall_epoch'",
+    "DELETE FROM meta WHERE key = 'recall_epoch'",
+)
+
+EPOCH_ADDED = Sql(
+    "INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)",
+    "INSERT INTO meta (key, value) VALUES ('recall_epoch', %s)",
+)
+
+RECALL_MARK = Sql(
+    "SELECT (SELECT max(id) FROM recall_messages), (SELECT value FROM meta WHERE key ="
+    " 'recall_epoch')",
+    "SELECT (SELECT max(id) FROM recall_messages), (SELECT value FROM meta WHERE key ="
+    " 'recall_epoch')",
+)
+
+
 @attrs.frozen
 class Candidates:
     """What a store hands the recall ranker for one search: the rows holding any of the
@@ -128,8 +146,8 @@ def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
     )
     db.execute(f"DELETE FROM recall_messages WHERE {where}", [key])
     # A new epoch tells every process's mirror (recall/rank.py) that rows went.
-    db.execute("DELETE FROM meta WHERE key = 'recall_epoch'")
-    db.execute("INSERT INTO meta (key, value) VALUES ('recall_epoch', ?)", [secrets.token_hex(8)])
+    db.execute(EPOCH_DELETED)
+    db.execute(EPOCH_ADDED, [secrets.token_hex(8)])
 
 
 class RecallIndexTables(OffloadTables):
@@ -247,8 +265,7 @@ class RecallIndexTables(OffloadTables):
     def recall_mark(self) -> tuple[int, str]:
         """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
         ((top, epoch),) = self._read_now(
-            "SELECT (SELECT max(id) FROM recall_messages),"
-            " (SELECT value FROM meta WHERE key = 'recall_epoch')",
+            RECALL_MARK,
             [],
         )
         return int(top or 0), str(epoch or "")

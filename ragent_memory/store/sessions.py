@@ -11,7 +11,7 @@ import attrs
 
 from ragent_memory.core.records import AuditRow, SessionState, Substitution
 from ragent_memory.store.audit import audit_record, insert_audit
-from ragent_memory.store.base import _json_text, id_key, iso, key_of
+from ragent_memory.store.base import Sql, _json_text, id_key, iso, key_of
 from ragent_memory.store.hosts import HostTables
 from ragent_memory.store.offloads import OffloadTables
 
@@ -21,10 +21,54 @@ _KEYED = MappingProxyType({"session_id": "session_key", "user_id": "user_key"})
 _COLUMNS = tuple(field.name for field in attrs.fields(SessionState) if field.name not in _KEYED)
 
 
+SUBSTITUTIONS_OF_SESSION = Sql(
+    "SELECT key, kind, ref, message FROM substitutions WHERE session_key = ?",
+    "SELECT key, kind, ref, message FROM substitutions WHERE session_key = %s",
+)
+
+SUBSTITUTION_SAVED = Sql(
+    "INSERT INTO substitutions (session_key, key, kind, ref, message, created_at) VALUES"
+    " (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, key) DO UPDATE SET kind ="
+    " excluded.kind, ref = excluded.ref, message = excluded.message, created_at ="
+    " excluded.created_at",
+    "INSERT INTO substitutions (session_key, key, kind, ref, message, created_at) VALUES"
+    " (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_key, key) DO UPDATE SET kind ="
+    " excluded.kind, ref = excluded.ref, message = excluded.message, created_at ="
+    " excluded.created_at",
+)
+
+SUBSTITUTION_DELETED = Sql(
+    "DELETE FROM substitutions WHERE session_key = ? AND key = ?",
+    "DELETE FROM substitutions WHERE session_key = %s AND key = %s",
+)
+
+SESSION_DROPPED = Sql(
+    "INSERT INTO dropped_sessions (session_key, dropped_at) VALUES (?, ?) ON CONFLICT"
+    " (session_key) DO UPDATE SET dropped_at = excluded.dropped_at",
+    "INSERT INTO dropped_sessions (session_key, dropped_at) VALUES (%s, %s) ON CONFLICT"
+    " (session_key) DO UPDATE SET dropped_at = excluded.dropped_at",
+)
+
+LAST_APPLIED_GENERATION = Sql(
+    "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
+    "SELECT MAX(generation) FROM compactions WHERE session_id = %s AND status = 'applied'",
+)
+
+IS_DROPPED = Sql(
+    "SELECT 1 FROM dropped_sessions WHERE session_key = ?",
+    "SELECT 1 FROM dropped_sessions WHERE session_key = %s",
+)
+
+GENERATIONS = Sql(
+    "SELECT generation, last_generation FROM sessions WHERE session_key = ?",
+    "SELECT generation, last_generation FROM sessions WHERE session_key = %s",
+)
+
+
 class SessionTables(OffloadTables, HostTables):
     def substitutions(self, session_id: str) -> dict[str, Substitution]:
         rows = self._fetch(
-            "SELECT key, kind, ref, message FROM substitutions WHERE session_key = ?",
+            SUBSTITUTIONS_OF_SESSION,
             [id_key(session_id)],
         )
         return {r[0]: Substitution(r[0], r[1], r[2], json.loads(r[3])) for r in rows}
@@ -48,10 +92,7 @@ class SessionTables(OffloadTables, HostTables):
             )
             key = id_key(session_id)
             self.db.executemany(
-                "INSERT INTO substitutions (session_key, key, kind, ref, message, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, key) DO UPDATE SET"
-                " kind = excluded.kind, ref = excluded.ref, message = excluded.message,"
-                " created_at = excluded.created_at",
+                SUBSTITUTION_SAVED,
                 [
                     [key, sub.key, sub.kind, sub.ref, _json_text(sub.message), now]
                     for sub, _ in items
@@ -67,7 +108,7 @@ class SessionTables(OffloadTables, HostTables):
             self._mark_written(session_id)
             key = id_key(session_id)
             self.db.executemany(
-                "DELETE FROM substitutions WHERE session_key = ? AND key = ?",
+                SUBSTITUTION_DELETED,
                 [[key, k] for k in keys],
             )
 
@@ -93,7 +134,7 @@ class SessionTables(OffloadTables, HostTables):
 
     def _last_applied(self, session_id: str) -> int:
         row = self.db.execute(  # the audit keeps the id as text
-            "SELECT MAX(generation) FROM compactions WHERE session_id = ? AND status = 'applied'",
+            LAST_APPLIED_GENERATION,
             [session_id],
         ).fetchone()
         return int(row[0] or 0)  # MAX: one row, NULL when none applied
@@ -112,12 +153,8 @@ class SessionTables(OffloadTables, HostTables):
         record = audit_record(audit, iso(self.clock())) if audit is not None else None
         with self._locked("write"), self.db.atomic():
             key = id_key(state.session_id)
-            dropped = self.db.execute(
-                "SELECT 1 FROM dropped_sessions WHERE session_key = ?", [key]
-            ).fetchone()
-            row = self.db.execute(
-                "SELECT generation, last_generation FROM sessions WHERE session_key = ?", [key]
-            ).fetchone()
+            dropped = self.db.execute(IS_DROPPED, [key]).fetchone()
+            row = self.db.execute(GENERATIONS, [key]).fetchone()
             current = tuple(row) if row is not None else (0, self._last_applied(state.session_id))
             if dropped is not None or current != (previous.generation, previous.last_generation):
                 return False
@@ -153,7 +190,6 @@ class SessionTables(OffloadTables, HostTables):
             for table in ("substitutions", "sessions", "turns"):
                 self.db.execute(f"DELETE FROM {table} WHERE session_key = ?", [key])
             self.db.execute(
-                "INSERT INTO dropped_sessions (session_key, dropped_at) VALUES (?, ?)"
-                " ON CONFLICT (session_key) DO UPDATE SET dropped_at = excluded.dropped_at",
+                SESSION_DROPPED,
                 [key, iso(self.clock())],
             )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ragent_memory.store.base import StoreBase, id_key, iso, key_of
+from ragent_memory.store.base import Sql, StoreBase, id_key, iso, key_of
 
 TURNS_KEPT: Final = 2_000  # rows kept per session, the newest
 _PRUNE_EVERY: Final = 100  # older rows are deleted once every this many turns
@@ -31,6 +31,12 @@ TURN_COLUMNS: Final = (
 )
 
 
+TURNS_DELETED = Sql(
+    "DELETE FROM turns WHERE session_key = ? AND turn <= ?",
+    "DELETE FROM turns WHERE session_key = %s AND turn <= %s",
+)
+
+
 class TurnTables(StoreBase):
     def record_turn(
         self, session_id: str, fields: Mapping[str, Any], user_id: str | None = None
@@ -51,7 +57,7 @@ class TurnTables(StoreBase):
             turn = int(rows[0][0]) if rows else 0
             if turn and turn % _PRUNE_EVERY == 0:
                 self.db.execute(
-                    "DELETE FROM turns WHERE session_key = ? AND turn <= ?",
+                    TURNS_DELETED,
                     [key, turn - TURNS_KEPT],
                 )
         return turn

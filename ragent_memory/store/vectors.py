@@ -11,8 +11,46 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.store.base import StoreBase, id_key
+from ragent_memory.store.base import Sql, StoreBase, id_key
 from ragent_memory.store.recall_index import COLUMNS, ROWS
+
+VECTOR_MODEL = Sql(
+    "SELECT value FROM meta WHERE key = 'embedding_model'",
+    "SELECT value FROM meta WHERE key = 'embedding_model'",
+)
+
+VECTOR_MODEL_SET = Sql(
+    "INSERT INTO meta (key, value) VALUES ('embedding_model', ?) ON CONFLICT (key) DO"
+    " UPDATE SET value = excluded.value",
+    "INSERT INTO meta (key, value) VALUES ('embedding_model', %s) ON CONFLICT (key) DO"
+    " UPDATE SET value = excluded.value",
+)
+
+VECTOR_SEQ_SET = Sql(
+    "INSERT INTO meta (key, value) VALUES ('embedding_seq', ?) ON CONFLICT (key) DO"
+    " UPDATE SET value = excluded.value",
+    "INSERT INTO meta (key, value) VALUES ('embedding_seq', %s) ON CONFLICT (key) DO"
+    " UPDATE SET value = excluded.value",
+)
+
+VECTORS_OF_OTHER_MODELS_DROPPED = Sql(
+    "UPDATE recall_messages SET embedding = NULL, embedding_model = NULL, embedded = NULL"
+    " WHERE embedded IS NOT NULL AND embedding_model <> ?",
+    "UPDATE recall_messages SET embedding = NULL, embedding_model = NULL, embedded = NULL"
+    " WHERE embedded IS NOT NULL AND embedding_model <> %s",
+)
+
+VECTOR_SEQ = Sql(
+    "SELECT value FROM meta WHERE key = 'embedding_seq'",
+    "SELECT value FROM meta WHERE key = 'embedding_seq'",
+)
+
+VECTOR_STORED = Sql(
+    "UPDATE recall_messages SET embedding = ?, embedding_model = ?, embedded = ? WHERE id"
+    " = ? RETURNING id",
+    "UPDATE recall_messages SET embedding = %s, embedding_model = %s, embedded = %s WHERE"
+    " id = %s RETURNING id",
+)
 
 
 def _scope(user_id: str | None, session_id: str) -> tuple[str, bytes]:
@@ -52,18 +90,16 @@ class VectorTables(StoreBase):
         """Make ``model`` the store's embedding model: when another one made the vectors kept,
         they go (each row is embedded again). Returns how many went."""
         with self._locked("vector write"), self.db.atomic():
-            found = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'")
+            found = self.db.execute(VECTOR_MODEL)
             known = found.fetchall()
             if known and known[0][0] == model:
                 return 0
             gone = self.db.execute(
-                "UPDATE recall_messages SET embedding = NULL, embedding_model = NULL,"
-                " embedded = NULL WHERE embedded IS NOT NULL AND embedding_model <> ?",
+                VECTORS_OF_OTHER_MODELS_DROPPED,
                 [model],
             ).rowcount
             self.db.execute(
-                "INSERT INTO meta (key, value) VALUES ('embedding_model', ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                VECTOR_MODEL_SET,
                 [model],
             )
         return int(gone)
@@ -75,19 +111,17 @@ class VectorTables(StoreBase):
             return 0
         kept = 0
         with self._locked("vector write"), self.db.atomic():
-            found = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_seq'").fetchall()
+            found = self.db.execute(VECTOR_SEQ).fetchall()
             seq = int(found[0][0]) if found else 0
             for row_id, vector in vectors:
                 changed = self.db.execute(
-                    "UPDATE recall_messages SET embedding = ?, embedding_model = ?, embedded = ?"
-                    " WHERE id = ? RETURNING id",
+                    VECTOR_STORED,
                     [vector, model, seq + 1, row_id],
                 ).fetchall()
                 if changed:
                     seq, kept = seq + 1, kept + 1
             self.db.execute(
-                "INSERT INTO meta (key, value) VALUES ('embedding_seq', ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                VECTOR_SEQ_SET,
                 [str(seq)],
             )
         return kept
