@@ -1,9 +1,15 @@
-"""An in-process copy of the recall index (docs/design.md §9b), so a turn's recall costs what is new.
+"""The recall ranker, and an in-process copy of the recall index (docs/design.md §9b), so a
+turn's recall costs what is new.
 
-The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
-match on each call, growing with the history. Here each user's rows (or, without a user, each
-session's) are an inverted index (term → rows and counts) ranked with the exact BM25 FTS5
-computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns); the top
+The ranking is the one code every backend's rows go through: the mirror's units below, and,
+where the mirror cannot answer, the store's candidate rows (``rank_candidates``: the rows
+holding the question's keys, with the statistics of all the rows searched). Ranking in the
+store (FTS5's ``bm25()`` recounts every phrase's document frequency and scores every match on
+each call, growing with the history) would also rank by each backend's own formula.
+
+Each user's rows (or, without a user, each session's) are an inverted index (term → rows and
+counts) ranked with the exact BM25 FTS5 computes (k1 = 1.2, b = 0.75, its idf floor, row
+lengths in tokens of both columns); the top
 k comes from block-max early termination (``topk.py``), so a query reads a bounded share of
 its terms' postings, not every match. Neighbours and texts (kept by row id: rows never
 change, only go) come from here too.
@@ -17,8 +23,8 @@ The store stays the source of truth. Before each search one statement reads the 
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
 ``forget``/``drop_session``, whichever process or host ran it): new rows are read by id, a
 new epoch drops every copy (rebuilt on their next search). A user's search that must also see
-this session's rows indexed without a user returns None: the caller asks the store. The
-statistics are the unit's (the user's rows), FTS5's the table's: one user per store, the same.
+this session's rows indexed without a user returns None: the caller ranks the store's
+candidates (``rank_candidates``) instead.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ from ragent_memory.store.schema import tables_created
 Clock = Callable[[], datetime]
 
 
+# A JSON array of ids (or positions) as a set of integers, in each dialect: one statement
+# whatever the number of values.
+IN_JSON = "IN (SELECT value FROM json_each(?))"
+IN_JSON_PG = "IN (SELECT value::bigint FROM jsonb_array_elements_text(%s::jsonb) AS value)"
+
+
 class Sql(NamedTuple):
     """One statement in each backend's dialect (``?`` for SQLite, ``%s`` for psycopg), named
     by a module constant; each backend's connection runs its own text, as written."""
@@ -116,9 +122,6 @@ class StoreBase(abc.ABC):
     _lock: threading.RLock
     _secret: bytes
 
-    # The UTF-8 size of ``offloads.content`` in SQL.
-    _OCTETS = "LENGTH(CAST(content AS BLOB))"
-
     @contextmanager
     def _locked(self, what: str) -> Iterator[Any]:
         with self._lock:
@@ -195,13 +198,13 @@ class StoreBase(abc.ABC):
             )
 
     def _fetch(
-        self, sql: str | Sql, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
+        self, sql: Sql, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
     ) -> list[Any]:
         with self._locked(what):
             rows: list[Any] = self.db.execute(sql, params).fetchall()
         return rows
 
-    def _read_now(self, sql: str | Sql, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: Sql, params: Sequence[Any]) -> list[Any]:
         """The rows of a small read a turn makes (who wrote a session last, a memory
         version, the recall mark), as last committed."""
         return self._fetch(sql, params)

@@ -3,15 +3,51 @@ user messages and the cursors that keep ``after_turn`` idempotent."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from ragent_memory.core.names import MemoryKind, MemoryStatus
 from ragent_memory.core.records import Fact, Forgotten, PendingMessage, Plan
 from ragent_memory.errors import StoreError
-from ragent_memory.store.base import Sql, StoreBase, id_key, iso, key_of
+from ragent_memory.store.base import IN_JSON, IN_JSON_PG, Sql, StoreBase, id_key, iso, key_of
 from ragent_memory.store.schema import FTS_ROWS_PER_MEMORY
 
+# The user's summary excerpts from other sessions best matching a query of quoted phrases
+# joined by OR (``terms.fts_query``): FTS5's rank; PostgreSQL's ``ts_rank`` of any phrase.
+SUMMARIES_FOUND = Sql(
+    "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_key = ?"
+    " AND session_key != ? ORDER BY rank, rowid LIMIT ?",
+    "SELECT f.excerpt FROM memory_fts AS f, (SELECT string_agg(p.query::text, ' | ')::tsquery"
+    " AS query FROM unnest(%s::text[]) AS phrase, phraseto_tsquery('simple', phrase) AS p"
+    " (query) WHERE numnode(p.query) > 0) AS q WHERE f.tsv @@ q.query AND f.user_key = %s"
+    " AND f.session_key != %s ORDER BY ts_rank(f.tsv, q.query) DESC, f.rowid LIMIT %s",
+)
+PENDING_FAILED = Sql(
+    f"UPDATE memory_pending SET attempts = attempts + 1 WHERE user_key = ? AND id {IN_JSON}",
+    f"UPDATE memory_pending SET attempts = attempts + 1 WHERE user_key = %s AND id {IN_JSON_PG}",
+)
+PENDING_GIVEN_UP = Sql(
+    f"DELETE FROM memory_pending WHERE user_key = ? AND id {IN_JSON} AND attempts >= ?",
+    f"DELETE FROM memory_pending WHERE user_key = %s AND id {IN_JSON_PG} AND attempts >= %s",
+)
+PENDING_DONE = Sql(
+    f"DELETE FROM memory_pending WHERE user_key = ? AND id {IN_JSON}",
+    f"DELETE FROM memory_pending WHERE user_key = %s AND id {IN_JSON_PG}",
+)
+MEMORIES_DELETED = Sql(
+    f"DELETE FROM memories WHERE id {IN_JSON}", f"DELETE FROM memories WHERE id {IN_JSON_PG}"
+)
+_MEMORY_ROWS = (
+    "SELECT m.id, m.kind, m.content, m.status, s.value AS session_id, m.generation,"
+    " m.superseded_by, m.created_at, m.updated_at FROM memories AS m"
+    " LEFT JOIN ids AS s ON s.key = m.session_key WHERE m.user_key = "
+)
+MEMORY_ROWS = Sql(f"{_MEMORY_ROWS}? ORDER BY m.id", f"{_MEMORY_ROWS}%s ORDER BY m.id")
+MEMORY_ROWS_OF_KIND = Sql(
+    f"{_MEMORY_ROWS}? AND m.kind = ? ORDER BY m.id",
+    f"{_MEMORY_ROWS}%s AND m.kind = %s ORDER BY m.id",
+)
 MEMORY_SEQ_NEXT = Sql(
     "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'memory_seq'",
     "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'memory_seq'",
@@ -218,18 +254,10 @@ class MemoryTables(StoreBase):
     def fail_pending(self, user_id: str, ids: Sequence[int], *, max_attempts: int) -> int:
         """One more failed attempt for these pending messages; deletes (and counts) those that
         reached ``max_attempts``."""
-        marks = ", ".join("?" * len(ids))
+        listed = json.dumps(list(ids))
         with self._locked("write"), self.db.atomic():
-            self.db.execute(
-                f"UPDATE memory_pending SET attempts = attempts + 1"
-                f" WHERE user_key = ? AND id IN ({marks})",
-                [id_key(user_id), *ids],
-            )
-            cursor = self.db.execute(
-                f"DELETE FROM memory_pending WHERE user_key = ? AND id IN ({marks})"
-                f" AND attempts >= ?",
-                [id_key(user_id), *ids, max_attempts],
-            )
+            self.db.execute(PENDING_FAILED, [id_key(user_id), listed])
+            cursor = self.db.execute(PENDING_GIVEN_UP, [id_key(user_id), listed, max_attempts])
         return int(cursor.rowcount)
 
     def facts(self, user_id: str) -> list[Fact]:
@@ -242,17 +270,13 @@ class MemoryTables(StoreBase):
 
     def memory_rows(self, user_id: str, *, kind: MemoryKind | None = None) -> list[dict[str, Any]]:
         """Every memory row of the user, whatever its status, oldest first."""
-        sql = (
-            "SELECT m.id, m.kind, m.content, m.status, s.value AS session_id, m.generation,"
-            " m.superseded_by, m.created_at, m.updated_at FROM memories AS m"
-            " LEFT JOIN ids AS s ON s.key = m.session_key WHERE m.user_key = ?"
-        )
-        params: list[Any] = [id_key(user_id)]
-        if kind is not None:
-            sql += " AND m.kind = ?"
-            params.append(kind)
+        params: list[Any]
+        if kind is None:
+            sql, params = MEMORY_ROWS, [id_key(user_id)]
+        else:
+            sql, params = MEMORY_ROWS_OF_KIND, [id_key(user_id), kind]
         with self._locked("read"):
-            cursor = self.db.execute(sql + " ORDER BY m.id", params)
+            cursor = self.db.execute(sql, params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -273,12 +297,11 @@ class MemoryTables(StoreBase):
         pending messages removed. ``StoreError`` (nothing written) when it went stale meanwhile:
         its pending messages are gone (forgotten, taken by another engine) or a fact it ends is."""
         now = iso(self.clock())
-        marks = ", ".join("?" * len(pending_ids))
         with self._locked("memory write"), self.db.atomic():
             self._keep_ids(session_id)
             cursor = self.db.execute(
-                f"DELETE FROM memory_pending WHERE user_key = ? AND id IN ({marks})",
-                [id_key(user_id), *pending_ids],
+                PENDING_DONE,
+                [id_key(user_id), json.dumps(list(pending_ids))],
             )
             if cursor.rowcount != len(pending_ids):
                 raise StoreError("the batch's pending messages changed meanwhile; it is stale")
@@ -341,12 +364,15 @@ class MemoryTables(StoreBase):
     ) -> list[str]:
         """The user's summary excerpts from other sessions best matching FTS5 ``query`` (BM25)."""
         rows = self._fetch(
-            "SELECT excerpt FROM memory_fts WHERE memory_fts MATCH ? AND user_key = ?"
-            " AND session_key != ? ORDER BY rank, rowid LIMIT ?",
-            [query, id_key(user_id), id_key(exclude_session), limit],
+            SUMMARIES_FOUND,
+            [self._summary_query(query), id_key(user_id), id_key(exclude_session), limit],
             what="search",
         )
         return [str(r[0]) for r in rows]
+
+    def _summary_query(self, query: str) -> object:
+        """What ``SUMMARIES_FOUND`` takes for an FTS5 query: on SQLite, the query."""
+        return query
 
     def forget_fact(self, user_id: str, fact_id: int) -> int:
         """Delete one active fact of the user and the earlier versions it superseded, in one
@@ -358,8 +384,7 @@ class MemoryTables(StoreBase):
             ).fetchall()
             ids = [int(row[0]) for row in found]
             if ids:
-                marks = ", ".join("?" * len(ids))
-                self.db.execute(f"DELETE FROM memories WHERE id IN ({marks})", ids)
+                self.db.execute(MEMORIES_DELETED, [json.dumps(ids)])
                 self._bump_memory_version(user_id)
         return len(ids)
 

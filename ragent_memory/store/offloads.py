@@ -12,6 +12,20 @@ from datetime import timedelta
 from ragent_memory.core.records import GCReport
 from ragent_memory.store.base import Sql, StoreBase, id_key, iso
 
+# What gc deletes, measured first: the count and UTF-8 size of the offloads (``content`` is
+# TEXT or a BLOB on SQLite, BYTEA on PostgreSQL).
+_DROPPED = "session_key IN (SELECT session_key FROM dropped_sessions)"
+_MEASURE = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"
+_MEASURE_PG = "SELECT COUNT(*), COALESCE(SUM(OCTET_LENGTH(content)), 0) FROM offloads"
+EXPIRED_MEASURED = Sql(
+    f"{_MEASURE} WHERE expires_at <= ? AND NOT {_DROPPED}",
+    f"{_MEASURE_PG} WHERE expires_at <= %s AND NOT {_DROPPED}",
+)
+OF_DROPPED_MEASURED = Sql(f"{_MEASURE} WHERE {_DROPPED}", f"{_MEASURE_PG} WHERE {_DROPPED}")
+OFFLOADS_COLLECTED = Sql(
+    f"DELETE FROM offloads WHERE expires_at <= ? OR {_DROPPED}",
+    f"DELETE FROM offloads WHERE expires_at <= %s OR {_DROPPED}",
+)
 OFFLOAD_KEPT = Sql(
     "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
     " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
@@ -107,15 +121,11 @@ class OffloadTables(StoreBase):
         then hand the freed pages back to the disk (:meth:`_shrink`)."""
         before = self.file_bytes()
         now = iso(self.clock())
-        dropped = "session_key IN (SELECT session_key FROM dropped_sessions)"
-        measure = f"SELECT COUNT(*), COALESCE(SUM({self._OCTETS}), 0) FROM offloads"
         with self._locked("gc"), self.db.atomic():
-            expired, expired_bytes = self.db.execute(
-                f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]
-            ).fetchone()
-            of_dropped, dropped_bytes = self.db.execute(f"{measure} WHERE {dropped}").fetchone()
+            expired, expired_bytes = self.db.execute(EXPIRED_MEASURED, [now]).fetchone()
+            of_dropped, dropped_bytes = self.db.execute(OF_DROPPED_MEASURED).fetchone()
             (sessions,) = self.db.execute(DROPPED_COUNT).fetchone()
-            self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
+            self.db.execute(OFFLOADS_COLLECTED, [now])
             self.db.execute(DROPPED_FORGOTTEN)
         self._shrink(vacuum=vacuum)
         return GCReport(

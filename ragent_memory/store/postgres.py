@@ -5,8 +5,8 @@ Connections come from a ``psycopg_pool`` pool, one per calling thread for the le
 call. Every write transaction first takes one transaction-scoped advisory lock, so writers are
 serialised across hosts exactly as SQLite serialises them within a machine, and a read-check-
 write (a compaction's commit against the generation it started from) cannot interleave with
-another host's. Statements named per backend (``base.Sql``) run as written; the concern mixins' others have
-their ``?`` placeholders made ``%s`` here.
+another host's. Each statement is a named constant in each dialect (``base.Sql``): the
+PostgreSQL text runs as written, nothing is rewritten on the way.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ragent_memory.core.memo import Memo
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, Sql, id_key, utc_now
+from ragent_memory.store.base import Clock, Sql, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
 from ragent_memory.store.recall_index import IndexedTables
 from ragent_memory.store.turns import TurnTables
@@ -36,21 +36,6 @@ from ragent_memory.text.porter import stem
 WRITE_LOCK = 0x72_61_67_65_6E_74
 STEM_CHARS = 2_000_000  # tokens whose stem is kept, by their length
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
-
-
-def _pg_sql(sql: str | Sql) -> str:
-    """A statement's PostgreSQL text as written; SQL not yet named per backend (a bare
-    SQLite-style string) with its ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
-    if isinstance(sql, Sql):
-        return sql.postgres
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
-def tsquery(fts5: str, config: str = "simple") -> tuple[str, list[str]]:
-    """A ``tsquery`` SQL expression and its parameters for an FTS5 query of quoted phrases
-    joined by ``OR`` (what ``terms.fts_query`` writes): any phrase matches."""
-    phrases = [p.replace('""', '"') for p in _PHRASE.findall(fts5)] or [fts5]
-    return " || ".join([f"phraseto_tsquery('{config}', ?)"] * len(phrases)), phrases
 
 
 def pg_text(value: Any) -> Any:
@@ -66,11 +51,13 @@ class _Connection:
         self.conn = conn
 
     def execute(self, sql: str | Sql, params: Any = ()) -> psycopg.Cursor[Any]:
-        return self.conn.execute(_pg_sql(sql), [pg_text(p) for p in params])
+        text = sql.postgres if isinstance(sql, Sql) else sql
+        return self.conn.execute(text, [pg_text(p) for p in params] if params else None)
 
     def executemany(self, sql: str | Sql, rows: Iterable[Sequence[Any]]) -> None:
+        text = sql.postgres if isinstance(sql, Sql) else sql
         with self.conn.cursor() as cursor:
-            cursor.executemany(_pg_sql(sql), [[pg_text(p) for p in row] for row in rows])
+            cursor.executemany(text, [[pg_text(p) for p in row] for row in rows])
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -99,8 +86,6 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     """
 
     db = _ThreadConnection()
-    _BY_ID_ONLY = ""  # the planner picks the range itself (``+`` is SQLite's hint)
-    _OCTETS = "OCTET_LENGTH(content)"
     _MEASURED_SINCE = "011_recall_keys"
 
     def __init__(
@@ -172,19 +157,10 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
         # BYTEA keeps any Python text, lone surrogates and NULs included.
         return text.encode("utf-8", "surrogatepass")
 
-    def search_summaries(
-        self, user_id: str, query: str, *, exclude_session: str, limit: int
-    ) -> list[str]:
-        """As the SQLite store's, ranked by ``ts_rank``."""
-        expression, params = tsquery(query)
-        rows = self._fetch(
-            f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
-            " WHERE tsv @@ q.query AND user_key = ? AND session_key != ?"
-            " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
-            [*params, id_key(user_id), id_key(exclude_session), limit],
-            what="search",
-        )
-        return [str(r[0]) for r in rows]
+    def _summary_query(self, query: str) -> object:
+        """The phrases of an FTS5 query of quoted phrases joined by ``OR`` (what
+        ``terms.fts_query`` writes; the query itself when it quotes none)."""
+        return [p.replace('""', '"') for p in _PHRASE.findall(query)] or [query]
 
     def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
         """As SQLite's, and the row's keys: a search finds a row by them (``keys @>``)."""

@@ -11,15 +11,16 @@ joined row is exact. PostgreSQL: a ``tsvector`` over the same terms, the scope a
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Final
+from types import MappingProxyType
+from typing import Any, Final
 
 import attrs
-import sqlite_utils
 
 from ragent_memory.core.records import Forgotten, IndexedMessage
-from ragent_memory.store.base import Sql, id_key, iso, key_of
+from ragent_memory.store.base import IN_JSON, IN_JSON_PG, Sql, id_key, iso, key_of
 from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
@@ -32,6 +33,60 @@ from ragent_memory.text.terms import fts_query, index_terms
 COLUMNS = "s.value, m.position, m.role, m.content, m.dated, m.digest, m.id"
 NAMED = "JOIN ids AS s ON s.key = m.session_key"
 ROWS = f"recall_messages AS m {NAMED}"
+UNINDEXED = MappingProxyType(
+    {
+        column: (
+            Sql(
+                f"DELETE FROM recall_fts WHERE rowid IN (SELECT id FROM recall_messages WHERE {key} = ?)",
+                f"DELETE FROM recall_fts WHERE rowid IN (SELECT id FROM recall_messages WHERE {key} = %s)",
+            ),
+            Sql(
+                f"DELETE FROM recall_messages WHERE {key} = ?",
+                f"DELETE FROM recall_messages WHERE {key} = %s",
+            ),
+        )
+        for column, key in (("user_id", "user_key"), ("session_id", "session_key"))
+    }
+)
+LAST_INDEXED = Sql(
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ? ORDER BY m.position DESC, m.id DESC LIMIT 1",
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = %s ORDER BY m.position DESC, m.id DESC LIMIT 1",
+)
+# Reads of the in-process mirror (recall/rank.py): rows past an id, in id order. Past a first
+# read, SQLite's ``+`` keeps it on the rowid range (new rows) rather than a whole session's
+# entries of the (session, position) index; PostgreSQL's planner picks the range itself.
+_SINCE = f"SELECT {COLUMNS}, m.user_key IS NOT NULL FROM {ROWS} WHERE m.id > "
+USER_ROWS_SINCE = Sql(
+    f"{_SINCE}? AND m.user_key = ? ORDER BY m.id LIMIT ?",
+    f"{_SINCE}%s AND m.user_key = %s ORDER BY m.id LIMIT %s",
+)
+SESSION_ROWS = Sql(
+    f"{_SINCE}? AND m.session_key = ? ORDER BY m.id LIMIT ?",
+    f"{_SINCE}%s AND m.session_key = %s ORDER BY m.id LIMIT %s",
+)
+SESSION_ROWS_SINCE = Sql(
+    f"{_SINCE}? AND +m.session_key = ? ORDER BY m.id LIMIT ?",
+    f"{_SINCE}%s AND m.session_key = %s ORDER BY m.id LIMIT %s",
+)
+_UNOWNED = "SELECT 1 FROM recall_messages AS m WHERE m.id > "
+UNOWNED = Sql(
+    f"{_UNOWNED}? AND m.session_key = ? AND m.user_key IS NULL LIMIT 1",
+    f"{_UNOWNED}%s AND m.session_key = %s AND m.user_key IS NULL LIMIT 1",
+)
+UNOWNED_SINCE = Sql(
+    f"{_UNOWNED}? AND +m.session_key = ? AND m.user_key IS NULL LIMIT 1",
+    f"{_UNOWNED}%s AND m.session_key = %s AND m.user_key IS NULL LIMIT 1",
+)
+TEXTS_OF_ROWS = Sql(
+    f"SELECT id, content FROM recall_messages WHERE id {IN_JSON}",
+    f"SELECT id, content FROM recall_messages WHERE id {IN_JSON_PG}",
+)
+ROWS_AT = Sql(
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ? AND m.position {IN_JSON}"
+    " ORDER BY m.position, m.id",
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = %s AND m.position {IN_JSON_PG}"
+    " ORDER BY m.position, m.id",
+)
 CANDIDATES_PER_KEY: Final = 4_096  # a key's newest rows a search ranks (its count is exact)
 
 # Whose rows a search reads: a user's (and this session's indexed without a user), or, without
@@ -85,9 +140,12 @@ INSERT_TERMS = Sql(
     "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
     "INSERT INTO recall_fts (rowid, terms, scope, keys) VALUES (%s, %s, %s, %s)",
 )
+# Rows to measure: without a length (or, on PostgreSQL, keys: a copy from SQLite has none).
 UNMEASURED = Sql(
     "SELECT id, content FROM recall_messages WHERE tokens IS NULL ORDER BY id LIMIT ?",
-    "SELECT id, content FROM recall_messages WHERE tokens IS NULL ORDER BY id LIMIT %s",
+    "SELECT m.id, m.content FROM recall_messages AS m LEFT JOIN recall_fts AS f"
+    " ON f.rowid = m.id WHERE m.tokens IS NULL OR (f.rowid IS NOT NULL AND f.keys IS NULL)"
+    " ORDER BY m.id LIMIT %s",
 )
 MEASURED = Sql(
     "UPDATE recall_messages SET tokens = ? WHERE id = ?",
@@ -135,16 +193,13 @@ def scope_token(kind: str, value: str) -> str:
     return kind + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
-def unindex(db: sqlite_utils.Database, column: str, value: str) -> None:
+def unindex(db: Any, column: str, value: str) -> None:
     """Delete the index rows whose ``column`` (``user_id`` or ``session_id``) is ``value``;
     the caller holds the lock and the transaction."""
-    where = {"user_id": "user_key = ?", "session_id": "session_key = ?"}[column]
+    terms, rows = UNINDEXED[column]
     key = id_key(value)
-    db.execute(
-        f"DELETE FROM recall_fts WHERE rowid IN (SELECT id FROM recall_messages WHERE {where})",
-        [key],
-    )
-    db.execute(f"DELETE FROM recall_messages WHERE {where}", [key])
+    db.execute(terms, [key])
+    db.execute(rows, [key])
     # A new epoch tells every process's mirror (recall/rank.py) that rows went.
     db.execute(EPOCH_DELETED)
     db.execute(EPOCH_ADDED, [secrets.token_hex(8)])
@@ -207,8 +262,7 @@ class RecallIndexTables(OffloadTables):
     def last_indexed(self, session_id: str) -> IndexedMessage | None:
         """The session's indexed message at the highest position, or None."""
         rows = self._fetch(
-            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ?"
-            " ORDER BY m.position DESC, m.id DESC LIMIT 1",
+            LAST_INDEXED,
             [id_key(session_id)],
         )
         return IndexedMessage(*rows[0]) if rows else None
@@ -258,10 +312,6 @@ class RecallIndexTables(OffloadTables):
                 matches.setdefault(key, f"{scope} AND terms : ({fts_query([term])})")
         return matches
 
-    # Reads of the in-process mirror (recall/rank.py). ``+`` keeps SQLite on the rowid range
-    # (new rows) rather than a whole session's entries of the (session, position) index.
-    _BY_ID_ONLY = "+"
-
     def recall_mark(self) -> tuple[int, str]:
         """(the highest recall row id, the deletion epoch): what moves when rows come or go."""
         ((top, epoch),) = self._read_now(
@@ -276,35 +326,24 @@ class RecallIndexTables(OffloadTables):
         """Rows with an id above ``after``, in id order (the first ``limit``), each with
         whether it has a user: the user's rows, or without one, the session's."""
         if user_id is not None:
-            where, value = "m.user_key = ?", id_key(user_id)
+            sql, value = USER_ROWS_SINCE, id_key(user_id)
         else:
-            hint = self._BY_ID_ONLY if after else ""
-            where, value = f"{hint}m.session_key = ?", id_key(session_id)
-        rows = self._fetch(
-            f"SELECT {COLUMNS}, m.user_key IS NOT NULL FROM {ROWS}"
-            f" WHERE m.id > ? AND {where} ORDER BY m.id LIMIT ?",
-            [after, value, (1 << 62) if limit is None else limit],
-        )
+            sql = SESSION_ROWS_SINCE if after else SESSION_ROWS
+            value = id_key(session_id)
+        rows = self._fetch(sql, [after, value, (1 << 62) if limit is None else limit])
         return [(IndexedMessage(*r[:-1]), bool(r[-1])) for r in rows]
 
     def unowned_since(self, session_id: str, after: int) -> bool:
         """Whether the session has a row indexed without a user with an id above ``after``."""
-        hint = self._BY_ID_ONLY if after else ""
-        rows = self._fetch(
-            "SELECT 1 FROM recall_messages AS m WHERE m.id > ?"
-            f" AND {hint}m.session_key = ? AND m.user_key IS NULL LIMIT 1",
-            [after, id_key(session_id)],
-        )
+        sql = UNOWNED_SINCE if after else UNOWNED
+        rows = self._fetch(sql, [after, id_key(session_id)])
         return bool(rows)
 
     def indexed_texts(self, ids: Sequence[int]) -> dict[int, str]:
         """The texts of these rows (those still there)."""
         if not ids:
             return {}
-        rows = self._fetch(
-            f"SELECT id, content FROM recall_messages WHERE id IN ({', '.join('?' * len(ids))})",
-            list(ids),
-        )
+        rows = self._fetch(TEXTS_OF_ROWS, [json.dumps(list(ids))])
         return {int(r[0]): r[1] for r in rows}
 
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]:
@@ -312,11 +351,7 @@ class RecallIndexTables(OffloadTables):
         if not positions:
             return []
         wanted = sorted(set(positions))
-        rows = self._fetch(
-            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.session_key = ?"
-            f" AND m.position IN ({', '.join('?' * len(wanted))}) ORDER BY m.position, m.id",
-            [id_key(session_id), *wanted],
-        )
+        rows = self._fetch(ROWS_AT, [id_key(session_id), json.dumps(wanted)])
         return list({r[1]: IndexedMessage(*r) for r in rows}.values())
 
     def offload_all(self, session_id: str, contents: Sequence[str], *, ttl_days: float) -> None:

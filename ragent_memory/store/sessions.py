@@ -19,6 +19,27 @@ from ragent_memory.store.offloads import OffloadTables
 # the ids aside: ``session_key`` and ``user_key`` stand for them (``ids`` has their text).
 _KEYED = MappingProxyType({"session_id": "session_key", "user_id": "user_key"})
 _COLUMNS = tuple(field.name for field in attrs.fields(SessionState) if field.name not in _KEYED)
+# What a save writes: the keys, the state's other fields, when.
+_WRITTEN = ("session_key", "user_key", *_COLUMNS, "updated_at")
+_LOADED = (
+    f"SELECT u.value, {', '.join('s.' + name for name in _COLUMNS)} FROM sessions AS s"
+    " LEFT JOIN ids AS u ON u.key = s.user_key WHERE s.session_key = "
+)
+SESSION_LOADED = Sql(f"{_LOADED}?", f"{_LOADED}%s")
+_SAVED = " ON CONFLICT (session_key) DO UPDATE SET " + ", ".join(
+    f"{name} = excluded.{name}" for name in _WRITTEN[1:]
+)
+SESSION_SAVED = Sql(
+    f"INSERT INTO sessions ({', '.join(_WRITTEN)}) VALUES ({', '.join(['?'] * len(_WRITTEN))})"
+    + _SAVED,
+    f"INSERT INTO sessions ({', '.join(_WRITTEN)}) VALUES ({', '.join(['%s'] * len(_WRITTEN))})"
+    + _SAVED,
+)
+# What a drop deletes at once.
+SESSION_ROWS_DELETED = tuple(
+    Sql(f"DELETE FROM {table} WHERE session_key = ?", f"DELETE FROM {table} WHERE session_key = %s")
+    for table in ("substitutions", "sessions", "turns")
+)
 
 
 SUBSTITUTIONS_OF_SESSION = Sql(
@@ -113,11 +134,7 @@ class SessionTables(OffloadTables, HostTables):
             )
 
     def load_session(self, session_id: str) -> SessionState | None:
-        rows = self._fetch(
-            f"SELECT u.value, {', '.join('s.' + name for name in _COLUMNS)} FROM sessions AS s"
-            " LEFT JOIN ids AS u ON u.key = s.user_key WHERE s.session_key = ?",
-            [id_key(session_id)],
-        )
+        rows = self._fetch(SESSION_LOADED, [id_key(session_id)])
         if not rows:
             return None
         fields = dict(zip(_COLUMNS, rows[0][1:], strict=True))
@@ -173,12 +190,7 @@ class SessionTables(OffloadTables, HostTables):
         for name in ("verbatim", "preserved"):
             fields[name] = json.dumps(list(fields[name]), ensure_ascii=False)
         fields["updated_at"] = iso(self.clock())
-        self.db.execute(
-            f"INSERT INTO sessions ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})"
-            " ON CONFLICT (session_key) DO UPDATE SET "
-            + ", ".join(f"{name} = excluded.{name}" for name in list(fields)[1:]),
-            list(fields.values()),
-        )
+        self.db.execute(SESSION_SAVED, [fields[name] for name in _WRITTEN])
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary state, substitutions and turns go now (so the id, used again,
@@ -187,8 +199,8 @@ class SessionTables(OffloadTables, HostTables):
         with self._locked("write"), self.db.atomic():
             self._mark_written(session_id)
             key = id_key(session_id)
-            for table in ("substitutions", "sessions", "turns"):
-                self.db.execute(f"DELETE FROM {table} WHERE session_key = ?", [key])
+            for deleted in SESSION_ROWS_DELETED:
+                self.db.execute(deleted, [key])
             self.db.execute(
                 SESSION_DROPPED,
                 [key, iso(self.clock())],

@@ -176,7 +176,7 @@ class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
                 f"cannot open store {self.path!r}: it is not writable ({err})"
             ) from err
 
-    def _read_now(self, sql: str | Sql, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: Sql, params: Sequence[Any]) -> list[Any]:
         """On the reading connection (in WAL a reader waits for no writer): a turn's checks,
         on ``serve``'s event loop too, never wait for the store lock that the recall indexer's
         write transaction holds, and see every connection's commits, this store's included."""
@@ -184,8 +184,7 @@ class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
             reader = self._reader  # None for ``:memory:`` (one connection) and once closed
             if reader is not None:
                 try:
-                    text = sql.sqlite if isinstance(sql, Sql) else sql
-                    return reader.execute(text, params).fetchall()
+                    return reader.execute(sql.sqlite, params).fetchall()
                 except sqlite3.Error as err:
                     raise StoreError(f"store read failed: {err}") from err
         return super()._read_now(sql, params)

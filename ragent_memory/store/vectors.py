@@ -7,11 +7,13 @@ The rows' own deletes (``forget``, ``drop_session``) take their vectors with the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.store.base import Sql, StoreBase, id_key
+from ragent_memory.store.base import IN_JSON, IN_JSON_PG, Sql, StoreBase, id_key
 from ragent_memory.store.recall_index import COLUMNS, ROWS
 
 VECTOR_MODEL = Sql(
@@ -53,10 +55,37 @@ VECTOR_STORED = Sql(
 )
 
 
+# The rows without a vector, oldest first; vectors written since a number, in that order: a
+# user's rows, or without one, a session's (parameters: the user's or the session's key first).
+_UNEMBEDDED = "SELECT id, content FROM recall_messages AS m WHERE m.{}_key = {} AND embedded IS NULL ORDER BY id LIMIT {}"
+UNEMBEDDED = MappingProxyType(
+    {
+        owner: Sql(_UNEMBEDDED.format(owner, "?", "?"), _UNEMBEDDED.format(owner, "%s", "%s"))
+        for owner in ("user", "session")
+    }
+)
+_VECTORS = (
+    "SELECT m.embedded, m.id, s.value, m.position, m.user_key IS NOT NULL, m.embedding"
+    f" FROM {ROWS} WHERE m.embedded > {{0}} AND m.{{1}}_key = {{0}} AND m.embedding_model = {{0}}"
+    " ORDER BY m.embedded LIMIT {0}"
+)
+VECTORS_SINCE = MappingProxyType(
+    {
+        owner: Sql(_VECTORS.format("?", owner), _VECTORS.format("%s", owner))
+        for owner in ("user", "session")
+    }
+)
+ROWS_OF_IDS = Sql(
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.id {IN_JSON}",
+    f"SELECT {COLUMNS} FROM {ROWS} WHERE m.id {IN_JSON_PG}",
+)
+
+
 def _scope(user_id: str | None, session_id: str) -> tuple[str, bytes]:
+    """Whose rows (the key of ``UNEMBEDDED`` and ``VECTORS_SINCE``) and their key."""
     if user_id is not None:
-        return "m.user_key = ?", id_key(user_id)
-    return "m.session_key = ?", id_key(session_id)
+        return "user", id_key(user_id)
+    return "session", id_key(session_id)
 
 
 class VectorRow(NamedTuple):
@@ -78,12 +107,8 @@ class VectorTables(StoreBase):
     ) -> list[tuple[int, str]]:
         """Up to ``limit`` rows (id, text) without a vector, oldest first: the user's, or
         without one, the session's (a partial index holds just those rows)."""
-        where, value = _scope(user_id, session_id)
-        rows = self._fetch(
-            f"SELECT id, content FROM recall_messages AS m WHERE {where} AND embedded IS NULL"
-            " ORDER BY id LIMIT ?",
-            [value, limit],
-        )
+        owner, value = _scope(user_id, session_id)
+        rows = self._fetch(UNEMBEDDED[owner], [value, limit])
         return [(int(r[0]), str(r[1])) for r in rows]
 
     def use_vector_model(self, model: str) -> int:
@@ -131,13 +156,8 @@ class VectorTables(StoreBase):
     ) -> list[VectorRow]:
         """Vectors from ``model`` written after number ``after``, in that order (the first
         ``limit``): the user's rows, or without one, the session's."""
-        where, value = _scope(user_id, session_id)
-        rows = self._fetch(
-            "SELECT m.embedded, m.id, s.value, m.position, m.user_key IS NOT NULL, m.embedding"
-            f" FROM {ROWS} WHERE m.embedded > ? AND {where} AND m.embedding_model = ?"
-            " ORDER BY m.embedded LIMIT ?",
-            [after, value, model, limit],
-        )
+        owner, value = _scope(user_id, session_id)
+        rows = self._fetch(VECTORS_SINCE[owner], [after, value, model, limit])
         return [
             VectorRow(int(r[0]), int(r[1]), r[2], int(r[3]), bool(r[4]), bytes(r[5])) for r in rows
         ]
@@ -146,8 +166,5 @@ class VectorTables(StoreBase):
         """These recall rows (those still there), in no particular order."""
         if not ids:
             return []
-        rows = self._fetch(
-            f"SELECT {COLUMNS} FROM {ROWS} WHERE m.id IN ({', '.join('?' * len(ids))})",
-            list(ids),
-        )
+        rows = self._fetch(ROWS_OF_IDS, [json.dumps(list(ids))])
         return [IndexedMessage(*r) for r in rows]
