@@ -1,11 +1,14 @@
 """The recall index (docs/design.md §9b): every message that left a view, or that ``after_turn`` saw,
-searchable by its user and session with FTS5 (BM25).
+findable by its user and session. The store finds a search's candidate rows and counts the
+statistics BM25 needs (``recall_candidates``); ranking them is the recall ranker's, the same
+code on every backend (``recall/rank.py``).
 
 ``recall_messages`` holds one row per message (session, user, position in the history, role,
-text, the date stamp in force, a content digest); ``recall_fts`` (rowid = that row's id) holds
-its search terms (``terms.index_terms``, Porter-stemmed) and a scope: hashed tokens of its
-session and user, so a search reads only the caller's own doclists and the SQL filter on the
-joined row is exact. PostgreSQL: a ``tsvector`` over the same terms, the scope as a column.
+text, the date stamp in force, a content digest, its length in tokens); ``recall_fts`` (rowid =
+that row's id) holds its search terms (``terms.index_terms``, Porter-stemmed by FTS5) and a
+scope: hashed tokens of its session and user, so a search reads only the caller's own doclists
+and the SQL filter on the joined row is exact. PostgreSQL: the row's keys as the ranker counts
+them (``text.keys.text_terms``), a ``text[]`` found by array containment.
 """
 
 from __future__ import annotations
