@@ -27,8 +27,7 @@ from ragent_memory.store.base import IN_JSON, IN_JSON_PG, Sql, id_key, iso, key_
 from ragent_memory.store.memories import MemoryTables
 from ragent_memory.store.offloads import OffloadTables
 from ragent_memory.store.sessions import SessionTables
-from ragent_memory.text.keys import query_keys
-from ragent_memory.text.porter import tokens
+from ragent_memory.text.keys import query_keys, token_count
 from ragent_memory.text.terms import fts_query, index_terms
 
 # In the order of ``IndexedMessage``'s fields (a search adds the score): ``IndexedMessage(*row)``,
@@ -242,7 +241,7 @@ class RecallIndexTables(OffloadTables):
     def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
         """A row's length in tokens as the ranker counts it (``text.keys.text_terms``), and
         what else its ``recall_fts`` row holds (SQLite's FTS5 finds its keys itself)."""
-        return len(tokens(terms)), []
+        return token_count(terms), []
 
     def _measure_old_rows(self) -> None:
         """Give rows indexed before lengths were kept their length (and on PostgreSQL their

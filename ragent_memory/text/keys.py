@@ -3,7 +3,8 @@ both that every backend's candidates are ranked by (``recall/rank.py``), and tha
 PostgreSQL store keeps per row to find its candidates.
 
 - ``text_terms``: a text's keys and their counts, and its length in tokens;
-- ``query_keys``: each search term (``terms.search_terms``) as the key it matches.
+- ``query_keys``: each search term (``terms.search_terms``) as the key it matches;
+- ``token_count``: a text's length in tokens, as ``text_terms`` counts it, without the tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from ragent_memory.text.porter import stem, tokens
+import numpy as np
+
+from ragent_memory.text.porter import BREAKS, stem, tokens
 from ragent_memory.text.terms import index_terms, is_cjk
 
 
@@ -54,3 +57,16 @@ def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[
         elif len(found) == 2:
             keys.append(found[0] + found[1])
     return keys
+
+
+def token_count(terms: str) -> int:
+    """How many tokens ``tokens(terms)`` makes (``terms``: a text as indexed, ``index_terms``),
+    counted on the bytes for ASCII text (the start of each run of letters and digits) rather
+    than by making every token: a row's length, measured as it is indexed."""
+    low = terms.lower()
+    if not low.isascii():
+        return len(tokens(terms))
+    word = np.frombuffer(low.encode().translate(BREAKS), dtype=np.uint8) != ord(" ")
+    if not len(word):
+        return 0
+    return int(word[0]) + int(np.count_nonzero(word[1:] & ~word[:-1]))
