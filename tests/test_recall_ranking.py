@@ -204,17 +204,28 @@ def test_the_fallback_paths_rank_alike_on_both_backends(
     assert not [p for _, p, _ in unowned if p >= 1_010]
 
 
+def unmeasured(store: Backend) -> int:
+    """The SQLite store's rows without a length."""
+    found = store.db.execute("SELECT COUNT(*) FROM recall_messages WHERE tokens IS NULL")  # type: ignore[attr-defined]
+    return int(found.fetchone()[0])
+
+
 def test_rows_indexed_before_lengths_were_kept_rank_alike_once_reopened(
     db_path: str, pg_url: str
 ) -> None:
-    """A store whose rows were indexed before each row's length (and on PostgreSQL its keys)
-    was kept measures them when it opens: the rankings are those of a store indexed now."""
+    """Rows without a length (indexed before lengths were kept; on SQLite, any row until a
+    search the mirror cannot answer reads it) rank as measured ones: SQLite measures the rows
+    a search reads when it reads them, PostgreSQL (whose keys find a row) when it opens."""
     for settings in (
         StoreSettings(path=db_path),
         StoreSettings(url=pg_url, password_env=PASSWORD_ENV),
     ):
         with open_store(settings) as store:
             fill(store)
+            if not settings.url:  # indexing measures nothing; a search, only what it reads
+                assert unmeasured(store) == 266 + 15 + 50  # ann's, s2's without a user, bob's
+                from_store(store, "refund", session_id="s3", user_id="ann")
+                assert unmeasured(store) == 15 + 50  # what ann's search from s3 does not read
             before = [from_store(store, q, session_id="s1", user_id="ann") for q in QUESTIONS[:5]]
             with store._locked("test"), store.db.atomic():  # type: ignore[attr-defined]
                 store.db.execute("UPDATE recall_messages SET tokens = NULL")  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
 from ragent_memory.store.base import Clock, Sql, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
-from ragent_memory.store.recall_index import IndexedTables
+from ragent_memory.store.recall_index import MEASURE_ROWS, MEASURED, IndexedTables
 from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
 from ragent_memory.text.keys import query_keys, text_terms
@@ -35,6 +35,14 @@ from ragent_memory.text.porter import stem
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74
 STEM_CHARS = 2_000_000  # tokens whose stem is kept, by their length
+# Rows indexed before keys were kept, or copied from SQLite (its FTS5 had no keys to copy).
+UNMEASURED = (
+    "SELECT m.id, m.content FROM recall_messages AS m LEFT JOIN recall_fts AS f"
+    " ON f.rowid = m.id WHERE m.tokens IS NULL OR (f.rowid IS NOT NULL AND f.keys IS NULL)"
+    " ORDER BY m.id LIMIT %s"
+)
+KEYED = "UPDATE recall_fts SET keys = %s WHERE rowid = %s"
+MIGRATED = "SELECT 1 FROM _migrations WHERE name = %s"
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
 
 
@@ -162,10 +170,31 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
         ``terms.fts_query`` writes; the query itself when it quotes none)."""
         return [p.replace('""', '"') for p in _PHRASE.findall(query)] or [query]
 
-    def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
-        """As SQLite's, and the row's keys: a search finds a row by them (``keys @>``)."""
+    def _measure(self, content: str) -> tuple[int | None, list[list[str]]]:
+        """The row's length and keys, as it is indexed: a search finds a row by its keys
+        (``keys @>``), so they cannot wait for it; the length comes with them."""
         counts, length = text_terms(pg_text(content), self._stems.many)
         return length, [sorted(counts)]
+
+    def _measure_searched(self, of_user: bool, owner: Sequence[bytes]) -> None:
+        """Nothing: every row has its length from the start (``_measure``, ``_measure_old_rows``)."""
+
+    def _measure_old_rows(self) -> None:
+        """Give rows indexed before keys were kept (or copied from SQLite, whose FTS5 kept
+        none) their length and keys, ``MEASURE_ROWS`` at a time, each batch in a transaction.
+        Several openers at once write the same values."""
+        applied = self.db.execute(MIGRATED, [self._MEASURED_SINCE]).fetchall()
+        while applied:
+            rows = self.db.execute(UNMEASURED, [MEASURE_ROWS]).fetchall()
+            if not rows:
+                return
+            with self.db.atomic():
+                for row_id, content in rows:
+                    length, keys = self._measure(content)
+                    self.db.execute(MEASURED, [length, row_id])
+                    self.db.execute(KEYED, [*keys, row_id])
+            if len(rows) < MEASURE_ROWS:
+                return
 
     def _key_matches(
         self, terms: Sequence[str], session_id: str, user_id: str | None

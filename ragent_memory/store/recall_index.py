@@ -142,22 +142,21 @@ INSERT_TERMS = Sql(
     "INSERT INTO recall_fts (rowid, terms, scope) VALUES (?, ?, ?)",
     "INSERT INTO recall_fts (rowid, terms, scope, keys) VALUES (%s, %s, %s, %s)",
 )
-# Rows to measure: without a length (or, on PostgreSQL, keys: a copy from SQLite has none).
-UNMEASURED = Sql(
-    "SELECT id, content FROM recall_messages WHERE tokens IS NULL ORDER BY id LIMIT ?",
-    "SELECT m.id, m.content FROM recall_messages AS m LEFT JOIN recall_fts AS f"
-    " ON f.rowid = m.id WHERE m.tokens IS NULL OR (f.rowid IS NOT NULL AND f.keys IS NULL)"
-    " ORDER BY m.id LIMIT %s",
+# The searched rows without a length yet (parameters: the owner, the limit), and a length.
+_UNMEASURED = "SELECT m.id, m.content FROM recall_messages AS m WHERE m.tokens IS NULL AND "
+UNMEASURED_OF_USER = Sql(
+    f"{_UNMEASURED}{_OF_USER} ORDER BY m.id LIMIT ?",
+    f"{_UNMEASURED}{_OF_USER_PG} ORDER BY m.id LIMIT %s",
+)
+UNMEASURED_OF_SESSION = Sql(
+    f"{_UNMEASURED}m.session_key = ? ORDER BY m.id LIMIT ?",
+    f"{_UNMEASURED}m.session_key = %s ORDER BY m.id LIMIT %s",
 )
 MEASURED = Sql(
     "UPDATE recall_messages SET tokens = ? WHERE id = ?",
     "UPDATE recall_messages SET tokens = %s WHERE id = %s",
 )
-MIGRATED = Sql(
-    "SELECT 1 FROM _migrations WHERE name = ?", "SELECT 1 FROM _migrations WHERE name = %s"
-)
-KEYED = Sql("", "UPDATE recall_fts SET keys = %s WHERE rowid = %s")  # PostgreSQL's alone
-MEASURE_ROWS: Final = 4_096  # rows measured at a time when a store from before lengths opens
+MEASURE_ROWS: Final = 4_096  # rows measured at a time
 
 
 EPOCH_DELETED = Sql(
@@ -208,8 +207,6 @@ def unindex(db: Any, column: str, value: str) -> None:
 
 
 class RecallIndexTables(OffloadTables):
-    _MEASURED_SINCE = "014_recall_lengths"  # the migration that keeps each row's length
-
     def index_messages(
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
     ) -> int:
@@ -222,7 +219,7 @@ class RecallIndexTables(OffloadTables):
         with self._locked("index write"), self.db.atomic():
             self._keep_ids(*(row.session_id for row in rows))
             for row, text in zip(rows, terms, strict=True):
-                length, keys = self._measure(row.content, text)
+                length, keys = self._measure(row.content)
                 inserted = self.db.execute(
                     INSERT_ROW,
                     [user, id_key(row.session_id), *attrs.astuple(row)[1:6], now, length],
@@ -238,26 +235,24 @@ class RecallIndexTables(OffloadTables):
                 self.db.execute(INSERT_TERMS, values)
         return len(added)
 
-    def _measure(self, content: str, terms: str) -> tuple[int, list[list[str]]]:
-        """A row's length in tokens as the ranker counts it (``text.keys.text_terms``), and
-        what else its ``recall_fts`` row holds (SQLite's FTS5 finds its keys itself)."""
-        return token_count(terms), []
+    def _measure(self, content: str) -> tuple[int | None, list[list[str]]]:
+        """What an indexed row keeps besides its text: its length in tokens, and what else
+        its ``recall_fts`` row holds. SQLite: neither now (FTS5 finds a row's keys itself; its
+        length is measured when a search first needs it: ``_measure_searched``)."""
+        return None, []
 
-    def _measure_old_rows(self) -> None:
-        """Give rows indexed before lengths were kept their length (and on PostgreSQL their
-        keys), ``MEASURE_ROWS`` at a time, each batch in a transaction: the ranker's
-        statistics need every row's. Several openers at once write the same values."""
-        applied = self.db.execute(MIGRATED, [self._MEASURED_SINCE]).fetchall()
-        while applied:
-            rows = self.db.execute(UNMEASURED, [MEASURE_ROWS]).fetchall()
-            if not rows:
-                return
-            with self.db.atomic():
-                for row_id, content in rows:
-                    length, keys = self._measure(content, index_terms(content))
-                    self.db.execute(MEASURED, [length, row_id])
-                    if keys:
-                        self.db.execute(KEYED, [*keys, row_id])
+    def _measure_searched(self, of_user: bool, owner: Sequence[bytes]) -> None:
+        """Give the rows a search reads the lengths they lack (``text.keys.token_count``),
+        ``MEASURE_ROWS`` at a time, each batch in a transaction: off the indexing path, which
+        every turn pays, onto the searches the mirror cannot answer (and rows indexed before
+        lengths were kept). Two stores measuring at once write the same values."""
+        unmeasured = UNMEASURED_OF_USER if of_user else UNMEASURED_OF_SESSION
+        while True:
+            rows = self.db.execute(unmeasured, [*owner, MEASURE_ROWS]).fetchall()
+            if rows:
+                lengths = [[token_count(index_terms(content)), row_id] for row_id, content in rows]
+                with self.db.atomic():
+                    self.db.executemany(MEASURED, lengths)
             if len(rows) < MEASURE_ROWS:
                 return
 
@@ -285,6 +280,7 @@ class RecallIndexTables(OffloadTables):
         found: dict[int, tuple[IndexedMessage, bool, int]] = {}
         frequencies: dict[str, int] = {}
         with self._locked("search"):
+            self._measure_searched(user_id is not None, owner)
             for key, match in self._key_matches(terms, session_id, user_id).items():
                 rows = self.db.execute(find, [match, *owner, CANDIDATES_PER_KEY]).fetchall()
                 frequencies[key] = len(rows)

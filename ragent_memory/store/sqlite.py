@@ -101,7 +101,6 @@ class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
             self._check_tables(MIGRATIONS, "SELECT name FROM sqlite_master WHERE type = 'table'")
             self._check_writable()
             self._secret = self._load_secret()
-            self._measure_old_rows()
             if self.path != ":memory:":
                 self._reader = _connect(self.path)
         except (sqlite3.Error, StoreError) as err:
