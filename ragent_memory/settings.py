@@ -233,7 +233,16 @@ def _embeddings_section(value: Any) -> Any:
 
 @attrs.frozen
 class RecallSettings:
-    """``recall``: what recall uses beyond BM25 (``recall_enabled`` switches recall itself)."""
+    """``recall``: what recall uses beyond BM25 (``recall_enabled`` switches recall itself),
+    and ``max_chars``, a cap on a turn's recall block (None: the room the view leaves, up
+    to B)."""
+
+    max_chars: int | None = _field(
+        "recall.max_chars",
+        None,
+        lambda v: v is None or (is_int(v) and 0 <= v <= MAX_CONTEXT_WINDOW_CHARS),
+        f"null or an integer 0..{MAX_CONTEXT_WINDOW_CHARS}",
+    )
 
     embeddings: EmbeddingSettings | None = attrs.field(
         default=None,
@@ -421,7 +430,7 @@ def _recall_section(value: Any) -> Any:
 # The derived gates ``Settings.derived`` shows, in order.
 _DERIVED = """context_window_chars trim_trigger_chars compact_trigger_chars keep_recent_chars
     summary_max_chars memory_max_chars memory_consolidate_chars oversized_tool_result_chars
-    recall_max_chars"""
+    recall_max_chars recall_floor_chars"""
 
 
 @attrs.frozen
@@ -522,8 +531,17 @@ class Settings:
 
     @property
     def recall_max_chars(self) -> int:
-        """The recall block's cap (docs/design.md §9b): clamp(0.2 × B, 1,000, 40,000)."""
-        return _clamp(0.2 * self.context_window_chars, 1_000, 40_000)
+        """The recall block's cap (docs/design.md §9b): ``recall.max_chars`` if set, else B
+        (the block takes the room the view leaves)."""
+        cap = self.recall.max_chars
+        return self.context_window_chars if cap is None else cap
+
+    @property
+    def recall_floor_chars(self) -> int:
+        """The room a turn's block is owed (docs/design.md §9b): earlier turns' kept blocks
+        are taken off when they would leave it less than half of this, clamp(0.2 × B,
+        1,000, 40,000) within ``recall_max_chars``."""
+        return min(self.recall_max_chars, _clamp(0.2 * self.context_window_chars, 1_000, 40_000))
 
     @property
     def verbatim_max_chars(self) -> int:

@@ -179,7 +179,7 @@ def _outcome(
         probe.question,
         row["session_id"],
         None,  # this session's own history: what the generation's recall could show
-        settings.recall_max_chars,
+        settings.recall_floor_chars,
         settings.language,
         visible_from=int(row["covered_to"]),
         limit=DEFAULT_SEARCH_LIMIT,

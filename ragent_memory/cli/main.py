@@ -150,7 +150,8 @@ def inspect(config: str | None, as_json: bool) -> None:
         "memory_max_chars": "memory block max (0.5%, 1500..6000)",
         "memory_consolidate_chars": "memory consolidation stop (75%)",
         "oversized_tool_result_chars": "oversized tool result (5%, 4000..50000)",
-        "recall_max_chars": "recall block max (20%, 1000..40000)",
+        "recall_max_chars": "recall block max (recall.max_chars, else B)",
+        "recall_floor_chars": "recall block floor (20%, 1000..40000)",
     }
     rows = [[labels[k], f"{v:,}"] for k, v in derived.items()]
     click.echo(_table(rows, ["gate", "chars"]))

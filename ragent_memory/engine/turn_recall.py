@@ -1,5 +1,6 @@
 """A turn's recall block (docs/design.md §9b): excerpts of what the view no longer shows, for the
-current turn's user message, within ``recall_max_chars`` and never past B."""
+current turn's user message, in the room the view leaves (``recall_max_chars`` caps it) and
+never past B."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
 
 # Earlier turns' kept recall blocks are taken off (all at once, a prefix change) only when
-# they would leave the new turn's block less than this share of ``recall_max_chars``: below
+# they would leave the new turn's block less than this share of ``recall_floor_chars``: below
 # it the question loses more than the cache gains.
 ROOM_SHARE = 0.5
 
@@ -111,7 +112,8 @@ class TurnRecall:
             if view.kinds.get(view.view_index(at)) == "recall":
                 return 0, 0
         room = self.room(view)
-        if room < self.settings.recall_max_chars * ROOM_SHARE and view.counts.get("recall"):
+        floor = self.settings.recall_floor_chars * ROOM_SHARE
+        if room < floor and view.counts.get("recall"):
             # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard.
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
             room = self.room(view)

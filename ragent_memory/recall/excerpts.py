@@ -23,6 +23,8 @@ import attrs
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.records import IndexedMessage
+from ragent_memory.recall import timeline
+from ragent_memory.recall.parts import Parts
 from ragent_memory.recall.rank import Found, RecallMirror, rank_candidates
 from ragent_memory.store import RecallIndex
 from ragent_memory.text.relative import anchored
@@ -33,11 +35,13 @@ CANDIDATES: Final = 40  # hits read per query, before budgeting
 HOP_HITS: Final = 10  # the mirror's second-hop hits after them, shown when room is left
 HIT_CHARS: Final = 400  # a hit longer than this is clipped (head + tail) with a recall ref
 NEIGHBOUR_CHARS: Final = 320  # a neighbouring message is clipped harder
+JOIN_MESSAGES: Final = 6  # an excerpt this long takes no more hits next to it: they get their own
+SPREAD: Final = 10  # a hit shows up to this share of a larger block (``limits``)
+HIT_MAX_CHARS: Final = 2_400  # and this many chars at most
 NEIGHBOURS: Final = (-1, 1, 2)  # offsets of the messages read around a hit
 _AROUND: Final = tuple(sorted({0, *NEIGHBOURS}))  # a hit (0) and its neighbours, in order
 ANSWER_AFTER: Final = 2  # shown only when the message after the hit asks a question (its answer)
 _STEM_CHARS: Final = 5  # terms match by their first chars (a crude stem: paint ~ painting)
-_BREAK = re.compile(r"(?<=[.!?。！？]) ")  # after a sentence end, in folded text
 _WHEN = re.compile(
     r"\b(?:when|what (?:date|day|time|year|month)|which (?:date|day|year|month)|how long ago)\b"
     r"|什么时候|哪天|哪一天|哪年|几月|几号|何时",
@@ -70,6 +74,7 @@ class Excerpt(NamedTuple):
     dated: str
     messages: tuple[IndexedMessage, ...]
     hits: frozenset[int]  # positions of the hits among them
+    note: str = ""  # shown in its tag ("latest": the newest statement of what was asked)
 
 
 @attrs.frozen
@@ -122,50 +127,9 @@ def fold(text: str) -> str:
     return " ".join(text.split())
 
 
-def split_sentences(folded: str) -> tuple[str, ...]:
-    """Whitespace-folded text cut after each sentence end (``.!?`` and the CJK ones)."""
-    return tuple(_BREAK.split(folded))
-
-
-@attrs.frozen
-class Sentences:
-    """A text whitespace-folded, cut into sentences, the stems each holds and all of them
-    (its search terms' first chars, as a query's are cut; none for a text of one sentence:
-    ``focus`` cuts that to head and tail whatever the query)."""
-
-    folded: str
-    sentences: tuple[str, ...]
-    stems: tuple[frozenset[str], ...]
-    every: frozenset[str]
-
-    @classmethod
-    def of(cls, text: str) -> Sentences:
-        folded = " ".join(text.split())
-        sentences = split_sentences(folded)
-        stems = [frozenset(t[:_STEM_CHARS] for t in term_set(s)) for s in sentences]
-        if len(sentences) == 1:
-            stems = []
-        return cls(folded, sentences, tuple(stems), frozenset().union(*stems))
-
-    def cut(self, limit: int, stems: frozenset[str]) -> str | None:
-        """The sentences sharing most ``stems`` that fit ``limit`` chars, in their order (gaps
-        marked `` … ``); None when none fits."""
-        sentences = self.sentences
-        shared = [len(stems & held) for held in self.stems]
-        # most shared first, in text order among equals (a stable sort reversed keeps it)
-        ranked = sorted(range(len(sentences)), key=shared.__getitem__, reverse=True)
-        chosen: list[int] = []
-        size = 0
-        for i in ranked:
-            if size + len(sentences[i]) + 3 <= limit:
-                chosen.append(i)
-                size += len(sentences[i]) + 3
-        return _joined(sentences, sorted(chosen)) if chosen else None
-
-
-# A long text → its ``Sentences`` (``Sentences.of``, or a ``Memo`` of it).
-Splitter = Callable[[str], Sentences]
-# (a long text, a limit, the query's stems it holds) → ``Sentences.cut`` (a ``Memo`` of it)
+# A long text → its ``Parts`` (``Parts.of``, or a ``Memo`` of it).
+Splitter = Callable[[str], Parts]
+# (a long text, a limit, the query's stems it holds) → ``Parts.cut`` (a ``Memo`` of it)
 Cutter = Callable[[tuple[str, int, frozenset[str]]], str | None]
 
 
@@ -173,18 +137,19 @@ def focus(
     text: str,
     limit: int,
     stems: frozenset[str] = frozenset(),
-    split: Splitter = Sentences.of,
+    split: Splitter = Parts.of,
     cut: Cutter | None = None,
 ) -> tuple[str, bool]:
     """``text`` within ``limit`` chars (and whether it was cut): whole when it fits, else the
-    sentences sharing most stems with the query (``Sentences.cut``), else head + tail."""
+    parts sharing most stems with the query (``Parts.cut``: paragraphs, list items, code
+    blocks), else head + tail."""
     if len(text) <= limit:
         return " ".join(text.split()), False
     whole = split(text)
-    folded, sentences = whole.folded, whole.sentences
+    folded = whole.folded
     if len(folded) <= limit:
         return folded, False
-    if stems and len(sentences) > 1:
+    if stems and len(whole.parts) > 1:
         held = stems & whole.every  # all a cut depends on: the same each turn a hit returns
         chosen = whole.cut(limit, held) if cut is None else cut((text, limit, held))
         if chosen is not None:
@@ -194,19 +159,6 @@ def focus(
     return f"{folded[:head]} … {folded[-tail:]}", True
 
 
-def _joined(sentences: Sequence[str], chosen: Sequence[int]) -> str:
-    """The chosen sentences in order, `` … `` where others were left out."""
-    out, previous = [], -1
-    for i in chosen:
-        if i != previous + 1:
-            out.append("…")
-        out.append(sentences[i])
-        previous = i
-    if previous != len(sentences) - 1:
-        out.append("…")
-    return " ".join(out)
-
-
 # ---------------------------------------------------------------------------- rendering
 
 
@@ -214,26 +166,34 @@ def _tag(excerpt: Excerpt) -> str:
     tag = f"— session {excerpt.session_id[:40]}"
     if excerpt.dated:
         tag += f" · {excerpt.dated}"
-    return tag + f" · #{excerpt.messages[0].position}"
+    tag += f" · #{excerpt.messages[0].position}"
+    return f"{tag} · {excerpt.note}" if excerpt.note else tag
 
 
-def _limit(excerpt: Excerpt, message: IndexedMessage) -> int:
-    return HIT_CHARS if message.position in excerpt.hits else NEIGHBOUR_CHARS
+def limits(room: int) -> tuple[int, int]:
+    """What a hit and a neighbouring message may show in a block of ``room`` chars: a
+    ``SPREAD``-th of it for a hit (``HIT_CHARS`` .. ``HIT_MAX_CHARS``), two thirds of that for
+    a neighbour (``NEIGHBOUR_CHARS`` at least): a larger block shows more of each message."""
+    hit = max(HIT_CHARS, min(HIT_MAX_CHARS, room // SPREAD))
+    return hit, max(NEIGHBOUR_CHARS, hit * 2 // 3)
 
 
 def render_excerpt(
     excerpt: Excerpt,
     ref_for: RefFor | None = None,
     stems: frozenset[str] = frozenset(),
-    split: Splitter = Sentences.of,
+    split: Splitter = Parts.of,
     cut: Cutter | None = None,
+    sizes: tuple[int, int] = (HIT_CHARS, NEIGHBOUR_CHARS),
 ) -> tuple[str, list[IndexedMessage]]:
-    """One excerpt: a tag line (session, date, position), then one line per message; and
-    the messages whose clipped line names a ref."""
+    """One excerpt: a tag line (session, date, position, note), then one line per message,
+    a hit within ``sizes[0]`` chars and a neighbour within ``sizes[1]``; and the messages
+    whose clipped line names a ref."""
     lines = [_tag(excerpt)]
     referred = []
     for message in excerpt.messages:
-        text, clipped = focus(message.content, _limit(excerpt, message), stems, split, cut)
+        limit = sizes[0] if message.position in excerpt.hits else sizes[1]
+        text, clipped = focus(message.content, limit, stems, split, cut)
         text = anchored(text, message.dated)
         ref = ref_for(message) if clipped and ref_for is not None else ""
         if ref:
@@ -256,14 +216,14 @@ def find_block(
     *,
     mirror: RecallMirror | None = None,
     ref_for: RefFor | None = None,
-    cutting: tuple[Splitter, Cutter | None] = (Sentences.of, None),
+    cutting: tuple[Splitter, Cutter | None] = (Parts.of, None),
     known: Known | None = None,
     fuse: Fuse | None = None,
 ) -> Recalled:
     """The recall block for ``ask`` within ``ask.max_chars`` (empty when nothing fits or
     matches). A hit ``known`` holds (default ``held_by(ask.known_text)``) is not recalled
     again. With a ``mirror`` the search runs in process, the store answering only what it
-    cannot; ``cutting`` is (split, cut): ``split`` cuts a long text into sentences and ``cut``
+    cannot; ``cutting`` is (split, cut): ``split`` cuts a long text into parts and ``cut``
     picks those a query wants (``Memo``s keep them, and what ``known`` finds); ``fuse`` adds
     dense recall's hits."""
     terms = search_terms(ask.text)
@@ -356,7 +316,9 @@ def group(
     shown: frozenset[int],
 ) -> list[Excerpt]:
     """Each hit with its neighbours (those the view does not show), best hit first; hits
-    next to an earlier excerpt of the same session join it."""
+    next to an earlier excerpt of the same session join it while it holds fewer than
+    ``JOIN_MESSAGES`` messages (after that a hit is its own excerpt, without the messages
+    shown already)."""
     out: list[Excerpt] = []
     taken: dict[tuple[str, int], int] = {}  # (session, position) → excerpt index
     for hit in hits:
@@ -378,6 +340,10 @@ def group(
         joined = next(
             (taken[(sid, m.position)] for m in messages if (sid, m.position) in taken), None
         )
+        if joined is not None and len(out[joined].messages) >= JOIN_MESSAGES:
+            # a run of hits is not one ever longer excerpt (shown whole or as hits alone)
+            messages = [m for m in messages if (sid, m.position) not in taken]
+            joined = None
         if joined is None:
             joined = len(out)
             out.append(Excerpt(sid, hit.dated, tuple(messages), frozenset({at})))
@@ -401,21 +367,33 @@ def _fill(
 ) -> Recalled:
     """The excerpts, best first, that fit the room left (``ask.limit`` of them at most); one
     that does not fit whole is shown as its hits alone if they fit (more hits in the room
-    once it runs short)."""
+    once it runs short). Of several that state what was asked, the newest is marked the
+    latest; for a question about order or time they are shown oldest first."""
     room = ask.max_chars - len(HEADERS[ask.language]) - 1
-    parts: list[str] = []
-    referred: list[IndexedMessage] = []
+    sizes = limits(room)
+    chosen: list[tuple[Excerpt, str, list[IndexedMessage]]] = []
     for excerpt in excerpts:
-        if ask.limit is not None and len(parts) >= ask.limit:
+        if ask.limit is not None and len(chosen) >= ask.limit:
             break
-        text, named = render_excerpt(excerpt, ref_for, stems, *cutting)
+        text, named = render_excerpt(excerpt, ref_for, stems, *cutting, sizes)
         if len(text) + 1 > room and len(excerpt.messages) > len(excerpt.hits):
-            text, named = render_excerpt(alone(excerpt), ref_for, stems, *cutting)
+            excerpt = alone(excerpt)
+            text, named = render_excerpt(excerpt, ref_for, stems, *cutting, sizes)
         if len(text) + 1 <= room:
-            parts.append(text)
-            referred += named
+            chosen.append((excerpt, text, named))
             room -= len(text) + 1
-    return Recalled(render_block(parts, ask.language), len(parts), tuple(parts), tuple(referred))
+    shown = [excerpt for excerpt, _, _ in chosen]
+    newest = timeline.latest(shown, stems)
+    if newest is not None and room >= len(timeline.LATEST) + 3:
+        excerpt, text, named = chosen[newest]
+        marked = excerpt._replace(note=timeline.LATEST)
+        rest = text.partition("\n")[2]
+        chosen[newest] = (marked, f"{_tag(marked)}\n{rest}" if rest else _tag(marked), named)
+    if timeline.asks_about_time(ask.text):
+        chosen = [chosen[i] for i in timeline.chronological(shown)]
+    parts = tuple(text for _, text, _ in chosen)
+    referred = tuple(m for _, _, named in chosen for m in named)
+    return Recalled(render_block(parts, ask.language), len(parts), parts, referred)
 
 
 def alone(excerpt: Excerpt) -> Excerpt:

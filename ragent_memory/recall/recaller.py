@@ -31,12 +31,12 @@ from ragent_memory.recall.excerpts import (
     NEIGHBOURS,
     Ask,
     Recalled,
-    Sentences,
     find_block,
     fold,
     within,
 )
 from ragent_memory.recall.index import Indexer
+from ragent_memory.recall.parts import Parts
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.refs import integer, tool_schema
 from ragent_memory.settings import Settings
@@ -176,9 +176,9 @@ class Recaller:
             on_written=self.dense.schedule if self.dense is not None else None,
         )
         self.offloads = Offloads(store, settings.offload_ttl_days)
-        # the same long hits come back turn after turn: each split and stemmed once, and cut
+        # the same long hits come back turn after turn: each split into parts and stemmed once, and cut
         # once for the query words it holds
-        self.sentences = Memo(Sentences.of, SENTENCE_CACHE_CHARS, len)
+        self.sentences = Memo(Parts.of, SENTENCE_CACHE_CHARS, len)
         self.cuts = Memo(self._cut, CUT_CHARS, lambda key: len(key[0]) + key[1])
         self.folded = Memo(fold, KNOWN_CHARS, len)
         self.held: Memo[tuple[str, str], bool] = Memo(
@@ -257,7 +257,8 @@ class Recaller:
             return f"[{SEARCH_TOOL_NAME}: query must be a non-empty string]"
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             return f"[{SEARCH_TOOL_NAME}: limit must be an integer ≥ 1, got {limit!r}]"
-        ask = Ask(query, session_id, user_id, self.settings.recall_max_chars, language, limit=limit)
+        room = self.settings.recall_floor_chars  # a tool result: a bounded answer
+        ask = Ask(query, session_id, user_id, room, language, limit=limit)
         with tracing.span("ragent_memory.search", _asked(ask)) as span:
             try:
                 found = self._find(ask)

@@ -26,8 +26,8 @@ from ragent_memory.recall.excerpts import (
     find_block,
     focus,
     place,
-    split_sentences,
 )
+from ragent_memory.recall.parts import Parts, sentences
 from ragent_memory.recall.index import Indexer
 from ragent_memory.recall.rank import RecallMirror
 from ragent_memory.recall.recaller import (
@@ -407,10 +407,10 @@ def test_a_cut_is_kept_for_the_query_words_a_text_holds() -> None:
     text = " ".join(f"Sentence {i} is filler about nothing." for i in range(30))
     text += " The passport number is X1234567. " + text
     cuts: list[tuple[str, int, frozenset[str]]] = []
-    sentences = Memo(excerpts.Sentences.of, 1_000_000, len)
-    cut = Memo(lambda key: cuts.append(key) or sentences(key[0]).cut(*key[1:]), 10_000, len)
-    first = focus(text, 120, frozenset({"passp", "turn"}), sentences, cut)
-    again = focus(text, 120, frozenset({"passp", "week"}), sentences, cut)
+    split = Memo(Parts.of, 1_000_000, len)
+    cut = Memo(lambda key: cuts.append(key) or split(key[0]).cut(*key[1:]), 10_000, len)
+    first = focus(text, 120, frozenset({"passp", "turn"}), split, cut)
+    again = focus(text, 120, frozenset({"passp", "week"}), split, cut)
     assert first == again == focus(text, 120, frozenset({"passp"}))
     assert [(text, 120, frozenset({"passp"}))] == cuts
 
@@ -432,7 +432,7 @@ _LOOK_BEHIND = re.compile(r"(?<=[.!?。！？])\s+")  # how sentences were cut b
 def test_sentences_are_cut_where_a_look_behind_cuts_them(text: str) -> None:
     """The one-char search cuts folded text exactly where ``(?<=[.!?。！？])\\s+`` did."""
     folded = " ".join(text.split())
-    assert tuple(_LOOK_BEHIND.split(folded)) == split_sentences(folded)
+    assert _LOOK_BEHIND.split(folded) == sentences(folded)
 
 
 def test_search_tool_schema() -> None:
