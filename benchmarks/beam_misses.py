@@ -1,0 +1,128 @@
+"""Why recall misses on BEAM: each question whose gold answer (scored as ``benchmarks.beam``
+scores it) is in the full chat but not in what ``prepare`` sent, classified by where it was
+lost.
+
+The answer's *holders* are the messages whose words hold every content word of the gold
+answer. A miss is:
+
+- ``scattered, found``: no one message holds the whole answer, but the texts of the hits and
+  their neighbours do (the pieces were found, and cut or left out for room);
+- ``scattered``: no one message holds it and the hits' texts do not either (a list gathered
+  over many sessions, an answer worked out from several values);
+- ``cut``: a holder is in the block but its excerpt was clipped past the answer;
+- ``room``: a holder was among the search's hits but its excerpt did not fit the block;
+- ``neighbour``: a holder is two or more messages from a shown hit;
+- ``no shared word``: a holder shares no search term (stemmed) with the question;
+- ``ranked out``: a holder shares words but was not among the hits.
+
+Each class is split by BEAM's kind of question.
+``python -m benchmarks.beam_misses [--protocol sessions|question] [--chat 1] [--show N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.beam import DATA, chat_questions, chat_sessions, gold_words, words
+from benchmarks.locomo import context_text, drive, engine_settings
+from benchmarks.locomo_misses import Spy, stems
+from ragent_memory import MemoryEngine
+
+
+def classify(gold: set[str], question: str, said: list[str], spy: Spy) -> tuple[str, str]:
+    """The miss's class and the holder it names ("" when none)."""
+    holders = [text for text in said if gold <= words(text)]
+    if not holders:
+        found = [m.content for e in spy.excerpts for m in e.messages] + [
+            h.content for h in spy.hits
+        ]
+        return ("scattered, found" if gold <= words("\n".join(found)) else "scattered"), ""
+    hit_texts = [h.content for h in spy.hits]
+    in_excerpts = {m.content for e in spy.excerpts for m in e.messages}
+    for holder in holders:
+        if holder in in_excerpts:
+            if " ".join(holder.split())[:60] in spy.block:
+                return "cut", holder
+            return "room", holder
+    near = {i for i, text in enumerate(said) if text in hit_texts}
+    for holder in holders:
+        at = said.index(holder)
+        if any(abs(at - i) <= 3 for i in near):
+            return "neighbour", holder
+    asked = stems(question)
+    for holder in holders:
+        if asked & stems(holder):
+            return "ranked out", holder
+    return "no shared word", holders[0]
+
+
+def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> None:
+    spy = Spy()
+    table: Counter[str] = Counter()
+    by_kind: dict[str, Counter[str]] = defaultdict(Counter)
+    examples: dict[str, list[str]] = defaultdict(list)
+    total = missed = 0
+    dirs = sorted((p for p in DATA.glob("*") if p.is_dir()), key=lambda p: int(p.name))
+    with tempfile.TemporaryDirectory() as tmp:
+        for chat in (d for d in dirs if not chats or d.name in chats):
+            sessions = chat_sessions(json.loads((chat / "chat.json").read_text()))
+            every = [m for s in sessions for m in s]
+            said = [m["content"] for m in every]
+            full = words("\n".join(said))
+            name = f"beam-{chat.name}"
+            settings = engine_settings(budget, Path(tmp) / f"{name}.db", recall=True)
+            with MemoryEngine(settings) as engine:
+                if protocol == "question":
+                    drive(engine, every, session_id=name, user_id=name)
+                else:
+                    for k, session in enumerate(sessions):
+                        drive(engine, session, session_id=f"{name}-b{k + 1}", user_id=name)
+                for k, q in enumerate(chat_questions(chat / "probing_questions.json")):
+                    gold = gold_words(q["answer"], q["question"])
+                    if not gold or not gold <= full:
+                        continue
+                    total += 1
+                    spy.reset()
+                    asked: dict[str, Any] = {"role": "user", "content": q["question"]}
+                    if protocol == "question":
+                        msgs, sid = [*every, asked], name
+                    else:
+                        msgs, sid = [asked], f"{name}-q{k}"
+                    prepared = engine.prepare(msgs, session_id=sid, user_id=name)
+                    if gold <= words(context_text(prepared.messages, q["question"])):
+                        continue
+                    missed += 1
+                    kind, holder = classify(gold, q["question"], said, spy)
+                    table[kind] += 1
+                    by_kind[kind][q["kind"]] += 1
+                    lost = sorted(gold - words(context_text(prepared.messages, q["question"])))
+                    examples[kind].append(
+                        f"  [{q['kind'][:12]}] {q['question'][:110]} | lost {lost[:8]}"
+                        f" | {holder[:100]!r}"
+                    )
+    print(f"{protocol}, B={budget:,}: {total} answerable, {missed} missed ({missed / total:.1%})")
+    for kind, count in table.most_common():
+        kinds = " ".join(f"{k[:12]}:{n}" for k, n in sorted(by_kind[kind].items()))
+        print(f"{count:5d}  {kind:18s} {kinds}")
+        for line in examples[kind][:show]:
+            print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--protocol", choices=("question", "sessions"), default="sessions")
+    parser.add_argument("--budget", type=int, default=20_000)
+    parser.add_argument("--show", type=int, default=0)
+    parser.add_argument("--chat", action="append", default=[])
+    args = parser.parse_args()
+    run(args.protocol, args.budget, args.show, args.chat)
+
+
+if __name__ == "__main__":
+    main()
