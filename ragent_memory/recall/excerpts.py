@@ -346,7 +346,8 @@ def group(
             joined = None
         if joined is None:
             joined = len(out)
-            out.append(Excerpt(sid, hit.dated, tuple(messages), frozenset({at})))
+            dated = hit.dated or next((m.dated for m in messages if m.dated), "")  # a neighbour's
+            out.append(Excerpt(sid, dated, tuple(messages), frozenset({at})))
         else:
             old = out[joined]
             merged = {m.position: m for m in (*old.messages, *messages)}
