@@ -45,8 +45,11 @@ def ask(engine: MemoryEngine, question: str) -> tuple[str, Any]:
 
 
 def long_reply() -> str:
-    """Eight paragraphs; the fifth a lead-in line and a config block whose value ends it."""
-    paragraphs = [f"Paragraph {i}: {FILLER}" for i in range(8)]
+    """Eight paragraphs without a sentence end (the reply is one long sentence); the fifth a
+    lead-in line and a config block whose value ends it."""
+    paragraphs = [
+        f"Paragraph {i}: " + "we went on about the weather and traffic " * 6 for i in range(8)
+    ]
     config = "\n".join(f"    option_{k} = value_{k}" for k in range(20))
     paragraphs[4] = f"Here is the pgbouncer pool config:\n```ini\n{config}\n    pool_size = 37\n```"
     return "\n\n".join(paragraphs)
