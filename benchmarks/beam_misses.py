@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.beam import DATA, chat_questions, chat_sessions, gold_words, words
 from benchmarks.locomo import context_text, drive, engine_settings
-from benchmarks.locomo_misses import Spy, stems
+from benchmarks.locomo_misses import Spy, report, stems
 from ragent_memory import MemoryEngine
 
 
@@ -106,12 +106,9 @@ def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> None:
                         f"  [{q['kind'][:12]}] {q['question'][:110]} | lost {lost[:8]}"
                         f" | {holder[:100]!r}"
                     )
-    print(f"{protocol}, B={budget:,}: {total} answerable, {missed} missed ({missed / total:.1%})")
-    for kind, count in table.most_common():
-        kinds = " ".join(f"{k[:12]}:{n}" for k, n in sorted(by_kind[kind].items()))
-        print(f"{count:5d}  {kind:18s} {kinds}")
-        for line in examples[kind][:show]:
-            print(line)
+    line = f"{protocol}, B={budget:,}: {total} answerable"
+    short = {k: {kind[:12]: n for kind, n in v.items()} for k, v in by_kind.items()}
+    report(line, missed, total, table, short, examples, show)
 
 
 def main() -> None:

@@ -119,6 +119,26 @@ def classify(
     return ("no shared word, when" if when else "no shared word"), holders[0]
 
 
+def report(
+    head: str,
+    missed: int,
+    total: int,
+    table: Counter[str],
+    by: dict[str, dict[str, int]],
+    examples: dict[str, list[str]],
+    show: int,
+) -> None:
+    """The miss table: one row a class, most common first, with its count by question kind
+    and up to ``show`` examples."""
+    print(f"{head}, {missed} missed ({missed / total:.1%})")
+    width = max((len(kind) for kind in table), default=0) + 2
+    for kind, count in table.most_common():
+        kinds = " ".join(f"{k}:{n}" for k, n in sorted(by.get(kind, {}).items()))
+        print(f"{count:5d}  {kind:{width}s} {kinds}")
+        for line in examples.get(kind, [])[:show]:
+            print(line)
+
+
 def run(protocol: str, budget: int, show: int, convs: Sequence[str], verbose: bool = False) -> None:
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -172,12 +192,16 @@ def run(protocol: str, budget: int, show: int, convs: Sequence[str], verbose: bo
                             else ""
                         )
                     )
-    print(f"{protocol}, B={budget:,}: {total} answerable, {missed} missed ({missed / total:.1%})")
-    for kind, count in table.most_common():
-        cats = " ".join(f"c{c}:{n}" for c, n in sorted(by_cat[kind].items()))
-        print(f"{count:5d}  {kind:28s} {cats}")
-        for line in examples[kind][:show]:
-            print(line)
+    line = f"{protocol}, B={budget:,}: {total} answerable"
+    report(
+        line,
+        missed,
+        total,
+        table,
+        {k: {f"c{c}": n for c, n in v.items()} for k, v in by_cat.items()},
+        examples,
+        show,
+    )
 
 
 def main() -> None:
