@@ -33,8 +33,8 @@ with and without recall, and LangChain's full stack, on the same calls), where t
 measured between consecutive calls and ragent_memory reports how many of its tool-loop calls
 still carry the turn's recall block.
 
-Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workloads and, like
-``--only`` and ``--no-peers``, writes no results file.
+Results go to ``benchmarks/results/versus.json`` (``versus_no_peers.json`` with
+``--no-peers``); ``--quick`` runs shorter workloads and, like ``--only``, writes no results file.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def run_ragent(
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
     run = Run()
     stability = Stability()
-    loop_calls = loop_blocks = 0
+    loop_calls = loop_blocks = recalled_chars = 0
     with MemoryEngine(settings, summarizer=meter) as engine:
         for messages in turns:
             done = 0
@@ -267,6 +267,7 @@ def run_ragent(
                     # Copying every dict takes 0.1 ms and up: five repeats resolve it well.
                     run.floor_dicts_ms.append(_repeat_ms(functools.partial(_dict_copies, sent), 5))
                 stability.add(sent, prepared.report.compacted)
+                recalled_chars += prepared.report.recalled_chars
                 run.record(cpu_ms, prepared.report.compacted)
                 if call:  # a tool loop's call: does it still carry the turn's recall block?
                     loop_calls += 1
@@ -281,6 +282,9 @@ def run_ragent(
         "stability": stability.result(),
         "audit_material_chars_equal_read": [r["material_chars"] for r in applied] == meter.material,
         "history_chars": sum(chars(m) for m in history),
+        # A block's chars leave the prefix at the event that takes it off (unless a
+        # compaction does): their mean over B bounds what recall costs the share.
+        "recalled_chars_per_call": recalled_chars / max(1, len(run.cpu_ms)),
         **({"loop_calls": loop_calls, "loop_calls_with_block": loop_blocks} if every_call else {}),
     }
     return run, meter, extra
@@ -600,9 +604,12 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
-    # One results file: a quick or partial run prints its tables and leaves versus.json alone.
-    partial = args.quick or only is not None or args.no_peers
-    out = None if partial else RESULTS / "versus.json"
+    # A quick or partial run prints its tables and leaves the results files alone; ours alone
+    # (no peers) has a file of its own, so versus.json keeps the peers' rows.
+    partial = args.quick or only is not None
+    out = (
+        None if partial else RESULTS / ("versus_no_peers.json" if args.no_peers else "versus.json")
+    )
     clock = Clock()
     rag_en: Turns = []
     for name, budget, turns in workloads(args.quick):
