@@ -229,16 +229,69 @@ def versus_section(data: dict[str, Any]) -> list[str]:
         "",
         "Reading it: with recall off, every break of the prefix is a trim turn: gate 1 evicts "
         "every candidate at once, and docs/design.md §4 fixes when it fires (over 50% of B, and only "
-        "once the candidates reach 20% of the view). With recall on, the block on the turn's "
-        "user message moves to the next question, so the prefix breaks once a user turn, while "
-        "everything before the previous user message still matches. Late ÷ early with recall "
+        "once the candidates reach 20% of the view). With recall on, each turn's block stays on "
+        "its user message and the kept blocks leave the prefix together at an event "
+        "(docs/design.md §9b), losing what follows the first of them. Late ÷ early with recall "
         "on mostly says how much recall finds: early in a session little has left the view, "
         "and once the block is full the cost is flat. LangChain and deepagents clip their "
         "summarizer's input to 4,000 tokens and on RAG sessions mostly send it nothing (too "
         "long to summarise), hence their *summarizer in ÷ B* near 0.",
         "",
     ]
-    return out + every_call_section(data) + slow_model_section(data)
+    return out + every_call_section(data) + slow_model_section(data) + cache_section()
+
+
+CACHE_HEADER = (
+    "workload (B)",
+    "share, recall on",
+    "share, recall off",
+    "recall block chars per call",
+    "1 − block chars ÷ B",
+)
+
+
+def cache_rows(workloads: dict[str, Any], unit: str) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for name, workload in workloads.items():
+        ours, bare = workload["ragent_memory"], workload["ragent_memory_recall_off"]
+        block = ours.get("recalled_chars_per_call")
+        rows.append(
+            [
+                workload_label(name, workload, unit),
+                f"{ours['stability']['mean_matching_share']:.3f}",
+                f"{bare['stability']['mean_matching_share']:.3f}",
+                "—" if block is None else f"{block:,.0f}",
+                "—" if block is None else f"{1 - block / workload['budget']:.3f}",
+            ]
+        )
+    return rows
+
+
+def cache_section() -> list[str]:
+    """Ours alone (``versus --no-peers``): the cached share with recall on and off, and how
+    much recall's blocks add per call."""
+    data = load("versus_no_peers")
+    if data is None:
+        return []
+    return [
+        "### Recall and the prompt cache",
+        "",
+        "`python -m benchmarks.versus --no-peers`: ragent_memory's arms alone, on the same "
+        "workloads; *share* as above (compaction calls left out), per turn and then per model "
+        "call. Every char of a kept recall block leaves the prefix at the event that takes it "
+        "off, and the event loses everything after its first change, so the share with recall "
+        "on stays under about 1 − (block chars per call) ÷ B, whatever the schedule "
+        "(docs/design.md §9b): the last column.",
+        "",
+        recorded(data),
+        "",
+        table(
+            CACHE_HEADER,
+            cache_rows(data["workloads"], "turns")
+            + cache_rows(data.get("every_call", {}), "calls"),
+        ),
+        "",
+    ]
 
 
 def every_call_section(data: dict[str, Any]) -> list[str]:

@@ -96,7 +96,9 @@ class Ladder:
         """Rungs 0 and 1 on a view over B: the kept recall blocks taken off, then every
         evictable tool result before the current turn trimmed."""
         view = turn.view
-        self.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
+        if view.counts.get("recall"):  # the prefix changes: gate 1's pending trims go too
+            self.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
+            turn.substitutions += self.trimming.retrim(view, turn.left.extend, force=True)
         if self.over(view):
             self._trim_all(turn)
 

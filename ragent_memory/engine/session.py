@@ -248,10 +248,11 @@ class Session:
         """reduce → trim → record: the previews and placeholders decided, then persisted
         (originals offloaded) and shown; gate 1's state kept on the view."""
         view, trimming = turn.view, self.trimming
-        new, state = trimming.trim(view, trimming.reduce(view))
+        squeezed = self.turn_recall.squeezed(view)  # earlier blocks go: pending trims too
+        new, state = trimming.trim(view, trimming.reduce(view), force=squeezed)
         turn.substitutions += new
         trimming.apply(view, new, state or view.trim_hint, turn.left.extend)
-        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
+        if squeezed or any(sub.kind == "trim" for _, sub, _ in new):  # an event: blocks go
             self.turn_recall.evict_earlier(view, self.sticky)
         self._report(turn)
 

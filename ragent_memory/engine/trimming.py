@@ -53,30 +53,33 @@ class Trimming:
         ]
 
     def trim(
-        self, view: View, new: list[NewSubstitution]
+        self, view: View, new: list[NewSubstitution], *, force: bool = False
     ) -> tuple[list[NewSubstitution], TrimState | None]:
         """Gate 1 over the view as it would be with ``new`` shown. Returns the substitutions
         to record (a trimmed result replaces its pending preview) and the gate's state for
         later turns (None: look at the whole view next time). The view's state is taken
-        first, so a failure midway leaves none behind."""
+        first, so a failure midway leaves none behind. With ``force`` (the call takes kept
+        recall blocks off, which changes the prefix anyway) the pending candidates apply
+        whatever they free: trimmed now, they spare a later event of their own."""
         state, view.trim_hint = view.trim_hint, None
         pending = {index: sub for index, sub, _ in new}
         total = view.total + sum(chars(s.message) - view.sizes[i] for i, s in pending.items())
         if total <= self.settings.trim_trigger_chars:
             return new, state  # looked at when the view is next over the trigger
         state = self._state(view, pending, state)
-        if state.due(total):
+        if state.due(total) or (force and state.candidates):
             reclaimed = state.reclaim
             new = self._with_evictions(view, new, state.take(), total, reclaimed)
         return new, state
 
     def retrim(
-        self, view: View, on_left: Callable[[list[HistoryIndex]], None]
+        self, view: View, on_left: Callable[[list[HistoryIndex]], None], *, force: bool = False
     ) -> list[NewSubstitution]:
         """Gate 1 on ``view`` as the next turn sees it, after the ceiling made it smaller (its
         total may now pass the 20% rule): the same history gives the same messages. Returns
-        the substitutions it decided."""
-        new, state = self.trim(view, [])
+        the substitutions it decided; with ``force`` its pending candidates apply whatever
+        they free (see ``trim``)."""
+        new, state = self.trim(view, [], force=force)
         self.apply(view, new, state or view.trim_hint, on_left)
         return new
 

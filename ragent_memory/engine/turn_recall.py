@@ -10,7 +10,7 @@ from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.sticky import PART_SEPARATOR, Sticky
 from ragent_memory.engine.view import HistoryIndex, View
-from ragent_memory.gates.ceiling import current_turn_start
+from ragent_memory.gates.ceiling import TRIM_HEADROOM, current_turn_start
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import id_key
@@ -58,6 +58,23 @@ def hidden(view: View) -> tuple[range, frozenset[int]]:
     return view.covered(), frozenset(substituted)
 
 
+def tool_loop_reserve(view: View, settings: Settings) -> int:
+    """What the block leaves free for the turn's tool loops: twice what the previous turn's
+    took (its tool calls and results as shown), at most the ceiling's headroom. A block
+    filling the view up to B would put the turn's next call over B, and the ceiling would
+    then take the kept blocks off in the middle of the tool loop (a prefix change with no
+    trim)."""
+    messages, sizes = view.messages, view.sizes
+    taken = 0
+    for index in range(len(messages) - 2, view.head - 1, -1):  # back to the previous question
+        message = messages[index]
+        if message.get("role") == "user":
+            break
+        if message.get("role") == "tool" or message.get("tool_calls"):
+            taken += sizes[index]
+    return min(2 * taken, int(settings.context_window_chars * TRIM_HEADROOM))
+
+
 class TurnRecall:
     """The block for the current turn: found when the last message is the user's, then kept
     on that message (``keep``) as a sticky substitution, so every later call of the session
@@ -88,7 +105,27 @@ class TurnRecall:
         with a newline, so that char is part of what the block takes of B."""
         settings = self.settings
         free = settings.context_window_chars - view.total - len(PART_SEPARATOR)
-        return min(settings.recall_max_chars, free)
+        return min(settings.recall_max_chars, free - tool_loop_reserve(view, settings))
+
+    def squeezed(self, view: View) -> bool:
+        """Whether this call must take the earlier turns' kept blocks off to leave the new
+        turn's block its room: the last message is a user message not searched yet and the
+        blocks leave it less than ``ROOM_SHARE`` of ``recall_max_chars``, and no compaction is
+        due. The session then makes it one event with gate 1's pending trims (the prefix
+        changes there anyway)."""
+        raw = self.raw.messages
+        if self.recaller is None or not self.settings.recall_enabled or not raw:
+            return False
+        if not view.counts.get("recall") or raw[-1].get("role") != "user":
+            return False
+        if view.kinds.get(view.view_index(HistoryIndex(len(raw) - 1))) == "recall":
+            return False
+        settings = self.settings
+        trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
+        written = view.with_left_out - block_chars(view, self.raw.sizes)
+        if settings.summary_enabled and written > trigger:
+            return False  # a compaction is due (a prefix change): ``recall`` takes them off after
+        return self.room(view) < settings.recall_max_chars * ROOM_SHARE
 
     def recall(
         self, view: View, user_id: str | None, summary: str, sticky: Sticky
