@@ -98,19 +98,20 @@ class TurnRecall:
         self.at = HistoryIndex(-1)
         self.stamp: str | None = None  # what ``block`` was found under (``stamp``)
 
-    def room(self, view: View) -> int:
+    def room(self, view: View, *, reserve: bool = True) -> int:
         """What the block may take: at most ``recall_max_chars``, and B less what the view
-        sends. The block is its own text part before the question; a consumer that reads the
-        message as one text (LangChain's OpenAI conversion, many providers) joins the parts
-        with a newline, so that char is part of what the block takes of B."""
+        sends (and, with ``reserve``, less the tool-loop reserve). The block is its own text
+        part before the question; a consumer that reads the message as one text (LangChain's
+        OpenAI conversion, many providers) joins the parts with a newline, so that char is
+        part of what the block takes of B."""
         settings = self.settings
         free = settings.context_window_chars - view.total - len(PART_SEPARATOR)
-        return min(settings.recall_max_chars, free - tool_loop_reserve(view, settings))
+        return min(settings.recall_max_chars, free - reserve * tool_loop_reserve(view, settings))
 
     def squeezed(self, view: View) -> bool:
         """Whether this call must take the earlier turns' kept blocks off to leave the new
         turn's block its room: the last message is a user message not searched yet and the
-        blocks leave it less than ``ROOM_SHARE`` of ``recall_max_chars``, and no compaction is
+        blocks leave it less than ``ROOM_SHARE`` of ``recall_floor_chars``, and no compaction is
         due. The session then makes it one event with gate 1's pending trims (the prefix
         changes there anyway)."""
         raw = self.raw.messages
@@ -125,7 +126,7 @@ class TurnRecall:
         written = view.with_left_out - block_chars(view, self.raw.sizes)
         if settings.summary_enabled and written > trigger:
             return False  # a compaction is due (a prefix change): ``recall`` takes them off after
-        return self.room(view) < settings.recall_max_chars * ROOM_SHARE
+        return self.room(view) < settings.recall_floor_chars * ROOM_SHARE
 
     def recall(
         self, view: View, user_id: str | None, summary: str, sticky: Sticky
@@ -150,8 +151,9 @@ class TurnRecall:
                 return 0, 0
         room = self.room(view)
         floor = self.settings.recall_floor_chars * ROOM_SHARE
-        if room < floor and view.counts.get("recall"):
-            # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard.
+        if self.room(view, reserve=False) < floor and view.counts.get("recall"):
+            # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard
+            # (after a compaction: before one, ``squeezed`` made it one event with the trims).
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
             room = self.room(view)
         if room <= 0:
