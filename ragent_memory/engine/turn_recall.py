@@ -60,10 +60,10 @@ def hidden(view: View) -> tuple[range, frozenset[int]]:
 
 def tool_loop_reserve(view: View, settings: Settings) -> int:
     """What the block leaves free for the turn's tool loops: twice what the previous turn's
-    took (its tool calls and results as shown), at most the ceiling's headroom. A block
-    filling the view up to B would put the turn's next call over B, and the ceiling would
-    then take the kept blocks off in the middle of the tool loop (a prefix change with no
-    trim)."""
+    took (its tool calls and results as shown), at most the ceiling's headroom (10% of B). A
+    block filling the view up to B would put the turn's next model call, after its first tool
+    result, over B, and the ceiling would then take the kept blocks off in the middle of the
+    tool loop (a prefix change with no trim)."""
     messages, sizes = view.messages, view.sizes
     taken = 0
     for index in range(len(messages) - 2, view.head - 1, -1):  # back to the previous question
@@ -126,7 +126,7 @@ class TurnRecall:
         written = view.with_left_out - block_chars(view, self.raw.sizes)
         if settings.summary_enabled and written > trigger:
             return False  # a compaction is due (a prefix change): ``recall`` takes them off after
-        return self.room(view) < settings.recall_floor_chars * ROOM_SHARE
+        return self.room(view, reserve=False) < settings.recall_floor_chars * ROOM_SHARE
 
     def recall(
         self, view: View, user_id: str | None, summary: str, sticky: Sticky
