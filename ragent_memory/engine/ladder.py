@@ -1,21 +1,24 @@
-"""The ceiling (docs/design.md §4b) on a session's view: the rungs of ``gates.ceiling`` applied, their
-placeholders and previews recorded as sticky substitutions, the mid-turn compaction run."""
+"""The ceiling step (docs/design.md §4b) on a turn's view: the rungs of ``gates.ceiling``
+applied, their placeholders and previews recorded as sticky substitutions. Rung 2, the
+mid-turn compaction, is planned here (``plan_mid_turn``) and run by the session between
+``lower`` (rungs 0-1) and ``finish`` (rungs 3-5)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import get_logger
 from ragent_memory.core.names import SkipReason, SubstitutionKind
+from ragent_memory.engine.raw import RawCache
+from ragent_memory.engine.sticky import Sticky
+from ragent_memory.engine.trimming import Trimming
+from ragent_memory.engine.turn import Turn
 from ragent_memory.engine.view import View
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.cut import CutPlan, plan_cut
+from ragent_memory.settings import Settings
 from ragent_memory.store import Substitution
-
-if TYPE_CHECKING:
-    from ragent_memory.engine.session import Session
 
 log = get_logger(__name__)
 
@@ -24,11 +27,17 @@ Change = tuple[int, SubstitutionKind, str, Message, Sequence[str]]
 
 
 class Ladder:
-    """Climbs the ceiling's rungs over a session's view while it is over B."""
+    """Climbs the ceiling's rungs over a turn's view while it is over B. What leaves the view
+    goes on the turn (``Turn.left``, ``Turn.left_out``) for the session to report."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.settings = session.settings
+    def __init__(
+        self, session_id: str, settings: Settings, raw: RawCache, trimming: Trimming
+    ) -> None:
+        self.session_id = session_id
+        self.settings = settings
+        self.raw = raw
+        self.trimming = trimming
+        self.sticky: Sticky = trimming.sticky
 
     def fit(
         self,
@@ -55,21 +64,15 @@ class Ladder:
         )
 
     def _forms(self, originals: Mapping[int, Message], evicted: set[int]) -> ceiling.Forms:
-        return ceiling.Forms(
-            self.settings.language, self.session.sticky.ref_for, originals, evicted
-        )
+        return ceiling.Forms(self.settings.language, self.sticky.ref_for, originals, evicted)
 
     def predict(self, view: View, decision: CutPlan) -> Callable[[int], int]:
         """The chars_out of the turn that applies the compaction ``decision``, from the
         summary message's chars: the ceiling's ``fit`` over the view as it will be (prefix +
         summary + the kept tail), the same code that fits it then."""
-        cut, prefix_len = decision.cut, view.prefix_len
+        prefix_len = view.prefix_len
         summary: Message = {"role": "user", "content": ""}
-        messages = [*view.messages[:prefix_len], summary, *view.messages[cut:]]
-        sizes = [*view.sizes[:prefix_len], 0, *view.sizes[cut:]]
-        shift = prefix_len + 1 - cut
-        originals = {i + shift: m for i, m in view.originals.items() if i >= cut}
-        evicted = {i + shift for i in view.indexes("trim") if i >= cut}
+        messages, sizes, originals, evicted = view.after_compaction(decision.cut, summary)
 
         def chars_out(summary_chars: int) -> int:
             sizes[prefix_len] = summary_chars
@@ -85,26 +88,35 @@ class Ladder:
 
         return chars_out
 
-    def climb(self, view: View, user_id: str | None) -> tuple[View, int, SkipReason | None]:
-        """While ``view.total`` > B, the rungs in order. Returns the view to send, how many
-        whole turns it leaves out, and what a mid-turn compaction did (None: not tried;
-        "applied"; else why it did not apply)."""
-        budget = self.settings.context_window_chars
-        if view.total <= budget:
-            return view, view.left_out.turns, None
-        self.session.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
-        if view.total > budget:
-            self._trim_all(view, user_id)
-        mid_turn = None
-        if view.total > budget:
-            view, mid_turn = self._compact_mid_turn(view, user_id)
-        view, dropped_turns = self._finish(view, user_id)
-        return view, dropped_turns, mid_turn
+    def over(self, view: View) -> bool:
+        """Whether ``view`` sends more than B."""
+        return view.total > self.settings.context_window_chars
 
-    def _trim_all(self, view: View, user_id: str | None) -> None:
+    def lower(self, turn: Turn) -> None:
+        """Rungs 0 and 1 on a view over B: the kept recall blocks taken off, then every
+        evictable tool result before the current turn trimmed."""
+        view = turn.view
+        self.sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
+        if self.over(view):
+            self._trim_all(turn)
+
+    def plan_mid_turn(self, view: View) -> CutPlan | SkipReason | None:
+        """Rung 2's plan: a compaction whose cut may be the current turn's user message
+        (None: not met, a view over B is over the trigger; else why none can be cut)."""
+        decision = plan_cut(
+            view.messages,
+            view.sizes,
+            head=view.head,
+            settings=self.settings,
+            mid_turn=True,
+            left_out_chars=view.left_out.shown_chars,
+        )
+        return None if decision == "below_trigger" else decision
+
+    def _trim_all(self, turn: Turn) -> None:
         """Rung 1, then gate 1 on the smaller view as the next turn would run it (the same
         history then gives the same prepared messages)."""
-        budget = self.settings.context_window_chars
+        view, budget = turn.view, self.settings.context_window_chars
         turn_start = ceiling.current_turn_start(view.messages, view.head)
         evictions, swept = ceiling.trim_all(
             view.messages,
@@ -114,65 +126,38 @@ class Ladder:
             excess=view.total - budget + int(budget * ceiling.TRIM_HEADROOM),
             forms=self._forms(view.originals, view.indexes("trim")),
         )
-        self._stick(
-            view, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions], user_id
-        )
+        self._stick(turn, [(e.index, "trim", e.ref, e.replacement, (e.text,)) for e in evictions])
         if all(view.kinds.get(e.index) == "trim" for e in evictions):  # the store took them
             view.swept = swept
         if evictions and swept != turn_start:
-            self.session.trimming.retrim(view, self._report_left(user_id))
+            turn.substitutions += self.trimming.retrim(view, turn.left.extend)
 
-    def _compact_mid_turn(self, view: View, user_id: str | None) -> tuple[View, SkipReason | None]:
-        """Rung 2: a compaction whose cut may be the current turn's user message."""
-        session, settings = self.session, self.settings
-        if not settings.summary_enabled or session.compactions.running:
-            return view, None
-        decision = plan_cut(
-            view.messages,
-            view.sizes,
-            head=view.head,
-            settings=settings,
-            mid_turn=True,
-            left_out_chars=view.left_out.shown_chars,
-        )
-        outcome: SkipReason | None
-        if decision == "below_trigger":  # not met: a view over B is over the trigger
-            outcome = None
-        elif isinstance(decision, str):
-            outcome = decision
-        else:
-            outcome = session.compact(view, decision, user_id)
-        if session.state.generation != session.returned_generation:
-            return session.rebuild(), "applied"
-        return view, outcome
-
-    def _finish(self, view: View, user_id: str | None) -> tuple[View, int]:
-        """Rungs 3-5 as ``fit`` decides them, applied to the session's view."""
-        budget = self.settings.context_window_chars
+    def finish(self, turn: Turn) -> None:
+        """Rungs 3-5 as ``fit`` decides them, applied to the turn's view (the session's);
+        rung 5 sends a copy without the summary."""
+        view, budget = turn.view, self.settings.context_window_chars
         found = self._fit_view(view, previews=True)
         self._stick(
-            view,
+            turn,
             [(t.index, "truncate", t.refs[0], t.replacement, t.offloaded) for t in found.previews],
-            user_id,
         )
         if any(view.messages[t.index] is not t.replacement for t in found.previews):
             found = self._fit_view(view, previews=False)  # the store kept none: rung 4 alone
-        self._leave_out(view, found.left_out, found.left_turns, user_id)
-        dropped_turns = view.left_out.turns
+        self._leave_out(turn, found.left_out, found.left_turns)
+        turn.dropped_turns = view.left_out.turns
         if view.total > budget and view.head > view.prefix_len:
             # Only the summary is left between the system prompt and the current turn:
             # what is sent at last is the system prompt and the current turn (rung 5).
             view.hand_out()
-            view = view.without(view.head - 1, 1, raw_chars=0)
+            turn.view = view = view.without(view.head - 1, 1, raw_chars=0)
         if view.total > budget:
             log.warning(
                 "ceiling.over_budget",
-                session_id=self.session.session_id,
+                session_id=self.session_id,
                 chars_out=view.total,
                 budget_chars=budget,
-                dropped_turns=dropped_turns,
+                dropped_turns=turn.dropped_turns,
             )
-        return view, dropped_turns
 
     def _fit_view(self, view: View, *, previews: bool) -> ceiling.Fit:
         return self.fit(
@@ -185,13 +170,13 @@ class Ladder:
             previews=previews,
         )
 
-    def _stick(self, view: View, changes: Sequence[Change], user_id: str | None) -> None:
+    def _stick(self, turn: Turn, changes: Sequence[Change]) -> None:
         """Record the ceiling's placeholders and previews as sticky substitutions and show
-        them in the session's view, so the next turn shows them too (a stable prefix);
-        gate 1's kept state follows them."""
+        them in the turn's view, so the next turn shows them too (a stable prefix); gate 1's
+        kept state follows them."""
         if not changes:
             return
-        key = self.session.sticky.key
+        view, key = turn.view, self.sticky.key
         new = [
             (index, Substitution(key(view, index), kind, ref, message), texts)
             for index, kind, ref, message, texts in changes
@@ -199,21 +184,17 @@ class Ladder:
         state = view.trim_hint
         if state is not None:
             state.replaced([change[0] for change in changes])
-        self.session.trimming.apply(view, new, state, self._report_left(user_id))
+        turn.substitutions += new
+        self.trimming.apply(view, new, state, turn.left.extend)
 
-    def _leave_out(self, view: View, count: int, turns: int, user_id: str | None) -> None:
+    def _leave_out(self, turn: Turn, count: int, turns: int) -> None:
         """Rung 4: leave the ``count`` messages after the prefix/summary (``turns`` whole
-        turns) out of the session's view, so later turns keep them out while it grows; they
-        are reported as having left the view (once: ``Session.left_out_stop`` remembers how far)."""
+        turns) out of the turn's view, so later turns keep them out while it grows;
+        ``Turn.left_out`` says which, for the session to report."""
         if count <= 0:
             return
-        session = self.session
-        first = view.head + view.offset
-        stop = first + count
-        session.leave_view(user_id, range(max(first, session.left_out_stop), stop), view.prefix_len)
-        session.left_out_stop = max(session.left_out_stop, stop)
-        view.leave_out(count, turns=turns, raw_chars=sum(session.raw.sizes[first:stop]))
-        session.trimming.retrim(view, self._report_left(user_id))
-
-    def _report_left(self, user_id: str | None) -> Callable[[list[int]], None]:
-        return lambda indexes: self.session.report_left(user_id, indexes)
+        view = turn.view
+        first = view.tail_start
+        turn.left_out = range(first, first + count)
+        view.leave_out(count, turns=turns, raw_chars=sum(self.raw.sizes[first : first + count]))
+        turn.substitutions += self.trimming.retrim(view, turn.left.extend)

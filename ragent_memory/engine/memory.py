@@ -65,6 +65,17 @@ class LongTermMemory:
         self._extractions: dict[str, Future[Any]] = {}  # user_id → the one in flight
         self._pending_users: set[str] = set()  # users with messages recorded by this engine
 
+    def forget(self, user_id: str) -> None:
+        """Erase everything remembered about the user (``MemoryEngine.forget``)."""
+        forgotten = self.store.forget(user_id)
+        log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
+
+    def forget_fact(self, user_id: str, fact_id: int) -> bool:
+        """Erase one active fact and the versions it superseded (``MemoryEngine.forget_fact``)."""
+        erased = self.store.forget_fact(user_id, fact_id)
+        log.info("memory.fact_forgotten", user_id=user_id, fact_id=fact_id, rows=erased)
+        return erased > 0
+
     def block(self, session: Session, user_id: str | None) -> str:
         """The user's memory block for this session ("" for none). It is built at the
         session's first ``prepare`` and again only at a compaction event (a new summary

@@ -1,7 +1,8 @@
 """``MemoryEngine``: composes the store, the background work (``background.py``), the
 sessions (``sessions.py``) and long-term memory (``memory.py``); it trims nothing itself. A
 turn: ``Inputs.accept`` normalises the caller's messages (never mutated), ``Session.run`` runs
-the pipeline (``session.py``), ``hand_out`` makes the copy handed to the caller."""
+the turn's steps (``session.py``) and returns the ``Turn``, ``hand_out`` makes the copy handed
+to the caller and ``Turn.report`` the ``TurnReport``."""
 
 from __future__ import annotations
 
@@ -27,12 +28,12 @@ from ragent_memory.engine.session import (
     PreparedContext,
     Services,
     Session,
+    Turn,
     TurnReport,
-    View,
     leading_system_count,
 )
 from ragent_memory.engine.sessions import Sessions, Validated
-from ragent_memory.engine.tools import as_int
+from ragent_memory.engine.tools import as_int, read_back
 from ragent_memory.errors import (
     EngineClosedError,
     InvalidIdError,
@@ -47,7 +48,7 @@ from ragent_memory.recall.recaller import (
     Recaller,
     search_tool_schema,
 )
-from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_slice, recall_tool_schema
+from ragent_memory.recall.refs import DEFAULT_LIMIT, recall_tool_schema
 from ragent_memory.settings import Settings, is_int, load_settings
 from ragent_memory.store import GCReport, TurnLog, VectorIndex, open_store, utc_now
 from ragent_memory.summary.build import build_summarizer
@@ -84,18 +85,19 @@ def _check_ids(session_id: Any, user_id: Any, limit: int) -> None:
         _check_id("user_id", user_id, limit)
 
 
-def hand_out(view: View, session: Session, block: str, *, strict: bool) -> list[Message]:
+def hand_out(turn: Turn, block: str, *, strict: bool) -> list[Message]:
     """What the caller gets: a copy of the view (down to every content part and tool call, so
     an app decorating what it sends changes neither its history nor later turns) with the
     memory block after the leading system messages and the turn's recall block on its user
     message (§9b: the view never holds it); with ``strict``, the engine's inserted run
     (memory block, summary) merged into its neighbours for strict role alternation."""
+    view = turn.view
     out = view.hand_out()
     if block:
         out.insert(leading_system_count(out), memory_message(block))
-    if session.recall_block:
-        at = session.recall_at - view.offset + bool(block)
-        out[at] = place(out[at], session.recall_block)
+    if turn.recall_block:
+        at = view.view_index(turn.recall_at) + bool(block)
+        out[at] = place(out[at], turn.recall_block)
     if strict:
         out = alternate(out, range(view.prefix_len, view.head + bool(block)))
     return out
@@ -124,28 +126,22 @@ def _recall_index(
 
 
 def finish_turn(
-    store: TurnLog,
-    session: Session,
-    user_id: str | None,
-    fields: dict[str, Any],
-    memory_chars: int,
-    started: float,
-    span: Any,
+    store: TurnLog, session: Session, turn: Turn, memory_chars: int, started: float, span: Any
 ) -> TurnReport:
     """The turn's report, its row for the audit page (``turns``) and its span's attributes;
     a failed write is logged, never raised: the turn stands."""
     duration_ms = (time.perf_counter() - started) * 1000
-    report = TurnReport(**fields, memory_chars=memory_chars, duration_ms=duration_ms)
+    report = turn.report(memory_chars=memory_chars, duration_ms=duration_ms)
     row = {
         **attrs.asdict(report),
-        "user_id": user_id,
-        "messages": len(session.raw.messages),
-        "budget_chars": session.settings.context_window_chars,
+        "user_id": turn.user_id,
+        "messages": len(turn.history),
+        "budget_chars": turn.budget,
         "covered": session.state.covered,
     }
     tracing.annotate(span, {f"ragent_memory.{k}": v for k, v in row.items()})
     try:
-        store.record_turn(session.session_id, row, user_id)
+        store.record_turn(session.session_id, row, turn.user_id)
     except StoreError as err:
         log.error("turn.write_failed", session_id=session.session_id, error=repr(err))
     return report
@@ -173,7 +169,8 @@ class MemoryEngine:
         self.extractor = extractor or build_extractor(settings)
         self._background = Background(settings.compaction_workers)
         self._memory = LongTermMemory(self.store, settings, self.extractor, self._background)
-        self._recaller, on_leave = _recall_index(self.store, settings, on_leave)
+        # the recall index (None: recall is off), public to look at
+        self.recaller, on_leave = _recall_index(self.store, settings, on_leave)
         services = Services(
             settings=settings,
             store=self.store,
@@ -181,10 +178,10 @@ class MemoryEngine:
             submit=self._background.submit_compaction,
             emit=self._emit,
             on_leave=on_leave,
-            recaller=self._recaller,
+            recaller=self.recaller,
         )
-        self._sessions = Sessions(self.store, services, settings.session_cache_size)
-        self._sessions_lock = self._sessions.lock  # the name ``prepare_may_wait`` knows it by
+        # The sessions in memory (``len``, ``get``), to look at: the engine's own to change.
+        self.sessions = Sessions(self.store, services, settings.session_cache_size)
         self._validated = Validated(settings.session_cache_size)
         self._closed = False
 
@@ -205,8 +202,8 @@ class MemoryEngine:
             return
         self._closed = True
         self._background.shutdown()
-        if self._recaller is not None:
-            self._recaller.close()
+        if self.recaller is not None:
+            self.recaller.close()
         self.summarizer.close()
         self.extractor.close()
         self.store.close()
@@ -214,6 +211,10 @@ class MemoryEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("engine is closed")
+
+    def _check_user(self, user_id: str) -> None:
+        self._check_open()
+        _check_id("user_id", user_id, self.settings.max_id_chars)
 
     def flush(self, timeout_s: float | None = None, *, extract_pending: bool = False) -> bool:
         """Wait for every compaction and fact extraction in flight, at most ``timeout_s`` in
@@ -229,8 +230,8 @@ class MemoryEngine:
             self._memory.schedule_pending()
             finished = self._background.wait(_remaining(started, timeout_s))
         try:
-            if self._recaller is not None:
-                self._recaller.flush(_remaining(started, timeout_s))
+            if self.recaller is not None:
+                self.recaller.flush(_remaining(started, timeout_s))
         except FutureTimeout:
             finished = False
         if not finished:
@@ -263,14 +264,14 @@ class MemoryEngine:
         self._check_open()
         _check_ids(session_id, user_id, self.settings.max_id_chars)
         span = tracing.span("ragent_memory.prepare", {"ragent_memory.session_id": session_id})
-        with span as current, self._sessions.held(session_id) as session, session.lock:
+        with span as current, self.sessions.held(session_id) as session, session.lock:
             given = messages
             messages = self._inputs.accept(given, plain=0 if verify else session.plain)
-            view, fields = session.run(messages, user_id, verify=verify)
+            turn = session.run(messages, user_id, verify=verify)
             session.plain = len(messages) if messages is given else 0
             block = self._memory.block(session, user_id)
-            out = hand_out(view, session, block, strict=self.settings.strict_alternation)
-            report = finish_turn(self.store, session, user_id, fields, len(block), started, current)
+            out = hand_out(turn, block, strict=self.settings.strict_alternation)
+            report = finish_turn(self.store, session, turn, len(block), started, current)
         return PreparedContext(out, report)
 
     async def aprepare(
@@ -290,25 +291,15 @@ class MemoryEngine:
         """Whether ``prepare(messages, session_id=…)`` called now could wait on a
         compaction (at most ``compaction_timeout_s``). False only when it provably cannot, so
         an event loop may call ``prepare`` inline (``serve`` does): summaries are off,
-        ``compaction_timeout_s`` is 0, or the session is in memory, idle (no call holds it,
-        no compaction in flight, no other host moved it on) and ``messages`` are the dicts
-        of its last ``prepare`` (or equal ones) plus new ones too small to bring its view
-        past the compaction trigger (the view then only grows by what is appended, as in
-        ``Session.may_wait``; a view under the trigger is under B as well, so the
-        ceiling's mid-turn compaction cannot start either). A caller that edits message
-        dicts in place may get False for a turn that then rebuilds; ``serve`` never does.
-        Costs one comparison per message (at C speed, the same dict is equal at once) and
-        measures what is new."""
+        ``compaction_timeout_s`` is 0, or the session is in memory, idle, not moved on by
+        another host, and ``messages`` are the dicts of its last ``prepare`` plus new ones too
+        small to reach the compaction trigger (``turn.may_pass_trigger``). A caller that edits
+        message dicts in place may get False for a turn that then rebuilds; ``serve`` never
+        does. Costs one comparison per message and measures what is new."""
         settings = self.settings
         if not settings.summary_enabled or settings.compaction_timeout_s == 0:
             return False
-        with self._sessions_lock:
-            session = self._sessions.get(session_id)
-        if session is None or session.may_wait(messages):
-            return True
-        written = self.store.last_write(session_id)
-        # another host wrote: prepare reloads the session
-        return written not in (None, session.last_write) and written[0] != self.store.host_id
+        return self.sessions.may_wait(session_id, messages)
 
     def after_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
@@ -332,8 +323,8 @@ class MemoryEngine:
             recorded = self._memory.record(user_id, session_id, messages)
         if recorded:
             self._validated.keep(session_id, given, messages)
-        if self._recaller is not None:  # off the caller's thread (§9b): searchable later
-            self._recaller.after_turn(messages, session_id=session_id, user_id=user_id)
+        if self.recaller is not None:  # off the caller's thread (§9b): searchable later
+            self.recaller.after_turn(messages, session_id=session_id, user_id=user_id)
 
     async def aafter_turn(
         self, messages: Sequence[Message], *, session_id: str, user_id: str | None = None
@@ -344,8 +335,7 @@ class MemoryEngine:
     def memories(self, user_id: str) -> list[Fact]:
         """The user's active facts (learnt from the user's own words only), oldest first;
         a running session's memory block shows a new one from its next compaction on."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
+        self._check_user(user_id)
         return self.store.facts(user_id)
 
     def forget(self, user_id: str) -> None:
@@ -353,22 +343,17 @@ class MemoryEngine:
         status), their search index and pending messages. The next ``prepare`` shows no
         block (blocks are kept keyed by the user's memory version, which the forget
         changes); an extraction in flight finds its batch gone and writes nothing."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
-        forgotten = self.store.forget(user_id)
-        log.info("memory.forgotten", user_id=user_id, **attrs.asdict(forgotten))
+        self._check_user(user_id)
+        self._memory.forget(user_id)
 
     def forget_fact(self, user_id: str, fact_id: int) -> bool:
         """Erase one of the user's active facts (an id :meth:`memories` lists) and the earlier
         versions it superseded; False when the user has no such active fact (another user's
         id included). The next ``prepare`` shows a block without it."""
-        self._check_open()
-        _check_id("user_id", user_id, self.settings.max_id_chars)
+        self._check_user(user_id)
         if not is_int(fact_id):
             raise ValueError(f"fact_id must be an integer, got {fact_id!r}")
-        erased = self.store.forget_fact(user_id, fact_id)
-        log.info("memory.fact_forgotten", user_id=user_id, fact_id=fact_id, rows=erased)
-        return erased > 0
+        return self._memory.forget_fact(user_id, fact_id)
 
     def recall_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema the model calls to read back an offloaded result."""
@@ -387,15 +372,7 @@ class MemoryEngine:
         an exception, never another session's data): an unknown, expired, dropped or
         other-session ref, or a bad offset or limit, gets a clear refusal."""
         self._check_open()
-        key = ref.strip() if isinstance(ref, str) else None
-        original = None
-        if key and isinstance(session_id, str):
-            try:
-                original = self.store.read_offload(session_id, key)
-            except StoreError as err:
-                log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))
-                return "[recall: the store could not be read just now; try again later]"
-        return recall_slice(original, ref, as_int(offset), as_int(limit))
+        return read_back(self.store, session_id, ref, offset, limit)
 
     def search_tool(self) -> dict[str, Any]:
         """The OpenAI tool schema of ``search_memory(query, limit=5)`` (docs/design.md §9b)."""
@@ -414,9 +391,9 @@ class MemoryEngine:
         ``5.0`` are read as 5, as :meth:`recall` reads its numbers."""
         self._check_open()
         _check_ids(session_id, user_id, self.settings.max_id_chars)
-        if self._recaller is None:
+        if self.recaller is None:
             return "[search_memory: recall is switched off for this engine]"
-        return self._recaller.search(session_id, query, user_id, as_int(limit))
+        return self.recaller.search(session_id, query, user_id, as_int(limit))
 
     def recall_memory(self) -> dict[str, int]:
         """What the in-process recall index holds (docs/design.md §17): ``bytes`` (within ``cap``,
@@ -425,22 +402,22 @@ class MemoryEngine:
         held, ``vectors_bytes`` (in ``bytes``), ``vectors_left_out``, ``embed_calls`` and
         ``embed_failures`` (calls that failed or were skipped: recall went on with BM25);
         zeros when recall is off."""
-        if self._recaller is None:
+        if self.recaller is None:
             cap = self.settings.recall_memory_mb * 1_000_000
             keys = ("bytes", "units_bytes", "rows", "users", *DENSE_KEYS)
             return {**dict.fromkeys(keys, 0), "cap": cap}
-        return self._recaller.memory()
+        return self.recaller.memory()
 
     def drop_session(self, session_id: str) -> None:
         """Drop a session: its summary and sticky substitutions go now, its recall refs stop
         resolving at once, and the next :meth:`gc` deletes its offloads. Audit rows stay; the
         id, used again, starts a fresh session."""
         self._check_open()
-        self._sessions.drop(session_id, self.settings.compaction_timeout_s)
-        if self._recaller is not None:  # no late index rows after the drop
-            self._recaller.forget_session(session_id)
-        with self._sessions.lock:  # no prepare may reload the session halfway through
-            self._sessions.pop(session_id)
+        self.sessions.drop(session_id, self.settings.compaction_timeout_s)
+        if self.recaller is not None:  # no late index rows after the drop
+            self.recaller.forget_session(session_id)
+        with self.sessions.lock:  # no prepare may reload the session halfway through
+            self.sessions.pop(session_id)
             self._validated.pop(session_id)
             self.store.drop_session(session_id)
         log.info("session.dropped", session_id=session_id)

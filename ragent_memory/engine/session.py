@@ -1,36 +1,36 @@
-"""One session's state and the per-turn pipeline (docs/design.md §1, §4, §4b, §5, §8, §9b).
+"""One session's state, and the owner of its turns (docs/design.md §1, §4, §4b, §5, §8, §9b).
 
-``Session.run`` takes the caller's whole history and returns the view to send plus a
-``TurnReport``. Its steps run in this order, each a method below and the one place its concern
-lives:
+``Session.run`` takes the caller's whole history and returns the ``Turn``: the view to send
+and what each step decided, from which the engine builds the ``TurnReport``. The steps run in
+this order; each looks at the turn and says what it decided, and only the session applies
+decisions to its own state (the view the next turn extends, the summary, what was reported
+as having left the view):
 
 =========  ==================================================================================
-sync       the caller's history into ``RawCache`` (by identity; only new or changed
-           messages are validated and measured)
-finished   a compaction that finished after its caller stopped waiting is applied
-verify     the summary is dropped when the history no longer matches what it covers
-build      view = leading system msgs + [summary msg] + raw[covered:] with the sticky
-           substitutions shown; last turn's tail is reused while the history before its end
-           is unchanged
-reduce     oversized single tool results / call inputs → head+tail previews (§8)
-trim       gate 1 (§4); returns the substitutions plus its ``TrimState`` for later turns
-record     new substitutions persisted (originals offloaded), then shown; the state is kept
-compact    gate 2 (§5) on the engine's pool, waited at most ``compaction_timeout_s``
-ceiling    §4b, while the view is over B (``Ladder``): may add sticky substitutions,
-           compact mid-turn, leave the oldest whole turns out (``over_budget``,
-           ``dropped_turns``)
-recall     §9b (``TurnRecall``), for the current turn's user message: a leading text part on it
-           (``recalled``, ``recalled_chars``), searched when the last message is the user's and
-           shown again (cut to fit) on the turn's tool-loop calls; ``hidden`` says what is out
-           of view
-report     the ``TurnReport``
+sync       ``RawCache.sync``: the caller's history by identity (only new or changed messages
+           validated and measured); a compaction that finished late is applied, the summary
+           dropped when the history no longer matches what it covers
+build      ``turn.build``: prefix + [summary msg] + raw[covered:], last turn's view extended
+           while the history before its end is unchanged; ``Sticky.show_recorded`` shows the
+           recorded substitutions
+reduce     ``Trimming.reduce``: previews for oversized new messages (§8)
+trim       ``Trimming.trim``: gate 1's placeholders (§4) and its ``TrimState``; recorded
+           (originals offloaded) and shown by ``Trimming.apply``
+compact    ``turn.plan_compaction``: gate 2's cut (§5); run on the engine's pool, waited at
+           most ``compaction_timeout_s``
+ceiling    ``Ladder`` while the view is over B (§4b): ``lower`` (rungs 0-1),
+           ``plan_mid_turn`` (rung 2, run here), ``finish`` (rungs 3-5: previews, whole
+           turns left out, the summary dropped from what is sent)
+recall     ``TurnRecall.recall`` (§9b): a block of excerpts for the current turn's user
+           message, kept on it by ``TurnRecall.keep`` when the view can
+report     ``Turn.report``: the ``TurnReport``
 =========  ==================================================================================
 
-Whenever raw messages leave the view (covered by an applied compaction, shown as a placeholder
-or a preview, left out by the ceiling) ``Services.on_leave`` receives them, so they can be indexed
-off the caller's thread. The engine wraps the pipeline: input normalisation before ``sync``,
-then the long-term memory block after the system messages and output post-processing (the
-copy handed out, strict alternation) after ``report``.
+Messages leaving the view (covered by an applied compaction, shown as a placeholder or a
+preview, left out by the ceiling) go on ``Turn.left`` or ``Turn.left_out``; the session
+reports them to ``Services.on_leave`` after each step, before recall searches what left. The
+engine wraps the turn: input normalisation before ``sync``, then the long-term memory block and
+the copy handed out (strict alternation) after ``report``.
 """
 
 from __future__ import annotations
@@ -38,21 +38,29 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
 
 import attrs
 
-from ragent_memory.core.chars import Message, chars
+from ragent_memory.core.chars import Message
 from ragent_memory.core.logs import EventCallback, get_logger
 from ragent_memory.core.names import SkipReason
-from ragent_memory.engine.compaction import Compactions, Job, Submit, invalidate, state_message
+from ragent_memory.engine.compaction import Compactions, Submit, invalidate
 from ragent_memory.engine.ladder import Ladder
 from ragent_memory.engine.raw import RawCache, digest, leading_system_count
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
-from ragent_memory.engine.turn_recall import TurnRecall, block_chars, sizes_as_written
+from ragent_memory.engine.turn import (
+    Turn,
+    TurnReport,
+    build,
+    chars_in,
+    compaction_job,
+    may_pass_trigger,
+    plan_compaction,
+)
+from ragent_memory.engine.turn_recall import TurnRecall, sizes_as_written
 from ragent_memory.engine.view import View
-from ragent_memory.gates.cut import CutPlan, plan_cut
+from ragent_memory.gates.cut import CutPlan
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
 from ragent_memory.store import Backend, SessionState, Substitution
@@ -62,6 +70,7 @@ __all__ = [  # what memory_engine imports from here
     "PreparedContext",
     "Services",
     "Session",
+    "Turn",
     "TurnReport",
     "View",
     "digest",
@@ -73,29 +82,6 @@ log = get_logger(__name__)
 
 # (session_id, user_id, [(raw index, caller's original message)]) of messages leaving the view
 LeaveCallback = Callable[[str, "str | None", list[tuple[int, Message]]], None]
-
-
-@attrs.frozen
-class TurnReport:
-    """What one ``prepare`` did, in characters (docs/design.md §11)."""
-
-    chars_raw: int  # the whole caller history
-    chars_in: int  # the view before the gates (summary + raw tail, nothing substituted)
-    chars_out: int  # what is sent, memory block excluded
-    trimmed: int  # tool results shown as placeholders
-    truncated: int  # messages shown as head/tail previews
-    reclaimed_chars: int  # chars saved by placeholders and previews in this view
-    compacted: bool  # a summary generation was applied in this call
-    skipped_reason: SkipReason | None  # why compaction did not run, when it was considered
-    generation: int  # the session's current summary generation, 0 = none
-    memory_chars: int  # the long-term memory block, injected after the gates (0 = none)
-    duration_ms: float
-    over_budget: bool = False  # chars_out > B even after the ceiling (§4b)
-    dropped_turns: int = 0  # oldest whole turns left out of the view by the ceiling (§4b)
-    recalled: int = 0  # excerpts of earlier conversation shown (§9b)
-    recalled_chars: int = 0
-    # earlier turns' recall blocks taken off their messages (like a trim, a prefix change)
-    recall_evicted: int = 0
 
 
 @attrs.frozen
@@ -157,7 +143,7 @@ class Session:
                 "emit": services.emit,
             },
         )
-        self.ladder = Ladder(self)
+        self.ladder = Ladder(session_id, settings, self.raw, self.trimming)
         self.turn_recall = TurnRecall(session_id, settings, self.raw, services.recaller)
         self.view: View | None = None  # last turn's, extended in place by the next
         self.callers = 0  # calls holding this session (guarded by the engine's sessions lock)
@@ -178,16 +164,6 @@ class Session:
         """The compaction in flight (None: none)."""
         return self.compactions.future
 
-    @property
-    def recall_block(self) -> str:
-        """This turn's recall block (§9b), "" for none."""
-        return self.turn_recall.block
-
-    @property
-    def recall_at(self) -> int:
-        """The raw index of the user message the recall block rides on."""
-        return self.turn_recall.at
-
     def is_idle(self) -> bool:
         """Nobody holds it and no compaction of it runs: dropping it from memory loses nothing."""
         if self.callers or not self.lock.acquire(blocking=False):
@@ -204,33 +180,19 @@ class Session:
         too small to bring the view past the compaction trigger (the view then only grows
         by what is appended; a view under the trigger is under B as well, so the ceiling's
         mid-turn compaction cannot start either)."""
-        if self.callers or self.lock.locked() or self.compactions.running:
+        if self.callers or self.lock.locked() or self.compactions.running or self.view is None:
             return True
-        last, raw = self.view, self.raw
-        known = len(raw.messages)
-        if last is None or not isinstance(messages, list) or len(messages) < known:
-            return True
-        if last.end > known:
-            return True
-        try:
-            if messages[:known] != raw.messages:  # the same dicts meet at once
-                return True
-            grown = sum(raw.sizes[last.end :]) + sum(map(chars, messages[known:]))
-        except Exception:  # an odd or invalid message: prepare says what is wrong
-            return True
-        settings = self.settings
-        trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
-        return last.with_left_out - block_chars(last, raw.sizes) + grown > trigger
+        return may_pass_trigger(self.view, self.raw, messages, self.settings)
 
-    # -------------------------------------------------------------- the pipeline
+    # -------------------------------------------------------------- the turn
 
     def run(
         self, messages: Sequence[Message], user_id: str | None, *, verify: bool = False
-    ) -> tuple[View, dict[str, Any]]:
-        """One turn: every step of the module docstring, in order. The caller holds ``lock``.
-        The view returned is the session's own (the next turn extends it): copy what you hand
-        out; with it, the ``TurnReport`` fields but memory_chars and duration_ms. ``verify``
-        compares the whole history by digest, not only by identity."""
+    ) -> Turn:
+        """One turn: every step of the module docstring, in order, each deciding on the
+        ``Turn``; this applies what they decide to the session. The caller holds ``lock``.
+        The turn's view is the session's own (the next turn extends it): copy what you hand
+        out. ``verify`` compares the whole history by digest, not only by identity."""
         last, self.view = self.view, None  # a failure mid-turn leaves no half-updated view
         self.sticky.dropped = 0
         self._sync(messages, last, verify=verify)
@@ -238,43 +200,30 @@ class Session:
         if finished is not None:
             self._apply(finished, user_id)
         self._verify(user_id)
-        view, chars_in = self._build(last)
-        view, compacted, skipped, dropped_turns = self._gates(view, user_id)
-        recall = self.turn_recall.recall(view, user_id, self.state.summary, self.sticky)
-        fields = report_fields(view, self, chars_in, (compacted, skipped, dropped_turns), recall)
-        self.turn_recall.keep(view, self.sticky)
-        return view, fields
+        view = self._build(last)
+        turn = Turn(messages, user_id, view, chars_in(view))
+        try:
+            self._gates(turn)
+        finally:
+            self._report(turn)  # before recall searches what left; a failed step's too
+        found = self.turn_recall.recall(turn.view, user_id, self.state.summary, self.sticky)
+        turn.recalled, turn.recalled_chars = found
+        turn.measure()
+        self.turn_recall.keep(turn.view, self.sticky)
+        turn.recall_block, turn.recall_at = self.turn_recall.block, self.turn_recall.at
+        turn.chars_raw, turn.generation = self.raw.total, self.state.generation
+        turn.recall_evicted, turn.budget = self.sticky.dropped, self.settings.context_window_chars
+        return turn
 
-    def _gates(self, view: View, user_id: str | None) -> tuple[View, bool, SkipReason | None, int]:
-        """reduce → trim → record → compact → ceiling on the view ``_build`` gave. Returns the
-        view to send, whether a compaction applied, why one did not (or None), and the whole
-        turns the ceiling leaves out."""
-        trimming = self.trimming
-        new, state = trimming.trim(view, trimming.reduce(view))
-        trimming.apply(view, new, state or view.trim_hint, lambda i: self.report_left(user_id, i))
-        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
-            self.turn_recall.evict_earlier(view, self.sticky)
-        compacted, skipped = False, None
+    def _gates(self, turn: Turn) -> None:
+        """reduce → trim → compact → ceiling; the view they leave is the one the next turn
+        extends (the ceiling's substitutions included)."""
+        self._trim(turn)
         if self.settings.summary_enabled:
-            skipped = self._compact_if_due(view, user_id)
-            if skipped == "history_edited":
-                view, _ = self._build(None)  # without the summary it no longer matches
-            elif self.state.generation != self.returned_generation:
-                compacted = True
-                view, _ = self._build(None)  # the hint's indexes belonged to the old view
+            self._compact(turn)
         self.returned_generation = self.state.generation
-        self.view = view  # what the next turn extends: the ceiling's substitutions included
-        view, dropped_turns, mid_turn = self.ladder.climb(view, user_id)
-        if mid_turn is not None:
-            compacted, skipped = compacted or mid_turn == "applied", skipped or mid_turn
-        return view, compacted, skipped, dropped_turns
-
-    def rebuild(self) -> View:
-        """The view built anew once a generation applied mid-turn (the ceiling's rung 2)."""
-        view, _ = self._build(None)
-        self.returned_generation = self.state.generation
-        self.view = view
-        return view
+        self.view = turn.view
+        self._ceiling(turn)
 
     def _sync(self, messages: Sequence[Message], last: View | None, *, verify: bool) -> None:
         """Take the caller's history: every dict by identity, what the view shows (and the
@@ -283,12 +232,111 @@ class Session:
         (docs/design.md §5, §17); with ``verify``, everything by digest."""
         raw, state = self.raw, self.state
         covered = state.covered if state.generation else 0
-        suspects = () if last is None else _suspects(last)
-        raw.sync(messages, suspects=suspects, check_from=covered)
+        raw.sync(messages, suspects=() if last is None else last.suspects(), check_from=covered)
         if last is None and covered:  # a session loaded from the store: look at all once
             raw.recheck(raw.system_count, covered)
         if verify:
             raw.compare_digests(messages)
+
+    def _build(self, last: View | None) -> View:
+        """The build step, with the recorded sticky substitutions shown."""
+        view = build(self.raw, self.state, last, self.settings.language)
+        self.sticky.show_recorded(view, view.history_index(view.fresh))
+        return view
+
+    def _trim(self, turn: Turn) -> None:
+        """reduce → trim → record: the previews and placeholders decided, then persisted
+        (originals offloaded) and shown; gate 1's state kept on the view."""
+        view, trimming = turn.view, self.trimming
+        new, state = trimming.trim(view, trimming.reduce(view))
+        turn.substitutions += new
+        trimming.apply(view, new, state or view.trim_hint, turn.left.extend)
+        if any(sub.kind == "trim" for _, sub, _ in new):  # a trim event: kept recall blocks go
+            self.turn_recall.evict_earlier(view, self.sticky)
+        self._report(turn)
+
+    def _compact(self, turn: Turn) -> None:
+        """Gate 2: a compaction when the view is over the trigger, waited at most
+        ``compaction_timeout_s``; the view is built anew when a generation applied or the
+        summary was dropped."""
+        turn.skipped = skipped = self._gate_compaction(turn.view, turn.user_id)
+        if skipped == "history_edited":
+            turn.view = self._build(None)  # without the summary it no longer matches
+        elif self.state.generation != self.returned_generation:
+            turn.compacted = True
+            turn.view = self._build(None)  # the hint's indexes belonged to the old view
+
+    def _gate_compaction(self, view: View, user_id: str | None) -> SkipReason | None:
+        """Why a due compaction did not apply, or None (applied, or not due)."""
+        if self.compactions.running:
+            return "in_progress"
+        plan = plan_compaction(view, sizes_as_written(view, self.raw.sizes), self.settings)
+        if not isinstance(plan, CutPlan):
+            if plan not in (None, "last_not_user"):
+                log.info(
+                    "compaction.skipped", session_id=self.session_id, reason=plan, chars=view.total
+                )
+            return plan
+        if self.state.generation and self.raw.recheck(self.raw.system_count, self.state.covered):
+            self._verify(user_id)  # a summarized dict was edited in place: drop the summary
+            return "history_edited"
+        return self._run_compaction(view, plan, user_id)
+
+    def _ceiling(self, turn: Turn) -> None:
+        """The ceiling while the view is over B: rungs 0-1, the mid-turn compaction (rung 2,
+        run here), rungs 3-5; what they left out reported."""
+        ladder = self.ladder
+        if not ladder.over(turn.view):
+            turn.dropped_turns = turn.view.left_out.turns
+            return
+        ladder.lower(turn)
+        if ladder.over(turn.view) and self.settings.summary_enabled:
+            mid_turn = self._compact_mid_turn(turn)
+            if mid_turn is not None:
+                turn.compacted = turn.compacted or mid_turn == "applied"
+                turn.skipped = turn.skipped or mid_turn
+        ladder.finish(turn)
+        left_out = turn.left_out
+        if left_out:
+            indexes = range(max(left_out.start, self.left_out_stop), left_out.stop)
+            self._leave(turn.user_id, indexes, turn.view.prefix_len)
+            self.left_out_stop = max(self.left_out_stop, left_out.stop)
+
+    def _compact_mid_turn(self, turn: Turn) -> SkipReason | None:
+        """Rung 2: what a compaction whose cut may be the current turn's user message did
+        (None: none tried; "applied"; else why it did not apply)."""
+        if self.compactions.running:
+            return None
+        plan = self.ladder.plan_mid_turn(turn.view)
+        outcome = plan
+        if isinstance(plan, CutPlan):
+            outcome = self._run_compaction(turn.view, plan, turn.user_id)
+        if self.state.generation != self.returned_generation:
+            turn.view = self.view = self._build(None)
+            self.returned_generation = self.state.generation
+            return "applied"
+        return outcome  # type: ignore[return-value]
+
+    def _run_compaction(self, view: View, plan: CutPlan, user_id: str | None) -> SkipReason | None:
+        """Run one planned compaction, waiting at most ``compaction_timeout_s``; returns why
+        it did not apply, or None."""
+        job = compaction_job(
+            view,
+            plan,
+            self.raw,
+            previous=self.state,
+            user_id=user_id,
+            markers=self.turn_recall.markers,
+            chars_out=self.ladder.predict(view, plan),
+        )
+        outcome = self.compactions.start(job, self.settings.compaction_timeout_s)
+        if isinstance(outcome, str):
+            return outcome
+        self._apply(outcome, user_id)
+        self.verified_digest = outcome.covered_digest
+        return None
+
+    # -------------------------------------------------------------- applied to the session
 
     def _apply(self, state: SessionState, user_id: str | None) -> None:
         """Take an applied generation; what it newly covers has left the view."""
@@ -296,15 +344,20 @@ class Session:
         self.state = state
         start = previous.covered if previous.generation else state.prefix_len
         stop = min(state.covered, len(self.raw.messages))
-        self.leave_view(user_id, range(max(start, self.left_out_stop), stop), state.prefix_len)
+        self._leave(user_id, range(max(start, self.left_out_stop), stop), state.prefix_len)
 
-    def leave_view(self, user_id: str | None, indexes: range, prefix_len: int) -> None:
-        """Raw ``indexes`` leave the view: reported unless substituted (reported back then)."""
+    def _leave(self, user_id: str | None, indexes: range, prefix_len: int) -> None:
+        """History ``indexes`` leave the view: reported unless substituted (reported when
+        their substitution was recorded)."""
         at = self.sticky.at
-        self.report_left(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
+        self._send(user_id, [i for i in indexes if _shown_as_written(at(i, prefix_len))])
 
-    def report_left(self, user_id: str | None, indexes: Sequence[int]) -> None:
-        """Report raw messages ``indexes`` as having left the view (``Services.on_leave``)."""
+    def _report(self, turn: Turn) -> None:
+        """Report what left the turn's view since the last report (``Services.on_leave``)."""
+        left, turn.left = turn.left, []
+        self._send(turn.user_id, left)
+
+    def _send(self, user_id: str | None, indexes: Sequence[int]) -> None:
         on_leave = self.services.on_leave
         if on_leave is None or not indexes:
             return
@@ -332,150 +385,8 @@ class Session:
         self.verified_digest = ""
         self.returned_generation = 0
 
-    def _build(self, last: View | None) -> tuple[View, int]:
-        """The view before the gates with sticky substitutions shown, and its total before
-        any substitution (``chars_in``). Last turn's view is extended in place when the
-        history before its end is unchanged (only rebuilt leading system messages replaced):
-        the gates then look only at what is new, and gate 1 keeps its state."""
-        raw, state = self.raw, self.state
-        prefix_len = raw.system_count
-        start = state.covered if state.generation else prefix_len
-        head = prefix_len + (1 if state.generation else 0)
-        if (
-            last is not None
-            and (last.prefix_len, last.head, last.generation)
-            == (prefix_len, head, state.generation)
-            and last.start == start
-            and raw.unchanged(start, last.end)
-        ):
-            view, begin = last, last.end
-            for index in raw.changed:
-                if index >= prefix_len:
-                    break
-                view.replace_head(index, raw.messages[index], raw.sizes[index])
-        else:
-            messages = raw.messages[:prefix_len]
-            sizes = raw.sizes[:prefix_len]
-            if state.generation:
-                summary = state_message(state, self.settings.language)
-                messages.append(summary)
-                sizes.append(chars(summary))
-            view = View(
-                messages,
-                sizes,
-                len(messages),
-                start - head,
-                prefix_len,
-                state.generation,
-                total=sum(sizes),
-            )
-            begin = start
-        view.fresh = len(view.messages)
-        view.grow(raw.messages[begin:], raw.sizes[begin:])
-        chars_in = view.head_chars + view.raw_chars + view.left_out.raw_chars
-        self.sticky.show_recorded(view, begin)
-        return view, chars_in
-
-    def _compact_if_due(self, view: View, user_id: str | None) -> SkipReason | None:
-        """Gate 2; returns why a due compaction did not apply, or None (applied, or not due
-        because the view is under the trigger)."""
-        if self.compactions.running:
-            return "in_progress"
-        settings = self.settings
-        decision = plan_cut(
-            view.messages,
-            sizes_as_written(view, self.raw.sizes),
-            head=view.head,
-            settings=settings,
-            left_out_chars=view.left_out.shown_chars,
-        )
-        if decision == "below_trigger":
-            return None  # nothing is due: not a skip
-        if isinstance(decision, str):
-            if decision != "last_not_user":
-                log.info(
-                    "compaction.skipped",
-                    session_id=self.session_id,
-                    reason=decision,
-                    chars=view.total,
-                )
-            return decision
-        if self.state.generation and self.raw.recheck(self.raw.system_count, self.state.covered):
-            self._verify(user_id)  # a summarized dict was edited in place: drop the summary
-            return "history_edited"
-        return self.compact(view, decision, user_id)
-
-    def compact(self, view: View, decision: CutPlan, user_id: str | None) -> SkipReason | None:
-        """Run one planned compaction, waiting at most ``compaction_timeout_s``; returns why
-        it did not apply, or None."""
-        raw = self.raw
-        prefix_len = view.prefix_len
-        start, stop = view.start + decision.head - view.head, decision.cut + view.offset
-        job = Job(
-            previous=self.state,
-            user_id=user_id,
-            material=tuple((i, raw.messages[i]) for i in range(start, stop)),
-            prefix_len=prefix_len,
-            new_covered=stop,
-            covered_digest=raw.chain(prefix_len, stop),
-            plan=decision,
-            shown_standing=self.turn_recall.markers.standing_keys(raw.messages[stop:]),
-            chars_out=self.ladder.predict(view, decision),
-        )
-        outcome = self.compactions.start(job, self.settings.compaction_timeout_s)
-        if isinstance(outcome, str):
-            return outcome
-        self._apply(outcome, user_id)
-        self.verified_digest = outcome.covered_digest
-        return None
-
-
-def report_fields(
-    view: View,
-    session: Session,
-    chars_in: int,
-    gated: tuple[bool, SkipReason | None, int],
-    recall: tuple[int, int],
-) -> dict[str, Any]:
-    """The ``TurnReport``'s fields but the two the engine adds (memory_chars,
-    duration_ms): it builds the report once, when they are known. ``gated``: whether a
-    compaction applied, why one did not, the whole turns left out; ``recall``: excerpts
-    shown and their chars. chars_out is the final view's measured total."""
-    total = view.total
-    compacted, skipped, dropped_turns = gated
-    recalled, recalled_chars = recall
-    return dict(
-        chars_raw=session.raw.total,
-        chars_in=chars_in,
-        chars_out=total,
-        trimmed=view.counts.get("trim", 0),
-        truncated=view.counts.get("truncate", 0),
-        # The tail differs from the caller's messages only where something is substituted.
-        reclaimed_chars=view.raw_chars - (total - view.head_chars),
-        compacted=compacted,
-        skipped_reason=skipped,
-        generation=session.state.generation,
-        over_budget=total > session.settings.context_window_chars,
-        dropped_turns=dropped_turns,
-        recalled=recalled,
-        recalled_chars=recalled_chars,
-        recall_evicted=session.sticky.dropped,
-    )
-
 
 def _shown_as_written(sub: Substitution | None) -> bool:
     """Whether a message was shown as the caller wrote it (a recall block on it aside): only
     then does it leave the view when a summary covers it."""
     return sub is None or sub.kind == "recall"
-
-
-def _suspects(last: View) -> list[int]:
-    """Raw positions of the caller's messages last turn's view showed as written whose
-    copy handed out no longer equals them (``View.recopy_edited``), and of those it showed
-    but never handed out."""
-    handed_end = len(last.handed) + last.offset
-    return [
-        index + last.offset
-        for index in last.recopy_edited()
-        if index >= last.head and index not in last.kinds
-    ] + list(range(max(handed_end, last.head + last.offset), last.end))

@@ -47,6 +47,16 @@ class Sessions:
         with self.lock:
             return len(self._table)
 
+    def may_wait(self, session_id: str, messages: Sequence[Message]) -> bool:
+        """Whether a turn of ``messages`` could wait on a compaction of the session: False
+        only when it is in memory, ``Session.may_wait`` says it cannot, and no other host
+        moved it on (``prepare`` would reload it then)."""
+        session = self.get(session_id)
+        if session is None or session.may_wait(messages):
+            return True
+        written = self._store.last_write(session_id)
+        return written not in (None, session.last_write) and written[0] != self._store.host_id
+
     def pop(self, session_id: str) -> Session | None:
         with self.lock:
             return self._table.pop(session_id, None)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from ragent_memory.core.chars import Message, chars, text_of
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.raw import RawCache
-from ragent_memory.engine.view import View
+from ragent_memory.engine.view import HistoryIndex, View, substitution_index
 from ragent_memory.errors import RagentMemoryError
 from ragent_memory.recall.excerpts import place
 from ragent_memory.store import OffloadStore, Substitution, substitution_key
@@ -70,11 +70,13 @@ class Sticky:
 
     def key(self, view: View, index: int) -> str:
         """The key of the caller's message shown at view ``index``."""
-        raw_index = index + view.offset
-        return substitution_key(raw_index - view.prefix_len, self.raw.digest_at(raw_index))
+        raw_index = view.history_index(index)
+        return substitution_key(view.substitution_index(raw_index), self.raw.digest_at(raw_index))
 
     def at(self, raw_index: int, prefix_len: int) -> Substitution | None:
-        position = raw_index - prefix_len
+        """The substitution recorded for history ``raw_index`` after ``prefix_len`` system
+        messages (None: none)."""
+        position = substitution_index(raw_index, prefix_len)
         if position not in self.positions:
             return None
         found = self.subs.get(substitution_key(position, self.raw.digest_at(raw_index)))
@@ -83,7 +85,8 @@ class Sticky:
         return found
 
     def _block_key(self, raw_index: int, prefix_len: int) -> str:
-        return substitution_key(raw_index - prefix_len, _said(self.raw.messages[raw_index]))
+        position = substitution_index(raw_index, prefix_len)
+        return substitution_key(position, _said(self.raw.messages[raw_index]))
 
     def show_recorded(self, view: View, begin: int) -> None:
         """Show the recorded substitutions of raw messages ``[begin, end)`` in ``view``."""
@@ -95,15 +98,15 @@ class Sticky:
             if sub.kind == "recall":  # the block on the message as the caller sends it now
                 shown = place(self.raw.messages[raw_index], block_text(sub))
                 size = self.raw.sizes[raw_index] + shown_chars(sub)
-                view.show(raw_index - view.offset, shown, sub.kind, size)
+                view.show(view.view_index(raw_index), shown, sub.kind, size)
             else:
-                view.show(raw_index - view.offset, sub.message, sub.kind, shown_chars(sub))
+                view.show(view.view_index(raw_index), sub.message, sub.kind, shown_chars(sub))
 
     def record(
         self,
         view: View,
         new: Sequence[NewSubstitution],
-        on_left: Callable[[list[int]], None],
+        on_left: Callable[[list[HistoryIndex]], None],
     ) -> bool:
         """Persist ``new`` (and offload their originals), then show them; ``on_left`` gets
         their raw indexes. If the store fails the view stays as it was (a placeholder must
@@ -119,7 +122,7 @@ class Sticky:
             return False
         for index, sub, _ in new:
             self.subs[sub.key] = sub
-            self.positions.add(index + view.offset - view.prefix_len)
+            self.positions.add(view.substitution_index(view.history_index(index)))
             view.show(index, sub.message, sub.kind, chars(sub.message))
             if sub.kind == "truncate":
                 log.info(
@@ -128,7 +131,7 @@ class Sticky:
                     original_chars=chars(view.originals[index]),
                     shown_chars=view.sizes[index],
                 )
-        on_left(sorted(index + view.offset for index, _, _ in new))
+        on_left(sorted(view.history_indexes(index for index, _, _ in new)))
         return True
 
     def keep_recall_block(self, view: View, index: int, block: str, found_under: str) -> bool:
@@ -136,7 +139,7 @@ class Sticky:
         and every later one, recorded with what it was ``found_under`` (``stamp``). Nothing
         leaves the view: the caller's words are all still shown. False when the store
         refused it (the view is left as it was)."""
-        raw_index = index + view.offset
+        raw_index = view.history_index(index)
         message = {"role": "user", "content": [{"type": "text", "text": block}]}
         key = self._block_key(raw_index, view.prefix_len)
         sub = Substitution(key, "recall", found_under, message)
@@ -146,7 +149,7 @@ class Sticky:
             log.error("substitutions.write_failed", session_id=self.session_id, error=repr(err))
             return False
         self.subs[key] = sub
-        self.positions.add(raw_index - view.prefix_len)
+        self.positions.add(view.substitution_index(raw_index))
         shown = place(self.raw.messages[raw_index], block)
         view.show(index, shown, "recall", self.raw.sizes[raw_index] + shown_chars(sub))
         return True
@@ -154,7 +157,7 @@ class Sticky:
     def drop_recall_blocks(self, view: View, indexes: Sequence[int]) -> None:
         """The recall blocks shown at view ``indexes`` are taken off their messages (shown as
         written again), in the store first: a block the store still held would come back."""
-        keys = [self._block_key(i + view.offset, view.prefix_len) for i in indexes]
+        keys = [self._block_key(i, view.prefix_len) for i in view.history_indexes(indexes)]
         if not keys:
             return
         try:
@@ -165,4 +168,4 @@ class Sticky:
         self.dropped += len(keys)
         for index, key in zip(indexes, keys, strict=True):
             self.subs.pop(key, None)
-            view.unshow(index, self.raw.sizes[index + view.offset])
+            view.unshow(index, self.raw.sizes[view.history_index(index)])

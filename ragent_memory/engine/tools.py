@@ -12,9 +12,19 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ragent_memory.core.logs import get_logger
+from ragent_memory.errors import StoreError
 from ragent_memory.recall.recaller import DEFAULT_SEARCH_LIMIT, SEARCH_TOOL_NAME, search_tool_schema
-from ragent_memory.recall.refs import DEFAULT_LIMIT, RECALL_TOOL_NAME, recall_tool_schema
+from ragent_memory.recall.refs import (
+    DEFAULT_LIMIT,
+    RECALL_TOOL_NAME,
+    recall_slice,
+    recall_tool_schema,
+)
 from ragent_memory.settings import Settings
+from ragent_memory.store import OffloadStore
+
+log = get_logger(__name__)
 
 
 class ToolHost(Protocol):
@@ -28,6 +38,21 @@ class ToolHost(Protocol):
     def search(
         self, session_id: str, query: str, user_id: str | None = ..., limit: int = ...
     ) -> str: ...
+
+
+def read_back(store: OffloadStore, session_id: Any, ref: Any, offset: Any, limit: Any) -> str:
+    """``original[offset:offset + limit]`` of the session's offloaded original ``ref``, with
+    its footer; a refusal the model can read for anything else (a ref unknown, expired or
+    another session's, a bad offset or limit, a store that cannot be read now)."""
+    key = ref.strip() if isinstance(ref, str) else None
+    original = None
+    if key and isinstance(session_id, str):
+        try:
+            original = store.read_offload(session_id, key)
+        except StoreError as err:
+            log.error("recall.failed", session_id=session_id, ref=key, error=repr(err))
+            return "[recall: the store could not be read just now; try again later]"
+    return recall_slice(original, ref, as_int(offset), as_int(limit))
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any] | None:

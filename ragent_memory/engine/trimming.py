@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ragent_memory.core.chars import chars
 from ragent_memory.core.logs import get_logger
 from ragent_memory.engine.sticky import NewSubstitution, Sticky
-from ragent_memory.engine.view import View
+from ragent_memory.engine.view import HistoryIndex, View
 from ragent_memory.gates.reduce import reduce
 from ragent_memory.gates.trim import Eviction, Rebuild, Shown, TrimState
 from ragent_memory.settings import Settings
@@ -70,18 +70,22 @@ class Trimming:
             new = self._with_evictions(view, new, state.take(), total, reclaimed)
         return new, state
 
-    def retrim(self, view: View, on_left: Callable[[list[int]], None]) -> None:
+    def retrim(
+        self, view: View, on_left: Callable[[list[HistoryIndex]], None]
+    ) -> list[NewSubstitution]:
         """Gate 1 on ``view`` as the next turn sees it, after the ceiling made it smaller (its
-        total may now pass the 20% rule): the same history gives the same messages."""
+        total may now pass the 20% rule): the same history gives the same messages. Returns
+        the substitutions it decided."""
         new, state = self.trim(view, [])
         self.apply(view, new, state or view.trim_hint, on_left)
+        return new
 
     def apply(
         self,
         view: View,
         new: list[NewSubstitution],
         state: TrimState | None,
-        on_left: Callable[[list[int]], None],
+        on_left: Callable[[list[HistoryIndex]], None],
     ) -> None:
         """Record and show ``new``; keep gate 1's ``state`` unless the store failed."""
         view.trim_hint = state if self.sticky.record(view, new, on_left) else None

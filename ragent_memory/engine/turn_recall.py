@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.sticky import PART_SEPARATOR, Sticky
-from ragent_memory.engine.view import View
+from ragent_memory.engine.view import HistoryIndex, View
 from ragent_memory.gates.ceiling import current_turn_start
 from ragent_memory.recall.recaller import Recaller
 from ragent_memory.settings import Settings
@@ -33,8 +33,8 @@ def block_chars(view: View, raw_sizes: Sequence[int]) -> int:
     """What the view's kept recall blocks add to the messages they ride on."""
     if not view.counts.get("recall"):
         return 0
-    offset = view.offset
-    return sum(view.sizes[i] - raw_sizes[i + offset] for i in view.indexes("recall"))
+    kept = sorted(view.indexes("recall"))
+    return sum(view.sizes[i] for i in kept) - sum(view.raw_sizes_shown(raw_sizes, kept))
 
 
 def sizes_as_written(view: View, raw_sizes: Sequence[int]) -> Sequence[int]:
@@ -43,8 +43,9 @@ def sizes_as_written(view: View, raw_sizes: Sequence[int]) -> Sequence[int]:
     if not view.counts.get("recall"):
         return view.sizes
     written = list(view.sizes)
-    for index in view.indexes("recall"):
-        written[index] = raw_sizes[index + view.offset]
+    kept = sorted(view.indexes("recall"))
+    for index, size in zip(kept, view.raw_sizes_shown(raw_sizes, kept), strict=True):
+        written[index] = size
     return written
 
 
@@ -52,8 +53,8 @@ def hidden(view: View) -> tuple[range, frozenset[int]]:
     """Raw indexes the view no longer shows as written: those covered by the summary, and
     those shown as a placeholder or preview (a message carrying a recall block is still
     shown as written)."""
-    covered = range(view.prefix_len, view.head + view.offset)
-    return covered, frozenset(i + view.offset for i, k in view.kinds.items() if k != "recall")
+    substituted = view.history_indexes(i for i, k in view.kinds.items() if k != "recall")
+    return view.covered(), frozenset(substituted)
 
 
 class TurnRecall:
@@ -76,7 +77,7 @@ class TurnRecall:
         self.recaller = recaller
         self.markers = Markers.from_settings(settings)  # the question is the user's words
         self.block = ""
-        self.at = -1
+        self.at = HistoryIndex(-1)
         self.stamp: str | None = None  # what ``block`` was found under (``stamp``)
 
     def room(self, view: View) -> int:
@@ -96,18 +97,18 @@ class TurnRecall:
         an epoch that has passed are taken off first. The block is not part of the view yet (it
         never makes this call's view reach the compaction trigger). Returns (excerpts
         found, their chars)."""
-        self.block, self.at, self.stamp = "", -1, None
+        self.block, self.at, self.stamp = "", HistoryIndex(-1), None
         recaller, raw = self.recaller, self.raw.messages
         if recaller is None or not self.settings.recall_enabled or not raw or not view.messages:
             return 0, 0
-        at = len(raw) - 1
+        at = HistoryIndex(len(raw) - 1)
         if raw[-1].get("role") != "user" or view.messages[-1].get("role") != "user":
             if view.counts.get("recall"):
                 self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
             return 0, 0
-        if view.kinds.get(at - view.offset) == "recall":  # this turn's, sent again
+        if view.kinds.get(view.view_index(at)) == "recall":  # this turn's, sent again
             self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
-            if view.kinds.get(at - view.offset) == "recall":
+            if view.kinds.get(view.view_index(at)) == "recall":
                 return 0, 0
         room = self.room(view)
         if room < self.settings.recall_max_chars * ROOM_SHARE and view.counts.get("recall"):
@@ -135,11 +136,11 @@ class TurnRecall:
     def keep(self, view: View, sticky: Sticky) -> None:
         """Put this turn's block on its user message in ``view`` (the session's, which the
         next call extends) for good; left for the engine's copy when it cannot."""
-        at, found_under = self.at - view.offset, self.stamp
+        at, found_under = view.view_index(self.at), self.stamp
         if not self.block or found_under is None or at in view.kinds or at >= len(view.messages):
             return
         if sticky.keep_recall_block(view, at, self.block, found_under):
-            self.block, self.at = "", -1
+            self.block, self.at = "", HistoryIndex(-1)
 
     @staticmethod
     def evict_earlier(view: View, sticky: Sticky) -> None:
@@ -158,9 +159,10 @@ class TurnRecall:
         may have been forgotten since); None: the store cannot say now, they stay."""
         if now is None:
             return
+        kept = sorted(view.indexes("recall"))
         stale = [
             index
-            for index in sorted(view.indexes("recall"))
-            if (sub := sticky.at(index + view.offset, view.prefix_len)) is None or sub.ref != now
+            for index, at in zip(kept, view.history_indexes(kept), strict=True)
+            if (sub := sticky.at(at, view.prefix_len)) is None or sub.ref != now
         ]
         sticky.drop_recall_blocks(view, stale)

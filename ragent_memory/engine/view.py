@@ -4,8 +4,8 @@ the sticky substitutions shown (docs/design.md §4, §4b, §8)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NewType
 
 import attrs
 
@@ -13,6 +13,21 @@ from ragent_memory.core.chars import Message
 from ragent_memory.core.names import SubstitutionKind
 from ragent_memory.engine.raw import unequal
 from ragent_memory.gates.trim import TrimState
+
+# The three ways to count a message's position. A view index counts in ``View.messages``; a
+# history index in the caller's history (from the view's ``head`` on, view index + the view's
+# offset); a substitution index counts after the leading system messages (what a sticky
+# substitution is keyed by, so a rebuilt system prompt of another length moves none). Only
+# ``View`` converts between them.
+ViewIndex = NewType("ViewIndex", int)
+HistoryIndex = NewType("HistoryIndex", int)
+SubstitutionIndex = NewType("SubstitutionIndex", int)
+
+
+def substitution_index(index: int, prefix_len: int) -> SubstitutionIndex:
+    """The substitution index of history ``index`` after ``prefix_len`` system messages (for
+    a summary's messages, whose prefix is the one it was written with)."""
+    return SubstitutionIndex(index - prefix_len)
 
 
 def _copy(value: Any) -> Any:
@@ -57,7 +72,7 @@ class View:
     messages: list[Message]
     sizes: list[int]
     head: int  # view index of the first raw tail message
-    offset: int  # raw index = view index + offset, from ``head`` on
+    offset: int  # history index = view index + offset, from ``head`` on (use the methods below)
     prefix_len: int  # leading system messages (substitution positions are counted after them)
     generation: int  # the summary shown (0 = none)
     fresh: int = 0  # first index not carried over from the last turn
@@ -73,10 +88,87 @@ class View:
     stale: set[int] = attrs.field(factory=set)  # indexes of ``handed`` replaced since
     left_out: LeftOut = LeftOut()  # turns the ceiling left out, kept out while the view grows
 
+    @classmethod
+    def starting(
+        cls,
+        messages: list[Message],
+        sizes: list[int],
+        *,
+        start: int,
+        prefix_len: int,
+        generation: int,
+    ) -> View:
+        """A view of ``messages`` (the prefix and the summary message) whose tail will start
+        at history index ``start``."""
+        head = len(messages)
+        return cls(messages, sizes, head, start - head, prefix_len, generation, total=sum(sizes))
+
+    # ---------------------------------------------------------------- positions
+
+    def history_index(self, index: int) -> HistoryIndex:
+        """The history index of the message at view ``index`` (from ``head`` on)."""
+        return HistoryIndex(index + self.offset)
+
+    def view_index(self, index: int) -> ViewIndex:
+        """The view index of history ``index`` (one the view shows, from ``head`` on)."""
+        return ViewIndex(index - self.offset)
+
+    def substitution_index(self, index: int) -> SubstitutionIndex:
+        """The substitution index of history ``index``."""
+        return substitution_index(index, self.prefix_len)
+
+    def history_indexes(self, indexes: Iterable[int]) -> list[HistoryIndex]:
+        """``history_index`` of each view index, in order."""
+        offset = self.offset
+        return [HistoryIndex(i + offset) for i in indexes]
+
     @property
-    def end(self) -> int:
+    def tail_start(self) -> HistoryIndex:
+        """History index of the first message the tail shows (``head``'s)."""
+        return HistoryIndex(self.head + self.offset)
+
+    @property
+    def end(self) -> HistoryIndex:
         """Raw length the view was built from."""
-        return len(self.messages) + self.offset
+        return HistoryIndex(len(self.messages) + self.offset)
+
+    def covered(self) -> range:
+        """History indexes the view shows neither as written nor substituted: those the
+        summary covers and those the ceiling left out."""
+        return range(self.prefix_len, self.tail_start)
+
+    def material(self, head: int, cut: int) -> range:
+        """History indexes a compaction of view ``[head, cut)`` summarizes: the messages the
+        ceiling left out before ``head`` counted back in."""
+        return range(self.start + head - self.head, cut + self.offset)
+
+    def suspects(self) -> list[HistoryIndex]:
+        """History indexes of the caller's messages this view showed as written whose copy
+        handed out no longer equals them (``recopy_edited``), and of those it showed but
+        never handed out."""
+        edited = [i for i in self.recopy_edited() if i >= self.head and i not in self.kinds]
+        handed_end = max(len(self.handed), self.head) + self.offset
+        return [*self.history_indexes(edited), *map(HistoryIndex, range(handed_end, self.end))]
+
+    def raw_sizes_shown(self, raw_sizes: Sequence[int], indexes: Iterable[int]) -> list[int]:
+        """The sizes as written (``raw_sizes`` by history index) of view ``indexes``."""
+        offset = self.offset
+        return [raw_sizes[i + offset] for i in indexes]
+
+    def after_compaction(
+        self, cut: int, summary: Message
+    ) -> tuple[list[Message], list[int], dict[int, Message], set[int]]:
+        """The messages, sizes, originals and trimmed indexes of the view a compaction cut at
+        view index ``cut`` leaves: the prefix, ``summary`` (size 0) and ``[cut:]``."""
+        prefix_len = self.prefix_len
+        messages = [*self.messages[:prefix_len], summary, *self.messages[cut:]]
+        sizes = [*self.sizes[:prefix_len], 0, *self.sizes[cut:]]
+        shift = prefix_len + 1 - cut
+        originals = {i + shift: m for i, m in self.originals.items() if i >= cut}
+        trimmed = {i + shift for i in self.indexes("trim") if i >= cut}
+        return messages, sizes, originals, trimmed
+
+    # ---------------------------------------------------------------- sums
 
     @property
     def with_left_out(self) -> int:
@@ -85,9 +177,9 @@ class View:
         return self.total + self.left_out.shown_chars
 
     @property
-    def start(self) -> int:
-        """Raw index of the first message after the prefix/summary, left out or not."""
-        return self.head + self.offset - self.left_out.messages
+    def start(self) -> HistoryIndex:
+        """History index of the first message after the prefix/summary, left out or not."""
+        return HistoryIndex(self.head + self.offset - self.left_out.messages)
 
     def grow(self, messages: Sequence[Message], sizes: Sequence[int]) -> None:
         """Append raw messages (unsubstituted)."""

@@ -176,7 +176,7 @@ def test_session_cache_is_bounded_and_an_evicted_session_continues_byte_identica
             for session_id, history in histories.items():
                 history.append(turn[0])
                 sent = engine.prepare(history, session_id=session_id)
-                assert len(engine._sessions) <= 2
+                assert len(engine.sessions) <= 2
                 if session_id == "a":
                     expected = reference.prepare(history, session_id="a")
                     assert normalised(expected.messages) == normalised(sent.messages)

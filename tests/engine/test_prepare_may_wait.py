@@ -115,6 +115,6 @@ def test_a_compaction_in_flight_or_a_busy_session_may_wait(
     engine.prepare(small, session_id="s")  # adopts the summary
     again = [*small, {"role": "user", "content": "fine"}]
     assert not engine.prepare_may_wait(again, session_id="s")
-    session = engine._sessions["s"]
+    session = engine.sessions["s"]
     with session.lock:
         assert engine.prepare_may_wait(again, session_id="s")
