@@ -23,10 +23,10 @@ import attrs
 
 from ragent_memory.core.chars import Message
 from ragent_memory.core.records import IndexedMessage
-from ragent_memory.recall.rank import Found, RecallMirror
+from ragent_memory.recall.rank import Found, RecallMirror, rank_candidates
 from ragent_memory.store import RecallIndex
 from ragent_memory.text.relative import anchored
-from ragent_memory.text.terms import fts_query, search_terms, term_set
+from ragent_memory.text.terms import search_terms, term_set
 
 EVERYTHING: Final = 1 << 62  # a ``visible_from`` past every position: search all of it
 CANDIDATES: Final = 40  # hits read per query, before budgeting
@@ -314,7 +314,7 @@ def _search(
         found = mirror.search(terms, keep=lambda t: not known(t), **where)
     if found is not None:
         return found
-    hits = [hit for hit in store.search_index(fts_query(terms), **where) if not known(hit.content)]
+    hits = [hit for hit in rank_candidates(store, terms, **where) if not known(hit.content)]
     return hits, _around(store, hits)
 
 

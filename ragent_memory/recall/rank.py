@@ -1,9 +1,15 @@
-"""An in-process copy of the recall index (docs/design.md §9b), so a turn's recall costs what is new.
+"""The recall ranker, and an in-process copy of the recall index (docs/design.md §9b), so a
+turn's recall costs what is new.
 
-The store's FTS5 ``bm25()`` recounts every query phrase's document frequency and scores every
-match on each call, growing with the history. Here each user's rows (or, without a user, each
-session's) are an inverted index (term → rows and counts) ranked with the exact BM25 FTS5
-computes (k1 = 1.2, b = 0.75, its idf floor, row lengths in tokens of both columns); the top
+The ranking is the one code every backend's rows go through: the mirror's units below, and,
+where the mirror cannot answer, the store's candidate rows (``rank_candidates``: the rows
+holding the question's keys, with the statistics of all the rows searched). Ranking in the
+store (FTS5's ``bm25()`` recounts every phrase's document frequency and scores every match on
+each call, growing with the history) would also rank by each backend's own formula.
+
+Each user's rows (or, without a user, each session's) are an inverted index (term → rows and
+counts) ranked with the exact BM25 FTS5 computes (k1 = 1.2, b = 0.75, its idf floor, row
+lengths in tokens of both columns); the top
 k comes from block-max early termination (``topk.py``), so a query reads a bounded share of
 its terms' postings, not every match. Neighbours and texts (kept by row id: rows never
 change, only go) come from here too.
@@ -17,8 +23,8 @@ The store stays the source of truth. Before each search one statement reads the 
 id and the deletion epoch (``meta.recall_epoch``, replaced in the transaction of every
 ``forget``/``drop_session``, whichever process or host ran it): new rows are read by id, a
 new epoch drops every copy (rebuilt on their next search). A user's search that must also see
-this session's rows indexed without a user returns None: the caller asks the store. The
-statistics are the unit's (the user's rows), FTS5's the table's: one user per store, the same.
+this session's rows indexed without a user returns None: the caller ranks the store's
+candidates (``rank_candidates``) instead.
 """
 
 from __future__ import annotations
@@ -52,9 +58,10 @@ from ragent_memory.recall.topk import (
     Term,
     top_k,
 )
+from ragent_memory.store import Candidates
 from ragent_memory.store.contract import RecallIndex
-from ragent_memory.text.porter import stem, tokens
-from ragent_memory.text.terms import index_terms, is_cjk
+from ragent_memory.text.keys import query_keys, text_terms
+from ragent_memory.text.porter import stem
 
 IDF_FLOOR: Final = 1e-6  # FTS5: a term in more than half the rows still counts a little
 MEMORY_BYTES: Final = 128 * 1_000_000  # the default bound: ``Settings.recall_memory_mb``
@@ -72,41 +79,34 @@ Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
 _Row = tuple[IndexedMessage, bool, dict[str, int], int]  # a row, owned, its terms, its length
 
 
-def text_terms(
-    text: str, stems: Callable[[Sequence[str]], list[str]] = lambda words: list(map(stem, words))
-) -> tuple[dict[str, int], int]:
-    """A text's terms as the index counts them and its length in tokens: unicode61's tokens
-    of the spaced text (``index_terms``), each stemmed (``stems``: a list's stems; a number
-    is its own stem: Porter's rules all end on a letter), and each pair of adjacent single
-    CJK characters as a bigram (what a two-character query phrase matches)."""
-    found = tokens(spaced := index_terms(text))
-    counts: dict[str, int] = {}
-    each = Counter(found)
-    words = [token for token in each if token[-1] not in "0123456789"]
-    keys = dict(zip(words, stems(words), strict=True))
-    for token, count in each.items():
-        counts[keys.get(token, token)] = counts.get(keys.get(token, token), 0) + count
-    previous = ""
-    for token in found if len(spaced) > len(text) else ():  # bigrams: a text with CJK only
-        single = len(token) == 1 and is_cjk(token)
-        if single and previous:
-            counts[previous + token] = counts.get(previous + token, 0) + 1
-        previous = token if single else ""
-    return counts, len(found)
+def rank_candidates(
+    store: RecallIndex,
+    terms: Sequence[str],
+    *,
+    session_id: str,
+    user_id: str | None,
+    visible_from: int,
+    shown: Sequence[int],
+    limit: int,
+) -> list[IndexedMessage]:
+    """The best ``limit`` hits for ``terms`` among the rows the store finds for them
+    (``recall_candidates``), ranked by the mirror's own code with the statistics of all the
+    rows searched: a search the mirror cannot answer ranks as it would, on every backend."""
+    found = store.recall_candidates(terms, session_id=session_id, user_id=user_id)
+    known: dict[str, str] = {}  # each word's stem, once a search (its rows share words)
 
+    def stems(words: Sequence[str]) -> list[str]:
+        return [
+            known[word] if word in known else known.setdefault(word, stem(word)) for word in words
+        ]
 
-def query_keys(terms: Iterable[str], stem: Callable[[str], str] = stem) -> list[str]:
-    """Each query phrase (``terms.search_terms``) as the key ``text_terms`` counts it under
-    (a word's stem, a CJK bigram's two chars); a phrase twice (two words with one stem)
-    counts twice, as in FTS5."""
-    keys = []
-    for term in terms:
-        found = tokens(index_terms(term))
-        if len(found) == 1:
-            keys.append(stem(found[0]))
-        elif len(found) == 2:
-            keys.append(found[0] + found[1])
-    return keys
+    unit = _Unit()
+    for message, owned, length in found.found:  # id order: ties go to the newest, as there
+        unit.add(message, owned, text_terms(message.content, stems)[0], length)
+    where = {"session_id": session_id, "visible_from": visible_from, "shown": shown}
+    ranked = unit.rank(query_keys(terms), limit=limit, stats=found, **where)  # type: ignore[arg-type]
+    contents = [message.content for message, _, _ in found.found]
+    return [unit.message(row, contents[row], score) for row, score in ranked]
 
 
 def _text_bytes(_row_id: int, text: str) -> int:
@@ -235,17 +235,22 @@ class _Unit:
         shown: Sequence[int],
         limit: int,
         budget: int = BUDGET_BLOCKS,
+        stats: Candidates | None = None,
     ) -> list[tuple[int, float]]:
         """The best ``limit`` rows (row number, BM25 as FTS5 gives it: lower is better),
         ordered by score then newest first, without this session's rows the view shows:
-        block-max top-k reading ``budget`` blocks at most (``topk.py``)."""
-        n = len(self.ids)
+        block-max top-k reading ``budget`` blocks at most (``topk.py``). The statistics are
+        the unit's own, or ``stats`` (those of the rows a store's candidates come from)."""
+        n = len(self.ids) if stats is None else stats.rows
+        total = self.total if stats is None else stats.tokens
         terms = []
         for key, times in Counter(keys).items():
             posting = self.postings.get(key)
             if posting is None:
                 continue
             count = 1 if isinstance(posting, int) else len(posting)
+            if stats is not None:
+                count = stats.frequencies.get(key, count)
             idf = math.log((n - count + 0.5) / (count + 0.5))
             weight = times * (idf if idf > 0 else IDF_FLOOR) * (K1 + 1.0)
             if isinstance(posting, int):
@@ -258,9 +263,9 @@ class _Unit:
         if not terms or limit < 1:
             return []
         lengths = np.frombuffer(self.lengths, dtype=np.float64)
-        norm = Norm(lengths, K1 * B * n / self.total, K1 * (1.0 - B))
+        norm = Norm(lengths, K1 * B * n / total, K1 * (1.0 - B))
         visible = self._visible(session_id, visible_from, shown)
-        rows, scores = top_k(terms, norm, n, limit, visible, budget)
+        rows, scores = top_k(terms, norm, len(self.ids), limit, visible, budget)
         return [(row, -score) for row, score in zip(rows.tolist(), scores.tolist(), strict=True)]
 
     def _visible(
@@ -358,7 +363,7 @@ class RecallMirror:
         limit: int,
         keep: Callable[[str], bool] = lambda text: True,
     ) -> Found | None:
-        """The best hits as the store's ``search_index`` ranks them, those whose text
+        """The best hits as ``rank_candidates`` ranks them, those whose text
         ``keep`` keeps, and their neighbours by (session, position); None when the store
         must answer (see the module). With ``hop`` (the mirror's), up to that many more hits
         after them: a second search for the rarest terms of the best hits' own texts (those

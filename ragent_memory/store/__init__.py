@@ -46,6 +46,7 @@ from ragent_memory.store.contract import (
     TurnLog,
     VectorIndex,
 )
+from ragent_memory.store.recall_index import Candidates
 from ragent_memory.store.schema import COMPACTION_COLUMNS, MIGRATIONS
 from ragent_memory.store.sqlite import Store
 
@@ -75,6 +76,7 @@ __all__ = [
     "AuditLog",
     "AuditRow",
     "Backend",
+    "Candidates",
     "Clock",
     "GCReport",
     "HostMeta",

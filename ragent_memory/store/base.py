@@ -14,12 +14,69 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from ragent_memory.errors import StoreError
 from ragent_memory.store.schema import tables_created
 
 Clock = Callable[[], datetime]
+
+
+# A JSON array of ids (or positions) as a set of integers, in each dialect: one statement
+# whatever the number of values.
+IN_JSON = "IN (SELECT value FROM json_each(?))"
+IN_JSON_PG = "IN (SELECT value::bigint FROM jsonb_array_elements_text(%s::jsonb) AS value)"
+
+
+class Sql(NamedTuple):
+    """One statement in each backend's dialect (``?`` for SQLite, ``%s`` for psycopg), named
+    by a module constant; each backend's connection runs its own text, as written."""
+
+    sqlite: str
+    postgres: str
+
+
+KEEP_ID = Sql(
+    "INSERT INTO ids (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+    "INSERT INTO ids (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+)
+
+NEW_META = Sql(
+    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+    "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+)
+
+MIGRATIONS_IN_ORDER = Sql(
+    "SELECT name FROM _migrations ORDER BY version",
+    "SELECT name FROM _migrations ORDER BY version",
+)
+
+MIGRATIONS_TABLE = Sql(
+    "CREATE TABLE IF NOT EXISTS _migrations (version INTEGER PRIMARY KEY, name TEXT NOT"
+    " NULL, applied_at TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS _migrations (version INTEGER PRIMARY KEY, name TEXT NOT"
+    " NULL, applied_at TEXT NOT NULL)",
+)
+
+MIGRATION_RECORDED = Sql(
+    "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
+    "INSERT INTO _migrations (version, name, applied_at) VALUES (%s, %s, %s)",
+)
+
+META_VALUE = Sql(
+    "SELECT value FROM meta WHERE key = ?",
+    "SELECT value FROM meta WHERE key = %s",
+)
+
+MIGRATION_DONE = Sql(
+    "SELECT 1 FROM _migrations WHERE name = ?",
+    "SELECT 1 FROM _migrations WHERE name = %s",
+)
+
+MIGRATIONS_DONE = Sql(
+    "SELECT name FROM _migrations",
+    "SELECT name FROM _migrations",
+)
 
 
 def utc_now() -> datetime:
@@ -65,9 +122,6 @@ class StoreBase(abc.ABC):
     _lock: threading.RLock
     _secret: bytes
 
-    # The UTF-8 size of ``offloads.content`` in SQL.
-    _OCTETS = "LENGTH(CAST(content AS BLOB))"
-
     @contextmanager
     def _locked(self, what: str) -> Iterator[Any]:
         with self._lock:
@@ -81,22 +135,19 @@ class StoreBase(abc.ABC):
         one transaction. Each is checked again under the write lock: two processes (or hosts)
         opening a new store at once apply it once."""
         with self.db.atomic():
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS _migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-            done = {row[0] for row in self.db.execute("SELECT name FROM _migrations").fetchall()}
+            self.db.execute(MIGRATIONS_TABLE)
+            done = {row[0] for row in self.db.execute(MIGRATIONS_DONE).fetchall()}
         for version, (name, sql) in enumerate(migrations, start=1):
             if name in done:
                 continue
             with self.db.atomic():
-                if self.db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                if self.db.execute(MIGRATION_DONE, [name]).fetchone():
                     continue
                 for statement in sql.split(";"):
                     if statement.strip():
                         self.db.execute(statement)
                 self.db.execute(
-                    "INSERT INTO _migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    MIGRATION_RECORDED,
                     [version, name, iso(self.clock())],
                 )
 
@@ -104,17 +155,15 @@ class StoreBase(abc.ABC):
         """Inside a write transaction: keep each id once, under its key, for the reads that
         give it back (a recall hit's session, a pending message's session, a session's user)."""
         rows = [[id_key(value), value] for value in dict.fromkeys(values) if value is not None]
-        self.db.executemany(
-            "INSERT INTO ids (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING", rows
-        )
+        self.db.executemany(KEEP_ID, rows)
 
     def _load_secret(self, key: str = "secret") -> bytes:
         """A secret made by the store's first opener: for recall refs, or ``scope_secret``."""
         self.db.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            NEW_META,
             [key, secrets.token_hex(32)],
         )
-        ((value,),) = self.db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
+        ((value,),) = self.db.execute(META_VALUE, [key]).fetchall()
         return bytes.fromhex(value)
 
     def scope_secret(self) -> bytes:
@@ -124,7 +173,7 @@ class StoreBase(abc.ABC):
 
     def migrations(self) -> list[str]:
         """The names of the schema migrations applied, oldest first."""
-        rows = self._fetch("SELECT name FROM _migrations ORDER BY version")
+        rows = self._fetch(MIGRATIONS_IN_ORDER)
         return [str(r[0]) for r in rows]
 
     @abc.abstractmethod
@@ -149,13 +198,13 @@ class StoreBase(abc.ABC):
             )
 
     def _fetch(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
+        self, sql: Sql, params: Sequence[Any] | Mapping[str, Any] = (), *, what: str = "read"
     ) -> list[Any]:
         with self._locked(what):
             rows: list[Any] = self.db.execute(sql, params).fetchall()
         return rows
 
-    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: Sql, params: Sequence[Any]) -> list[Any]:
         """The rows of a small read a turn makes (who wrote a session last, a memory
         version, the recall mark), as last committed."""
         return self._fetch(sql, params)

@@ -21,6 +21,7 @@ from ragent_memory.core.records import (
     SessionState,
     Substitution,
 )
+from ragent_memory.store.recall_index import Candidates
 from ragent_memory.store.vectors import VectorRow
 
 
@@ -116,16 +117,9 @@ class RecallIndex(OffloadRefs, Protocol):
         self, user_id: str | None, rows: Sequence[IndexedMessage], terms: Sequence[str]
     ) -> int: ...
     def last_indexed(self, session_id: str) -> IndexedMessage | None: ...
-    def search_index(
-        self,
-        query: str,
-        *,
-        session_id: str,
-        user_id: str | None,
-        visible_from: int,
-        shown: Sequence[int] = (),
-        limit: int,
-    ) -> list[IndexedMessage]: ...
+    def recall_candidates(
+        self, terms: Sequence[str], *, session_id: str, user_id: str | None
+    ) -> Candidates: ...
     def indexed_at(self, session_id: str, positions: Sequence[int]) -> list[IndexedMessage]: ...
     def recall_mark(self) -> tuple[int, str]: ...
     def indexed_since(

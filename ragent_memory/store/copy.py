@@ -26,6 +26,12 @@ _SELECT = MappingProxyType(
     }
 )
 _BATCH = 500
+# Statements the copy runs on the target (PostgreSQL's dialect).
+META_COPIED = (
+    "INSERT INTO meta (key, value) VALUES (%s, %s)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+SUPERSEDED_COPIED = "UPDATE memories SET superseded_by = %s WHERE id = %s"
 
 
 def _tables(source: Store) -> set[str]:
@@ -57,6 +63,7 @@ def copy_store(source: Store, target: PostgresStore) -> dict[str, int]:
             columns, rows = data[table]
             counts[table] = len(rows)
             _insert(target, table, columns, rows)
+        target._measure_old_rows()  # the recall rows' keys (SQLite's FTS5 had none to copy)
         for table in IDENTITIES:
             target.db.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
@@ -68,11 +75,7 @@ def copy_store(source: Store, target: PostgresStore) -> dict[str, int]:
 def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[Any]) -> None:
     if table == "meta":  # the target made its own secret and counter: the source's win
         for key, value in rows:
-            target.db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
-            )
+            target.db.execute(META_COPIED, [key, value])
         return
     values = [list(row) for row in rows]  # the target's ``executemany`` applies ``pg_text``
     if table == "offloads":
@@ -86,8 +89,9 @@ def _insert(target: PostgresStore, table: str, columns: list[str], rows: list[An
         later = [(row[at], row[key]) for row in values if row[at] is not None]
         for row in values:
             row[at] = None
-    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    # The source's columns, whatever its tables hold: PostgreSQL's statement, made here.
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
     for start in range(0, len(values), _BATCH):
         target.db.executemany(sql, values[start : start + _BATCH])
     if later:
-        target.db.executemany("UPDATE memories SET superseded_by = ? WHERE id = ?", later)
+        target.db.executemany(SUPERSEDED_COPIED, later)

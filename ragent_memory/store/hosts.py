@@ -27,9 +27,50 @@ import attrs
 
 from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import StoreError
-from ragent_memory.store.base import StoreBase, id_key, iso
+from ragent_memory.store.base import Sql, StoreBase, id_key, iso
 
 log = get_logger(__name__)
+
+
+LAST_WRITE = Sql(
+    "SELECT writer, stamp FROM session_writes WHERE session_key = ?",
+    "SELECT writer, stamp FROM session_writes WHERE session_key = %s",
+)
+
+WRITE_MARKED = Sql(
+    "INSERT INTO session_writes (session_key, writer, stamp) VALUES (?, ?, 1) ON CONFLICT"
+    " (session_key) DO UPDATE SET writer = excluded.writer, stamp = session_writes.stamp"
+    " + 1",
+    "INSERT INTO session_writes (session_key, writer, stamp) VALUES (%s, %s, 1) ON"
+    " CONFLICT (session_key) DO UPDATE SET writer = excluded.writer, stamp ="
+    " session_writes.stamp + 1",
+)
+
+LEASE_TAKEN = Sql(
+    "INSERT INTO compaction_leases (session_key, owner, host, pid, started, expires_at)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key) DO UPDATE SET owner ="
+    " excluded.owner, host = excluded.host, pid = excluded.pid, started ="
+    " excluded.started, expires_at = excluded.expires_at",
+    "INSERT INTO compaction_leases (session_key, owner, host, pid, started, expires_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_key) DO UPDATE SET owner ="
+    " excluded.owner, host = excluded.host, pid = excluded.pid, started ="
+    " excluded.started, expires_at = excluded.expires_at",
+)
+
+LEASES_RENEWED = Sql(
+    "UPDATE compaction_leases SET expires_at = ? WHERE owner = ?",
+    "UPDATE compaction_leases SET expires_at = %s WHERE owner = %s",
+)
+
+LEASE_RELEASED = Sql(
+    "DELETE FROM compaction_leases WHERE session_key = ? AND owner = ?",
+    "DELETE FROM compaction_leases WHERE session_key = %s AND owner = %s",
+)
+
+LEASE_HELD = Sql(
+    "SELECT owner, host, pid, started, expires_at FROM compaction_leases WHERE session_key = ?",
+    "SELECT owner, host, pid, started, expires_at FROM compaction_leases WHERE session_key = %s",
+)
 
 
 def _read(path: str) -> str:
@@ -152,10 +193,7 @@ class HostTables(StoreBase):
             if self._held_elsewhere(key, iso(now)):
                 return False
             self.db.execute(
-                "INSERT INTO compaction_leases (session_key, owner, host, pid, started,"
-                " expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_key) DO UPDATE SET"
-                " owner = excluded.owner, host = excluded.host, pid = excluded.pid,"
-                " started = excluded.started, expires_at = excluded.expires_at",
+                LEASE_TAKEN,
                 [key, self.host_id, holder.machine, holder.pid, holder.started, self._expiry()],
             )
         self._renewer.hold(session_id)
@@ -169,8 +207,7 @@ class HostTables(StoreBase):
 
     def _held_elsewhere(self, key: bytes, now: str) -> bool:
         row = self.db.execute(
-            "SELECT owner, host, pid, started, expires_at FROM compaction_leases"
-            " WHERE session_key = ?",
+            LEASE_HELD,
             [key],
         ).fetchone()
         if row is None or row[0] == self.host_id or row[4] <= now:
@@ -184,7 +221,7 @@ class HostTables(StoreBase):
         """Move on the expiry of every lease this host holds."""
         with self._locked("lease renewal"), self.db.atomic():
             self.db.execute(
-                "UPDATE compaction_leases SET expires_at = ? WHERE owner = ?",
+                LEASES_RENEWED,
                 [self._expiry(), self.host_id],
             )
 
@@ -193,22 +230,18 @@ class HostTables(StoreBase):
         self._renewer.drop(session_id)
         with self._locked("lease"), self.db.atomic():
             self.db.execute(
-                "DELETE FROM compaction_leases WHERE session_key = ? AND owner = ?",
+                LEASE_RELEASED,
                 [id_key(session_id), self.host_id],
             )
 
     def last_write(self, session_id: str) -> tuple[str, int] | None:
         """``(host id, counter)`` of the session's latest write (None: never written)."""
-        rows = self._read_now(
-            "SELECT writer, stamp FROM session_writes WHERE session_key = ?", [id_key(session_id)]
-        )
+        rows = self._read_now(LAST_WRITE, [id_key(session_id)])
         return (str(rows[0][0]), int(rows[0][1])) if rows else None
 
     def _mark_written(self, session_id: str) -> None:
         """Inside a write transaction: this host wrote the session."""
         self.db.execute(
-            "INSERT INTO session_writes (session_key, writer, stamp) VALUES (?, ?, 1)"
-            " ON CONFLICT (session_key) DO UPDATE SET writer = excluded.writer,"
-            " stamp = session_writes.stamp + 1",
+            WRITE_MARKED,
             [id_key(session_id), self.host_id],
         )

@@ -10,7 +10,57 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ragent_memory.core.records import GCReport
-from ragent_memory.store.base import StoreBase, id_key, iso
+from ragent_memory.store.base import Sql, StoreBase, id_key, iso
+
+# What gc deletes, measured first: the count and UTF-8 size of the offloads (``content`` is
+# TEXT or a BLOB on SQLite, BYTEA on PostgreSQL).
+_DROPPED = "session_key IN (SELECT session_key FROM dropped_sessions)"
+_MEASURE = "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(content AS BLOB))), 0) FROM offloads"
+_MEASURE_PG = "SELECT COUNT(*), COALESCE(SUM(OCTET_LENGTH(content)), 0) FROM offloads"
+EXPIRED_MEASURED = Sql(
+    f"{_MEASURE} WHERE expires_at <= ? AND NOT {_DROPPED}",
+    f"{_MEASURE_PG} WHERE expires_at <= %s AND NOT {_DROPPED}",
+)
+OF_DROPPED_MEASURED = Sql(f"{_MEASURE} WHERE {_DROPPED}", f"{_MEASURE_PG} WHERE {_DROPPED}")
+OFFLOADS_COLLECTED = Sql(
+    f"DELETE FROM offloads WHERE expires_at <= ? OR {_DROPPED}",
+    f"DELETE FROM offloads WHERE expires_at <= %s OR {_DROPPED}",
+)
+OFFLOAD_KEPT = Sql(
+    "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
+    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
+    " SET expires_at = excluded.expires_at",
+    "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
+    " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_key, ref) DO"
+    " UPDATE SET expires_at = excluded.expires_at",
+)
+
+OFFLOAD_READ = Sql(
+    "SELECT content FROM offloads WHERE session_key = ? AND ref = ? AND expires_at > ?"
+    " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = ?)",
+    "SELECT content FROM offloads WHERE session_key = %s AND ref = %s AND expires_at > %s"
+    " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = %s)",
+)
+
+UNDROPPED = Sql(
+    "DELETE FROM dropped_sessions WHERE session_key = ?",
+    "DELETE FROM dropped_sessions WHERE session_key = %s",
+)
+
+SESSION_OFFLOADS_DELETED = Sql(
+    "DELETE FROM offloads WHERE session_key = ?",
+    "DELETE FROM offloads WHERE session_key = %s",
+)
+
+DROPPED_FORGOTTEN = Sql(
+    "DELETE FROM dropped_sessions",
+    "DELETE FROM dropped_sessions",
+)
+
+DROPPED_COUNT = Sql(
+    "SELECT COUNT(*) FROM dropped_sessions",
+    "SELECT COUNT(*) FROM dropped_sessions",
+)
 
 
 def _sha256(content: str) -> str:
@@ -36,9 +86,7 @@ class OffloadTables(StoreBase):
             ref, sha = self.ref_for(session_id, content), _sha256(content)
             rows.append([key, ref, sha, self._storable(content), len(content), created, expires])
         self.db.executemany(
-            "INSERT INTO offloads (session_key, ref, sha256, content, chars, created_at,"
-            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key, ref) DO UPDATE"
-            " SET expires_at = excluded.expires_at",
+            OFFLOAD_KEPT,
             rows,
         )
 
@@ -47,8 +95,7 @@ class OffloadTables(StoreBase):
         expired, or the session was dropped)."""
         key = id_key(session_id)
         rows = self._fetch(
-            "SELECT content FROM offloads WHERE session_key = ? AND ref = ? AND expires_at > ?"
-            " AND NOT EXISTS (SELECT 1 FROM dropped_sessions WHERE session_key = ?)",
+            OFFLOAD_READ,
             [key, ref, iso(self.clock()), key],
         )
         if not rows:
@@ -65,25 +112,21 @@ class OffloadTables(StoreBase):
         # A dropped session id used again starts a new life: what is left of the old one goes
         # now, so neither its refs nor the next gc touch the new life's offloads.
         key = id_key(session_id)
-        cursor = self.db.execute("DELETE FROM dropped_sessions WHERE session_key = ?", [key])
+        cursor = self.db.execute(UNDROPPED, [key])
         if cursor.rowcount:
-            self.db.execute("DELETE FROM offloads WHERE session_key = ?", [key])
+            self.db.execute(SESSION_OFFLOADS_DELETED, [key])
 
     def gc(self, *, vacuum: bool = False) -> GCReport:
         """Delete expired offloads and the offloads of dropped sessions, in one transaction,
         then hand the freed pages back to the disk (:meth:`_shrink`)."""
         before = self.file_bytes()
         now = iso(self.clock())
-        dropped = "session_key IN (SELECT session_key FROM dropped_sessions)"
-        measure = f"SELECT COUNT(*), COALESCE(SUM({self._OCTETS}), 0) FROM offloads"
         with self._locked("gc"), self.db.atomic():
-            expired, expired_bytes = self.db.execute(
-                f"{measure} WHERE expires_at <= ? AND NOT {dropped}", [now]
-            ).fetchone()
-            of_dropped, dropped_bytes = self.db.execute(f"{measure} WHERE {dropped}").fetchone()
-            (sessions,) = self.db.execute("SELECT COUNT(*) FROM dropped_sessions").fetchone()
-            self.db.execute(f"DELETE FROM offloads WHERE expires_at <= ? OR {dropped}", [now])
-            self.db.execute("DELETE FROM dropped_sessions")
+            expired, expired_bytes = self.db.execute(EXPIRED_MEASURED, [now]).fetchone()
+            of_dropped, dropped_bytes = self.db.execute(OF_DROPPED_MEASURED).fetchone()
+            (sessions,) = self.db.execute(DROPPED_COUNT).fetchone()
+            self.db.execute(OFFLOADS_COLLECTED, [now])
+            self.db.execute(DROPPED_FORGOTTEN)
         self._shrink(vacuum=vacuum)
         return GCReport(
             expired_offloads=int(expired),

@@ -269,4 +269,18 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
             CHECK (kind IN ('trim', 'truncate', 'recall'));
         """,
     ),
+    # The recall ranker's statistics and candidates (store/recall_index.py): each row's length
+    # in tokens, and its keys as the ranker counts them, found by array overlap (the stemmed
+    # ``tsvector`` matched by another stemmer's rules; rows from before are measured and keyed
+    # when the store opens).
+    (
+        "011_recall_keys",
+        """
+        ALTER TABLE recall_messages ADD COLUMN tokens INTEGER;
+        ALTER TABLE recall_fts ADD COLUMN keys TEXT[];
+        CREATE INDEX recall_fts_keys ON recall_fts USING GIN (keys);
+        DROP INDEX recall_fts_tsv;
+        ALTER TABLE recall_fts DROP COLUMN tsv;
+        """,
+    ),
 )

@@ -5,7 +5,8 @@ Connections come from a ``psycopg_pool`` pool, one per calling thread for the le
 call. Every write transaction first takes one transaction-scoped advisory lock, so writers are
 serialised across hosts exactly as SQLite serialises them within a machine, and a read-check-
 write (a compaction's commit against the generation it started from) cannot interleave with
-another host's. The concern mixins run unchanged: their ``?`` placeholders become ``%s`` here.
+another host's. Each statement is a named constant in each dialect (``base.Sql``): the
+PostgreSQL text runs as written, nothing is rewritten on the way.
 """
 
 from __future__ import annotations
@@ -19,31 +20,30 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from ragent_memory.core.records import IndexedMessage
+from ragent_memory.core.memo import Memo
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, id_key, utc_now
+from ragent_memory.store.base import Clock, Sql, utc_now
 from ragent_memory.store.pg_schema import MIGRATIONS
-from ragent_memory.store.recall_index import COLUMNS, NAMED, IndexedTables
+from ragent_memory.store.recall_index import MEASURE_ROWS, MEASURED, IndexedTables
 from ragent_memory.store.turns import TurnTables
 from ragent_memory.store.vectors import VectorTables
+from ragent_memory.text.keys import query_keys, text_terms
+from ragent_memory.text.porter import stem
 
 # The advisory lock every write transaction takes (any constant; "ragent" in ASCII).
 WRITE_LOCK = 0x72_61_67_65_6E_74
+STEM_CHARS = 2_000_000  # tokens whose stem is kept, by their length
+# Rows indexed before keys were kept, or copied from SQLite (its FTS5 had no keys to copy).
+UNMEASURED = (
+    "SELECT m.id, m.content FROM recall_messages AS m LEFT JOIN recall_fts AS f"
+    " ON f.rowid = m.id WHERE m.tokens IS NULL OR (f.rowid IS NOT NULL AND f.keys IS NULL)"
+    " ORDER BY m.id LIMIT %s"
+)
+KEYED = "UPDATE recall_fts SET keys = %s WHERE rowid = %s"
+MIGRATED = "SELECT 1 FROM _migrations WHERE name = %s"
 _PHRASE = re.compile(r'"((?:[^"]|"")*)"')
-
-
-def _pg_sql(sql: str) -> str:
-    """SQLite-style SQL for psycopg: ``?`` placeholders as ``%s``, a literal ``%`` doubled."""
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
-def tsquery(fts5: str, config: str = "simple") -> tuple[str, list[str]]:
-    """A ``tsquery`` SQL expression and its parameters for an FTS5 query of quoted phrases
-    joined by ``OR`` (what ``terms.fts_query`` writes): any phrase matches."""
-    phrases = [p.replace('""', '"') for p in _PHRASE.findall(fts5)] or [fts5]
-    return " || ".join([f"phraseto_tsquery('{config}', ?)"] * len(phrases)), phrases
 
 
 def pg_text(value: Any) -> Any:
@@ -58,12 +58,14 @@ class _Connection:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
-    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
-        return self.conn.execute(_pg_sql(sql), [pg_text(p) for p in params])
+    def execute(self, sql: str | Sql, params: Any = ()) -> psycopg.Cursor[Any]:
+        text = sql.postgres if isinstance(sql, Sql) else sql
+        return self.conn.execute(text, [pg_text(p) for p in params] if params else None)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def executemany(self, sql: str | Sql, rows: Iterable[Sequence[Any]]) -> None:
+        text = sql.postgres if isinstance(sql, Sql) else sql
         with self.conn.cursor() as cursor:
-            cursor.executemany(_pg_sql(sql), [[pg_text(p) for p in row] for row in rows])
+            cursor.executemany(text, [[pg_text(p) for p in row] for row in rows])
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -92,8 +94,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     """
 
     db = _ThreadConnection()
-    _BY_ID_ONLY = ""  # the planner picks the range itself (``+`` is SQLite's hint)
-    _OCTETS = "OCTET_LENGTH(content)"
+    _MEASURED_SINCE = "011_recall_keys"
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
     ) -> None:
         self.path = url
         self.clock = clock
+        self._stems = Memo(stem, STEM_CHARS, len)  # Porter in Python: most of keying a row
         self._start_host(lease_s)
         self._password = password
         self._local = threading.local()
@@ -126,6 +128,7 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
                         "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
                     )
                     self._secret = self._load_secret()
+                    self._measure_old_rows()
                 finally:
                     self._local.conn = None
         except psycopg.Error as err:
@@ -162,47 +165,39 @@ class PostgresStore(IndexedTables, VectorTables, AuditTable, TurnTables):
         # BYTEA keeps any Python text, lone surrogates and NULs included.
         return text.encode("utf-8", "surrogatepass")
 
-    def search_summaries(
-        self, user_id: str, query: str, *, exclude_session: str, limit: int
-    ) -> list[str]:
-        """As the SQLite store's, ranked by ``ts_rank``."""
-        expression, params = tsquery(query)
-        rows = self._fetch(
-            f"SELECT excerpt FROM memory_fts, (SELECT {expression}) AS q (query)"
-            " WHERE tsv @@ q.query AND user_key = ? AND session_key != ?"
-            " ORDER BY ts_rank(tsv, q.query) DESC, rowid LIMIT ?",
-            [*params, id_key(user_id), id_key(exclude_session), limit],
-            what="search",
-        )
-        return [str(r[0]) for r in rows]
+    def _summary_query(self, query: str) -> object:
+        """The phrases of an FTS5 query of quoted phrases joined by ``OR`` (what
+        ``terms.fts_query`` writes; the query itself when it quotes none)."""
+        return [p.replace('""', '"') for p in _PHRASE.findall(query)] or [query]
 
-    def search_index(
-        self,
-        query: str,
-        *,
-        session_id: str,
-        user_id: str | None,
-        visible_from: int,
-        shown: Sequence[int] = (),
-        limit: int,
-    ) -> list[IndexedMessage]:
-        """As the SQLite index (``RecallIndexTables.search_index``), ranked by ``ts_rank``
-        (``score`` is its negative: lower is better there too)."""
-        expression, phrases = tsquery(query, "english")
-        session = id_key(session_id)
-        if user_id is None:
-            owner, owners = "m.session_key = ?", [session]
-        else:
-            owner = "(m.user_key = ? OR (m.session_key = ? AND m.user_key IS NULL))"
-            owners = [id_key(user_id), session]
-        shown_sql = f" AND m.position NOT IN ({', '.join('?' * len(shown))})" if shown else ""
-        rows = self._fetch(
-            f"SELECT {COLUMNS}, -ts_rank(f.tsv, q.query) AS rank"
-            f" FROM recall_fts AS f JOIN recall_messages AS m ON m.id = f.rowid {NAMED},"
-            f" (SELECT {expression}) AS q (query) WHERE f.tsv @@ q.query AND {owner}"
-            f" AND NOT (m.session_key = ? AND m.position >= ?{shown_sql})"
-            " ORDER BY rank, m.id DESC LIMIT ?",
-            [*phrases, *owners, session, visible_from, *shown, limit],
-            what="search",
-        )
-        return [IndexedMessage(*r) for r in rows]
+    def _measure(self, content: str) -> tuple[int | None, list[list[str]]]:
+        """The row's length and keys, as it is indexed: a search finds a row by its keys
+        (``keys @>``), so they cannot wait for it; the length comes with them."""
+        counts, length = text_terms(pg_text(content), self._stems.many)
+        return length, [sorted(counts)]
+
+    def _measure_searched(self, of_user: bool, owner: Sequence[bytes]) -> None:
+        """Nothing: every row has its length from the start (``_measure``, ``_measure_old_rows``)."""
+
+    def _measure_old_rows(self) -> None:
+        """Give rows indexed before keys were kept (or copied from SQLite, whose FTS5 kept
+        none) their length and keys, ``MEASURE_ROWS`` at a time, each batch in a transaction.
+        Several openers at once write the same values."""
+        applied = self.db.execute(MIGRATED, [self._MEASURED_SINCE]).fetchall()
+        while applied:
+            rows = self.db.execute(UNMEASURED, [MEASURE_ROWS]).fetchall()
+            if not rows:
+                return
+            with self.db.atomic():
+                for row_id, content in rows:
+                    length, keys = self._measure(content)
+                    self.db.execute(MEASURED, [length, row_id])
+                    self.db.execute(KEYED, [*keys, row_id])
+            if len(rows) < MEASURE_ROWS:
+                return
+
+    def _key_matches(
+        self, terms: Sequence[str], session_id: str, user_id: str | None
+    ) -> dict[str, object]:
+        """Each key of ``terms`` and what finds its rows: the one-key array it overlaps."""
+        return {key: [key] for key in query_keys(terms)}

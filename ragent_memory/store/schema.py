@@ -408,6 +408,18 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     # The audit page (ragent_memory/ui): one row per prepare, and the raw messages each
     # generation covered. The same statements on PostgreSQL (pg_schema.py).
     ("013_turns", TURNS),
+    # Each recall row's length in tokens, for the recall ranker's statistics: measured when a
+    # search first needs it (recall_index.py), found by these partial indexes.
+    (
+        "014_recall_lengths",
+        """
+        ALTER TABLE recall_messages ADD COLUMN tokens INTEGER;
+        CREATE INDEX recall_messages_unmeasured_user ON recall_messages (user_key)
+            WHERE tokens IS NULL;
+        CREATE INDEX recall_messages_unmeasured_session ON recall_messages (session_key)
+            WHERE tokens IS NULL;
+        """,
+    ),
 )
 
 # FTS rows of a summary memory are numbered memory id × this + excerpt number, so they can be

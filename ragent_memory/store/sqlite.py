@@ -20,7 +20,7 @@ from ragent_memory.core.logs import get_logger
 from ragent_memory.errors import StoreError
 from ragent_memory.settings import DEFAULT_LEASE_S
 from ragent_memory.store.audit import AuditTable
-from ragent_memory.store.base import Clock, key_of, utc_now
+from ragent_memory.store.base import Clock, Sql, key_of, utc_now
 from ragent_memory.store.recall_index import IndexedTables
 from ragent_memory.store.schema import MIGRATIONS
 from ragent_memory.store.turns import TurnTables
@@ -36,8 +36,11 @@ class _Database(sqlite_utils.Database):
     reads, then writes after another process wrote, fails at once with ``database is locked``
     instead of waiting out the busy timeout; taking the write lock up front makes it wait."""
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
-        return self.conn.executemany(sql, rows)
+    def execute(self, sql: str | Sql, parameters: Any = None) -> sqlite3.Cursor:
+        return super().execute(sql.sqlite if isinstance(sql, Sql) else sql, parameters)
+
+    def executemany(self, sql: str | Sql, rows: Iterable[Sequence[Any]]) -> sqlite3.Cursor:
+        return self.conn.executemany(sql.sqlite if isinstance(sql, Sql) else sql, rows)
 
     @contextmanager
     def atomic(self) -> Iterator[sqlite_utils.Database]:
@@ -172,7 +175,7 @@ class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
                 f"cannot open store {self.path!r}: it is not writable ({err})"
             ) from err
 
-    def _read_now(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    def _read_now(self, sql: Sql, params: Sequence[Any]) -> list[Any]:
         """On the reading connection (in WAL a reader waits for no writer): a turn's checks,
         on ``serve``'s event loop too, never wait for the store lock that the recall indexer's
         write transaction holds, and see every connection's commits, this store's included."""
@@ -180,7 +183,7 @@ class Store(IndexedTables, VectorTables, AuditTable, TurnTables):
             reader = self._reader  # None for ``:memory:`` (one connection) and once closed
             if reader is not None:
                 try:
-                    return reader.execute(sql, params).fetchall()
+                    return reader.execute(sql.sqlite, params).fetchall()
                 except sqlite3.Error as err:
                     raise StoreError(f"store read failed: {err}") from err
         return super()._read_now(sql, params)

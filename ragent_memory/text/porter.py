@@ -20,14 +20,14 @@ MAX_TOKEN_BYTES: Final = 64
 
 
 # ASCII bytes that are not letters or digits → a space; UTF-8's multi-byte chars kept.
-_BREAKS: Final = bytes(b if chr(b).isalnum() or b > 127 else 32 for b in range(256))
+BREAKS: Final = bytes(b if chr(b).isalnum() or b > 127 else 32 for b in range(256))
 
 
 def tokens(text: str) -> list[str]:
     """unicode61's tokens of ``text``, before stemming, split in C (ASCII separators to spaces,
     then whitespace); only a piece with non-ASCII chars is split by ``WORD`` and folded."""
     low = text.lower()
-    spaced = low.encode("utf-8", "surrogatepass").translate(_BREAKS)
+    spaced = low.encode("utf-8", "surrogatepass").translate(BREAKS)
     pieces = spaced.decode("utf-8", "surrogatepass").split()
     if low.isascii():
         return pieces

@@ -13,7 +13,7 @@ from ragent_memory import StoreSettings
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall.excerpts import _around
 from ragent_memory.recall.index import index_digest
-from ragent_memory.recall.rank import RecallMirror
+from ragent_memory.recall.rank import RecallMirror, rank_candidates
 from ragent_memory.store import open_store
 from ragent_memory.store.contract import Backend
 from ragent_memory.text.terms import fts_query, index_terms, search_terms
@@ -71,8 +71,9 @@ def both(
         limit=40,
     )
     assert found is not None
-    stored = store.search_index(
-        fts_query(terms),
+    stored = rank_candidates(
+        store,
+        terms,
         session_id=session,
         user_id=user,
         visible_from=visible_from,
@@ -80,6 +81,17 @@ def both(
         limit=40,
     )
     return found[0], stored
+
+
+def fts5_ranking(store: Backend, query: str) -> list[tuple[int, float]]:
+    """FTS5's own ``bm25()`` ranking of every row for ``query`` (row id, score), the
+    yardstick the ranker's BM25 reproduces (one user per store: the same statistics)."""
+    rows = store.db.execute(  # type: ignore[attr-defined]
+        "SELECT rowid, bm25(recall_fts, 1.0, 0.0) AS score FROM recall_fts"
+        " WHERE recall_fts MATCH ? ORDER BY score, rowid DESC",
+        [f"terms : ({fts_query(search_terms(query))})"],
+    ).fetchall()
+    return [(int(row_id), float(score)) for row_id, score in rows]
 
 
 @pytest.mark.parametrize(
@@ -101,13 +113,13 @@ def test_mirror_ranks_as_fts5_bm25(
     mirror = RecallMirror(store)
     mine, stored = both(store, mirror, query, session="s2", user="ann", visible_from=3, shown=(1,))
     assert mine, query
-    if backend == "sqlite":  # PostgreSQL ranks by ts_rank; the mirror ranks as FTS5 does
-        assert [(m.session_id, m.position) for m in mine] == [
-            (m.session_id, m.position) for m in stored
-        ]
-        assert [m.score for m in mine] == pytest.approx([m.score for m in stored], rel=1e-9)
-    else:
-        assert {m.id for m in mine} == {m.id for m in stored}
+    assert [(m.id, m.score) for m in mine] == [(m.id, m.score) for m in stored]
+    if backend == "sqlite":  # the ranking FTS5 itself gives, of the rows the view hides
+        hidden = {m.id for m in store.indexed_at("s2", [3, 4, 5, 6])}
+        fts5 = [(row_id, score) for row_id, score in fts5_ranking(store, query)]
+        fts5 = [(row_id, score) for row_id, score in fts5 if row_id not in hidden]
+        assert [m.id for m in mine] == [row_id for row_id, _ in fts5]
+        assert [m.score for m in mine] == pytest.approx([score for _, score in fts5], rel=1e-9)
     # this session's rows from position 3 on are in the view; 1 is shown as a placeholder
     assert not [m for m in mine if m.session_id == "s2" and m.position >= 3 and m.position != 1]
 
@@ -311,8 +323,9 @@ def test_the_best_few_of_many_tied_matches_rank_as_fts5(
         found = mirror.search(
             terms, session_id="s1", user_id="ann", visible_from=11, shown=(2, 9), limit=limit
         )
-        stored = store.search_index(
-            fts_query(terms),
+        stored = rank_candidates(
+            store,
+            terms,
             session_id="s1",
             user_id="ann",
             visible_from=11,
@@ -320,8 +333,11 @@ def test_the_best_few_of_many_tied_matches_rank_as_fts5(
             limit=limit,
         )
         assert found is not None and len(found[0]) == limit
+        assert [m.position for m in found[0]] == [m.position for m in stored]
         if backend == "sqlite":
-            assert [m.position for m in found[0]] == [m.position for m in stored]
+            hidden = {m.id for m in store.indexed_at("s1", [11, 12])}
+            fts5 = [row_id for row_id, _ in fts5_ranking(store, "refund arrived")]
+            assert [m.id for m in found[0]] == [i for i in fts5 if i not in hidden][:limit]
 
 
 _FIRST_RANK = """

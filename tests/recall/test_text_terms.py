@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ragent_memory.cli.demo import simulate_session
 from ragent_memory.core.memo import Memo
 from ragent_memory.recall.rank import text_terms
+from ragent_memory.text.keys import token_count
 from ragent_memory.text.porter import fold, stem, tokens
 from ragent_memory.text.terms import WORD, index_terms, is_cjk, search_terms, term_set
 
@@ -88,6 +89,14 @@ def test_text_terms_counts_what_the_token_by_token_reading_counts() -> None:
         texts.extend(m["content"] for m in turn if m.get("content"))
     for text in texts:
         assert text_terms(text) == token_by_token(text), repr(text)
+
+
+@given(st.text(alphabet=st.sampled_from("aZ9 _.-\t\n\x00\x1f~é北"), max_size=40))
+def test_a_rows_length_is_counted_as_its_tokens(text: str) -> None:
+    """A row's length measured as it is indexed (``token_count``) is the number of tokens
+    the ranker counts for it, ASCII or not, empty or all separators."""
+    assert token_count(index_terms(text)) == len(tokens(index_terms(text)))
+    assert token_count(index_terms(text)) == text_terms(text)[1]
 
 
 def test_index_terms_spaces_each_cjk_character() -> None:

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from ragent_memory import StoreSettings
 from ragent_memory.core.records import IndexedMessage
 from ragent_memory.recall import topk
-from ragent_memory.recall.rank import RecallMirror, _Unit, query_keys, text_terms
+from ragent_memory.recall.rank import RecallMirror, _Unit, query_keys, rank_candidates, text_terms
 from ragent_memory.store import open_store
 from ragent_memory.store.contract import Backend
-from ragent_memory.text.terms import fts_query, index_terms, search_terms
+from ragent_memory.text.terms import index_terms, search_terms
 
 # distinct stems, no digits at the end
 WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}x" for i in range(200)]
@@ -253,7 +253,7 @@ def test_the_mirror_keeps_the_recently_searched_users_within_its_cap(tmp_path: P
         _user_rows(store, "ann", 800, start=400)  # ann grows past the units' share alone
         ask = {"session_id": "q", "user_id": "ann", "visible_from": 1 << 62, "shown": ()}
         assert mirror.search(search_terms("painting lake"), limit=5, **ask) is None  # the store
-        stored = store.search_index(fts_query(search_terms("painting lake")), limit=1, **ask)
+        stored = rank_candidates(store, search_terms("painting lake"), limit=1, **ask)
         assert [m.position for m in stored] == [1_199]
         assert mirror.memory()["rows"] == 800  # cy and bob (ann went when bob came back)
     finally:

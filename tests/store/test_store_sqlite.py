@@ -150,10 +150,8 @@ def test_a_batch_of_index_rows_is_one_fts5_segment(tmp_path: Path) -> None:
         assert store.index_messages("u1", rows, texts) == 0  # already indexed: skipped
         segments = store.db.execute("SELECT count(DISTINCT segid) FROM recall_fts_idx")
         assert segments.fetchone()[0] == 1
-        found = store.search_index(
-            '"kettle"', session_id="s1", user_id="u1", visible_from=1 << 62, limit=9
-        )
-        assert sorted(m.position for m in found) == [0, 1, 2]
+        found = store.recall_candidates(["kettle"], session_id="s1", user_id="u1")
+        assert sorted(m.position for m, _, _ in found.found) == [0, 1, 2]
 
 
 def _rows(session_id: str, texts: list[str]) -> list[IndexedMessage]:
