@@ -120,7 +120,7 @@ def agreement(engine: MemoryEngine, question: str) -> tuple[bool, float, float] 
     (every block read) exactly, its recall@40 against it, and the CPU ms of the ranking
     alone (the top-k, without the second hop, the texts and the excerpts). It reads the
     engine's in-process index directly: the one place a benchmark looks inside."""
-    mirror = engine._recaller.mirror  # type: ignore[union-attr]
+    mirror = engine.recaller.mirror  # type: ignore[union-attr]
     unit = mirror._units.get(("u", "u"))
     if unit is None:
         return None

@@ -210,7 +210,7 @@ def main() -> None:
         with MemoryEngine(settings) as engine:
             scale.grow(engine, chat, range(args.size // (2 * scale.SESSION_TURNS)))
             engine.search("warm", chat.question(), user_id="u")  # the unit read in
-            mirror = engine._recaller.mirror  # type: ignore[union-attr]
+            mirror = engine.recaller.mirror  # type: ignore[union-attr]
             unit = mirror._units[("u", "u")]
             result = measure(unit, mirror.stem, [chat.question() for _ in range(args.questions)])
     print(f"{result['rows']:,} messages, exact top-k p50 {result['exact_p50_ms']:.3f} ms")

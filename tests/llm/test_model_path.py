@@ -212,7 +212,7 @@ def test_long_material_folds_in_chunks(
     settings = Settings(
         context_window_chars=30_000,
         store=StoreSettings(path=db_path),
-        llm=llm(fake_openai.base_url, max_input_chars=10_000),
+        llm=llm(fake_openai.base_url, max_input_chars=12_000),
     )
     engine = make_engine(settings)
     prepared = engine.prepare(history(30), session_id="s1")
