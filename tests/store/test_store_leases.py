@@ -21,6 +21,7 @@ import pytest
 from conftest import PASSWORD_ENV
 from fake_openai import FakeOpenAI
 from serve_process import ProxyProcess
+from sessions import without_recall
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.store import Backend, Store, open_store, utc_now
@@ -305,6 +306,9 @@ def check_store(
             ]
             assert sorted(applied) == list(range(1, state.last_generation + 1))
             asked = turns.histories[session][:-1]  # the last request, before its reply
-            last = [view for view in sent if view[-1] == asked[-1]][-1]
+            # The messages as the client wrote them: recall blocks the engine put on user
+            # messages (the room the view leaves) taken off.
+            written = [[without_recall(m) for m in view] for view in sent]
+            last = [view for view in written if view[-1] == asked[-1]][-1]
             tail = pairs(asked[state.covered :])
             assert tail == pairs(last[-len(tail) :]), session
