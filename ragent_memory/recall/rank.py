@@ -77,6 +77,7 @@ LOAD_ROWS: Final = 4_096  # rows a unit reads from the store at a time
 # The best hits, and their neighbours by (session, position).
 Found = tuple[list[IndexedMessage], dict[tuple[str, int], IndexedMessage]]
 _Row = tuple[IndexedMessage, bool, dict[str, int], int]  # a row, owned, its terms, its length
+_NONE: Final = np.zeros(0, dtype=np.int64)  # no rows
 
 
 def rank_candidates(
@@ -139,6 +140,7 @@ class _Unit:
         self.blocks: dict[str, Blocks] = {}  # a long term's block bounds (topk.py)
         self.dense: dict[str, array[int]] = {}  # a common term's count per row (topk.Term)
         self.at: dict[int, int] = {}  # session number << 32 | position → newest row
+        self.tops: dict[int, int] = {}  # session number → its highest position held
         self.total = 0.0
         self._held = 0  # bytes of what the containers point at (``nbytes`` adds theirs)
 
@@ -149,7 +151,7 @@ class _Unit:
             *(self.ids, self.positions, self.codes, self.lengths, self.roles, self.dates),
             *(self.digests, self.names, self.numbers, self.dated, self.date_numbers),
             *(self.role_names, self.role_numbers),
-            *(self.postings, self.blocks, self.dense, self.at),
+            *(self.postings, self.blocks, self.dense, self.at, self.tops),
         )
         return self._held + sum(map(sys.getsizeof, containers))
 
@@ -180,6 +182,7 @@ class _Unit:
             self._held += 2 * sys.getsizeof(key)
         if held is None or self.ids[held] < message.id:
             self.at[key] = row
+        self.tops[code] = max(self.tops.get(code, -1), message.position)
         for term, count in counts.items():
             self._post(term, row, min(count, COUNT_MAX), length)
 
@@ -267,6 +270,32 @@ class _Unit:
         visible = self._visible(session_id, visible_from, shown)
         rows, scores = top_k(terms, norm, len(self.ids), limit, visible, budget)
         return [(row, -score) for row, score in zip(rows.tolist(), scores.tolist(), strict=True)]
+
+    def in_view(
+        self, session_id: str, visible_from: int, shown: Sequence[int]
+    ) -> npt.NDArray[np.int64]:
+        """The rows of ``session_id`` its view shows (at ``visible_from`` or after, not in
+        ``shown``), ascending; bounded by the view's messages, not the history. The second
+        hop leaves them out when it counts a term's rows: whether ``after_turn`` (on a
+        thread of its own) indexed them yet must not change which terms it searches."""
+        code = self.numbers.get(session_id)
+        top = -1 if code is None else self.tops.get(code, -1)
+        if top < visible_from or code is None:
+            return _NONE
+        held = frozenset(shown)
+        rows = (self.at.get(code << 32 | p) for p in range(visible_from, top + 1) if p not in held)
+        return np.array(sorted(row for row in rows if row is not None), dtype=np.int64)
+
+    @staticmethod
+    def rows_with(posting: int | array[int], unseen: npt.NDArray[np.int64]) -> int:
+        """How many rows ``posting`` is in, those in ``unseen`` (ascending) left out."""
+        if isinstance(posting, int):
+            return 0 if len(unseen) and (posting >> COUNT_BITS) in unseen else 1
+        if not len(unseen):
+            return len(posting)
+        rows = np.frombuffer(posting, dtype=np.int64) >> COUNT_BITS  # ascending: rows only grow
+        at = np.minimum(rows.searchsorted(unseen), len(rows) - 1)
+        return len(posting) - int(np.count_nonzero(rows[at] == unseen))
 
     def _visible(
         self, session_id: str, visible_from: int, shown: Sequence[int]
@@ -380,25 +409,29 @@ class RecallMirror:
             if hop and ranked:  # (a bounded second ranking: rare terms, short postings)
                 texts = self._read([unit.ids[row] for row, _ in ranked[:HOP_FROM]])
                 said = [text for text in texts.values() if len(text) <= HOP_SOURCE_CHARS]
-                rare = self._rarest(unit, said, set(keys))
+                unseen = unit.in_view(session_id, visible_from, shown)
+                rare = self._rarest(unit, said, set(keys), unseen)
                 held = {row for row, _ in ranked}
                 more = unit.rank(rare, limit=hop + len(held), **where)  # type: ignore[arg-type]
                 ranked += [(row, score) for row, score in more if row not in held][:hop]
             return self._found(unit, ranked, keep)
 
-    def _rarest(self, unit: _Unit, texts: Iterable[str], asked: set[str]) -> list[str]:
+    def _rarest(
+        self, unit: _Unit, texts: Iterable[str], asked: set[str], unseen: npt.NDArray[np.int64]
+    ) -> list[str]:
         """The ``HOP_TERMS`` terms of ``texts`` in the fewest rows (two at least: one is the
         text itself; ``LONG`` at most, so a hop reads a bounded number of postings however
         long the history: a term in more rows names nothing a question missed), none of
-        ``asked``, rarest first."""
+        ``asked``, rarest first; rows in ``unseen`` (``_Unit.in_view``) not counted."""
         found: dict[str, int] = {}
         for text in texts:
             for key in text_terms(text, self.stem.many)[0]:
                 posting = unit.postings.get(key)
-                if key in asked or isinstance(posting, int) or posting is None:
+                if key in asked or posting is None:
                     continue
-                if key not in unit.blocks:  # in LONG rows or fewer
-                    found[key] = len(posting)
+                count = unit.rows_with(posting, unseen)
+                if 2 <= count <= LONG:
+                    found[key] = count
         return sorted(found, key=lambda key: (found[key], key))[:HOP_TERMS]
 
     def _current(self, user_id: str | None, session_id: str) -> _Unit | None:

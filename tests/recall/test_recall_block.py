@@ -7,17 +7,18 @@ import copy
 import json
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from sessions import tool_loop, without_recall
 
-from ragent_memory import Settings
+from ragent_memory import Settings, StoreSettings
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.errors import StoreError
 from ragent_memory.recall.excerpts import HEADERS
-from ragent_memory.recall.refs import find_refs
+from ragent_memory.recall.refs import REF_PATTERN, find_refs
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
 # The recall block end to end on both stores (FTS5 and tsvector).
@@ -414,3 +415,31 @@ def test_a_kept_block_answers_only_its_user_and_nothing_forgotten(
     engine.forget("u1")
     forgotten = engine.prepare(looped, session_id="s", user_id="u1")
     assert not any("heron" in block_of(m) for m in forgotten.messages)
+
+
+def test_the_block_is_the_same_whether_after_turn_indexed_the_view_or_not(
+    tmp_path: Path,
+) -> None:
+    """Two engines given the same turns, one told each reply by ``after_turn`` (which indexes
+    the messages the view still shows, as the proxy does off the request path), show the same
+    blocks: what the view shows counts for nothing in what recall searches."""
+    told, untold = (
+        MemoryEngine(Settings(context_window_chars=20_000, store=StoreSettings(path=str(path))))
+        for path in (tmp_path / "told.db", tmp_path / "untold.db")
+    )
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
+    with told, untold:
+        for turn in range(80):
+            ask = f"Question {turn}: " + "tell me more, " * 14 + "please."
+            history.append({"role": "user", "content": ask})
+            sent = unref(told.prepare(history, session_id="s").messages)
+            assert sent == unref(untold.prepare(history, session_id="s").messages), turn
+            points = " ".join(f"point {turn + 1}.{k} holds." for k in range(22))
+            history.append({"role": "assistant", "content": f"Answer {turn + 1}: {points}"})
+            told.after_turn(history, session_id="s")
+            assert told.flush(timeout_s=30)
+
+
+def unref(messages: Sequence[dict[str, Any]]) -> str:
+    """Messages as JSON with recall refs blanked (refs are unguessable per store)."""
+    return REF_PATTERN.sub("rm-…", json.dumps(messages, sort_keys=True))
