@@ -188,14 +188,15 @@ def render_excerpt(
 ) -> tuple[str, list[IndexedMessage]]:
     """One excerpt: a tag line (session, date, position, note), then one line per message,
     a hit within ``sizes[0]`` chars and a neighbour within ``sizes[1]``; and the messages
-    whose clipped line names a ref."""
+    whose line names a ref. A hit always names the ref of its full text (shown whole or by
+    its parts, the excerpt carries a ref for the original); a neighbour does when cut."""
     lines = [_tag(excerpt)]
     referred = []
     for message in excerpt.messages:
-        limit = sizes[0] if message.position in excerpt.hits else sizes[1]
-        text, clipped = focus(message.content, limit, stems, split, cut)
+        hit = message.position in excerpt.hits
+        text, clipped = focus(message.content, sizes[0] if hit else sizes[1], stems, split, cut)
         text = anchored(text, message.dated)
-        ref = ref_for(message) if clipped and ref_for is not None else ""
+        ref = ref_for(message) if (clipped or hit) and ref_for is not None else ""
         if ref:
             referred.append(message)
             text += f" [full text: recall {ref}]"
