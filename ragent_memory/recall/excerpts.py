@@ -385,7 +385,8 @@ def _fill(
             chosen.append((excerpt, text, named))
             room -= len(text) + 1
     shown = [excerpt for excerpt, _, _ in chosen]
-    newest = timeline.latest(shown, stems)
+    split = cutting[0]
+    newest = timeline.latest(shown, stems, lambda text: split(text).every)
     if newest is not None and room >= len(timeline.LATEST) + 3:
         excerpt, text, named = chosen[newest]
         marked = excerpt._replace(note=timeline.LATEST)

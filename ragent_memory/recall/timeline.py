@@ -13,7 +13,7 @@ one holds now.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from ragent_memory.core.records import IndexedMessage
@@ -64,15 +64,20 @@ def chronological(excerpts: Sequence[Dated]) -> list[int]:
     return sorted(range(len(excerpts)), key=lambda i: said_at(excerpts[i]))
 
 
-def latest(excerpts: Sequence[Dated], stems: frozenset[str]) -> int | None:
+def latest(
+    excerpts: Sequence[Dated],
+    stems: frozenset[str],
+    stems_held: Callable[[str], frozenset[str]] = stems_of,
+) -> int | None:
     """The index of the most recent of the excerpts whose hits share the most of ``stems``
-    (``MIN_SHARED`` at least), when two or more do; None otherwise."""
+    (``MIN_SHARED`` at least), when two or more do; None otherwise. ``stems_held`` says
+    which stems a text holds (the recaller passes one that remembers long texts')."""
     shared = []
     for excerpt in excerpts:
         held: frozenset[str] = frozenset()
         for message in excerpt.messages:
             if message.position in excerpt.hits:
-                held |= stems & stems_of(message.content)
+                held |= stems & stems_held(message.content)
         shared.append(len(held))
     most = max(shared, default=0)
     if most < MIN_SHARED:
