@@ -75,7 +75,7 @@ class Ladder:
         summary + the kept tail), the same code that fits it then. ``crowds`` says, from what
         that view sends, whether the kept recall blocks in the tail leave the turn's new
         block too little room: the session then takes them off as the compaction applies
-        (``Session.applied``), so they are not counted."""
+        (``TurnRecall.applied``), so they are not counted."""
         prefix_len = view.prefix_len
         summary: Message = {"role": "user", "content": ""}
         messages, sizes, originals, evicted = view.after_compaction(decision.cut, summary)
