@@ -14,6 +14,7 @@ from ragent_memory.engine.raw import RawCache
 from ragent_memory.engine.sticky import Sticky
 from ragent_memory.engine.trimming import Trimming
 from ragent_memory.engine.turn import Turn
+from ragent_memory.engine.turn_recall import sizes_as_written
 from ragent_memory.engine.view import View
 from ragent_memory.gates import ceiling
 from ragent_memory.gates.cut import CutPlan, plan_cut
@@ -66,19 +67,28 @@ class Ladder:
     def _forms(self, originals: Mapping[int, Message], evicted: set[int]) -> ceiling.Forms:
         return ceiling.Forms(self.settings.language, self.sticky.ref_for, originals, evicted)
 
-    def predict(self, view: View, decision: CutPlan) -> Callable[[int], int]:
+    def predict(
+        self, view: View, decision: CutPlan, crowds: Callable[[int], bool]
+    ) -> Callable[[int], int]:
         """The chars_out of the turn that applies the compaction ``decision``, from the
         summary message's chars: the ceiling's ``fit`` over the view as it will be (prefix +
-        summary + the kept tail), the same code that fits it then."""
+        summary + the kept tail), the same code that fits it then. ``crowds`` says, from what
+        that view sends, whether the kept recall blocks in the tail leave the turn's new
+        block too little room: the session then takes them off as the compaction applies
+        (``TurnRecall.applied``), so they are not counted."""
         prefix_len = view.prefix_len
         summary: Message = {"role": "user", "content": ""}
         messages, sizes, originals, evicted = view.after_compaction(decision.cut, summary)
+        written = [
+            *sizes[: prefix_len + 1],
+            *sizes_as_written(view, self.raw.sizes)[decision.cut :],
+        ]
 
         def chars_out(summary_chars: int) -> int:
-            sizes[prefix_len] = summary_chars
+            sizes[prefix_len] = written[prefix_len] = summary_chars
             found = self.fit(
                 messages,
-                sizes,
+                written if crowds(sum(sizes)) else sizes,
                 head=prefix_len + 1,
                 prefix_len=prefix_len,
                 originals=originals,

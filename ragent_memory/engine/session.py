@@ -266,6 +266,7 @@ class Session:
         elif self.state.generation != self.returned_generation:
             turn.compacted = True
             turn.view = self._build(None)  # the hint's indexes belonged to the old view
+            self.turn_recall.applied(turn.view, self.sticky)
 
     def _gate_compaction(self, view: View, user_id: str | None) -> SkipReason | None:
         """Why a due compaction did not apply, or None (applied, or not due)."""
@@ -314,6 +315,7 @@ class Session:
             outcome = self._run_compaction(turn.view, plan, turn.user_id)
         if self.state.generation != self.returned_generation:
             turn.view = self.view = self._build(None)
+            self.turn_recall.applied(turn.view, self.sticky)
             self.returned_generation = self.state.generation
             return "applied"
         return outcome  # type: ignore[return-value]
@@ -328,7 +330,7 @@ class Session:
             previous=self.state,
             user_id=user_id,
             markers=self.turn_recall.markers,
-            chars_out=self.ladder.predict(view, plan),
+            chars_out=self.ladder.predict(view, plan, self.turn_recall.crowds(view)),
         )
         outcome = self.compactions.start(job, self.settings.compaction_timeout_s)
         if isinstance(outcome, str):

@@ -4,7 +4,7 @@ never past B."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ragent_memory.core.provenance import Markers
 from ragent_memory.engine.raw import RawCache
@@ -98,15 +98,43 @@ class TurnRecall:
         self.at = HistoryIndex(-1)
         self.stamp: str | None = None  # what ``block`` was found under (``stamp``)
 
-    def room(self, view: View, *, reserve: bool = True) -> int:
+    def room(self, view: View) -> int:
         """What the block may take: at most ``recall_max_chars``, and B less what the view
-        sends (and, with ``reserve``, less the tool-loop reserve). The block is its own text
-        part before the question; a consumer that reads the message as one text (LangChain's
-        OpenAI conversion, many providers) joins the parts with a newline, so that char is
-        part of what the block takes of B."""
+        sends and the tool-loop reserve. The block is its own text part before the question;
+        a consumer that reads the message as one text (LangChain's OpenAI conversion, many
+        providers) joins the parts with a newline, so that char is part of what the block
+        takes of B."""
         settings = self.settings
         free = settings.context_window_chars - view.total - len(PART_SEPARATOR)
-        return min(settings.recall_max_chars, free - reserve * tool_loop_reserve(view, settings))
+        return min(settings.recall_max_chars, free - tool_loop_reserve(view, settings))
+
+    def crowded(self, total: int) -> bool:
+        """Whether kept blocks in a view sending ``total`` leave the new turn's block less
+        than ``ROOM_SHARE`` of ``recall_floor_chars`` (the tool-loop reserve aside: it sizes
+        the block, it takes no blocks off)."""
+        free = self.settings.context_window_chars - total - len(PART_SEPARATOR)
+        room = min(self.settings.recall_max_chars, free)
+        return room < self.settings.recall_floor_chars * ROOM_SHARE
+
+    def searches(self, view: View) -> bool:
+        """Whether ``recall`` will search for this call's last message: a user message (in
+        the history and the view) that carries no block yet, recall on."""
+        raw = self.raw.messages
+        if self.recaller is None or not self.settings.recall_enabled or not raw:
+            return False
+        if raw[-1].get("role") != "user" or not view.messages:
+            return False
+        if view.messages[-1].get("role") != "user":
+            return False
+        return view.kinds.get(view.view_index(HistoryIndex(len(raw) - 1))) != "recall"
+
+    def crowds(self, view: View) -> Callable[[int], bool]:
+        """For a compaction planned on ``view``: whether the view it leaves, sending the
+        given total, is one whose kept blocks this call's recall would take off (``crowded``
+        and a search due). The session takes them off as the compaction applies, so what
+        its audit predicts is what the turn sends."""
+        searches = self.searches(view) and bool(view.counts.get("recall"))
+        return lambda total: searches and self.crowded(total)
 
     def squeezed(self, view: View) -> bool:
         """Whether this call must take the earlier turns' kept blocks off to leave the new
@@ -114,19 +142,20 @@ class TurnRecall:
         blocks leave it less than ``ROOM_SHARE`` of ``recall_floor_chars``, and no compaction is
         due. The session then makes it one event with gate 1's pending trims (the prefix
         changes there anyway)."""
-        raw = self.raw.messages
-        if self.recaller is None or not self.settings.recall_enabled or not raw:
-            return False
-        if not view.counts.get("recall") or raw[-1].get("role") != "user":
-            return False
-        if view.kinds.get(view.view_index(HistoryIndex(len(raw) - 1))) == "recall":
+        if not view.counts.get("recall") or not self.searches(view):
             return False
         settings = self.settings
         trigger = min(settings.compact_trigger_chars, settings.context_window_chars)
         written = view.with_left_out - block_chars(view, self.raw.sizes)
         if settings.summary_enabled and written > trigger:
-            return False  # a compaction is due (a prefix change): ``recall`` takes them off after
-        return self.room(view, reserve=False) < settings.recall_floor_chars * ROOM_SHARE
+            return False  # a compaction is due (a prefix change): they go when it applies
+        return self.crowded(view.total)
+
+    def applied(self, view: View, sticky: Sticky) -> None:
+        """A compaction applied in this call (the prefix changed): the kept blocks of the
+        view it left go too when they crowd this turn's block (``crowds`` predicted it)."""
+        if view.counts.get("recall") and self.searches(view) and self.crowded(view.total):
+            sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
 
     def recall(
         self, view: View, user_id: str | None, summary: str, sticky: Sticky
@@ -149,13 +178,12 @@ class TurnRecall:
             self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
             if view.kinds.get(view.view_index(at)) == "recall":
                 return 0, 0
-        room = self.room(view)
-        floor = self.settings.recall_floor_chars * ROOM_SHARE
-        if self.room(view, reserve=False) < floor and view.counts.get("recall"):
+        if view.counts.get("recall") and self.crowded(view.total):
             # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard
-            # (after a compaction: before one, ``squeezed`` made it one event with the trims).
+            # (``squeezed`` and ``applied`` made it one event with a trim or a compaction; here
+            # when a compaction was due but did not apply).
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
-            room = self.room(view)
+        room = self.room(view)
         if room <= 0:
             return 0, 0
         covered, substituted = hidden(view)

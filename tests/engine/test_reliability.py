@@ -192,6 +192,41 @@ def test_generated_histories_keep_every_invariant(tmp_path: Path) -> None:
     assert stats["calls"] >= 20_000
 
 
+def generated(number: int) -> tuple[int, Iterator[list[Message]]]:
+    """The budget and the calls of history ``number`` of the generated histories above."""
+    rng = random.Random(8)
+    for _ in range(number):
+        for _history in growing_history(rng, rng.choice(BUDGETS)):
+            pass
+    budget = rng.choice(BUDGETS)
+    return budget, growing_history(rng, budget)
+
+
+def test_a_compaction_whose_tail_crowds_the_new_block_reports_what_its_turn_sent(
+    tmp_path: Path,
+) -> None:
+    """When the view a compaction leaves holds kept recall blocks that would leave the turn's
+    new block too little room, they go as the compaction applies, and its audit row's
+    chars_after is the chars_out the turn reports (history 1,581 above: a 5,325-char block
+    kept in the tail at B = 10,000)."""
+    budget, calls = generated(1581)
+    settings = Settings(
+        context_window_chars=budget,
+        store=StoreSettings(path=str(tmp_path / "m.db")),
+        long_term_enabled=False,
+    )
+    crowded = 0
+    with MemoryEngine(settings) as engine:
+        for history in calls:
+            report = engine.prepare(history, session_id="h").report
+            if report.compacted:
+                rows = engine.store.compactions("h")
+                applied = [r for r in rows if r["status"] == "applied"][-1]
+                assert report.chars_out == applied["chars_after"]
+                crowded += report.recall_evicted
+    assert crowded  # the case arose: blocks left as a compaction applied
+
+
 # ---------------------------------------------------------------------------- fuzzing
 
 json_values = st.recursive(
