@@ -115,14 +115,19 @@ class Parts:
         """The parts sharing most ``stems`` that fit ``limit`` chars, in their order, a gap of
         one part between two chosen filled when it fits (gaps marked `` … ``); the best part
         alone cut to its sentences when no part fits whole; None when nothing fits."""
-        parts = self.parts
-        shared = [len(stems & held) for held in self.stems]
-        chosen = _best(parts, shared, limit)
+        parts: list[str] = []
+        shared: list[int] = []
+        for part, held in zip(self.parts, self.stems, strict=True):
+            if len(part) + 3 <= limit:
+                parts.append(part)
+                shared.append(len(stems & held))
+            else:  # too long to show whole: its sentences compete with the other parts
+                pieces = sentences(part)
+                parts += pieces
+                shared += [len(stems & stems_of(piece)) for piece in pieces]
+        chosen = _best(parts, shared, limit - 4)
         if not chosen:
-            best = max(range(len(parts)), key=shared.__getitem__)
-            pieces = sentences(parts[best])
-            within = _best(pieces, [len(stems & stems_of(p)) for p in pieces], limit - 4)
-            return _joined(pieces, within) if within else None
+            return None
         size = sum(len(parts[i]) + 3 for i in chosen)
         for a, b in itertools.pairwise(tuple(chosen)):
             if b == a + 2 and size + len(parts[a + 1]) + 1 <= limit:
