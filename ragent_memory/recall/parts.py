@@ -5,7 +5,7 @@ that holds what a question asks, not the message's head and tail.
 ``Parts.of`` splits once (a ``Memo`` keeps it: the same long hits come back turn after turn);
 ``Parts.cut`` picks the parts sharing most of a query's stems within a limit, shows them in
 their order, and joins two chosen parts with the one between them when it fits (near parts of
-one message read as one passage). A part longer than the limit is cut to its sentences.
+one message read as one passage). A part longer than the limit competes by its sentences.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class Parts:
 
     def cut(self, limit: int, stems: frozenset[str]) -> str | None:
         """The parts sharing most ``stems`` that fit ``limit`` chars, in their order, a gap of
-        one part between two chosen filled when it fits (gaps marked `` … ``); the best part
-        alone cut to its sentences when no part fits whole; None when nothing fits."""
+        one part between two chosen filled when it fits (gaps marked `` … ``); a part longer
+        than ``limit`` takes part by its sentences (a long paragraph holding the answer is not
+        passed over for a short part sharing fewer words); None when nothing fits."""
         parts: list[str] = []
         shared: list[int] = []
         for part, held in zip(self.parts, self.stems, strict=True):
