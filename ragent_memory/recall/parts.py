@@ -5,7 +5,7 @@ that holds what a question asks, not the message's head and tail.
 ``Parts.of`` splits once (a ``Memo`` keeps it: the same long hits come back turn after turn);
 ``Parts.cut`` picks the parts sharing most of a query's stems within a limit, shows them in
 their order, and joins two chosen parts with the one between them when it fits (near parts of
-one message read as one passage). A part longer than the limit is cut to its sentences.
+one message read as one passage). A part longer than the limit competes by its sentences.
 """
 
 from __future__ import annotations
@@ -113,16 +113,22 @@ class Parts:
 
     def cut(self, limit: int, stems: frozenset[str]) -> str | None:
         """The parts sharing most ``stems`` that fit ``limit`` chars, in their order, a gap of
-        one part between two chosen filled when it fits (gaps marked `` … ``); the best part
-        alone cut to its sentences when no part fits whole; None when nothing fits."""
-        parts = self.parts
-        shared = [len(stems & held) for held in self.stems]
-        chosen = _best(parts, shared, limit)
+        one part between two chosen filled when it fits (gaps marked `` … ``); a part longer
+        than ``limit`` takes part by its sentences (a long paragraph holding the answer is not
+        passed over for a short part sharing fewer words); None when nothing fits."""
+        parts: list[str] = []
+        shared: list[int] = []
+        for part, held in zip(self.parts, self.stems, strict=True):
+            if len(part) + 3 <= limit:
+                parts.append(part)
+                shared.append(len(stems & held))
+            else:  # too long to show whole: its sentences compete with the other parts
+                pieces = sentences(part)
+                parts += pieces
+                shared += [len(stems & stems_of(piece)) for piece in pieces]
+        chosen = _best(parts, shared, limit - 4)
         if not chosen:
-            best = max(range(len(parts)), key=shared.__getitem__)
-            pieces = sentences(parts[best])
-            within = _best(pieces, [len(stems & stems_of(p)) for p in pieces], limit - 4)
-            return _joined(pieces, within) if within else None
+            return None
         size = sum(len(parts[i]) + 3 for i in chosen)
         for a, b in itertools.pairwise(tuple(chosen)):
             if b == a + 2 and size + len(parts[a + 1]) + 1 <= limit:

@@ -72,6 +72,33 @@ def test_a_long_reply_shows_the_part_that_holds_the_answer(
     assert "Paragraph 7" not in block  # the reply's tail, which holds nothing asked
 
 
+def test_a_paragraph_too_long_for_the_room_shows_its_sentence_that_holds_the_answer(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A hit whose first paragraph is longer than a hit may show shows that paragraph's
+    sentence holding what is asked, not a shorter later part that shares fewer words."""
+    engine = make_engine(make_settings(context_window_chars=8_000))
+    opening = " ".join(
+        [
+            "I spent the morning tidying the repository and renaming a few modules.",
+            "The login API response time is now 120ms under 20 concurrent requests.",
+            *[
+                f"Note {i}: the build scripts were reorganised into smaller steps today."
+                for i in range(6)
+            ],
+        ]
+    )
+    code = "```js\n" + "\n".join(f"const step{k} = run({k});" for k in range(12)) + "\n```"
+    said = [
+        {"role": "user", "content": f"{opening}\n\n{code}\n\nCan you review my login code?"},
+        {"role": "assistant", "content": "Sure."},
+    ]
+    drive(engine, said, "a")
+    block, _ = ask(engine, "What is the login API response time under 20 concurrent requests?")
+    assert "120ms under 20 concurrent requests" in block
+    assert "Note 5" not in block  # the paragraph's other sentences share nothing asked
+
+
 @pytest.mark.parametrize(("budget", "cap"), [(12_000, None), (12_000, 1_500), (30_000, None)])
 def test_the_block_uses_the_room_and_never_passes_b(
     make_engine: Callable[..., MemoryEngine],
