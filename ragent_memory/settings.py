@@ -65,6 +65,11 @@ DEFAULT_MAX_ID_CHARS = 256  # max_id_chars: the longest session or user id taken
 MAX_TIMEOUT_S = 86_400.0  # a day
 MAX_TTL_DAYS = 36_500  # a century
 MAX_CONTEXT_WINDOW_CHARS = 1_000_000_000
+# The recall block of a session's later turns, by default (``recall.turn_chars``): what one
+# question needs of earlier conversation does not grow with B, and every char of a kept block
+# leaves the cached prefix when the block is taken off (a call's cached share loses about the
+# mean block ÷ B). A session's first turn has no cached conversation to lose: it takes the room.
+RECALL_TURN_CHARS = 8_000
 IDENTITIES = ("credential", "headers")  # serve.identity
 _ENV_NAME = "an environment variable name"
 MIN_SECRET_CHARS = 16  # serve.secret_env's value
@@ -234,12 +239,18 @@ def _embeddings_section(value: Any) -> Any:
 @attrs.frozen
 class RecallSettings:
     """``recall``: what recall uses beyond BM25 (``recall_enabled`` switches recall itself),
-    and ``max_chars``, a cap on a turn's recall block (None: the room the view leaves, up
-    to B)."""
+    ``max_chars``, a cap on every recall block (None: the room the view leaves, up to B),
+    and ``turn_chars``, a cap on the blocks of a session's later turns (None: none)."""
 
     max_chars: int | None = _field(
         "recall.max_chars",
         None,
+        lambda v: v is None or (is_int(v) and 0 <= v <= MAX_CONTEXT_WINDOW_CHARS),
+        f"null or an integer 0..{MAX_CONTEXT_WINDOW_CHARS}",
+    )
+    turn_chars: int | None = _field(
+        "recall.turn_chars",
+        RECALL_TURN_CHARS,
         lambda v: v is None or (is_int(v) and 0 <= v <= MAX_CONTEXT_WINDOW_CHARS),
         f"null or an integer 0..{MAX_CONTEXT_WINDOW_CHARS}",
     )

@@ -99,14 +99,26 @@ class TurnRecall:
         self.stamp: str | None = None  # what ``block`` was found under (``stamp``)
 
     def room(self, view: View) -> int:
-        """What the block may take: at most ``recall_max_chars``, and B less what the view
-        sends and the tool-loop reserve. The block is its own text part before the question;
-        a consumer that reads the message as one text (LangChain's OpenAI conversion, many
-        providers) joins the parts with a newline, so that char is part of what the block
-        takes of B."""
+        """What the block may take: at most ``recall_max_chars`` (past a session's first turn,
+        at most ``recall.turn_chars`` too), and B less what the view sends and the tool-loop
+        reserve. The block is its own text part before the question; a consumer that reads
+        the message as one text (LangChain's OpenAI conversion, many providers) joins the
+        parts with a newline, so that char is part of what the block takes of B."""
         settings = self.settings
         free = settings.context_window_chars - view.total - len(PART_SEPARATOR)
-        return min(settings.recall_max_chars, free - tool_loop_reserve(view, settings))
+        cap, later = settings.recall_max_chars, settings.recall.turn_chars
+        if later is not None and not self.first_turn():
+            cap = min(cap, later)
+        return min(cap, free - tool_loop_reserve(view, settings))
+
+    def first_turn(self) -> bool:
+        """Whether this is a session's first turn: the caller's history holds nothing of the
+        conversation before its last message (system or developer messages only). Such a
+        session has no cached conversation for a large block to displace, and its user's
+        earlier sessions are all the context there is: a block that large once a session
+        costs the cache once, where one every turn would cost it every turn."""
+        before = self.raw.messages[:-1]
+        return all(message.get("role") in ("system", "developer") for message in before)
 
     def crowded(self, total: int) -> bool:
         """Whether kept blocks in a view sending ``total`` leave the new turn's block less

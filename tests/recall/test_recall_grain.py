@@ -14,6 +14,7 @@ from ragent_memory import Settings
 from ragent_memory.core.chars import chars
 from ragent_memory.engine.memory_engine import MemoryEngine
 from ragent_memory.recall.excerpts import HEADERS
+from ragent_memory.settings import RECALL_TURN_CHARS
 
 pytestmark = pytest.mark.both_backends
 
@@ -125,6 +126,64 @@ def test_the_block_uses_the_room_and_never_passes_b(
         assert len(block) > budget // 5
     else:
         assert 0 < len(block) <= cap
+
+
+QUESTION = "What was on the deploy checklist for the api?"
+
+
+def checklist_engine(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings], **recall: Any
+) -> MemoryEngine:
+    """An engine at B = 200,000 whose user said 120 deploy-checklist items in session "a"."""
+    said = []
+    for k in range(120):
+        said += [
+            {"role": "user", "content": f"Note {k}: the deploy checklist item {k} for the api."},
+            {"role": "assistant", "content": f"Deploy checklist item {k}: {FILLER * 4}"},
+        ]
+    engine = make_engine(make_settings(context_window_chars=200_000, recall=recall))
+    drive(engine, said, "a")
+    return engine
+
+
+def second_turn_block(engine: MemoryEngine) -> str:
+    """The block on the question asked as the second turn of a new session."""
+    messages = [
+        {"role": "system", "content": "You help with deploys."},
+        {"role": "user", "content": "Hello again."},
+        {"role": "assistant", "content": "Hi! What do you need?"},
+        {"role": "user", "content": QUESTION},
+    ]
+    prepared = engine.prepare(messages, session_id="second", user_id="u")
+    return block_of(prepared.messages[-1])
+
+
+@pytest.mark.parametrize(
+    ("recall", "first_cap", "later_cap"),
+    [
+        ({}, None, RECALL_TURN_CHARS),  # the default: the first turn takes the room
+        ({"turn_chars": None}, None, None),
+        ({"max_chars": 6_000}, 6_000, 6_000),
+    ],
+)
+def test_a_later_turns_block_is_bounded_in_chars_a_first_turns_takes_the_room(
+    make_engine: Callable[..., MemoryEngine],
+    make_settings: Callable[..., Settings],
+    recall: dict[str, Any],
+    first_cap: int | None,
+    later_cap: int | None,
+) -> None:
+    """At a large B the view leaves far more room than one question needs: past a session's
+    first turn a block stops at ``recall.turn_chars`` (``RECALL_TURN_CHARS`` by default; null:
+    the room); the first turn's takes the room; ``recall.max_chars`` caps every turn's."""
+    engine = checklist_engine(make_engine, make_settings, **recall)
+    first, _ = ask(engine, QUESTION)
+    later = second_turn_block(engine)
+    for block, cap in ((first, first_cap), (later, later_cap)):
+        if cap is None:
+            assert len(block) > 2 * RECALL_TURN_CHARS
+        else:
+            assert 0.75 * cap < len(block) <= cap
 
 
 def dated_sessions(engine: MemoryEngine) -> None:
