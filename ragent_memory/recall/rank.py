@@ -71,6 +71,7 @@ STEM_CHARS: Final = 2_000_000  # tokens whose stem is kept, by their length
 HOP_FROM: Final = 3  # a second hop starts from the best hits' texts
 HOP_TERMS: Final = 4  # and searches their rarest terms
 HOP_SOURCE_CHARS: Final = 2_000  # of what was said (a tool's dump names too much)
+HOP_TERMS_CHARS: Final = 2_000_000  # hop source texts whose terms are kept, by their length
 UNOWNED_KEPT: Final = 65_536  # sessions whose rows without a user were looked for
 LOAD_ROWS: Final = 4_096  # rows a unit reads from the store at a time
 
@@ -362,6 +363,8 @@ class RecallMirror:
         # row texts read, the first read first out past the rest of ``max_bytes``
         self._texts: LRU[int, str] = LRU(None, max_bytes // TEXT_SHARE, _text_bytes)
         self.stem = Memo(stem, STEM_CHARS, len)  # Porter in Python is most of reading a row in
+        # the best hits come back turn after turn: their terms for the second hop, kept
+        self.hop_terms = Memo(self._terms, HOP_TERMS_CHARS, len)
 
     def memory(self) -> dict[str, int]:
         """What the mirror holds: ``bytes`` (units and texts), ``units_bytes``, ``rows``
@@ -425,14 +428,19 @@ class RecallMirror:
         ``asked``, rarest first; rows in ``unseen`` (``_Unit.in_view``) not counted."""
         found: dict[str, int] = {}
         for text in texts:
-            for key in text_terms(text, self.stem.many)[0]:
+            for key in self.hop_terms(text):
                 posting = unit.postings.get(key)
-                if key in asked or posting is None:
-                    continue
+                if key in asked or posting is None or isinstance(posting, int):
+                    continue  # (one row: the text itself)
+                if len(posting) - len(unseen) > LONG:
+                    continue  # in more than LONG rows, however many of them the view shows
                 count = unit.rows_with(posting, unseen)
                 if 2 <= count <= LONG:
                     found[key] = count
         return sorted(found, key=lambda key: (found[key], key))[:HOP_TERMS]
+
+    def _terms(self, text: str) -> tuple[str, ...]:
+        return tuple(text_terms(text, self.stem.many)[0])
 
     def _current(self, user_id: str | None, session_id: str) -> _Unit | None:
         """The unit searched, in step with the store's mark (lock held)."""
