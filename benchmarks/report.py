@@ -548,7 +548,25 @@ def beam_section(data: dict[str, Any]) -> list[str]:
             table(["kind", *(BEAM_ARMS[a] for a in arms)], rows),
             "",
         ]
-    return out
+    return [*out, *BEAM_NOTES]
+
+
+BEAM_NOTES = [
+    "*Mean chars sent* is the benchmark's own count: every text part `prepare` returns, joined "
+    "by newlines, the question left out. It includes the long-term memory block, which B leaves "
+    "outside it, and a newline per part, so the engine arms can read over B while what "
+    "`prepare` sends, counted as the engine counts, never is (chats 1–3 driven at B = 20,000: "
+    "`chars_out` + `recalled_chars` at most 19,998 over 2,508 calls; the memory block averaged "
+    "1,000–1,500 chars).",
+    "",
+    "The fresh session keeps more than the engine because of room: the engine's view (a summary "
+    "and the newest turns, replies of thousands of chars) leaves its block about 7,000 chars, "
+    "where a session's first turn may take the room (`recall.turn_chars` bounds later turns' "
+    "blocks only). Most misses left (`python -m benchmarks.beam_misses`) are answers no one "
+    "message holds: lists gathered over many sessions (the order of events) and numbers worked "
+    'out from two dates ("how many days between").',
+    "",
+]
 
 
 def _share(value: float | None) -> str:

@@ -551,8 +551,11 @@ class Settings:
     def recall_floor_chars(self) -> int:
         """The room a turn's block is owed (docs/design.md §9b): earlier turns' kept blocks
         are taken off when they would leave it less than half of this, clamp(0.2 × B,
-        1,000, 40,000) within ``recall_max_chars``."""
-        return min(self.recall_max_chars, _clamp(0.2 * self.context_window_chars, 1_000, 40_000))
+        1,000, 40,000) within ``recall_max_chars`` and ``recall.turn_chars`` (a later turn's
+        block asks no more room than that)."""
+        floor = min(self.recall_max_chars, _clamp(0.2 * self.context_window_chars, 1_000, 40_000))
+        turn = self.recall.turn_chars
+        return floor if turn is None else min(floor, turn)
 
     @property
     def verbatim_max_chars(self) -> int:
