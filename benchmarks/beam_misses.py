@@ -27,11 +27,10 @@ import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from benchmarks.beam import DATA, chat_questions, chat_sessions, gold_words, words
-from benchmarks.locomo import context_text, drive, engine_settings
-from benchmarks.locomo_misses import Spy, report, stems
+from benchmarks.locomo import drive, engine_settings
+from benchmarks.locomo_misses import Spy, in_block, lost_words, report, stems
 from ragent_memory import MemoryEngine
 
 
@@ -44,12 +43,9 @@ def classify(gold: set[str], question: str, said: list[str], spy: Spy) -> tuple[
         ]
         return ("scattered, found" if gold <= words("\n".join(found)) else "scattered"), ""
     hit_texts = [h.content for h in spy.hits]
-    in_excerpts = {m.content for e in spy.excerpts for m in e.messages}
-    for holder in holders:
-        if holder in in_excerpts:
-            if " ".join(holder.split())[:60] in spy.block:
-                return "cut", holder
-            return "room", holder
+    shown = in_block(holders, spy)
+    if shown is not None:
+        return shown
     near = {i for i, text in enumerate(said) if text in hit_texts}
     for holder in holders:
         at = said.index(holder)
@@ -88,20 +84,14 @@ def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> None:
                     if not gold or not gold <= full:
                         continue
                     total += 1
-                    spy.reset()
-                    asked: dict[str, Any] = {"role": "user", "content": q["question"]}
-                    if protocol == "question":
-                        msgs, sid = [*every, asked], name
-                    else:
-                        msgs, sid = [asked], f"{name}-q{k}"
-                    prepared = engine.prepare(msgs, session_id=sid, user_id=name)
-                    if gold <= words(context_text(prepared.messages, q["question"])):
+                    ask = (protocol, every, name, f"{name}-q{k}")
+                    lost = sorted(lost_words(engine, spy, ask, q["question"], gold, words))
+                    if not lost:
                         continue
                     missed += 1
                     kind, holder = classify(gold, q["question"], said, spy)
                     table[kind] += 1
                     by_kind[kind][q["kind"]] += 1
-                    lost = sorted(gold - words(context_text(prepared.messages, q["question"])))
                     examples[kind].append(
                         f"  [{q['kind'][:12]}] {q['question'][:110]} | lost {lost[:8]}"
                         f" | {holder[:100]!r}"

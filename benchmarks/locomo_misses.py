@@ -27,7 +27,7 @@ import json
 import logging
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +99,13 @@ def classify(
     if not holders:
         return ("scattered, when" if when else "scattered"), ""
     hit_texts = [h.content for h in spy.hits]
-    in_excerpts = {m.content for e in spy.excerpts for m in e.messages}
-    for holder in holders:
-        if holder in in_excerpts:
-            if " ".join(holder.split())[:60] in spy.block:
-                return "cut", holder
+    shown = in_block(holders, spy)
+    if shown is not None:
+        kind, holder = shown
+        if kind == "room":
             rank = hit_texts.index(holder) + 1 if holder in hit_texts else 0
-            return f"room (hit {rank}/{len(hit_texts)})", holder
+            kind = f"room (hit {rank}/{len(hit_texts)})"
+        return kind, holder
     places = [dia(by_text[h]) for h in hit_texts if h in by_text]
     for holder in holders:
         s, t = dia(by_text[holder])
@@ -117,6 +117,37 @@ def classify(
             continue
         return ("ranked out, when" if when else "ranked out"), holder
     return ("no shared word, when" if when else "no shared word"), holders[0]
+
+
+def in_block(holders: Sequence[str], spy: Spy) -> tuple[str, str] | None:
+    """For the first holder among the excerpts the search found: "cut" when its head is in
+    the block (shown, clipped past the answer), "room" when it is not (it did not fit); None
+    when no holder was found."""
+    in_excerpts = {m.content for e in spy.excerpts for m in e.messages}
+    for holder in holders:
+        if holder in in_excerpts:
+            return ("cut" if " ".join(holder.split())[:60] in spy.block else "room"), holder
+    return None
+
+
+def lost_words(
+    engine: MemoryEngine,
+    spy: Spy,
+    ask: tuple[str, list[dict[str, Any]], str],
+    question: str,
+    gold: set[str],
+    split: Callable[[str], set[str]] = words,
+) -> set[str]:
+    """The gold words (as ``split`` reads a text) ``question`` lost, asked as the protocol of
+    ``ask`` says (``(protocol, every message said, the session's name, the question's
+    session)``): at the end of the whole conversation ("question"), or alone in a session of
+    its own."""
+    protocol, every, name, own = ask
+    spy.reset()
+    asked = {"role": "user", "content": question}
+    msgs, sid = ([*every, asked], name) if protocol == "question" else ([asked], own)
+    prepared = engine.prepare(msgs, session_id=sid, user_id=name)
+    return gold - split(context_text(prepared.messages, question))
 
 
 def report(
@@ -171,14 +202,8 @@ def run(protocol: str, budget: int, show: int, convs: Sequence[str], verbose: bo
                     if not gold or not gold <= words(full):
                         continue
                     total += 1
-                    spy.reset()
-                    asked = {"role": "user", "content": q["question"]}
-                    if protocol == "question":
-                        msgs, sid = [*every, asked], name
-                    else:
-                        msgs, sid = [asked], f"{name}-q{k}"
-                    prepared = engine.prepare(msgs, session_id=sid, user_id=name)
-                    if gold <= words(context_text(prepared.messages, q["question"])):
+                    ask = (protocol, every, name, f"{name}-q{k}")
+                    if not lost_words(engine, spy, ask, q["question"], gold):
                         continue
                     missed += 1
                     kind, holder = classify(q, by_text, said, spy)
