@@ -99,8 +99,10 @@ async def tour(client: Client, *, word: str, foreign: str) -> dict[str, Any]:
     ``word`` and for another user's ``foreign`` one, and a recall of a ref the search named."""
     listed = await client.list_tools()
     found = await client.call_tool("search_memory", {"query": word, "limit": 3})
-    refs = find_refs(text(found))
-    assert refs, f"the search named no ref to recall:\n{text(found)}"
+    # the ref named on the line that shows the hit (a neighbour cut short names its own)
+    named = [find_refs(line) for line in text(found).splitlines() if word.split()[0] in line]
+    refs = [ref for line_refs in named for ref in line_refs]
+    assert refs, f"the search named no ref to recall on the hit's line:\n{text(found)}"
     whole = await client.call_tool("recall_tool_result", {"ref": refs[0]})
     page = await client.call_tool("recall_tool_result", {"ref": refs[0], "offset": 5, "limit": 7})
     return {
@@ -138,7 +140,7 @@ def test_each_server_answers_for_its_own_user_only(store: tuple[Path, dict[str, 
 
     whole, page = text(alice["whole"]), text(alice["page"])
     original = whole.split(FOOTER_MARK)[0]
-    assert "My cat is called Miso." == original  # the first ref named: the hit's full text
+    assert "My cat is called Miso." == original  # the ref on the hit's line: its full text
     assert f"end of text, chars 0–{len(original)} of {len(original)}]" in whole
     assert page.startswith(original[5:12] + FOOTER_MARK + "chars 5–12 of ")
 
