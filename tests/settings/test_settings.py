@@ -229,6 +229,8 @@ EMBEDDINGS = {"base_url": "http://x/v1", "model": "e"}
             "recall.embeddings.timeout_s",
             "<= 86400",
         ),
+        ({"recall": {"max_chars": 10**12}}, "recall.max_chars", "0..1000000000"),
+        ({"recall": {"turn_chars": 10**12}}, "recall.turn_chars", "0..1000000000"),
         ({"serve": {"timeout_s": 1e12}}, "serve.timeout_s", "<= 86400"),
         ({"serve": {"max_body_bytes": 1 << 40}}, "serve.max_body_bytes", "1024..2147483648"),
     ],
