@@ -4,6 +4,7 @@ never past B."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from ragent_memory.core.provenance import Markers
@@ -117,7 +118,8 @@ class TurnRecall:
         session has no cached conversation for a large block to displace, and its user's
         earlier sessions are all the context there is: a block that large once a session
         costs the cache once, where one every turn would cost it every turn."""
-        before = self.raw.messages[:-1]
+        raw = self.raw.messages  # read up to the first other message (no copy of the history)
+        before = itertools.islice(raw, len(raw) - 1)
         return all(message.get("role") in ("system", "developer") for message in before)
 
     def crowded(self, total: int) -> bool:
