@@ -268,17 +268,19 @@ def cache_rows(workloads: dict[str, Any], unit: str) -> list[list[object]]:
 
 
 def cache_section() -> list[str]:
-    """Ours alone (``versus --no-peers``): the cached share with recall on and off, and how
-    much recall's blocks add per call."""
-    data = load("versus_no_peers")
+    """From ``versus`` (the run ``make bench`` makes, so this table and the ones above come
+    from one run): the cached share with recall on and off, and how much recall's blocks
+    add per call."""
+    data = load("versus")
     if data is None:
         return []
     return [
         "### Recall and the prompt cache",
         "",
-        "`python -m benchmarks.versus --no-peers`: ragent_memory's arms alone, on the same "
-        "workloads; *share* as above (compaction calls left out), per turn and then per model "
-        "call. Every char of a kept recall block leaves the prefix at the event that takes it "
+        "From the same `python -m benchmarks.versus` run: ragent_memory's arms, recall on and "
+        "off; *share* as above (compaction calls left out), first with `prepare` at each user "
+        "message only (one call a turn), then before every model call, tool loops included "
+        "(what docs/design.md §17 counts: the share per model call). Every char of a kept recall block leaves the prefix at the event that takes it "
         "off, and the event loses everything after its first change, so the share with recall "
         "on stays under about 1 − (block chars per call) ÷ B, whatever the schedule "
         "(docs/design.md §9b): the last column.",

@@ -33,8 +33,8 @@ with and without recall, and LangChain's full stack, on the same calls), where t
 measured between consecutive calls and ragent_memory reports how many of its tool-loop calls
 still carry the turn's recall block.
 
-Results go to ``benchmarks/results/versus.json`` (``versus_no_peers.json`` with
-``--no-peers``); ``--quick`` runs shorter workloads and, like ``--only``, writes no results file.
+Results go to ``benchmarks/results/versus.json``; ``--quick`` runs shorter workloads and, like
+``--only`` and ``--no-peers`` (the report's tables need the peers' rows), writes no results file.
 """
 
 from __future__ import annotations
@@ -604,12 +604,10 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     logging.getLogger("ragent_memory").setLevel(logging.WARNING)
     results: dict[str, Any] = {"quick": args.quick, "workloads": {}}
-    # A quick or partial run prints its tables and leaves the results files alone; ours alone
-    # (no peers) has a file of its own, so versus.json keeps the peers' rows.
-    partial = args.quick or only is not None
-    out = (
-        None if partial else RESULTS / ("versus_no_peers.json" if args.no_peers else "versus.json")
-    )
+    # A quick or partial run (ours alone included) prints its tables and leaves the results
+    # file alone: docs/benchmarks.md reads every table of it from one whole run.
+    partial = args.quick or only is not None or args.no_peers
+    out = None if partial else RESULTS / "versus.json"
     clock = Clock()
     rag_en: Turns = []
     for name, budget, turns in workloads(args.quick):
@@ -682,7 +680,7 @@ def main() -> None:
 # A real tool-calling agent calls the model again after each tool loop, and each call goes
 # through the memory engine (``prepare``, or the peer's middleware) first; the tables above
 # prepare at each user message only. These workloads are run again that way.
-EVERY_CALL = ("rag_2000_en", "tools_5_per_turn")
+EVERY_CALL = ("rag_2000_en", "rag_2000_zh", "tools_5_per_turn")
 
 
 def every_call(
