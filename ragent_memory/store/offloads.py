@@ -70,7 +70,10 @@ def _sha256(content: str) -> str:
 class OffloadTables(StoreBase):
     def ref_for(self, session_id: str, content: str) -> str:
         """The recall ref of ``content`` in ``session_id``: stable per store, unguessable."""
-        mac = hmac.digest(self._secret, f"{session_id}\0{_sha256(content)}".encode(), "sha256")
+        return self._ref(session_id, _sha256(content))
+
+    def _ref(self, session_id: str, sha: str) -> str:
+        mac = hmac.digest(self._secret, f"{session_id}\0{sha}".encode(), "sha256")
         return "rm-" + mac.hex()[:20]
 
     def _offload(self, session_id: str, contents: Sequence[str], ttl_days: float) -> None:
@@ -83,7 +86,8 @@ class OffloadTables(StoreBase):
         rows = []
         key = id_key(session_id)
         for content in contents:
-            ref, sha = self.ref_for(session_id, content), _sha256(content)
+            sha = _sha256(content)  # hashed once: the ref is a MAC of it
+            ref = self._ref(session_id, sha)
             rows.append([key, ref, sha, self._storable(content), len(content), created, expires])
         self.db.executemany(
             OFFLOAD_KEPT,
