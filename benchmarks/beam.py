@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -224,20 +225,26 @@ class Tally:
     def __init__(self) -> None:
         self.kept: dict[str, dict[str, list[float]]] = {a: {k: [] for k in KINDS} for a in ARMS}
         self.sent: dict[str, list[int]] = {arm: [] for arm in ARMS}
+        self.block: dict[str, list[int]] = {arm: [] for arm in ARMS}  # the recall block's chars
 
-    def add(self, arm: str, q: dict[str, Any], messages: Sequence[Message]) -> None:
+    def add(
+        self, arm: str, q: dict[str, Any], messages: Sequence[Message], block: int | None = None
+    ) -> None:
         gold = gold_words(q["answer"], q["question"])
         if not gold:
             return
         context = context_text(messages, q["question"])
         self.kept[arm][q["kind"]].append(float(gold <= words(context)))
         self.sent[arm].append(len(context))
+        if block is not None:
+            self.block[arm].append(block)
 
     def merge(self, other: Tally) -> None:
         for arm in ARMS:
             for kind in KINDS:
                 self.kept[arm][kind] += other.kept[arm][kind]
             self.sent[arm] += other.sent[arm]
+            self.block[arm] += other.block[arm]
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -253,6 +260,8 @@ class Tally:
                     k: round(sum(v) / len(v), 4) if v else None for k, v in self.kept[arm].items()
                 },
             }
+            if self.block[arm]:  # the room the question's recall block had (engine arms)
+                out[arm]["mean_block_chars"] = round(statistics.fmean(self.block[arm]))
         return out
 
 
@@ -277,9 +286,8 @@ def run_chat(
             drive(engine, messages, session_id=name, user_id=name)
             for q in qa:
                 asked = [*messages, {"role": "user", "content": q["question"]}]
-                tally.add(
-                    "engine", q, engine.prepare(asked, session_id=name, user_id=name).messages
-                )
+                prepared = engine.prepare(asked, session_id=name, user_id=name)
+                tally.add("engine", q, prepared.messages, prepared.report.recalled_chars)
     if "sessions" in arms:
         path = tmp / f"{name}-{budget}-sessions.db"
         with MemoryEngine(engine_settings(budget, path, recall=True)) as engine:
@@ -288,7 +296,7 @@ def run_chat(
             for k, q in enumerate(qa):
                 asked = [{"role": "user", "content": q["question"]}]
                 prepared = engine.prepare(asked, session_id=f"{name}-q{k}", user_id=name)
-                tally.add("sessions", q, prepared.messages)
+                tally.add("sessions", q, prepared.messages, prepared.report.recalled_chars)
     return tally
 
 

@@ -16,22 +16,34 @@ answer. A miss is:
 - ``ranked out``: a holder shares words but was not among the hits.
 
 Each class is split by BEAM's kind of question.
-``python -m benchmarks.beam_misses [--protocol sessions|question] [--chat 1] [--show N]``.
+``python -m benchmarks.beam_misses [--protocol sessions|question] [--chat 1] [--show N]``; run
+whole (both protocols, every chat) it writes ``benchmarks/results/beam_misses.json``, which
+docs/benchmarks.md shows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 from benchmarks.beam import DATA, chat_questions, chat_sessions, gold_words, words
 from benchmarks.locomo import drive, engine_settings
 from benchmarks.locomo_misses import Spy, in_block, lost_words, report, stems
 from ragent_memory import MemoryEngine
+
+RESULTS = Path(__file__).resolve().parent / "results" / "beam_misses.json"
+# "question": the question at the end of the whole chat, one session (the engine arm);
+# "sessions": each session driven as its own, the question in a new one (the fresh session)
+PROTOCOLS = ("question", "sessions")
 
 
 def classify(gold: set[str], question: str, said: list[str], spy: Spy) -> tuple[str, str]:
@@ -58,7 +70,9 @@ def classify(gold: set[str], question: str, said: list[str], spy: Spy) -> tuple[
     return "no shared word", holders[0]
 
 
-def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> None:
+def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> dict[str, Any]:
+    """Classify the misses of ``protocol`` over ``chats`` (all when empty); print the table
+    and return it as ``{"answerable", "missed", "classes": {class: {kind: count}}}``."""
     spy = Spy()
     table: Counter[str] = Counter()
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
@@ -99,16 +113,35 @@ def run(protocol: str, budget: int, show: int, chats: Sequence[str]) -> None:
     line = f"{protocol}, B={budget:,}: {total} answerable"
     short = {k: {kind[:12]: n for kind, n in v.items()} for k, v in by_kind.items()}
     report(line, missed, total, table, short, examples, show)
+    classes = {k: dict(by_kind[k]) for k, _ in table.most_common()}
+    return {"answerable": total, "missed": missed, "classes": classes}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--protocol", choices=("question", "sessions"), default="sessions")
+    parser.add_argument(
+        "--protocol", choices=PROTOCOLS, action="append", help="only these (default: both)"
+    )
     parser.add_argument("--budget", type=int, default=20_000)
     parser.add_argument("--show", type=int, default=0)
     parser.add_argument("--chat", action="append", default=[])
+    parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args()
-    run(args.protocol, args.budget, args.show, args.chat)
+    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if not any(p.is_dir() for p in DATA.glob("*")):
+        print(f"BEAM data not found under {DATA}; skipping")
+        return
+    started = time.perf_counter()
+    protocols = args.protocol or list(PROTOCOLS)
+    results: dict[str, Any] = {"budget": args.budget, "protocols": {}}
+    for protocol in protocols:
+        results["protocols"][protocol] = run(protocol, args.budget, args.show, args.chat)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    # Only a whole run (every chat, both protocols) is written: the docs read the file.
+    if not args.no_write and not args.chat and len(protocols) == len(PROTOCOLS):
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwritten: {RESULTS}")
 
 
 if __name__ == "__main__":

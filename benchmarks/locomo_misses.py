@@ -133,7 +133,7 @@ def in_block(holders: Sequence[str], spy: Spy) -> tuple[str, str] | None:
 def lost_words(
     engine: MemoryEngine,
     spy: Spy,
-    ask: tuple[str, list[dict[str, Any]], str],
+    ask: tuple[str, list[dict[str, Any]], str, str],
     question: str,
     gold: set[str],
     split: Callable[[str], set[str]] = words,

@@ -544,13 +544,71 @@ def beam_section(data: dict[str, Any]) -> list[str]:
         ]
         rows.append(["**all**", *(_share(row[a]["answers"]) for a in arms)])
         rows.append(["mean chars sent", *(f"{row[a]['mean_chars'] or 0:,}" for a in arms)])
+        if any("mean_block_chars" in row[a] for a in arms):
+            rows.append(
+                [
+                    "mean recall block chars",
+                    *(
+                        f"{row[a]['mean_block_chars']:,}" if "mean_block_chars" in row[a] else "–"
+                        for a in arms
+                    ),
+                ]
+            )
         out += [
             f"B = {int(budget):,}:",
             "",
             table(["kind", *(BEAM_ARMS[a] for a in arms)], rows),
             "",
         ]
-    return [*out, *BEAM_NOTES]
+    return [*out, *BEAM_NOTES, *beam_misses_section(load("beam_misses"))]
+
+
+BEAM_MISS_CLASSES = {
+    "scattered": "no one message holds the answer, nor do the hits' texts",
+    "scattered, found": "no one message holds it; the hits' texts do (cut or left out for room)",
+    "room": "a message holding it was a hit, its excerpt did not fit",
+    "cut": "its excerpt was shown, clipped past the answer",
+    "neighbour": "it is two or more messages from a shown hit",
+    "ranked out": "it shares the question's words but was not a hit",
+    "no shared word": "it shares no word with the question",
+}
+BEAM_PROTOCOLS = {"question": "engine", "sessions": "fresh session"}
+
+
+def beam_misses_section(data: dict[str, Any] | None) -> list[str]:
+    """Why the engine arms miss (``benchmarks/beam_misses.py``): each missed question whose
+    answer is in the chat, by where it was lost."""
+    if data is None:
+        return []
+    runs = data["protocols"]
+    names = [p for p in BEAM_PROTOCOLS if p in runs]
+    rows = [
+        [f"{name} ({BEAM_MISS_CLASSES[name]})", *(_misses(runs[p], name) for p in names)]
+        for name in BEAM_MISS_CLASSES
+        if any(name in runs[p]["classes"] for p in names)
+    ]
+    rows.append(
+        [
+            "**missed / answerable**",
+            *(f"{runs[p]['missed']} / {runs[p]['answerable']}" for p in names),
+        ]
+    )
+    return [
+        f"### Why the engine misses (B = {data['budget']:,})",
+        "",
+        "`python -m benchmarks.beam_misses`: each question whose gold words are all somewhere in "
+        "the chat but not in what `prepare` sent, classified by where they were lost (counts of "
+        "questions; *answerable* leaves out golds the chat never states in its words).",
+        "",
+        recorded(data),
+        "",
+        table(["class", *(BEAM_PROTOCOLS[p] for p in names)], rows),
+        "",
+    ]
+
+
+def _misses(run: dict[str, Any], name: str) -> str:
+    return str(sum(run["classes"].get(name, {}).values()))
 
 
 BEAM_NOTES = [

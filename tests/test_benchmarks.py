@@ -3,9 +3,13 @@ in the package once broke ``make bench`` while every test passed (nothing here r
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
-from benchmarks import scale
+import pytest
+
+from benchmarks import beam, beam_misses, report, scale
 
 
 def test_the_scale_benchmark_runs_at_its_smallest_size(tmp_path: Path) -> None:
@@ -22,3 +26,90 @@ def test_the_long_session_part_runs(tmp_path: Path) -> None:
     row = scale.long_session(210, seed=3, budget=20_000, tmp=tmp_path)
     assert row["turns"] == 210
     assert row["early_p50_ms"] > 0 and row["late_p50_ms"] > 0
+
+
+def _tiny_beam(root: Path) -> Path:
+    """A BEAM-shaped chat of two batches (its format: batches of turn groups, a date anchor on
+    the user's messages, questions by kind): details said once early (one in a long reply,
+    where no word of its question leads), long replies after."""
+    filler = "We tuned the worker pool and looked at the latency graphs again. " * 30
+    turns = [
+        [
+            {
+                "role": "user",
+                "time_anchor": "January-05-2024",
+                "content": "My staging database "
+                "is called quokka-db and the deploy deadline is March 1.",
+            },
+            {"role": "assistant", "content": filler + "Zanzibar. " + filler},
+        ],
+        *(
+            [
+                {
+                    "role": "user",
+                    "time_anchor": "January-06-2024",
+                    "content": f"Step {n}: review the worker pool settings again.",
+                },
+                {"role": "assistant", "content": filler},
+            ]
+            for n in range(8)
+        ),
+    ]
+    batches = [
+        {"batch_number": "1", "turns": turns[:4], "time_anchor": "None"},
+        {"batch_number": "2", "turns": turns[4:], "time_anchor": "None"},
+    ]
+    questions = {
+        "information_extraction": [
+            {"question": "What is my staging database called?", "answer": "quokka-db"},
+            {"question": "Which deadline did I give for the deploy?", "answer": "March 1"},
+            {"question": "Where is my cat's vet?", "answer": "Zanzibar"},  # no word in common
+        ],
+        "event_ordering": [
+            {"question": "In what order did we do things?", "answer": "pelican then walrus"},
+        ],
+    }
+    chat = root / "1"
+    chat.mkdir(parents=True)
+    (chat / "chat.json").write_text(json.dumps(batches))
+    (chat / "probing_questions.json").write_text(json.dumps(questions))
+    return chat
+
+
+def test_the_beam_miss_classifier_writes_what_the_docs_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks.beam_misses`` run whole (both protocols) writes its classes, which
+    docs/benchmarks.md renders; a gold the chat never states is not counted as answerable."""
+    _tiny_beam(tmp_path / "beam")
+    out = tmp_path / "beam_misses.json"
+    monkeypatch.setattr(beam_misses, "DATA", tmp_path / "beam")
+    monkeypatch.setattr(beam_misses, "RESULTS", out)
+    monkeypatch.setattr(sys, "argv", ["beam_misses", "--budget", "8000"])
+    beam_misses.main()
+    data = json.loads(out.read_text())
+    assert set(data["protocols"]) == {"question", "sessions"}
+    for run in data["protocols"].values():
+        assert run["answerable"] == 3  # "pelican then walrus" is never said
+        assert sum(n for kinds in run["classes"].values() for n in kinds.values()) == run["missed"]
+    # a fresh session: nothing leads from the cat's vet to "Zanzibar"
+    assert data["protocols"]["sessions"]["classes"] == {
+        "no shared word": {"information_extraction": 1}
+    }
+    section = "\n".join(report.beam_misses_section(data))
+    assert "Why the engine misses (B = 8,000)" in section
+    cells = [f"{r['missed']} / {r['answerable']}" for r in data["protocols"].values()]
+    assert f"| **missed / answerable** | {cells[0]} | {cells[1]} |" in section
+    assert "| no shared word (it shares no word with the question) |" in section
+    assert report.beam_misses_section(None) == []
+
+
+def test_the_beam_run_reports_the_room_its_recall_blocks_had(tmp_path: Path) -> None:
+    """The engine arms' rows say how many chars the question's recall block took."""
+    chat = _tiny_beam(tmp_path / "beam")
+    sessions = beam.chat_sessions(json.loads((chat / "chat.json").read_text()))
+    qa = beam.chat_questions(chat / "probing_questions.json")
+    row = beam.run_chat(sessions, qa, 8_000, tmp_path, "tiny", beam.ARMS).row()
+    assert row["engine"]["mean_block_chars"] > 0
+    assert row["sessions"]["mean_block_chars"] > 0
+    assert "mean_block_chars" not in row["full"]
