@@ -201,6 +201,10 @@ def slow_model_rows(data: dict[str, Any]) -> list[list[object]]:
                     ms(slow["p99_wall_ms"], 2),
                     slow["turns_over_b"],
                     "yes" if slow["adopted_after_landing"] else "**no**",
+                    # runs before the share was measured here have none
+                    f"{slow['stability']['mean_matching_share']:.3f}"
+                    if "stability" in slow
+                    else "–",
                 ]
             )
     return rows
@@ -327,7 +331,8 @@ def slow_model_section(data: dict[str, Any]) -> list[str]:
         "",
         "`compaction_timeout_s: 0` and a summarizer that takes the delay shown, on the "
         "2,000-turn English RAG session: the summary stays pending while the ceiling keeps "
-        "every turn within B. p50/p99 are the calling thread's CPU per turn, in ms.",
+        "every turn within B. p50/p99 are the calling thread's CPU per turn, in ms; *share* the "
+        "cached share per turn as above (the ceiling's rungs change the prefix meanwhile).",
         "",
         table(
             [
@@ -340,6 +345,7 @@ def slow_model_section(data: dict[str, Any]) -> list[str]:
                 "p99 wall",
                 "turns over B",
                 "summary applied once landed",
+                "share",
             ],
             rows,
         ),

@@ -562,16 +562,19 @@ def slow_model(
     )
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
     cpu_ms, process_ms, wall_ms, over_budget, generations = [], [], [], 0, []
+    stability = Stability()
     with MemoryEngine(settings, summarizer=SlowSummarizer("en", delay_s)) as engine:
         for messages in turns:
             history.append(messages[0])
             # The calling thread's CPU: process time would also charge each turn with what
             # the compaction worker (summarizer, retention check) burns meanwhile.
             started = time.thread_time(), time.process_time(), time.perf_counter()
-            report = engine.prepare(history, session_id="slow").report
+            prepared = engine.prepare(history, session_id="slow")
             cpu_ms.append((time.thread_time() - started[0]) * 1000)
             process_ms.append((time.process_time() - started[1]) * 1000)
             wall_ms.append((time.perf_counter() - started[2]) * 1000)
+            report = prepared.report
+            stability.add(prepared.messages, report.compacted)
             over_budget += report.chars_out > budget
             generations.append(report.generation)
             history.extend(messages[1:])
@@ -590,6 +593,8 @@ def slow_model(
         "generation_during_session": max(generations),
         "landed_within_3x_delay": landed,
         "adopted_after_landing": after.generation > max(generations),
+        # while the summary is being written (the ceiling's rungs keep the turn within B)
+        "stability": stability.result(),
     }
 
 
@@ -667,7 +672,8 @@ def main() -> None:
             f"{slow['p50_ms']:.3f} ms, p99 {slow['p99_ms']:.2f} ms (process CPU "
             f"{slow['p99_process_ms']:.2f}, wall {slow['p99_wall_ms']:.2f}) over "
             f"{slow['turns']} turns; {slow['turns_over_b']} turns over B; summary adopted "
-            f"once landed: {slow['adopted_after_landing']}"
+            f"once landed: {slow['adopted_after_landing']}; cached share "
+            f"{slow['stability']['mean_matching_share']:.3f}"
         )
     results["elapsed_s"] = clock.parts
     write(results, out)

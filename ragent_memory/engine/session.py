@@ -206,7 +206,10 @@ class Session:
             self._gates(turn)
         finally:
             self._report(turn)  # before recall searches what left; a failed step's too
-        found = self.turn_recall.recall(turn.view, user_id, self.state.summary, self.sticky)
+        changed = turn.changed_prefix(self.sticky.dropped)
+        found = self.turn_recall.recall(
+            turn.view, user_id, self.state.summary, self.sticky, changed=changed
+        )
         turn.recalled, turn.recalled_chars = found
         turn.measure()
         self.turn_recall.keep(turn.view, self.sticky)

@@ -85,6 +85,18 @@ class Turn:
     recall_evicted: int = 0
     budget: int = 0
 
+    def changed_prefix(self, blocks_dropped: int) -> bool:
+        """Whether this call already changes bytes the previous call sent (a compaction, a
+        turn left out, a placeholder or preview on a message carried over, or kept recall
+        blocks taken off): recall may take the other kept blocks off in the same event."""
+        fresh = self.view.fresh
+        return (
+            self.compacted
+            or bool(self.left_out)
+            or blocks_dropped > 0
+            or any(index < fresh for index, _, _ in self.substitutions)
+        )
+
     def measure(self) -> None:
         """Take the report's figures of the view to send: after the gates, before a recall
         block is kept on it (the block is reported on its own)."""

@@ -172,11 +172,12 @@ class TurnRecall:
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
 
     def recall(
-        self, view: View, user_id: str | None, summary: str, sticky: Sticky
+        self, view: View, user_id: str | None, summary: str, sticky: Sticky, *, changed: bool
     ) -> tuple[int, int]:
         """The block for the turn whose user message is last (searched once: a call that
         sends the same user message again shows the block kept on it); the kept blocks of
-        an epoch that has passed are taken off first. The block is not part of the view yet (it
+        an epoch that has passed are taken off first. ``changed``: this call changes the
+        prefix already (``Turn.changed_prefix``). The block is not part of the view yet (it
         never makes this call's view reach the compaction trigger). Returns (excerpts
         found, their chars)."""
         self.block, self.at, self.stamp = "", HistoryIndex(-1), None
@@ -192,10 +193,12 @@ class TurnRecall:
             self._forgotten(view, sticky, stamp(recaller.epoch(), user_id))
             if view.kinds.get(view.view_index(at)) == "recall":
                 return 0, 0
-        if view.counts.get("recall") and self.crowded(view.total):
+        if view.counts.get("recall") and self.crowded(view.total) and changed:
             # Earlier turns' blocks are taken off, all at once, when they squeeze this turn's hard
-            # (``squeezed`` and ``applied`` made it one event with a trim or a compaction; here
-            # when a compaction was due but did not apply).
+            # (``squeezed`` and ``applied`` made it one event with a trim or a compaction). When a
+            # compaction is due but did not apply (written in the background, a slow model) they
+            # wait for a call that changes the prefix anyway (a trim, a rung of the ceiling, the
+            # compaction once it lands): until then this turn's block has the room they leave.
             sticky.drop_recall_blocks(view, sorted(view.indexes("recall")))
         room = self.room(view)
         if room <= 0:

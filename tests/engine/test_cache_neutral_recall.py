@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessions import tool_loop
+from sessions import LateSummarizer, tool_loop
 
 from ragent_memory import Settings
 from ragent_memory.core.chars import chars
@@ -53,48 +53,76 @@ def has_block(messages: Sequence[dict[str, Any]]) -> bool:
     return isinstance(content, list) and content[0]["text"].startswith(HEADERS["en"])
 
 
+class Calls:
+    """A RAG agent's calls through ``engine``: each call that changed nothing it had to (no
+    trim, no compaction, nothing the ceiling must lower) measured against the previous one."""
+
+    def __init__(self) -> None:
+        self.quiet: list[float] = []  # their shares of the previous call's chars
+        self.evicted_quietly = 0  # kept recall blocks they took off
+        self.blocks = 0  # questions that brought a recall block
+        self.pending = 0  # calls where a due compaction was still being written
+
+    def run(self, engine: MemoryEngine, turns: int) -> None:
+        rng = random.Random(3)
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You answer from the docs."}]
+        previous: list[dict[str, Any]] | None = None
+        last_trimmed = last_generation = -1
+        for turn in range(turns):
+            messages = rag_turn(turn, rng)
+            for upto in (1, 3):  # the model is called on the question and after the tool loop
+                added = messages[:upto] if upto == 1 else messages[1:upto]
+                prepared = engine.prepare([*history, *messages[:upto]], session_id="rag")
+                report = prepared.report
+                # the previous call plus what was appended past B: the ceiling must change something
+                over = previous is not None and sum(map(chars, [*previous, *added])) > 20_000
+                self.blocks += upto == 1 and report.recalled > 0 and has_block(prepared.messages)
+                self.pending += report.skipped_reason == "in_progress"
+                event = over or report.compacted
+                event = event or (report.trimmed, report.generation) != (
+                    last_trimmed,
+                    last_generation,
+                )
+                if previous is not None and not event:
+                    self.quiet.append(share(previous, prepared.messages))
+                    self.evicted_quietly += report.recall_evicted
+                previous, last_trimmed = prepared.messages, report.trimmed
+                last_generation = report.generation
+            history += messages
+            engine.after_turn(history, session_id="rag")
+
+
 def test_only_trims_and_compactions_move_what_an_earlier_call_sent(
     make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
 ) -> None:
     """A call with no trim, no compaction and nothing the ceiling must lower (earlier recall
-    blocks included) starts with the previous call's messages byte for byte, at every model call of a RAG agent's turns, while
-    recall keeps bringing excerpts back on the turns' questions."""
-    engine = make_engine(make_settings(context_window_chars=20_000))
-    rng = random.Random(3)
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You answer from the docs."}]
-    previous: list[dict[str, Any]] | None = None
-    last_trimmed = last_generation = -1
-    quiet: list[float] = []
-    evicted_quietly = blocks = 0
-    for turn in range(150):
-        messages = rag_turn(turn, rng)
-        for upto in (1, 3):  # the model is called on the question and after the tool loop
-            added = messages[:upto] if upto == 1 else messages[1:upto]
-            prepared = engine.prepare([*history, *messages[:upto]], session_id="rag")
-            report = prepared.report
-            # the previous call plus what was appended past B: the ceiling must change something
-            over = previous is not None and sum(map(chars, [*previous, *added])) > 20_000
-            blocks += upto == 1 and report.recalled > 0 and has_block(prepared.messages)
-            event = (
-                over
-                or report.compacted
-                or (report.trimmed, report.generation)
-                != (
-                    last_trimmed,
-                    last_generation,
-                )
-            )
-            if previous is not None and not event:
-                quiet.append(share(previous, prepared.messages))
-                evicted_quietly += report.recall_evicted
-            previous, last_trimmed, last_generation = (
-                prepared.messages,
-                report.trimmed,
-                report.generation,
-            )
-        history += messages
-        engine.after_turn(history, session_id="rag")
-    assert sum(quiet) / len(quiet) >= 0.95
-    assert min(quiet) == 1.0, sorted(quiet)[:5]
-    assert len(quiet) > 100 and blocks > 60
-    assert evicted_quietly == 0
+    blocks included) starts with the previous call's messages byte for byte, at every model
+    call of a RAG agent's turns, while recall keeps bringing excerpts back on the turns'
+    questions."""
+    calls = Calls()
+    calls.run(engine=make_engine(make_settings(context_window_chars=20_000)), turns=150)
+    assert sum(calls.quiet) / len(calls.quiet) >= 0.95
+    assert min(calls.quiet) == 1.0, sorted(calls.quiet)[:5]
+    assert len(calls.quiet) > 100 and calls.blocks > 60
+    assert calls.evicted_quietly == 0
+
+
+def test_while_a_summary_is_being_written_kept_blocks_wait_for_an_event(
+    make_engine: Callable[..., MemoryEngine], make_settings: Callable[..., Settings]
+) -> None:
+    """A slow model (``compaction_timeout_s: 0``, the summary lands only at the end): while
+    the due compaction is pending, earlier turns' kept blocks that crowd a new question's
+    block leave only with a trim or a rung of the ceiling, never in a call that changes
+    nothing else; the questions still get blocks in the room left."""
+    model = LateSummarizer()
+    settings = make_settings(context_window_chars=20_000, compaction_timeout_s=0)
+    engine = make_engine(settings, summarizer=model)
+    calls = Calls()
+    try:
+        calls.run(engine, turns=150)
+    finally:
+        model.landed.set()
+    assert calls.pending > 100  # the scenario: most calls ran with the summary pending
+    assert min(calls.quiet) == 1.0, sorted(calls.quiet)[:5]
+    assert calls.evicted_quietly == 0
+    assert len(calls.quiet) > 50 and calls.blocks > 30
