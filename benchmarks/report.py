@@ -571,7 +571,7 @@ def beam_section(data: dict[str, Any]) -> list[str]:
 
 BEAM_MISS_CLASSES = {
     "scattered": "no one message holds the answer, nor do the hits' texts",
-    "scattered, found": "no one message holds it; the hits' texts do (cut or left out for room)",
+    "scattered, found": "no one message holds it; the hits' texts do, cut or left out for room",
     "room": "a message holding it was a hit, its excerpt did not fit",
     "cut": "its excerpt was shown, clipped past the answer",
     "neighbour": "it is two or more messages from a shown hit",
@@ -625,12 +625,15 @@ BEAM_NOTES = [
     "`chars_out` + `recalled_chars` at most 19,998 over 2,508 calls; the memory block averaged "
     "1,000–1,500 chars).",
     "",
-    "The fresh session keeps more than the engine because of room: the engine's view (a summary "
-    "and the newest turns, replies of thousands of chars) leaves its block about 7,000 chars, "
-    "where a session's first turn may take the room (`recall.turn_chars` bounds later turns' "
-    "blocks only). Most misses left (`python -m benchmarks.beam_misses`) are answers no one "
-    "message holds: lists gathered over many sessions (the order of events) and numbers worked "
-    'out from two dates ("how many days between").',
+    "The fresh session keeps more than the engine because of room (*mean recall block chars*): "
+    "at the end of a chat the engine's view holds the summary, the newest turns (replies of "
+    "thousands of chars) and the previous question's kept block, and leaves the new block the "
+    "rest, where a session's first turn may take the room (`recall.turn_chars` bounds later "
+    "turns' blocks only, which is why B = 40,000 gives the engine no more than 20,000). The "
+    "table below says where each miss was lost: a hit that did not fit, or pieces found but cut "
+    "(*room*, *scattered, found*), against answers no message holds, lists gathered over many "
+    'sessions (the order of events) and numbers worked out from two dates ("how many days '
+    'between") (*scattered*). Few are ranking misses.',
     "",
 ]
 
