@@ -192,8 +192,11 @@ def fit(
         total = sum(shown)
     count = turns = 0
     if total > budget:
+        # Down to B less the headroom, as rung 1 trims: turns left out stay out while the view
+        # grows, so the next turns append without another rung (a prefix change) each time.
+        headroom = int(budget * TRIM_HEADROOM)
         count, turns = turns_to_leave_out(
-            view, shown, head=head, turn_start=turn_start, excess=total - budget
+            view, shown, head=head, turn_start=turn_start, excess=total - budget + headroom
         )
         total -= sum(shown[head : head + count])
     drop = total > budget and head > prefix_len

@@ -48,6 +48,13 @@ def share(previous: Sequence[dict[str, Any]], sent: Sequence[dict[str, Any]]) ->
     return sum(map(chars, previous[:same])) / sum(map(chars, previous))
 
 
+def joined(message: dict[str, Any]) -> int:
+    """A message's chars as the engine counts them against B: a block carried as its own text
+    part adds the newline a consumer joining the parts puts before the question."""
+    content = message.get("content")
+    return chars(message) + (len(content) - 1 if isinstance(content, list) else 0)
+
+
 def has_block(messages: Sequence[dict[str, Any]]) -> bool:
     content = messages[-1]["content"]
     return isinstance(content, list) and content[0]["text"].startswith(HEADERS["en"])
@@ -75,7 +82,7 @@ class Calls:
                 prepared = engine.prepare([*history, *messages[:upto]], session_id="rag")
                 report = prepared.report
                 # the previous call plus what was appended past B: the ceiling must change something
-                over = previous is not None and sum(map(chars, [*previous, *added])) > 20_000
+                over = previous is not None and sum(map(joined, [*previous, *added])) > 20_000
                 self.blocks += upto == 1 and report.recalled > 0 and has_block(prepared.messages)
                 self.pending += report.skipped_reason == "in_progress"
                 event = over or report.compacted

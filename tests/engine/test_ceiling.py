@@ -344,9 +344,10 @@ def test_turns_left_out_stay_out_while_a_summary_is_late(
     make_slow: Callable[[], Slow],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """While the summary is out, each turn leaves out only what its own growth needs (the
-    turns left out before stay out: rung 4 is sticky), every message left out is handed to
-    recall once, and the summary is adopted when it lands."""
+    """While the summary is out, rung 4 leaves out what a turn's growth needs and the
+    ceiling's headroom, and the turns left out before stay out (rung 4 is sticky): the next
+    turn appends without another rung. Every message left out is handed to recall once, and
+    the summary is adopted when it lands."""
     counts: list[int] = []
 
     def counted(*args: Any, **kwargs: Any) -> tuple[int, int]:
@@ -374,7 +375,10 @@ def test_turns_left_out_stay_out_while_a_summary_is_late(
         assert report.dropped_turns == users(history[1:start])
         history += chat_turn(n)[1:]
     assert report.dropped_turns >= 45
-    assert counts and max(counts) <= 2, counts  # one 2,000-char turn out per turn at most
+    # An event leaves out its turn's growth and B's headroom (10%: one more 2,000-char turn),
+    # so the prefix changes every other turn, not every turn, while the summary is out.
+    assert counts and max(counts) <= 4, counts
+    assert len(counts) <= 30, counts
     assert sorted(left) == list(range(1, start))  # each message left out indexed, once
     summarizer.gate.set()
     assert engine.flush(timeout_s=60)
