@@ -57,6 +57,7 @@ from typing import Any
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.cli.demo import simulate_session
 from ragent_memory.core.chars import chars
+from ragent_memory.recall.excerpts import HEADERS
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
@@ -271,7 +272,7 @@ def run_ragent(
                 run.record(cpu_ms, prepared.report.compacted)
                 if call:  # a tool loop's call: does it still carry the turn's recall block?
                     loop_calls += 1
-                    loop_blocks += prepared.report.recalled > 0
+                    loop_blocks += carries_block(sent, language)
             history.extend(messages[done:])
             started = time.process_time()
             engine.after_turn(history, session_id="bench")
@@ -288,6 +289,16 @@ def run_ragent(
         **({"loop_calls": loop_calls, "loop_calls_with_block": loop_blocks} if every_call else {}),
     }
     return run, meter, extra
+
+
+def carries_block(sent: Sequence[dict[str, Any]], language: str) -> bool:
+    """Whether the turn's user message, as sent, carries a recall block (found on this call
+    or kept on it from the turn's first call: ``recalled`` counts only the former)."""
+    last = next((m for m in reversed(sent) if m.get("role") == "user"), None)
+    content = last.get("content") if last is not None else None
+    if not isinstance(content, list) or not content:
+        return False
+    return str(content[0].get("text", "")).startswith(HEADERS[language])
 
 
 def _common_prefix(
