@@ -627,7 +627,7 @@ BEAM_NOTES = [
     "",
     "The fresh session keeps more than the engine because of room (*mean recall block chars*): "
     "at the end of a chat the engine's view holds the summary, the newest turns (replies of "
-    "thousands of chars) and the previous question's kept block, and leaves the new block the "
+    "thousands of chars) and the block kept on the chat's last user message, and leaves the new block the "
     "rest, where a session's first turn may take the room (`recall.turn_chars` bounds later "
     "turns' blocks only, which is why B = 40,000 gives the engine no more than 20,000). The "
     "table below says where each miss was lost: a hit that did not fit, or pieces found but cut "
