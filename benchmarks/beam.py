@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import statistics
@@ -43,9 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from benchmarks.locomo import STOP, context_text, drive, engine_settings, finish, newest
+from benchmarks.locomo import STOP, context_text, drive, engine_settings, finish, newest, quiet_logs
 from ragent_memory import MemoryEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,8 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--arm", action="append", choices=ARMS, help="only these arms")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
-    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     chats = sorted((p for p in DATA.glob("*") if p.is_dir()), key=lambda p: int(p.name))
     if args.chat:
         chats = [c for c in chats if c.name in args.chat]

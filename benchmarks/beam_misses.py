@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -33,10 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from benchmarks.beam import DATA, chat_questions, chat_sessions, gold_words, words
-from benchmarks.locomo import drive, engine_settings
+from benchmarks.locomo import drive, engine_settings, quiet_logs
 from benchmarks.locomo_misses import Spy, in_block, lost_words, report, stems
 from ragent_memory import MemoryEngine
 
@@ -127,8 +124,7 @@ def main() -> None:
     parser.add_argument("--chat", action="append", default=[])
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args()
-    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     if not any(p.is_dir() for p in DATA.glob("*")):
         print(f"BEAM data not found under {DATA}; skipping")
         return

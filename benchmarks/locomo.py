@@ -197,6 +197,12 @@ def drive(
     engine.flush()
 
 
+def quiet_logs() -> None:
+    """The engine's logs at WARNING and up only: a retention run prints its own table."""
+    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
 def engine_settings(budget: int, path: Path, *, recall: bool) -> Settings:
     return Settings(
         context_window_chars=budget, recall_enabled=recall, store=StoreSettings(path=str(path))
@@ -282,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, action="append", help="only these budgets")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
-    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     files = sorted(DATA.glob("conv-*.json"))
     if args.conv:
         files = [f for f in files if f.stem in args.conv]

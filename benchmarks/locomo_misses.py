@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 import ragent_memory.recall.excerpts as excerpts
 from benchmarks.locomo import (
@@ -41,6 +38,7 @@ from benchmarks.locomo import (
     drive_sessions,
     engine_settings,
     questions,
+    quiet_logs,
     session_messages,
     session_numbers,
     words,
@@ -171,8 +169,7 @@ def report(
 
 
 def run(protocol: str, budget: int, show: int, convs: Sequence[str], verbose: bool = False) -> None:
-    logging.getLogger("ragent_memory").setLevel(logging.WARNING)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     spy = Spy()
     table: Counter[str] = Counter()
     by_cat: dict[str, Counter[int]] = defaultdict(Counter)
