@@ -24,7 +24,18 @@ from pathlib import Path
 
 from benchmarks import report
 
-PARTS = ("run", "scale", "versus", "locomo", "beam", "beam_misses", "proxy", "pg", "facts")
+PARTS = (
+    "run",
+    "scale",
+    "versus",
+    "locomo",
+    "beam",
+    "beam_misses",
+    "turn_cap",
+    "proxy",
+    "pg",
+    "facts",
+)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

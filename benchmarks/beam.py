@@ -44,6 +44,7 @@ from typing import Any
 
 from benchmarks.locomo import STOP, context_text, drive, engine_settings, finish, newest, quiet_logs
 from ragent_memory import MemoryEngine
+from ragent_memory.settings import RECALL_TURN_CHARS
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = next(
@@ -269,6 +270,7 @@ def run_chat(
     tmp: Path,
     name: str,
     arms: Sequence[str],
+    turn_chars: int | None = RECALL_TURN_CHARS,
 ) -> Tally:
     tally = Tally()
     messages = [m for s in sessions for m in s]
@@ -279,7 +281,9 @@ def run_chat(
             tally.add("truncation", q, newest(messages, budget))
     if "engine" in arms:
         path = tmp / f"{name}-{budget}-engine.db"
-        with MemoryEngine(engine_settings(budget, path, recall=True)) as engine:
+        with MemoryEngine(
+            engine_settings(budget, path, recall=True, turn_chars=turn_chars)
+        ) as engine:
             drive(engine, messages, session_id=name, user_id=name)
             for q in qa:
                 asked = [*messages, {"role": "user", "content": q["question"]}]
@@ -287,7 +291,9 @@ def run_chat(
                 tally.add("engine", q, prepared.messages, prepared.report.recalled_chars)
     if "sessions" in arms:
         path = tmp / f"{name}-{budget}-sessions.db"
-        with MemoryEngine(engine_settings(budget, path, recall=True)) as engine:
+        with MemoryEngine(
+            engine_settings(budget, path, recall=True, turn_chars=turn_chars)
+        ) as engine:
             for k, session in enumerate(sessions):
                 drive(engine, session, session_id=f"{name}-b{k + 1}", user_id=name)
             for k, q in enumerate(qa):

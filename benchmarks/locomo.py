@@ -40,6 +40,7 @@ import structlog
 
 from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.core.chars import chars, text_of
+from ragent_memory.settings import RECALL_TURN_CHARS, RecallSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 # ../shared/bench-data beside the checkout (or beside its parent, for a git worktree), or
@@ -203,9 +204,16 @@ def quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-def engine_settings(budget: int, path: Path, *, recall: bool) -> Settings:
+def engine_settings(
+    budget: int, path: Path, *, recall: bool, turn_chars: int | None = RECALL_TURN_CHARS
+) -> Settings:
+    """The engine a retention run drives: B, recall on or off, and ``recall.turn_chars`` (the
+    default unless ``benchmarks.turn_cap`` tries another)."""
     return Settings(
-        context_window_chars=budget, recall_enabled=recall, store=StoreSettings(path=str(path))
+        context_window_chars=budget,
+        recall_enabled=recall,
+        store=StoreSettings(path=str(path)),
+        recall=RecallSettings(turn_chars=turn_chars),
     )
 
 

@@ -566,7 +566,13 @@ def beam_section(data: dict[str, Any]) -> list[str]:
             table(["kind", *(BEAM_ARMS[a] for a in arms)], rows),
             "",
         ]
-    return [*out, *BEAM_NOTES, *beam_misses_section(load("beam_misses"))]
+    turn_cap = load("turn_cap")
+    return [
+        *out,
+        *BEAM_NOTES,
+        *beam_misses_section(load("beam_misses")),
+        *(turn_cap_section(turn_cap) if turn_cap is not None else []),
+    ]
 
 
 BEAM_MISS_CLASSES = {
@@ -636,6 +642,54 @@ BEAM_NOTES = [
     'between") (*scattered*). Few are ranking misses.',
     "",
 ]
+
+
+def turn_cap_section(data: dict[str, Any]) -> list[str]:
+    """``benchmarks/turn_cap.py``: what ``recall.turn_chars`` trades, retention against the
+    cached share, one row per cap tried."""
+    caps = data["caps"]
+    first = next(iter(caps.values()))
+    budgets = list(first["beam"])
+    workloads = list(first["cache"])
+    header = [
+        "`recall.turn_chars`",
+        *(f"BEAM, B = {int(b):,}" for b in budgets),
+        *(f"LoCoMo, B = {int(b):,}" for b in budgets),
+        *(f"{WORKLOADS.get(w, w)}: per turn / per model call" for w in workloads),
+    ]
+
+    def kept(figures: dict[str, Any]) -> str:
+        block = figures.get("mean_block_chars")
+        return f"{_share(figures['answers'])} ({block or 0:,})"
+
+    rows = [
+        [
+            f"{int(cap):,}" if cap.isdigit() else cap,
+            *(kept(row["beam"][b]) for b in budgets),
+            *(kept(row["locomo"][b]) for b in budgets),
+            *(
+                f"{_share(row['cache'][w]['per_turn'])} / {_share(row['cache'][w]['per_model_call'])}"
+                for w in workloads
+            ),
+        ]
+        for cap, row in caps.items()
+    ]
+    return [
+        "### What the later turns' recall cap trades",
+        "",
+        "`python -m benchmarks.turn_cap`: the same engine with `recall.turn_chars` at each value "
+        "(8,000 is the default; *none*: every block takes the room the view leaves). Retention is "
+        "the engine arm of the BEAM and LoCoMo runs above, each question at the end of its whole "
+        "chat (in brackets: the question's mean recall block chars); the shares are those of the "
+        "versus workloads (B = 200,000), one call a turn and a call before every model call. "
+        "Each char of a new block is input no cache holds, so what the blocks gain in retention "
+        "they cost in cached share.",
+        "",
+        recorded(data),
+        "",
+        table(header, rows),
+        "",
+    ]
 
 
 def _share(value: float | None) -> str:

@@ -58,6 +58,7 @@ from ragent_memory import MemoryEngine, Settings, StoreSettings
 from ragent_memory.cli.demo import simulate_session
 from ragent_memory.core.chars import chars
 from ragent_memory.recall.excerpts import HEADERS
+from ragent_memory.settings import RECALL_TURN_CHARS, RecallSettings
 from ragent_memory.summary.offline import OfflineSummarizer
 from ragent_memory.summary.summarize import SummaryOutcome, SummaryRequest
 
@@ -239,15 +240,19 @@ def run_ragent(
     *,
     recall: bool = True,
     every_call: bool = False,
+    turn_chars: int | None = RECALL_TURN_CHARS,
 ) -> tuple[Run, Meter, dict]:
     """One arm over ``turns``: ``prepare`` at each user message, or with ``every_call``
-    before every model call of the turn (its tool loop's too), then ``after_turn``."""
+    before every model call of the turn (its tool loop's too), then ``after_turn``;
+    ``turn_chars``: ``recall.turn_chars`` (the default unless ``benchmarks.turn_cap`` tries
+    another)."""
     meter = Meter(language)
     settings = Settings(
         context_window_chars=budget,
         language=language,
         store=StoreSettings(path=str(db)),
         recall_enabled=recall,
+        recall=RecallSettings(turn_chars=turn_chars),
     )
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent."}]
     run = Run()

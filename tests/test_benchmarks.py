@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import beam, beam_misses, report, scale
+from benchmarks import beam, beam_misses, report, scale, turn_cap
+from ragent_memory.cli.demo import simulate_session
 
 
 def test_the_scale_benchmark_runs_at_its_smallest_size(tmp_path: Path) -> None:
@@ -113,3 +114,56 @@ def test_the_beam_run_reports_the_room_its_recall_blocks_had(tmp_path: Path) -> 
     assert row["engine"]["mean_block_chars"] > 0
     assert row["sessions"]["mean_block_chars"] > 0
     assert "mean_block_chars" not in row["full"]
+
+
+def _tiny_locomo(root: Path) -> Path:
+    """A LoCoMo-shaped conversation: two speakers, two dated sessions, questions by category
+    (5 has no answer and is not asked)."""
+
+    def said(k: int) -> dict[str, str]:
+        speaker = "Ann" if k % 2 == 0 else "Bob"
+        return {"speaker": speaker, "text": f"Turn {k}: we talked about the garden again. " * 6}
+
+    first = [{"speaker": "Ann", "text": "I adopted a greyhound called Biscuit last spring."}]
+    data = {
+        "speaker_a": "Ann",
+        "speaker_b": "Bob",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": first + [said(k) for k in range(1, 20)],
+        "session_2_date_time": "2:10 pm on 20 May, 2023",
+        "session_2": [said(k) for k in range(20, 40)],
+        "qa": [
+            {"question": "What is the name of Ann's dog?", "answer": "Biscuit", "category": 1},
+            {"question": "Which breed did Ann adopt?", "answer": "greyhound", "category": 4},
+            {"question": "What did Bob never say?", "answer": "nothing", "category": 5},
+        ],
+    }
+    root.mkdir(parents=True)
+    path = root / "conv-1.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_turn_cap_benchmark_gives_each_cap_to_the_engine(tmp_path: Path) -> None:
+    """``benchmarks.turn_cap`` drives the same data under each ``recall.turn_chars``: a cap
+    below the room keeps a later turn's block within it where no cap lets the block take the
+    room, every row has its retention and cached shares, and docs/benchmarks.md shows a row
+    per cap."""
+    chat = _tiny_beam(tmp_path / "beam")
+    conv = _tiny_locomo(tmp_path / "locomo")
+    workloads = [("rag_2000_en", 12_000, simulate_session(40))]
+    results = turn_cap.run((1_000, None), [chat], [conv], workloads, budgets=(12_000,))
+    capped, free = results["caps"]["1000"], results["caps"]["none"]
+    assert 0 < capped["locomo"]["12000"]["mean_block_chars"] <= 1_000
+    assert free["locomo"]["12000"]["mean_block_chars"] > 1_000
+    assert capped["beam"]["12000"]["mean_block_chars"] <= 1_000  # long excerpts: none fit
+    assert free["beam"]["12000"]["mean_block_chars"] > 1_000
+    for row in (capped, free):
+        assert 0.0 <= row["beam"]["12000"]["answers"] <= 1.0
+        assert row["locomo"]["12000"]["questions"] == 2  # category 5 is not asked
+        shares = row["cache"]["rag_2000_en"]
+        assert 0.0 < shares["per_turn"] <= 1.0 and 0.0 < shares["per_model_call"] <= 1.0
+    assert capped["cache"]["rag_2000_en"]["per_turn_block_chars"] <= 1_000
+    section = "\n".join(report.turn_cap_section(results))
+    assert "What the later turns' recall cap trades" in section
+    assert "\n| 1,000 | " in section and "\n| none | " in section
