@@ -635,7 +635,7 @@ BEAM_NOTES = [
     "at the end of a chat the engine's view holds the summary, the newest turns (replies of "
     "thousands of chars) and the block kept on the chat's last user message, and leaves the new block the "
     "rest, where a session's first turn may take the room (`recall.turn_chars` bounds later "
-    "turns' blocks only, which is why B = 40,000 gives the engine no more than 20,000). The "
+    "turns' blocks only: the last table of this section shows what each cap gives). The "
     "table below says where each miss was lost: a hit that did not fit, or pieces found but cut "
     "(*room*, *scattered, found*), against answers no message holds, lists gathered over many "
     'sessions (the order of events) and numbers worked out from two dates ("how many days '
