@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ragent_memory.settings import RECALL_TURN_CHARS
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
@@ -678,7 +680,8 @@ def turn_cap_section(data: dict[str, Any]) -> list[str]:
         "### What the later turns' recall cap trades",
         "",
         "`python -m benchmarks.turn_cap`: the same engine with `recall.turn_chars` at each value "
-        "(8,000 is the default; *none*: every block takes the room the view leaves). Retention is "
+        f"({RECALL_TURN_CHARS:,} is the default; *none*: every block takes the room the view "
+        "leaves). Retention is "
         "the engine arm of the BEAM and LoCoMo runs above, each question at the end of its whole "
         "chat (in brackets: the question's mean recall block chars); the shares are those of the "
         "versus workloads (B = 200,000), one call a turn and a call before every model call. "
