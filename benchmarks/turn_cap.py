@@ -3,8 +3,9 @@
 docs/design.md §9b sizes a turn's recall block "up to the room the view leaves ... so a budget
 the user allowed is not left idle", and §17 asks a cached-prefix share ≥ 0.95 per model call
 with recall on. Each char of a new block is input the provider has not cached, so the two pull
-apart; ``recall.turn_chars`` (8,000 by default) caps the blocks of a session's later turns
-between them. For each cap tried (8,000, 16,000, none):
+apart; ``recall.turn_chars`` caps the blocks of a session's later turns between them (its
+default, 16,000, is the largest cap this measured that keeps the share per model call).
+For each cap tried (8,000, 16,000, none):
 
 - **retention**: the engine arm of ``benchmarks.beam`` and ``benchmarks.locomo`` (the chat
   driven turn by turn, each question asked at its end, scored as those benchmarks score it) at
