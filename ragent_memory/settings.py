@@ -68,9 +68,9 @@ MAX_CONTEXT_WINDOW_CHARS = 1_000_000_000
 # The recall block of a session's later turns, by default (``recall.turn_chars``): each char of
 # a new block is input no cache holds yet, and a kept block's chars leave the cached prefix when
 # it is taken off. The largest cap measured that keeps §17's share per model call at 0.95 and
-# up in every versus workload (``benchmarks.turn_cap``: 0.963 at the lowest, against 0.927 with
-# no cap, and it keeps as much of BEAM and LoCoMo as no cap). A session's first turn has no
-# cached conversation to lose: it takes the room.
+# up in every versus workload while keeping as much of BEAM and LoCoMo as no cap (the figures:
+# ``benchmarks.turn_cap``, docs/benchmarks.md). A session's first turn has no cached
+# conversation to lose: it takes the room.
 RECALL_TURN_CHARS = 16_000
 IDENTITIES = ("credential", "headers")  # serve.identity
 _ENV_NAME = "an environment variable name"
